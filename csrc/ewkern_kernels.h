@@ -1,6 +1,6 @@
 /*
- * ewkern_kernels.h: the contract between the host code (csrc/*.c) and every kernel,
- * CPU (csrc/cpu/*.c) and CUDA (csrc/cuda/*.cu). Plain C, included from both.
+ * ewkern_kernels.h: the contract between the host code (csrc/ C files) and every kernel,
+ * CPU (csrc/cpu/ C files) and CUDA (csrc/cuda/ .cu files). Plain C, included from both.
  *
  * Each kernel file exports one table of ew_kernel entries through a function
  *     const ew_kernel *ew_<backend>_<family>_table(int *count);

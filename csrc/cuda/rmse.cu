@@ -1,0 +1,928 @@
+/*
+ * rmse.cu: batched RMSE on the GPU, one ladder of versions (papers/README.md, item R1).
+ *
+ * Inputs a, b are viewed as [outer][n][inner]; batch (o, j) is the n elements at
+ * (o * n + i) * inner + j, and out[o * inner + j] = sqrt(sum_i (a - b)^2 / n).
+ * out is float32 for float32/float16/bfloat16 inputs, float64 for float64.
+ * n == 0 gives NaN for every batch; outer * inner == 0 launches nothing.
+ *
+ * Versions, in the order of the paper (batched-rmse-kernel-analysis.txt). Time each with the
+ * bench harness on the paper's shape, 16 batches of 1024 x 1024 float32
+ * (op "rmse", variant <name>, outer = 16, n = 2^20, inner = 1):
+ *   1 atomic      one block per batch, every squared difference atomically added into out[batch],
+ *                 then sqrt(out / n) by the same block after a barrier. Expect tens of times
+ *                 slower than 2 (the paper: ~20 ms). Contiguous batches only; honours block.
+ *   2 block       one block per batch, a private sum per thread over a block-stride loop, one block
+ *                 reduction (warp shuffles + shared memory), one write. Contiguous; honours block.
+ *   3 multiblock  a 2-D grid (blocks per batch x batches): each block reduces its grid-stride share
+ *                 and adds it atomically into out (zeroed first); a second launch takes
+ *                 sqrt(out / n). Default 48 blocks per batch x 512 threads (the paper's numbers);
+ *                 honours block and grid (grid = blocks per batch). Contiguous only.
+ *   4 occupancy   3's kernel with block size and blocks per batch from
+ *                 cudaOccupancyMaxPotentialBlockSize (whose grid is SMs x resident blocks per SM),
+ *                 clamped to n as the paper does. Contiguous only.
+ *   5 int32       4 with 32-bit indices, __restrict__ pointers and an unrolled main loop without
+ *                 bounds checks (a separate guarded tail): the paper's register-pressure step.
+ *                 Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
+ *   6 auto        the default, every layout. Deterministic (no floating-point atomics; fixed
+ *                 per-(batch, chunk) partials combined in a fixed order; the split depends on the
+ *                 shape, the dtype and the inputs' alignment mod 16 bytes, never on the device or
+ *                 timing), float32 inputs accumulated in float64 per thread, 16-byte loads with
+ *                 scalar head and tail. Contiguous batches: a group of 1..32 lanes per batch when
+ *                 batches are short (<= 512 vectors), else a 256-thread block per 64 KiB chunk of a
+ *                 batch, plus a combine launch when a batch has several chunks. inner > 1: a
+ *                 coalesced column kernel (consecutive threads on consecutive j, loop over i),
+ *                 splitting i into chunks when outer * inner is small. Time it on 16 x 2^20,
+ *                 16 x 3*2^20, 1024 x 4096, 8 x 2^24, 65536 x 64 and outer=1, n=2^20, inner=16 against
+ *                 torch.dot's read bandwidth; RMSE_NOTES.md has the plan and the measurements.
+ */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <limits.h>
+#include <stdint.h>
+
+#include "ewkern_kernels.h"
+
+namespace {
+
+/* ---------------------------------------------------------------------------------------------
+ * Element types: T is the stored type, acc_t<T> the arithmetic type (float, or double for
+ * float64), out_t<T> the output type (the same).
+ * ------------------------------------------------------------------------------------------- */
+template <typename T> struct elem;
+template <> struct elem<float> {
+    typedef float acc;
+    static __device__ __forceinline__ float to_acc(float x) { return x; }
+};
+template <> struct elem<__half> {
+    typedef float acc;
+    static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+};
+template <> struct elem<__nv_bfloat16> {
+    typedef float acc;
+    static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+};
+template <> struct elem<double> {
+    typedef double acc;
+    static __device__ __forceinline__ double to_acc(double x) { return x; }
+};
+template <typename T> using acc_t = typename elem<T>::acc;
+template <typename T> using out_t = typename elem<T>::acc;
+
+/* Squared difference of one element pair, in the arithmetic type. */
+template <typename T>
+__device__ __forceinline__ acc_t<T> sq1(T x, T y)
+{
+    acc_t<T> d = elem<T>::to_acc(x) - elem<T>::to_acc(y);
+    return d * d;
+}
+
+/* sqrt(sum / n) in double, rounded once to the output type; NaN for n == 0. */
+template <typename O>
+__device__ __forceinline__ O finish_double(double sum, int64_t n)
+{
+    if (n == 0) return (O)__longlong_as_double(0x7ff8000000000000LL);
+    return (O)sqrt(sum / (double)n);
+}
+
+/* The ladder's finalisation, in the output type as the paper does it. */
+__device__ __forceinline__ float finish_o(float sum, int64_t n)
+{
+    return n == 0 ? __int_as_float(0x7fc00000) : sqrtf(sum / (float)n);
+}
+__device__ __forceinline__ double finish_o(double sum, int64_t n)
+{
+    return n == 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum / (double)n);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * 16-byte vectors: diffs() unpacks one pair of 16-byte vectors into W = 16 / sizeof(T)
+ * differences a - b in the arithmetic type.
+ * ------------------------------------------------------------------------------------------- */
+template <typename T> struct vec16;
+template <> struct vec16<float> {
+    enum { W = 4 };
+    static __device__ __forceinline__ void diffs(const uint4 &x, const uint4 &y, float d[4])
+    {
+        d[0] = __uint_as_float(x.x) - __uint_as_float(y.x);
+        d[1] = __uint_as_float(x.y) - __uint_as_float(y.y);
+        d[2] = __uint_as_float(x.z) - __uint_as_float(y.z);
+        d[3] = __uint_as_float(x.w) - __uint_as_float(y.w);
+    }
+};
+__device__ __forceinline__ float2 f16x2_to_float2(unsigned u)
+{
+    __half2_raw r;
+    r.x = (unsigned short)(u & 0xffffu);
+    r.y = (unsigned short)(u >> 16);
+    return __half22float2(__half2(r));
+}
+template <> struct vec16<__half> {
+    enum { W = 8 };
+    static __device__ __forceinline__ void diffs(const uint4 &x, const uint4 &y, float d[8])
+    {
+        const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float2 p = f16x2_to_float2(xs[k]), q = f16x2_to_float2(ys[k]);
+            d[2 * k] = p.x - q.x;
+            d[2 * k + 1] = p.y - q.y;
+        }
+    }
+};
+template <> struct vec16<__nv_bfloat16> {
+    enum { W = 8 };
+    /* bfloat16 -> float is exact: the 16 bits are the float's top half. */
+    static __device__ __forceinline__ void diffs(const uint4 &x, const uint4 &y, float d[8])
+    {
+        const unsigned xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            d[2 * k] = __uint_as_float(xs[k] << 16) - __uint_as_float(ys[k] << 16);
+            d[2 * k + 1] = __uint_as_float(xs[k] & 0xffff0000u) - __uint_as_float(ys[k] & 0xffff0000u);
+        }
+    }
+};
+template <> struct vec16<double> {
+    enum { W = 2 };
+    static __device__ __forceinline__ void diffs(const uint4 &x, const uint4 &y, double d[2])
+    {
+        d[0] = __hiloint2double((int)x.y, (int)x.x) - __hiloint2double((int)y.y, (int)y.x);
+        d[1] = __hiloint2double((int)x.w, (int)x.z) - __hiloint2double((int)y.w, (int)y.z);
+    }
+};
+
+/* Pairwise (tree) sum of the squares of W differences: error grows with log2(W), not W. */
+template <typename A, int W>
+__device__ __forceinline__ A tree_sumsq(const A d[W])
+{
+    A q[W];
+#pragma unroll
+    for (int e = 0; e < W; ++e) q[e] = d[e] * d[e];
+#pragma unroll
+    for (int s = W / 2; s > 0; s >>= 1) {
+#pragma unroll
+        for (int e = 0; e < s; ++e) q[e] += q[e + s];
+    }
+    return q[0];
+}
+
+/* Unit of the auto kernels' loads: VEC = true reads 16-byte vectors (W elements), false reads
+ * single elements (W = 1; used when a and b are not equally aligned mod 16 bytes). */
+template <typename T, bool VEC> struct unit_io;
+template <typename T> struct unit_io<T, true> {
+    enum { W = vec16<T>::W };
+    typedef uint4 raw;
+    static __device__ __forceinline__ uint4 load(const T *p, int64_t k)
+    {
+        return __ldg(reinterpret_cast<const uint4 *>(p) + k);
+    }
+    static __device__ __forceinline__ void diffs(const uint4 &x, const uint4 &y, acc_t<T> d[W])
+    {
+        vec16<T>::diffs(x, y, d);
+    }
+    static __device__ __forceinline__ uint4 zero() { return make_uint4(0u, 0u, 0u, 0u); }
+};
+template <typename T> struct unit_io<T, false> {
+    enum { W = 1 };
+    typedef T raw;
+    static __device__ __forceinline__ T load(const T *p, int64_t k) { return __ldg(p + k); }
+    static __device__ __forceinline__ void diffs(const T &x, const T &y, acc_t<T> d[1])
+    {
+        d[0] = elem<T>::to_acc(x) - elem<T>::to_acc(y);
+    }
+    static __device__ __forceinline__ T zero() { return T(); }
+};
+
+/* Sum of squares of one unit pair (W elements), tree-ordered. */
+template <typename T, bool VEC>
+__device__ __forceinline__ acc_t<T> unit_sumsq(const typename unit_io<T, VEC>::raw &x,
+                                               const typename unit_io<T, VEC>::raw &y)
+{
+    enum { W = unit_io<T, VEC>::W };
+    acc_t<T> d[W];
+    unit_io<T, VEC>::diffs(x, y, d);
+    return tree_sumsq<acc_t<T>, W>(d);
+}
+
+/* Elements before the first 16-byte boundary at or after p (at most n). b has the same count
+ * whenever a and b are equally aligned mod 16, which the VEC path requires. */
+template <typename T>
+__device__ __forceinline__ int head_elems(const T *p, int64_t n)
+{
+    const unsigned mis = (unsigned)((uintptr_t)p & 15u);
+    const int h = mis ? (int)((16u - mis) / sizeof(T)) : 0;
+    return n < (int64_t)h ? (int)n : h;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reductions. Both give the same bits for the same inputs every time (a fixed tree).
+ * ------------------------------------------------------------------------------------------- */
+
+/* Sum over the block's threads, any blockDim.x from 1 to 1024 (partial last warps are guarded).
+ * The result is valid in thread 0. Ends with no barrier pending: safe to call in a loop. */
+template <typename A>
+__device__ __forceinline__ A block_sum(A v)
+{
+    __shared__ A warp_part[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+    int width = (int)blockDim.x - warp * 32;
+    width = width > 32 ? 32 : width;
+    unsigned mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        A o = __shfl_down_sync(mask, v, off);
+        if (lane + off < width) v += o;
+    }
+    __syncthreads(); /* warp_part may still be read by a previous call */
+    if (lane == 0) warp_part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nwarps ? warp_part[lane] : A(0);
+        width = nwarps > 32 ? 32 : (int)blockDim.x < 32 ? (int)blockDim.x : 32;
+        mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            A o = __shfl_down_sync(mask, v, off);
+            if (lane + off < width) v += o;
+        }
+    }
+    return v;
+}
+
+/* =============================================================================================
+ * 1 atomic
+ * =========================================================================================== */
+template <typename T>
+__global__ void rmse_atomic_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n)
+{
+    typedef out_t<T> O;
+    for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
+        const T *pa = a + bt * n, *pb = b + bt * n;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(out + bt, (O)sq1(pa[i], pb[i]));
+        __syncthreads(); /* every atomic of this batch is done */
+        if (threadIdx.x == 0) out[bt] = finish_o(atomicAdd(out + bt, (O)0), n);
+    }
+}
+
+/* =============================================================================================
+ * 2 block
+ * =========================================================================================== */
+template <typename T>
+__global__ void rmse_block_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n)
+{
+    typedef out_t<T> O;
+    for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
+        const T *pa = a + bt * n, *pb = b + bt * n;
+        O v = 0;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (O)sq1(pa[i], pb[i]);
+        v = block_sum(v);
+        if (threadIdx.x == 0) out[bt] = finish_o(v, n);
+    }
+}
+
+/* =============================================================================================
+ * 3 multiblock (and 4 occupancy, the same kernel configured at run time)
+ * =========================================================================================== */
+template <typename T>
+__global__ void rmse_multiblock_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches,
+                                       int64_t n)
+{
+    typedef out_t<T> O;
+    const int64_t stride = (int64_t)blockDim.x * gridDim.x;
+    for (int64_t bt = blockIdx.y; bt < batches; bt += gridDim.y) {
+        const T *pa = a + bt * n, *pb = b + bt * n;
+        O v = 0;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            v += (O)sq1(pa[i], pb[i]);
+        v = block_sum(v);
+        if (threadIdx.x == 0) atomicAdd(out + bt, v);
+    }
+}
+
+/* out[k] = sqrt(out[k] / n): the second launch of 3, 4 and 5. */
+template <typename O>
+__global__ void rmse_finalize_kernel(O *out, int64_t batches, int64_t n)
+{
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < batches;
+         k += (int64_t)blockDim.x * gridDim.x)
+        out[k] = finish_o(out[k], n);
+}
+
+/* =============================================================================================
+ * 5 int32: 32-bit indices, restrict, an unguarded 4-way unrolled main loop, a guarded tail.
+ * The launcher guarantees batches * n + 4 * stride + 65536 <= INT_MAX, so nothing overflows.
+ * =========================================================================================== */
+template <typename T>
+__global__ void rmse_int32_kernel(const T *__restrict__ a, const T *__restrict__ b,
+                                  out_t<T> *__restrict__ out, int batches, int n)
+{
+    typedef out_t<T> O;
+    const int stride = blockDim.x * gridDim.x;
+    for (int bt = blockIdx.y; bt < batches; bt += gridDim.y) {
+        const T *__restrict__ pa = a + bt * n;
+        const T *__restrict__ pb = b + bt * n;
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        O v = 0;
+        for (; i + 3 * stride < n; i += 4 * stride) {
+            const O s0 = (O)sq1(pa[i], pb[i]);
+            const O s1 = (O)sq1(pa[i + stride], pb[i + stride]);
+            const O s2 = (O)sq1(pa[i + 2 * stride], pb[i + 2 * stride]);
+            const O s3 = (O)sq1(pa[i + 3 * stride], pb[i + 3 * stride]);
+            v += s0;
+            v += s1;
+            v += s2;
+            v += s3;
+        }
+        for (; i < n; i += stride) v += (O)sq1(pa[i], pb[i]);
+        v = block_sum(v);
+        if (threadIdx.x == 0) atomicAdd(out + bt, v);
+    }
+}
+
+/* =============================================================================================
+ * 6 auto
+ * =========================================================================================== */
+enum {
+    AUTO_BLOCK = 256,        /* threads per block of every auto kernel (fixed: it sets the sum order) */
+    AUTO_UNROLL = 4,         /* 16-byte loads of each input in flight per thread */
+    AUTO_CHUNK_UNITS = 4096, /* rows kernel: loads units (16 B) per chunk = 4 unrolled steps per thread */
+    AUTO_SMALL_UNITS = 512,  /* rows: batches of at most this many units go to the group kernel */
+    AUTO_TARGET_CHUNKS = 2048, /* cols kernel: split rows until about this many blocks of work */
+    AUTO_COL_ROWS = 16       /* cols kernel: at least this many rows per thread in a chunk */
+};
+
+/* n == 0: NaN everywhere. */
+template <typename O>
+__global__ void rmse_fill_nan_kernel(O *out, int64_t batches)
+{
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < batches;
+         k += (int64_t)blockDim.x * gridDim.x)
+        out[k] = finish_double<O>(0.0, 0);
+}
+
+/* Contiguous batches, long: unit u = (batch u / chunks, chunk u % chunks), one block each.
+ * A batch is a head of up to W - 1 elements (to the first 16-byte boundary), nv full vectors,
+ * and a tail; chunk c owns vectors [c * CHUNK, (c + 1) * CHUNK), chunk 0 also the head and the
+ * last chunk the tail. Each thread keeps a double sum; each unrolled step of AUTO_UNROLL
+ * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
+ * partial[u] for the combine kernel. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
+                      int64_t chunks, int64_t units)
+{
+    typedef unit_io<T, VEC> io;
+    typedef typename io::raw raw;
+    typedef acc_t<T> A;
+    enum { W = io::W, STEP = AUTO_BLOCK * AUTO_UNROLL };
+    const int tid = threadIdx.x;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const int64_t bt = u / chunks, c = u - bt * chunks;
+        const T *pa = a + bt * n, *pb = b + bt * n;
+        const int h = VEC ? head_elems(pa, n) : 0;
+        const int64_t nv = (n - h) / W;
+        /* this chunk's vectors, relative to its first one */
+        const int64_t v0 = c * AUTO_CHUNK_UNITS;
+        const int64_t left = nv - v0;
+        const int m = left <= 0 ? 0 : left < AUTO_CHUNK_UNITS ? (int)left : AUTO_CHUNK_UNITS;
+        const T *ca = pa + h + v0 * W, *cb = pb + h + v0 * W;
+        double acc = 0.0;
+        int k = tid;
+        for (; k + (AUTO_UNROLL - 1) * AUTO_BLOCK < m; k += STEP) {
+            raw x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) {
+                x[r] = io::load(ca, k + r * AUTO_BLOCK);
+                y[r] = io::load(cb, k + r * AUTO_BLOCK);
+            }
+            A s[AUTO_UNROLL];
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) s[r] = unit_sumsq<T, VEC>(x[r], y[r]);
+            acc += (double)((s[0] + s[1]) + (s[2] + s[3]));
+        }
+        for (; k < m; k += AUTO_BLOCK) acc += (double)unit_sumsq<T, VEC>(io::load(ca, k), io::load(cb, k));
+        /* head and tail are each shorter than W <= 8 elements: one per thread */
+        if (c == 0 && tid < h) acc += (double)sq1(pa[tid], pb[tid]);
+        if (VEC && c == chunks - 1) {
+            const int64_t i = h + nv * W + tid;
+            if (tid < W && i < n) acc += (double)sq1(pa[i], pb[i]);
+        }
+        acc = block_sum(acc);
+        if (tid == 0) {
+            if (chunks == 1)
+                out[bt] = finish_double<out_t<T>>(acc, n);
+            else
+                partial[u] = acc;
+        }
+    }
+}
+
+/* Contiguous batches, short (at most AUTO_SMALL_UNITS vectors): a group of G = 2^glog lanes
+ * (1..32, inside one warp) per batch, 256 / G batches per block per step. Loops run per warp
+ * (every lane of a warp takes the same trips) so the group shuffles always have the whole warp. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int glog)
+{
+    typedef unit_io<T, VEC> io;
+    typedef typename io::raw raw;
+    typedef acc_t<T> A;
+    enum { W = io::W };
+    const int G = 1 << glog;
+    const int lane = threadIdx.x & (G - 1);
+    const int per_warp = 32 >> glog;
+    const int64_t warp_id = (int64_t)blockIdx.x * (AUTO_BLOCK / 32) + (threadIdx.x >> 5);
+    const int64_t warp_stride = (int64_t)gridDim.x * (AUTO_BLOCK / 32) * per_warp;
+    for (int64_t wbase = warp_id * per_warp; wbase < batches; wbase += warp_stride) {
+        const int64_t bt = wbase + ((threadIdx.x & 31) >> glog);
+        const bool valid = bt < batches;
+        double acc = 0.0;
+        if (valid) {
+            const T *pa = a + bt * n, *pb = b + bt * n;
+            const int h = VEC ? head_elems(pa, n) : 0;
+            const int nv = (int)((n - h) / W);
+            const T *va = pa + h, *vb = pb + h;
+            for (int k = lane; k < nv; k += AUTO_UNROLL * G) {
+                raw x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+                for (int r = 0; r < AUTO_UNROLL; ++r) {
+                    const bool in = k + r * G < nv;
+                    x[r] = in ? io::load(va, k + r * G) : io::zero();
+                    y[r] = in ? io::load(vb, k + r * G) : io::zero();
+                }
+                A s[AUTO_UNROLL];
+#pragma unroll
+                for (int r = 0; r < AUTO_UNROLL; ++r) s[r] = unit_sumsq<T, VEC>(x[r], y[r]);
+                acc += (double)((s[0] + s[1]) + (s[2] + s[3]));
+            }
+            /* head and tail: fewer than W elements each */
+#pragma unroll 1
+            for (int e = lane; e < h; e += G) acc += (double)sq1(pa[e], pb[e]);
+#pragma unroll 1
+            for (int e = h + nv * W + lane; e < n; e += G) acc += (double)sq1(pa[e], pb[e]);
+        }
+        for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (valid && lane == 0) out[bt] = finish_double<out_t<T>>(acc, n);
+    }
+}
+
+/* inner > 1: batch (o, j) is column j of the [n][inner] slab o. A block covers wc column units
+ * (16-byte vectors of W consecutive j, or single j) by rthreads = 256 / wc rows: thread
+ * (r, cv) reads rows r, r + rthreads, ... of its column unit, so a warp reads consecutive memory.
+ * unit u = ((o * tiles + t) * chunks + c): slab o, column tile t, row chunk c. Per-column sums
+ * are combined across r in shared memory by a fixed tree; chunks == 1 writes out directly,
+ * otherwise partial[(o * inner + j) * chunks + c]. */
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
+                      int64_t inner, int64_t ncu, int wc, int64_t tiles, int64_t chunks,
+                      int64_t rows_per_chunk, int64_t units)
+{
+    typedef unit_io<T, VEC> io;
+    typedef typename io::raw raw;
+    typedef acc_t<T> A;
+    enum { W = io::W };
+    __shared__ double sh[AUTO_BLOCK * W];
+    const int rthreads = AUTO_BLOCK / wc;
+    const int cv = threadIdx.x % wc, r = threadIdx.x / wc;
+    int top = 1;
+    while (top < rthreads) top <<= 1;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const int64_t c = u % chunks, ot = u / chunks;
+        const int64_t t = ot % tiles, o = ot / tiles;
+        const int64_t gcu = t * wc + cv; /* column unit */
+        const bool active = r < rthreads && gcu < ncu;
+        double acc[W];
+#pragma unroll
+        for (int e = 0; e < W; ++e) acc[e] = 0.0;
+        const int64_t i0 = c * rows_per_chunk;
+        const int64_t i1 = n - i0 < rows_per_chunk ? n : i0 + rows_per_chunk;
+        if (active && i0 + r < i1) {
+            const int64_t off = (o * n + i0 + r) * inner + gcu * W;
+            const T *pa = a + off, *pb = b + off;
+            const int64_t step = (int64_t)rthreads * inner; /* elements between a thread's rows */
+            const int64_t cnt = (i1 - i0 - r + rthreads - 1) / rthreads;
+            int64_t k = 0;
+            for (; k + AUTO_UNROLL <= cnt; k += AUTO_UNROLL) {
+                raw x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+                for (int q = 0; q < AUTO_UNROLL; ++q) {
+                    x[q] = io::load(pa + q * step, 0);
+                    y[q] = io::load(pb + q * step, 0);
+                }
+                A d[AUTO_UNROLL][W];
+#pragma unroll
+                for (int q = 0; q < AUTO_UNROLL; ++q) io::diffs(x[q], y[q], d[q]);
+#pragma unroll
+                for (int e = 0; e < W; ++e)
+                    acc[e] += (double)((d[0][e] * d[0][e] + d[1][e] * d[1][e]) +
+                                       (d[2][e] * d[2][e] + d[3][e] * d[3][e]));
+                pa += AUTO_UNROLL * step;
+                pb += AUTO_UNROLL * step;
+            }
+            for (; k < cnt; ++k) {
+                A d[W];
+                io::diffs(io::load(pa, 0), io::load(pb, 0), d);
+#pragma unroll
+                for (int e = 0; e < W; ++e) acc[e] += (double)(d[e] * d[e]);
+                pa += step;
+                pb += step;
+            }
+        }
+        __syncthreads(); /* the previous unit's readers of sh are done */
+        if (r < rthreads) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] = acc[e];
+        }
+        __syncthreads();
+        for (int s = top >> 1; s > 0; s >>= 1) {
+            if (r < s && r + s < rthreads) {
+#pragma unroll
+                for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] += sh[((r + s) * wc + cv) * W + e];
+            }
+            __syncthreads();
+        }
+        if (r == 0 && gcu < ncu) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+                const int64_t batch = o * inner + gcu * W + e;
+                const double v = sh[cv * W + e];
+                if (chunks == 1)
+                    out[batch] = finish_double<out_t<T>>(v, n);
+                else
+                    partial[batch * chunks + c] = v;
+            }
+        }
+    }
+}
+
+/* Combine: out[k] = sqrt(sum_c partial[k * chunks + c] / n), the sum in a fixed order.
+ * Group version: G = 2^glog lanes (1..32) per batch, lane l adds c = l, l + G, ... in order. */
+template <typename O>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_combine_group_kernel(const double *partial, O *out, int64_t batches, int64_t chunks,
+                               int64_t n, int glog)
+{
+    const int G = 1 << glog;
+    const int lane = threadIdx.x & (G - 1);
+    const int per_warp = 32 >> glog;
+    const int64_t warp_id = (int64_t)blockIdx.x * (AUTO_BLOCK / 32) + (threadIdx.x >> 5);
+    const int64_t warp_stride = (int64_t)gridDim.x * (AUTO_BLOCK / 32) * per_warp;
+    for (int64_t wbase = warp_id * per_warp; wbase < batches; wbase += warp_stride) {
+        const int64_t bt = wbase + ((threadIdx.x & 31) >> glog);
+        double s = 0.0;
+        if (bt < batches) {
+            const double *p = partial + bt * chunks;
+#pragma unroll 4
+            for (int64_t c = lane; c < chunks; c += G) s += p[c];
+        }
+        for (int off = G >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (bt < batches && lane == 0) out[bt] = finish_double<O>(s, n);
+    }
+}
+
+/* Block version, for many chunks: thread t adds c = t, t + 256, ... in order, then block_sum. */
+template <typename O>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_combine_block_kernel(const double *partial, O *out, int64_t batches, int64_t chunks,
+                               int64_t n)
+{
+    for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
+        const double *p = partial + bt * chunks;
+        double s = 0.0;
+#pragma unroll 4
+        for (int64_t c = threadIdx.x; c < chunks; c += AUTO_BLOCK) s += p[c];
+        s = block_sum(s);
+        if (threadIdx.x == 0) out[bt] = finish_double<O>(s, n);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Launchers
+ * ------------------------------------------------------------------------------------------- */
+#define RMSE_TRY(call)                                                                         \
+    do {                                                                                       \
+        cudaError_t rmse_err_ = (call);                                                        \
+        if (rmse_err_ != cudaSuccess) return (int)rmse_err_;                                   \
+    } while (0)
+
+static const int64_t GRID_X_MAX = INT_MAX;   /* gridDim.x limit */
+static const int64_t GRID_Y_MAX = 65535;     /* gridDim.y limit */
+static const int64_t GRID_CAP = 1 << 30;     /* grid-stride kernels never need more blocks */
+
+static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static inline int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
+static inline int ilog2_ceil(int64_t x)
+{
+    int l = 0;
+    while (((int64_t)1 << l) < x) ++l;
+    return l;
+}
+
+struct rmse_view {
+    const void *a, *b;
+    void *out;
+    int64_t batches, n;
+    cudaStream_t s;
+};
+
+static inline rmse_view view_of(const void *p)
+{
+    const ew_rmse_args *a = (const ew_rmse_args *)p;
+    rmse_view v;
+    v.a = a->a;
+    v.b = a->b;
+    v.out = a->out;
+    v.batches = a->outer * a->inner;
+    v.n = a->n;
+    v.s = (cudaStream_t)a->stream;
+    return v;
+}
+
+/* Versions 1-5 need inner == 1; the host checks EW_CONTIGUOUS_BATCHES_ONLY, this is a guard. */
+static inline bool contiguous(const void *p) { return ((const ew_rmse_args *)p)->inner == 1; }
+
+template <typename O>
+static int launch_fill_nan(O *out, int64_t batches, cudaStream_t s)
+{
+    rmse_fill_nan_kernel<O><<<(unsigned)min64(cdiv(batches, 256), 65535), 256, 0, s>>>(out, batches);
+    return (int)cudaGetLastError();
+}
+
+template <typename O>
+static int launch_finalize(O *out, int64_t batches, int64_t n, cudaStream_t s)
+{
+    rmse_finalize_kernel<O><<<(unsigned)min64(cdiv(batches, 256), 65535), 256, 0, s>>>(out, batches, n);
+    return (int)cudaGetLastError();
+}
+
+/* 1 atomic */
+template <typename T>
+static int launch_atomic(const void *p)
+{
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    typedef out_t<T> O;
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    if (v.batches == 0) return 0;
+    const int block = args->block > 0 ? args->block : 256;
+    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
+    rmse_atomic_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
+        (const T *)v.a, (const T *)v.b, (O *)v.out, v.batches, v.n);
+    return (int)cudaGetLastError();
+}
+
+/* 2 block */
+template <typename T>
+static int launch_block(const void *p)
+{
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    typedef out_t<T> O;
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    if (v.batches == 0) return 0;
+    const int block = args->block > 0 ? args->block : 256;
+    rmse_block_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
+        (const T *)v.a, (const T *)v.b, (O *)v.out, v.batches, v.n);
+    return (int)cudaGetLastError();
+}
+
+/* 3 multiblock, also the body of 4: zero out, the 2-D grid, the finalisation. */
+template <typename T>
+static int run_multiblock(const rmse_view &v, int64_t per_batch, int block)
+{
+    typedef out_t<T> O;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
+    const dim3 grid((unsigned)min64(per_batch, GRID_X_MAX), (unsigned)min64(v.batches, GRID_Y_MAX));
+    rmse_multiblock_kernel<T><<<grid, block, 0, v.s>>>((const T *)v.a, (const T *)v.b, (O *)v.out,
+                                                       v.batches, v.n);
+    RMSE_TRY(cudaGetLastError());
+    return launch_finalize<O>((O *)v.out, v.batches, v.n, v.s);
+}
+
+template <typename T>
+static int launch_multiblock(const void *p)
+{
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    if (v.batches == 0) return 0;
+    return run_multiblock<T>(v, args->grid > 0 ? args->grid : 48, args->block > 0 ? args->block : 512);
+}
+
+/* 4 occupancy: cudaOccupancyMaxPotentialBlockSize once per (kernel, device), cached. Its grid
+ * is the device's resident-block count (SMs x blocks per SM), which the paper (CUDA.jl's
+ * launch_configuration) uses as blocks per batch; then clamped to n. */
+struct occ_entry {
+    std::atomic<int> grid, block;
+};
+enum { OCC_DEVICES = 64 };
+
+template <typename K>
+static int occupancy_config(occ_entry *cache, K kernel, int device, int *grid, int *block)
+{
+    occ_entry *e = device >= 0 && device < OCC_DEVICES ? &cache[device] : NULL;
+    if (e && e->block.load(std::memory_order_acquire) > 0) {
+        *grid = e->grid.load(std::memory_order_relaxed);
+        *block = e->block.load(std::memory_order_relaxed);
+        return 0;
+    }
+    int g = 0, b = 0;
+    RMSE_TRY(cudaOccupancyMaxPotentialBlockSize(&g, &b, kernel, 0, 0));
+    if (e) {
+        e->grid.store(g, std::memory_order_relaxed);
+        e->block.store(b, std::memory_order_release);
+    }
+    *grid = g;
+    *block = b;
+    return 0;
+}
+
+template <typename T>
+static int launch_occupancy(const void *p)
+{
+    static occ_entry cache[OCC_DEVICES];
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    if (v.batches == 0) return 0;
+    int g, b;
+    int err = occupancy_config(cache, rmse_multiblock_kernel<T>, args->device, &g, &b);
+    if (err) return err;
+    const int64_t per_batch = max64(1, min64(g, v.n));
+    const int64_t block = max64(1, min64(b, cdiv(v.n, per_batch)));
+    return run_multiblock<T>(v, per_batch, (int)block);
+}
+
+/* 5 int32 */
+template <typename T>
+static int launch_int32(const void *p)
+{
+    static occ_entry cache[OCC_DEVICES];
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    typedef out_t<T> O;
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    int g, b;
+    int err = occupancy_config(cache, rmse_int32_kernel<T>, args->device, &g, &b);
+    if (err) return err;
+    const int64_t per_batch = max64(1, min64(g, v.n));
+    const int64_t block = max64(1, min64(b, cdiv(v.n, per_batch)));
+    const int64_t stride = per_batch * block;
+    if (v.batches > INT_MAX / v.n || v.batches * v.n + 4 * stride + 65536 > INT_MAX)
+        return launch_occupancy<T>(p); /* too large for 32-bit indices: version 4 */
+    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
+    const dim3 grid((unsigned)per_batch, (unsigned)min64(v.batches, GRID_Y_MAX));
+    rmse_int32_kernel<T><<<grid, (int)block, 0, v.s>>>((const T *)v.a, (const T *)v.b, (O *)v.out,
+                                                       (int)v.batches, (int)v.n);
+    RMSE_TRY(cudaGetLastError());
+    return launch_finalize<O>((O *)v.out, v.batches, v.n, v.s);
+}
+
+/* 6 auto */
+template <typename O>
+static int launch_combine(const double *partial, O *out, int64_t batches, int64_t chunks, int64_t n,
+                          cudaStream_t s)
+{
+    if (chunks >= 128) {
+        rmse_auto_combine_block_kernel<O><<<(unsigned)min64(batches, GRID_CAP), AUTO_BLOCK, 0, s>>>(
+            partial, out, batches, chunks, n);
+    } else {
+        const int glog = ilog2_ceil(min64(32, max64(1, cdiv(chunks, 4))));
+        const int64_t per_block = AUTO_BLOCK >> glog;
+        rmse_auto_combine_group_kernel<O>
+            <<<(unsigned)min64(cdiv(batches, per_block), GRID_CAP), AUTO_BLOCK, 0, s>>>(
+                partial, out, batches, chunks, n, glog);
+    }
+    return (int)cudaGetLastError();
+}
+
+template <typename T, bool VEC>
+static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, cudaStream_t s)
+{
+    enum { W = unit_io<T, VEC>::W };
+    const int64_t units_per_batch = n / W;
+    if (units_per_batch <= AUTO_SMALL_UNITS) {
+        /* about AUTO_UNROLL vectors per lane: one unrolled step */
+        const int glog = ilog2_ceil(min64(32, max64(1, cdiv(units_per_batch, AUTO_UNROLL))));
+        const int64_t per_block = AUTO_BLOCK >> glog;
+        rmse_auto_small_kernel<T, VEC>
+            <<<(unsigned)min64(cdiv(batches, per_block), GRID_CAP), AUTO_BLOCK, 0, s>>>(a, b, out, batches,
+                                                                                       n, glog);
+        return (int)cudaGetLastError();
+    }
+    const int64_t chunks = cdiv(units_per_batch, AUTO_CHUNK_UNITS);
+    const int64_t units = batches * chunks;
+    double *partial = NULL;
+    if (chunks > 1) RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)units * sizeof(double), s));
+    rmse_auto_rows_kernel<T, VEC><<<(unsigned)min64(units, GRID_CAP), AUTO_BLOCK, 0, s>>>(
+        a, b, out, partial, n, chunks, units);
+    int err = (int)cudaGetLastError();
+    if (chunks > 1) {
+        if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, s);
+        cudaError_t ferr = cudaFreeAsync(partial, s);
+        if (!err) err = (int)ferr;
+    }
+    return err;
+}
+
+template <typename T, bool VEC>
+static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
+                     cudaStream_t s)
+{
+    enum { W = unit_io<T, VEC>::W };
+    const int64_t ncu = inner / W;                         /* column units of a row */
+    const int wc = (int)min64(ncu, AUTO_BLOCK);            /* column units per block */
+    const int64_t rthreads = AUTO_BLOCK / wc;              /* rows read at once per block */
+    const int64_t tiles = cdiv(ncu, wc);
+    const int64_t base = outer * tiles;                    /* blocks of work before splitting rows */
+    const int64_t most = max64(1, cdiv(n, rthreads * AUTO_COL_ROWS));
+    int64_t chunks = min64(max64(1, cdiv(AUTO_TARGET_CHUNKS, base)), most);
+    int64_t rows_per_chunk = cdiv(n, chunks);
+    rows_per_chunk = cdiv(rows_per_chunk, rthreads * AUTO_UNROLL) * rthreads * AUTO_UNROLL;
+    chunks = cdiv(n, rows_per_chunk);
+    const int64_t units = base * chunks;
+    double *partial = NULL;
+    if (chunks > 1)
+        RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)(outer * inner * chunks) * sizeof(double), s));
+    rmse_auto_cols_kernel<T, VEC><<<(unsigned)min64(units, GRID_CAP), AUTO_BLOCK, 0, s>>>(
+        a, b, out, partial, n, inner, ncu, wc, tiles, chunks, rows_per_chunk, units);
+    int err = (int)cudaGetLastError();
+    if (chunks > 1) {
+        if (!err) err = launch_combine<out_t<T>>(partial, out, outer * inner, chunks, n, s);
+        cudaError_t ferr = cudaFreeAsync(partial, s);
+        if (!err) err = (int)ferr;
+    }
+    return err;
+}
+
+template <typename T>
+static int launch_auto(const void *p)
+{
+    const ew_rmse_args *args = (const ew_rmse_args *)p;
+    const rmse_view v = view_of(p);
+    typedef out_t<T> O;
+    if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    const T *a = (const T *)v.a, *b = (const T *)v.b;
+    O *out = (O *)v.out;
+    const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
+    if (args->inner == 1) {
+        /* 16-byte loads need a and b equally aligned mod 16 (the head then aligns both) */
+        if (((ua ^ ub) & 15u) == 0) return auto_rows<T, true>(a, b, out, v.batches, v.n, v.s);
+        return auto_rows<T, false>(a, b, out, v.batches, v.n, v.s);
+    }
+    /* 16-byte column units need both bases aligned and whole vectors per row */
+    if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0)
+        return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, v.s);
+    return auto_cols<T, false>(a, b, out, args->outer, v.n, args->inner, v.s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The table
+ * ------------------------------------------------------------------------------------------- */
+#define RMSE_CONTIG EW_CONTIGUOUS_BATCHES_ONLY
+/* KERNEL(T) names the version's main __global__ function for element type T. */
+#define RMSE_ROWS(variant, launch, KERNEL, flags, about)                                               \
+    {"rmse", variant, EW_FLOAT32, launch<float>, (const void *)KERNEL(float), flags, about},            \
+    {"rmse", variant, EW_FLOAT16, launch<__half>, (const void *)KERNEL(__half), flags, about},          \
+    {"rmse", variant, EW_BFLOAT16, launch<__nv_bfloat16>, (const void *)KERNEL(__nv_bfloat16), flags,   \
+     about},                                                                                            \
+    {"rmse", variant, EW_FLOAT64, launch<double>, (const void *)KERNEL(double), flags, about}
+#define K_ATOMIC(T) rmse_atomic_kernel<T>
+#define K_BLOCK(T) rmse_block_kernel<T>
+#define K_MULTIBLOCK(T) rmse_multiblock_kernel<T>
+#define K_INT32(T) rmse_int32_kernel<T>
+#define K_AUTO(T) rmse_auto_rows_kernel<T, true>
+
+static const ew_kernel rmse_table[] = {
+    RMSE_ROWS("atomic", launch_atomic, K_ATOMIC, EW_USES_BLOCK | RMSE_CONTIG,
+              "one block per batch, an atomicAdd into out per element, sqrt after a barrier"),
+    RMSE_ROWS("block", launch_block, K_BLOCK, EW_USES_BLOCK | RMSE_CONTIG,
+              "one block per batch, private sums and one block reduction (shuffles + shared memory)"),
+    RMSE_ROWS("multiblock", launch_multiblock, K_MULTIBLOCK, EW_USES_BLOCK | EW_USES_GRID | RMSE_CONTIG,
+              "blocks per batch x batches grid, one atomicAdd per block, a second launch for sqrt"),
+    RMSE_ROWS("occupancy", launch_occupancy, K_MULTIBLOCK, RMSE_CONTIG,
+              "multiblock with block size and blocks per batch from the occupancy API"),
+    RMSE_ROWS("int32", launch_int32, K_INT32, RMSE_CONTIG,
+              "occupancy with 32-bit indices, restrict and an unguarded unrolled main loop"),
+    RMSE_ROWS("auto", launch_auto, K_AUTO, 0u,
+              "deterministic fixed-order partials, 16-byte loads, work split per shape, every layout"),
+};
+
+} /* namespace */
+
+extern "C" const ew_kernel *ew_cuda_rmse_table(int *count)
+{
+    *count = (int)(sizeof(rmse_table) / sizeof(rmse_table[0]));
+    return rmse_table;
+}

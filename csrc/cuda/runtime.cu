@@ -1,0 +1,212 @@
+/*
+ * runtime.cu: the C-callable wrappers over the CUDA runtime that the host code uses
+ * (declared in csrc/cuda_api.h), and the blocking kernel of the timing core.
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../cuda_api.h"
+
+static cudaStream_t S(void *stream) { return (cudaStream_t)stream; }
+
+extern "C" {
+
+int ewcuda_device_count(int *count)
+{
+    *count = 0;
+    cudaError_t err = cudaGetDeviceCount(count);
+    if (err != cudaSuccess) {
+        *count = 0;
+        (void)cudaGetLastError();
+    }
+    return (int)err;
+}
+
+/* The first time a device is used, keep freed pool memory in the pool: the default
+ * release threshold of 0 hands memory back to the driver at every synchronisation, which
+ * makes the next cudaMallocAsync a driver allocation. */
+static int pool_ready[64];
+
+int ewcuda_set_device(int device)
+{
+    int cur = -1;
+    cudaError_t err = cudaGetDevice(&cur);
+    if (err != cudaSuccess)
+        return (int)err;
+    if (cur != device && (err = cudaSetDevice(device)) != cudaSuccess)
+        return (int)err;
+    if (device >= 0 && device < 64 && !pool_ready[device]) {
+        cudaMemPool_t pool;
+        if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+            uint64_t threshold = UINT64_MAX;
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+        }
+        (void)cudaGetLastError();
+        pool_ready[device] = 1;
+    }
+    return 0;
+}
+
+int ewcuda_malloc_async(void **ptr, size_t nbytes, void *stream)
+{
+    *ptr = NULL;
+    if (nbytes == 0)
+        nbytes = 1;   /* a valid, unique pointer for empty arrays */
+    cudaError_t err = cudaMallocAsync(ptr, nbytes, S(stream));
+    if (err != cudaSuccess)
+        (void)cudaGetLastError();
+    return (int)err;
+}
+
+int ewcuda_free_async(void *ptr, void *stream) { return (int)cudaFreeAsync(ptr, S(stream)); }
+
+int ewcuda_memset_async(void *ptr, int value, size_t nbytes, void *stream)
+{
+    return (int)cudaMemsetAsync(ptr, value, nbytes, S(stream));
+}
+
+int ewcuda_memcpy_sync(void *dst, const void *src, size_t nbytes, int kind, void *stream)
+{
+    cudaMemcpyKind k = kind == EWCUDA_H2D ? cudaMemcpyHostToDevice
+                     : kind == EWCUDA_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+    if (nbytes == 0)
+        return 0;
+    cudaError_t err = cudaMemcpyAsync(dst, src, nbytes, k, S(stream));
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(S(stream));
+    return (int)err;
+}
+
+int ewcuda_stream_create(void **stream)
+{
+    cudaStream_t s = NULL;
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    *stream = (void *)s;
+    return (int)err;
+}
+
+int ewcuda_stream_destroy(void *stream) { return (int)cudaStreamDestroy(S(stream)); }
+int ewcuda_stream_synchronize(void *stream) { return (int)cudaStreamSynchronize(S(stream)); }
+int ewcuda_device_synchronize(void) { return (int)cudaDeviceSynchronize(); }
+
+int ewcuda_event_create(void **event)
+{
+    cudaEvent_t e = NULL;
+    cudaError_t err = cudaEventCreate(&e);
+    *event = (void *)e;
+    return (int)err;
+}
+
+int ewcuda_event_destroy(void *event) { return (int)cudaEventDestroy((cudaEvent_t)event); }
+int ewcuda_event_record(void *event, void *stream)
+{
+    return (int)cudaEventRecord((cudaEvent_t)event, S(stream));
+}
+int ewcuda_event_synchronize(void *event) { return (int)cudaEventSynchronize((cudaEvent_t)event); }
+int ewcuda_event_elapsed_ms(void *start, void *end, float *ms)
+{
+    return (int)cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end);
+}
+
+int ewcuda_stream_order(void *producer, void *waiter)
+{
+    if (producer == waiter)
+        return 0;
+    cudaEvent_t e;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess)
+        return (int)err;
+    err = cudaEventRecord(e, S(producer));
+    if (err == cudaSuccess)
+        err = cudaStreamWaitEvent(S(waiter), e, 0);
+    cudaEventDestroy(e);
+    return (int)err;
+}
+
+int ewcuda_device_info(int device, ew_device_info *info)
+{
+    memset(info, 0, sizeof *info);
+    cudaError_t err;
+    cudaDeviceProp p;
+    if ((err = cudaGetDeviceProperties(&p, device)) != cudaSuccess)
+        return (int)err;
+    strncpy(info->name, p.name, sizeof info->name - 1);
+    info->major = p.major;
+    info->minor = p.minor;
+    info->sm_count = p.multiProcessorCount;
+    info->l2_bytes = p.l2CacheSize;
+    info->max_threads_per_sm = p.maxThreadsPerMultiProcessor;
+    info->max_threads_per_block = p.maxThreadsPerBlock;
+    info->memory_bus_width_bits = p.memoryBusWidth;
+    info->total_memory_bytes = p.totalGlobalMem;
+    info->pci_bus_id = p.pciBusID;
+    cudaDeviceGetAttribute(&info->memory_clock_khz, cudaDevAttrMemoryClockRate, device);
+    cudaDeviceGetAttribute(&info->clock_khz, cudaDevAttrClockRate, device);
+    cudaDriverGetVersion(&info->driver_version);
+    cudaRuntimeGetVersion(&info->runtime_version);
+    (void)cudaGetLastError();
+    return 0;
+}
+
+int ewcuda_func_attrs(const void *kernel, ew_func_attrs *out)
+{
+    cudaFuncAttributes a;
+    memset(out, 0, sizeof *out);
+    cudaError_t err = cudaFuncGetAttributes(&a, kernel);
+    if (err != cudaSuccess)
+        return (int)err;
+    out->num_regs = a.numRegs;
+    out->local_size_bytes = a.localSizeBytes;
+    out->shared_size_bytes = a.sharedSizeBytes;
+    out->const_size_bytes = a.constSizeBytes;
+    out->max_threads_per_block = a.maxThreadsPerBlock;
+    out->ptx_version = a.ptxVersion;
+    out->binary_version = a.binaryVersion;
+    return 0;
+}
+
+const char *ewcuda_error_name(int err) { return cudaGetErrorName((cudaError_t)err); }
+const char *ewcuda_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
+int ewcuda_last_error(void) { return (int)cudaGetLastError(); }
+
+int ewcuda_host_flag_alloc(volatile int **flag)
+{
+    void *p = NULL;
+    cudaError_t err = cudaHostAlloc(&p, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err == cudaSuccess)
+        *(volatile int *)p = 0;
+    *flag = (volatile int *)p;
+    return (int)err;
+}
+
+int ewcuda_host_flag_free(volatile int *flag) { return (int)cudaFreeHost((void *)flag); }
+
+/* Spins until the host sets *flag or the timeout passes (so a host that dies, or a queue
+ * that fills up before the flag is set, cannot hang the GPU). */
+__global__ void ew_spin_kernel(const volatile int *flag, unsigned long long timeout_ns)
+{
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    for (;;) {
+        if (*flag)
+            return;
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (now - start > timeout_ns)
+            return;
+        __nanosleep(1000);
+    }
+}
+
+int ewcuda_spin_launch(volatile int *flag, double timeout_s, void *stream)
+{
+    int *dflag = NULL;
+    cudaError_t err = cudaHostGetDevicePointer((void **)&dflag, (void *)flag, 0);
+    if (err != cudaSuccess)
+        return (int)err;
+    ew_spin_kernel<<<1, 1, 0, S(stream)>>>(dflag, (unsigned long long)(timeout_s * 1e9));
+    return (int)cudaGetLastError();
+}
+
+} /* extern "C" */

@@ -1,0 +1,76 @@
+/*
+ * cuda_api.h: the only CUDA runtime surface the C host code uses, implemented in
+ * csrc/cuda/runtime.cu (so the .c files need no CUDA headers and a CPU-only build links
+ * without the toolkit). Every function returns 0 or a cudaError_t value.
+ */
+#ifndef EWKERN_CUDA_API_H
+#define EWKERN_CUDA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ew_device_info {
+    char name[256];
+    int major, minor;
+    int sm_count;
+    int l2_bytes;
+    int max_threads_per_sm;
+    int max_threads_per_block;
+    int memory_bus_width_bits;
+    int memory_clock_khz;
+    int clock_khz;
+    size_t total_memory_bytes;
+    int driver_version;
+    int runtime_version;
+    int pci_bus_id;
+} ew_device_info;
+
+typedef struct ew_func_attrs {
+    int num_regs;
+    size_t local_size_bytes;
+    size_t shared_size_bytes;
+    size_t const_size_bytes;
+    int max_threads_per_block;
+    int ptx_version;
+    int binary_version;
+} ew_func_attrs;
+
+enum { EWCUDA_H2D = 1, EWCUDA_D2H = 2, EWCUDA_D2D = 3 };
+
+int ewcuda_device_count(int *count);
+int ewcuda_set_device(int device);
+int ewcuda_malloc_async(void **ptr, size_t nbytes, void *stream);
+int ewcuda_free_async(void *ptr, void *stream);
+int ewcuda_memset_async(void *ptr, int value, size_t nbytes, void *stream);
+/* Copy and wait for it (on stream). */
+int ewcuda_memcpy_sync(void *dst, const void *src, size_t nbytes, int kind, void *stream);
+int ewcuda_stream_create(void **stream);
+int ewcuda_stream_destroy(void *stream);
+int ewcuda_stream_synchronize(void *stream);
+int ewcuda_device_synchronize(void);
+int ewcuda_event_create(void **event);
+int ewcuda_event_destroy(void *event);
+int ewcuda_event_record(void *event, void *stream);
+int ewcuda_event_synchronize(void *event);
+int ewcuda_event_elapsed_ms(void *start, void *end, float *ms);
+/* Make `waiter` wait for the work queued so far on `producer` (no-op when equal). */
+int ewcuda_stream_order(void *producer, void *waiter);
+int ewcuda_device_info(int device, ew_device_info *info);
+int ewcuda_func_attrs(const void *kernel, ew_func_attrs *attrs);
+const char *ewcuda_error_name(int err);
+const char *ewcuda_error_string(int err);
+int ewcuda_last_error(void);
+/* Timing helpers (csrc/timing.c): a flag in pinned host memory the GPU can read, and a
+ * kernel that spins on it so queued launches start together (nvbench's blocking kernel). */
+int ewcuda_host_flag_alloc(volatile int **flag);
+int ewcuda_host_flag_free(volatile int *flag);
+int ewcuda_spin_launch(volatile int *flag, double timeout_s, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EWKERN_CUDA_API_H */

@@ -1,0 +1,686 @@
+/*
+ * dlpack.c: DLPack in and out.
+ *  - import: any producer -> ew_view (ewkern.Array and numpy.ndarray directly; types with
+ *    the C exchange API through it, cached per type; everything else through __dlpack__),
+ *  - export: Array.__dlpack__ (versioned and legacy capsules, the stream handshake),
+ *  - results that follow the inputs' framework (ew_new_result).
+ * Managed tensors we export are one allocation (struct + shape + strides); their deleter
+ * takes the GIL and does nothing after interpreter shutdown. A capsule's destructor does
+ * nothing once a consumer renamed it "used_...".
+ */
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include "ewkern.h"
+
+#include <numpy/arrayobject.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_api.h"
+
+#if DLPACK_MAJOR_VERSION < 1 || (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION < 2)
+#error "ewkern needs dlpack.h 1.2 or newer (DLPackExchangeAPI); set EWKERN_DLPACK_INCLUDE"
+#endif
+
+int ew_dtype_from_descr(ew_state *st, PyArray_Descr *d, ew_dtype *out);
+
+static int is_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* ---- import -------------------------------------------------------------------------------- */
+
+const DLPackExchangeAPI *ew_exchange_api(ew_state *st, PyTypeObject *tp)
+{
+    PyObject *cached = PyDict_GetItemWithError(st->api_cache, (PyObject *)tp);
+    if (cached == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        PyObject *cap = PyObject_GetAttr((PyObject *)tp, st->str_api);
+        if (cap == NULL) {
+            PyErr_Clear();
+            cap = Py_None;
+            Py_INCREF(cap);
+        } else if (!PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+            void *p = PyLong_Check(cap) ? PyLong_AsVoidPtr(cap) : NULL;
+            PyErr_Clear();
+            Py_DECREF(cap);
+            cap = p ? PyCapsule_New(p, "dlpack_exchange_api", NULL) : (Py_INCREF(Py_None), Py_None);
+            if (cap == NULL)
+                return NULL;
+        }
+        if (cap != Py_None) {
+            const DLPackExchangeAPI *api = PyCapsule_GetPointer(cap, "dlpack_exchange_api");
+            if (api == NULL || api->header.version.major != DLPACK_MAJOR_VERSION ||
+                api->managed_tensor_allocator == NULL || api->current_work_stream == NULL) {
+                PyErr_Clear();
+                Py_DECREF(cap);
+                cap = Py_None;
+                Py_INCREF(cap);
+            }
+        }
+        int rc = PyDict_SetItem(st->api_cache, (PyObject *)tp, cap);
+        Py_DECREF(cap);
+        if (rc < 0)
+            return NULL;
+        cached = cap;
+    }
+    return cached == Py_None ? NULL : PyCapsule_GetPointer(cached, "dlpack_exchange_api");
+}
+
+static int fill_from_dltensor(ew_view *v, const DLTensor *t, uint64_t flags, const char *what)
+{
+    if (t->ndim < 0 || t->ndim > EW_MAXDIM) {
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions (ewkern supports up to %d)", what,
+                     (int)t->ndim, EW_MAXDIM);
+        return -1;
+    }
+    if (ew_dtype_from_dl(t->dtype, &v->dtype) < 0)
+        return -1;
+    switch (t->device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:
+        v->device.type = EW_CPU;
+        v->device.id = 0;
+        break;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+        v->device.type = EW_CUDA;
+        v->device.id = t->device.device_id;
+        break;
+    default:
+        PyErr_Format(PyExc_ValueError,
+                     "%s: unsupported DLPack device type %d (ewkern takes cpu and cuda arrays)", what,
+                     (int)t->device.device_type);
+        return -1;
+    }
+    v->ndim = t->ndim;
+    v->size = 1;
+    int64_t expect = 1;
+    int contiguous = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: negative dimension in DLPack shape", what);
+            return -1;
+        }
+        v->shape[i] = t->shape[i];
+        v->size *= t->shape[i];
+        if (t->strides && t->shape[i] != 1 && t->strides[i] != expect)
+            contiguous = 0;
+        expect *= t->shape[i];
+    }
+    if (!contiguous && v->size > 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s is not C-contiguous: ewkern takes contiguous arrays only (make a contiguous "
+                     "copy first, e.g. numpy.ascontiguousarray(x) or x.contiguous())", what);
+        return -1;
+    }
+    if (t->data == NULL && v->size > 0) {
+        PyErr_Format(PyExc_ValueError, "%s: DLPack tensor has a NULL data pointer", what);
+        return -1;
+    }
+    v->data = (char *)t->data + t->byte_offset;
+    v->readonly = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+    return 0;
+}
+
+/* Take a DLPack capsule: validate it, then rename it "used_..." and own its tensor. */
+static int view_from_capsule(ew_view *v, PyObject *cap, const char *what)
+{
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != DLPACK_MAJOR_VERSION) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack major version %u is not supported (ewkern "
+                         "reads version %d)", what, m->version.major, DLPACK_MAJOR_VERSION);
+            return -1;
+        }
+        if (fill_from_dltensor(v, &m->dl_tensor, m->flags, what) < 0)
+            return -1;
+        if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0)
+            return -1;
+        v->mtv = m;
+        return 0;
+    }
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (fill_from_dltensor(v, &m->dl_tensor, 0, what) < 0)
+            return -1;
+        if (PyCapsule_SetName(cap, "used_dltensor") < 0)
+            return -1;
+        v->mt = m;
+        return 0;
+    }
+    const char *name = PyCapsule_GetName(cap);
+    PyErr_Clear();
+    if (name && strncmp(name, "used_", 5) == 0)
+        PyErr_Format(PyExc_BufferError, "%s: this DLPack capsule was already consumed", what);
+    else
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got "
+                     "one named %s%s%s", what, name ? "'" : "", name ? name : "NULL", name ? "'" : "");
+    return -1;
+}
+
+static int view_from_array(ew_view *v, ArrayObject *a)
+{
+    v->data = a->data;
+    v->ndim = a->ndim;
+    memcpy(v->shape, a->shape, sizeof(int64_t) * a->ndim);
+    v->size = a->size;
+    v->dtype = a->dtype;
+    v->device = a->device;
+    v->readonly = a->readonly;
+    v->kind = EW_KIND_ARRAY;
+    return 0;
+}
+
+static int view_from_numpy(ew_state *st, ew_view *v, PyArrayObject *arr, const char *what)
+{
+    if (ew_dtype_from_descr(st, PyArray_DESCR(arr), &v->dtype) < 0)
+        return -1;
+    int nd = PyArray_NDIM(arr);
+    if (nd > EW_MAXDIM) {
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions (ewkern supports up to %d)", what, nd,
+                     EW_MAXDIM);
+        return -1;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(arr) || !PyArray_ISALIGNED(arr) || PyArray_ISBYTESWAPPED(arr)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s is not a C-contiguous, aligned, native-byte-order array: ewkern takes "
+                     "contiguous arrays only (make one with numpy.ascontiguousarray(x))", what);
+        return -1;
+    }
+    v->ndim = nd;
+    v->size = 1;
+    for (int i = 0; i < nd; i++) {
+        v->shape[i] = PyArray_DIM(arr, i);
+        v->size *= v->shape[i];
+    }
+    v->data = PyArray_DATA(arr);
+    v->device.type = EW_CPU;
+    v->device.id = 0;
+    v->readonly = !PyArray_ISWRITEABLE(arr);
+    v->kind = EW_KIND_NUMPY;
+    return 0;
+}
+
+/* Call obj.__dlpack__(stream=..., max_version=(1, 3)); producers that predate max_version get
+ * a second call without it. */
+static PyObject *call_dlpack(ew_state *st, PyObject *obj, PyObject *stream_arg)
+{
+    PyObject *meth = PyObject_GetAttr(obj, st->str_dlpack);
+    if (meth == NULL)
+        return NULL;
+    PyObject *maxv = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    if (maxv == NULL) {
+        Py_DECREF(meth);
+        return NULL;
+    }
+    PyObject *argv[2] = {stream_arg, maxv};
+    PyObject *cap = PyObject_Vectorcall(meth, argv, 0, st->dlpack_kwnames);
+    if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyObject *kw = PyTuple_GetSlice(st->dlpack_kwnames, 0, 1);
+        if (kw) {
+            cap = PyObject_Vectorcall(meth, argv, 0, kw);
+            Py_DECREF(kw);
+        }
+    }
+    Py_DECREF(maxv);
+    Py_DECREF(meth);
+    return cap;
+}
+
+static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const char *what, void *stream,
+                              int have_stream)
+{
+    PyObject *devmeth = PyObject_GetAttr(obj, st->str_dlpack_device);
+    if (devmeth == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected an array that supports DLPack (ewkern.Array, numpy.ndarray, "
+                     "torch.Tensor, cupy.ndarray, jax.Array, ...), got %.200s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *dev = PyObject_CallNoArgs(devmeth);
+    Py_DECREF(devmeth);
+    if (dev == NULL)
+        return -1;
+    int dtype_code = 0, dev_id = 0;
+    if (!PyArg_ParseTuple(dev, "ii;__dlpack_device__() must return (device_type, device_id)",
+                          &dtype_code, &dev_id)) {
+        Py_DECREF(dev);
+        return -1;
+    }
+    Py_DECREF(dev);
+    PyObject *stream_arg;
+    if (dtype_code == kDLCUDA || dtype_code == kDLCUDAManaged) {
+        void *s = have_stream ? stream : ew_current_stream(st, dev_id, NULL);
+        /* DLPack's numbering: 1 is the legacy default stream, other values are handles */
+        stream_arg = s ? PyLong_FromVoidPtr(s) : PyLong_FromLong(1);
+        if (stream_arg == NULL)
+            return -1;
+    } else {
+        stream_arg = Py_None;
+        Py_INCREF(stream_arg);
+    }
+    PyObject *cap = call_dlpack(st, obj, stream_arg);
+    Py_DECREF(stream_arg);
+    if (cap == NULL)
+        return -1;
+    if (!PyCapsule_CheckExact(cap)) {
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack__() returned %.200s, not a DLPack capsule", what,
+                     Py_TYPE(cap)->tp_name);
+        Py_DECREF(cap);
+        return -1;
+    }
+    int rc = view_from_capsule(v, cap, what);
+    Py_DECREF(cap);
+    v->kind = EW_KIND_DLPACK;
+    return rc;
+}
+
+int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *what, void *stream,
+                        int have_stream)
+{
+    v->mt = NULL;
+    v->mtv = NULL;
+    v->api = NULL;
+    v->obj = obj;
+    if (Py_IS_TYPE(obj, st->Array_Type))
+        return view_from_array(v, (ArrayObject *)obj);
+    if (PyArray_Check(obj))
+        return view_from_numpy(st, v, (PyArrayObject *)obj, what);
+    const DLPackExchangeAPI *api = ew_exchange_api(st, Py_TYPE(obj));
+    if (api) {
+        v->kind = EW_KIND_API;
+        v->api = api;
+        if (api->dltensor_from_py_object_no_sync) {
+            DLTensor t;
+            if (api->dltensor_from_py_object_no_sync(obj, &t) != 0)
+                return -1;
+            /* the producer gives no flags here; read-only tensors are rare in frameworks */
+            return fill_from_dltensor(v, &t, 0, what);
+        }
+        DLManagedTensorVersioned *m = NULL;
+        if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0)
+            return -1;
+        if (fill_from_dltensor(v, &m->dl_tensor, m->flags, what) < 0) {
+            if (m->deleter)
+                m->deleter(m);
+            return -1;
+        }
+        v->mtv = m;
+        return 0;
+    }
+    if (PyErr_Occurred())
+        return -1;
+    return view_from_protocol(st, obj, v, what, stream, have_stream);
+}
+
+void ew_view_release(ew_view *v)
+{
+    if (v->mt) {
+        if (v->mt->deleter)
+            v->mt->deleter(v->mt);
+        v->mt = NULL;
+    }
+    if (v->mtv) {
+        if (v->mtv->deleter)
+            v->mtv->deleter(v->mtv);
+        v->mtv = NULL;
+    }
+}
+
+PyObject *ew_from_dlpack(ew_state *st, PyObject *obj)
+{
+    ew_view v;
+    memset(&v, 0, sizeof v);
+    if (PyCapsule_CheckExact(obj)) {
+        if (view_from_capsule(&v, obj, "from_dlpack") < 0)
+            return NULL;
+        return ew_array_from_view(st, &v, NULL);
+    }
+    if (Py_IS_TYPE(obj, st->Array_Type)) {
+        Py_INCREF(obj);
+        return obj;
+    }
+    if (PyArray_Check(obj)) {
+        if (view_from_numpy(st, &v, (PyArrayObject *)obj, "from_dlpack") < 0)
+            return NULL;
+        return ew_array_from_view(st, &v, obj);
+    }
+    if (view_from_protocol(st, obj, &v, "from_dlpack", NULL, 0) < 0)
+        return NULL;
+    PyObject *res = ew_array_from_view(st, &v, NULL);
+    ew_view_release(&v);   /* only on failure is anything left to release */
+    return res;
+}
+
+/* ---- results that follow the inputs ------------------------------------------------------- */
+
+static void set_error_cb(void *ctx, const char *kind, const char *message)
+{
+    PyObject *exc = PyExc_RuntimeError;
+    if (kind && strcmp(kind, "MemoryError") == 0) exc = PyExc_MemoryError;
+    else if (kind && strcmp(kind, "ValueError") == 0) exc = PyExc_ValueError;
+    else if (kind && strcmp(kind, "TypeError") == 0) exc = PyExc_TypeError;
+    PyErr_SetString(exc, message ? message : "allocation failed in the array's framework");
+}
+
+PyObject *ew_new_result(ew_state *st, const ew_view *like, ew_dtype dt, int ndim, const int64_t *shape,
+                        void *stream, ew_view *outv)
+{
+    PyObject *res = NULL;
+    memset(outv, 0, sizeof *outv);
+    if (like->kind == EW_KIND_NUMPY) {
+        PyArray_Descr *descr = (PyArray_Descr *)ew_numpy_descr(st, dt);
+        if (descr == NULL)
+            return NULL;
+        npy_intp dims[EW_MAXDIM];
+        for (int i = 0; i < ndim; i++)
+            dims[i] = (npy_intp)shape[i];
+        res = PyArray_Empty(ndim, dims, descr, 0);
+        if (res == NULL)
+            return NULL;
+        if (view_from_numpy(st, outv, (PyArrayObject *)res, "out") < 0) {
+            Py_DECREF(res);
+            return NULL;
+        }
+        outv->obj = res;
+        return res;
+    }
+    if (like->kind == EW_KIND_API) {
+        DLTensor proto;
+        memset(&proto, 0, sizeof proto);
+        proto.device.device_type = like->device.type == EW_CPU ? kDLCPU : kDLCUDA;
+        proto.device.device_id = like->device.id;
+        proto.ndim = ndim;
+        proto.dtype = ew_dtype_to_dl(dt);
+        proto.shape = (int64_t *)shape;
+        DLManagedTensorVersioned *m = NULL;
+        if (like->api->managed_tensor_allocator(&proto, &m, NULL, set_error_cb) != 0 || m == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_MemoryError, "the array framework could not allocate the result");
+            return NULL;
+        }
+        if (fill_from_dltensor(outv, &m->dl_tensor, m->flags, "result") < 0) {
+            if (m->deleter)
+                m->deleter(m);
+            return NULL;
+        }
+        void *py = NULL;
+        if (like->api->managed_tensor_to_py_object_no_sync(m, &py) != 0)
+            return NULL;
+        outv->kind = EW_KIND_API;
+        outv->api = like->api;
+        outv->obj = (PyObject *)py;
+        return (PyObject *)py;
+    }
+    PyObject *stream_ref = NULL;
+    if (like->device.type == EW_CUDA)
+        (void)ew_current_stream(st, like->device.id, &stream_ref);
+    res = ew_array_new(st, like->device, dt, ndim, shape, stream, stream_ref);
+    if (res == NULL)
+        return NULL;
+    view_from_array(outv, (ArrayObject *)res);
+    outv->obj = res;
+    return res;
+}
+
+/* ---- export --------------------------------------------------------------------------------- */
+
+typedef struct {
+    DLManagedTensorVersioned m;
+    int64_t dims[2 * EW_MAXDIM];
+} exported_versioned;
+
+typedef struct {
+    DLManagedTensor m;
+    int64_t dims[2 * EW_MAXDIM];
+} exported_legacy;
+
+static void release_owner(void *owner)
+{
+    if (owner == NULL || !Py_IsInitialized() || is_finalizing())
+        return;   /* at interpreter exit: leak rather than touch a dying interpreter */
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF((PyObject *)owner);
+    PyGILState_Release(g);
+}
+
+static void deleter_versioned(DLManagedTensorVersioned *m)
+{
+    release_owner(m->manager_ctx);
+    free(m);
+}
+
+static void deleter_legacy(DLManagedTensor *m)
+{
+    release_owner(m->manager_ctx);
+    free(m);
+}
+
+static void capsule_destructor_versioned(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "used_dltensor_versioned"))
+        return;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    if (m && m->deleter)
+        m->deleter(m);
+    else
+        PyErr_WriteUnraisable(cap);
+    PyErr_Restore(t, v, tb);
+}
+
+static void capsule_destructor_legacy(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "used_dltensor"))
+        return;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter)
+        m->deleter(m);
+    else
+        PyErr_WriteUnraisable(cap);
+    PyErr_Restore(t, v, tb);
+}
+
+static void fill_dltensor(DLTensor *t, ArrayObject *a, int64_t *dims)
+{
+    t->data = a->data;
+    t->byte_offset = 0;
+    t->device.device_type = a->device.type == EW_CPU ? kDLCPU : kDLCUDA;
+    t->device.device_id = a->device.id;
+    t->ndim = a->ndim;
+    t->dtype = ew_dtype_to_dl(a->dtype);
+    int64_t *shape = dims, *strides = dims + EW_MAXDIM;
+    int64_t s = 1;
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        shape[i] = a->shape[i];
+        strides[i] = s;
+        s *= a->shape[i];
+    }
+    t->shape = shape;
+    t->strides = strides;
+}
+
+/* The consumer's stream argument as a handle; -1 in *skip means "no synchronisation". */
+static int parse_consumer_stream(PyObject *stream, void **handle, int *skip)
+{
+    *skip = 0;
+    *handle = NULL;
+    if (stream == NULL || stream == Py_None)
+        return 0;   /* legacy default stream */
+    if (!PyLong_Check(stream)) {
+        PyErr_Format(PyExc_TypeError, "__dlpack__: stream must be an int or None, got %.200s",
+                     Py_TYPE(stream)->tp_name);
+        return -1;
+    }
+    long long s = PyLong_AsLongLong(stream);
+    if (s == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *handle = PyLong_AsVoidPtr(stream);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (s == -1) {
+        *skip = 1;
+        return 0;
+    }
+    if (s == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__dlpack__: stream=0 is ambiguous for CUDA; use 1 (legacy default stream), "
+                        "2 (per-thread default stream) or a stream handle");
+        return -1;
+    }
+    *handle = s == 1 ? NULL : (void *)(intptr_t)s;
+    return 0;
+}
+
+PyObject *ew_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
+        return NULL;
+    ew_state *st = ew_state_from_type(Py_TYPE(self));
+    if (st == NULL)
+        return NULL;
+    int versioned = 0;
+    if (max_version != Py_None) {
+        long major = -1;
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2 ||
+            ((major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0))) == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple");
+            return NULL;
+        }
+        versioned = major >= 1;
+    }
+    if (copy != Py_None && copy != Py_True && copy != Py_False) {
+        PyErr_SetString(PyExc_TypeError, "__dlpack__: copy must be True, False or None");
+        return NULL;
+    }
+    ew_device target = self->device;
+    if (dl_device != Py_None) {
+        int t, id;
+        if (!PyArg_ParseTuple(dl_device, "ii;__dlpack__: dl_device must be a (device_type, device_id) "
+                              "tuple", &t, &id))
+            return NULL;
+        if (t == kDLCPU) {
+            target.type = EW_CPU;
+            target.id = 0;
+        } else if (t == kDLCUDA) {
+            target.type = EW_CUDA;
+            target.id = id;
+        } else {
+            PyErr_Format(PyExc_BufferError, "__dlpack__: cannot export to DLPack device type %d", t);
+            return NULL;
+        }
+    }
+    int need_copy = copy == Py_True || target.type != self->device.type || target.id != self->device.id;
+    if (need_copy && copy == Py_False) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: the requested device needs a copy, but copy=False");
+        return NULL;
+    }
+    if (need_copy && target.type == EW_CUDA && self->device.type == EW_CUDA &&
+        target.id != self->device.id) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: copies between CUDA devices are not supported");
+        return NULL;
+    }
+    if (self->device.type == EW_CPU && stream != Py_None && target.type == EW_CPU) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: stream must be None for a cpu array");
+        return NULL;
+    }
+    /* stream handshake: make the consumer's stream wait for our queued work */
+    if (self->device.type == EW_CUDA && target.type == EW_CUDA) {
+        void *consumer;
+        int skip;
+        if (parse_consumer_stream(stream, &consumer, &skip) < 0)
+            return NULL;
+#if EWKERN_WITH_CUDA
+        void *ours = ew_current_stream(st, self->device.id, NULL);
+        if (!skip && ours != consumer) {
+            int err = ewcuda_stream_order(ours, consumer);
+            if (err) {
+                ew_raise_cuda(err, "__dlpack__ stream handshake");
+                return NULL;
+            }
+        }
+#endif
+    }
+    PyObject *owner = (PyObject *)self;
+    Py_INCREF(owner);
+    if (need_copy) {
+        PyObject *host_or_dev;
+        if (target.type == EW_CPU) {
+            host_or_dev = PyObject_CallMethod((PyObject *)self, "numpy", NULL);
+            if (host_or_dev && self->device.type == EW_CPU) {
+                PyObject *c = PyObject_CallMethod(host_or_dev, "copy", NULL);
+                Py_SETREF(host_or_dev, c);
+            }
+        } else {
+            host_or_dev = NULL;
+            PyObject *mod = PyType_GetModule(Py_TYPE(self));
+            PyObject *dev = ew_device_str(target);
+            if (mod && dev)
+                host_or_dev = PyObject_CallMethod(mod, "asarray", "OsO", (PyObject *)self, NULL, dev);
+            Py_XDECREF(dev);
+            if (host_or_dev && host_or_dev == (PyObject *)self) {
+                /* same device, copy=True: a fresh Array of the same values */
+                Py_DECREF(host_or_dev);
+                host_or_dev = mod ? PyObject_CallMethod(mod, "copy", "O", (PyObject *)self) : NULL;
+            }
+        }
+        Py_DECREF(owner);
+        if (host_or_dev == NULL)
+            return NULL;
+        owner = ew_from_dlpack(st, host_or_dev);
+        Py_DECREF(host_or_dev);
+        if (owner == NULL)
+            return NULL;
+    }
+    ArrayObject *a = (ArrayObject *)owner;
+    PyObject *cap;
+    if (versioned) {
+        exported_versioned *e = calloc(1, sizeof *e);
+        if (e == NULL) {
+            Py_DECREF(owner);
+            return PyErr_NoMemory();
+        }
+        e->m.version.major = DLPACK_MAJOR_VERSION;
+        e->m.version.minor = DLPACK_MINOR_VERSION;
+        e->m.manager_ctx = owner;
+        e->m.deleter = deleter_versioned;
+        e->m.flags = (a->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
+                     (need_copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+        fill_dltensor(&e->m.dl_tensor, a, e->dims);
+        cap = PyCapsule_New(&e->m, "dltensor_versioned", capsule_destructor_versioned);
+        if (cap == NULL)
+            deleter_versioned(&e->m);
+    } else {
+        exported_legacy *e = calloc(1, sizeof *e);
+        if (e == NULL) {
+            Py_DECREF(owner);
+            return PyErr_NoMemory();
+        }
+        e->m.manager_ctx = owner;
+        e->m.deleter = deleter_legacy;
+        fill_dltensor(&e->m.dl_tensor, a, e->dims);
+        cap = PyCapsule_New(&e->m, "dltensor", capsule_destructor_legacy);
+        if (cap == NULL)
+            deleter_legacy(&e->m);
+    }
+    return cap;
+}

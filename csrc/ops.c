@@ -1,0 +1,817 @@
+/*
+ * ops.c: the Python entry of every op. Each elementwise op of ops.def and rmse is a builtin
+ * created from one PyMethodDef (op_call / rmse_call) whose self is (module, op index). A call:
+ *   parse arguments -> import views (dlpack.c) -> check dtypes, shapes, devices, out=
+ *   -> registry lookup -> allocate the result like the first input -> launch -> check.
+ * ewkern._C.prepare runs the same path but stores the launch in a Plan instead of running it.
+ */
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include "ewkern.h"
+
+#include <string.h>
+
+#include "cuda_api.h"
+
+/* ---- argument parsing ------------------------------------------------------------------------ */
+
+enum { P_VARIANT = 0, P_BLOCK = 1, P_GRID = 2, N_KWONLY = 3 };
+static const char *const kwonly_names[N_KWONLY] = {"variant", "block", "grid"};
+#define MAX_PARAMS 8
+
+typedef struct call_spec {
+    const char *fname;
+    const char *names[MAX_PARAMS];  /* positional-or-keyword parameters, in order */
+    int npos;
+    int nrequired;                  /* the first nrequired of them */
+} call_spec;
+
+/* Parse FASTCALL arguments into vals[0..npos) (positional-or-keyword) and
+ * vals[npos..npos+N_KWONLY) (keyword-only); missing ones are NULL. */
+static int parse_args(const call_spec *cs, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      PyObject **vals)
+{
+    int total = cs->npos + N_KWONLY;
+    for (int i = 0; i < total; i++)
+        vals[i] = NULL;
+    if (nargs > cs->npos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional arguments (%zd given)",
+                     cs->fname, cs->npos, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        vals[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, j);
+        int slot = -1;
+        for (int i = 0; i < cs->npos && slot < 0; i++)
+            if (PyUnicode_CompareWithASCIIString(key, cs->names[i]) == 0)
+                slot = i;
+        for (int i = 0; i < N_KWONLY && slot < 0; i++)
+            if (PyUnicode_CompareWithASCIIString(key, kwonly_names[i]) == 0)
+                slot = cs->npos + i;
+        if (slot < 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", cs->fname, key);
+            return -1;
+        }
+        if (vals[slot]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument %R", cs->fname, key);
+            return -1;
+        }
+        vals[slot] = args[nargs + j];
+    }
+    for (int i = 0; i < cs->nrequired; i++)
+        if (vals[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", cs->fname,
+                         cs->names[i], i + 1);
+            return -1;
+        }
+    return 0;
+}
+
+typedef struct launch_opts {
+    const char *variant;
+    int block, grid;
+    int block_given, grid_given;
+} launch_opts;
+
+static int parse_opts(const char *fname, PyObject **kw, launch_opts *o)
+{
+    o->variant = "auto";
+    o->block = o->grid = 0;
+    o->block_given = o->grid_given = 0;
+    if (kw[P_VARIANT] && kw[P_VARIANT] != Py_None) {
+        if (!PyUnicode_Check(kw[P_VARIANT])) {
+            PyErr_Format(PyExc_TypeError, "%s(): variant must be a str, got %.200s", fname,
+                         Py_TYPE(kw[P_VARIANT])->tp_name);
+            return -1;
+        }
+        o->variant = PyUnicode_AsUTF8(kw[P_VARIANT]);
+        if (o->variant == NULL)
+            return -1;
+    }
+    PyObject *bg[2] = {kw[P_BLOCK], kw[P_GRID]};
+    int *dst[2] = {&o->block, &o->grid};
+    int *given[2] = {&o->block_given, &o->grid_given};
+    for (int i = 0; i < 2; i++) {
+        if (bg[i] == NULL || bg[i] == Py_None)
+            continue;
+        if (!PyLong_Check(bg[i])) {
+            PyErr_Format(PyExc_TypeError, "%s(): %s must be an int, got %.200s", fname, kwonly_names[1 + i],
+                         Py_TYPE(bg[i])->tp_name);
+            return -1;
+        }
+        long x = PyLong_AsLong(bg[i]);
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        if (x <= 0 || x > (1L << 30)) {
+            PyErr_Format(PyExc_ValueError, "%s(): %s must be a positive int, got %ld", fname,
+                         kwonly_names[1 + i], x);
+            return -1;
+        }
+        *dst[i] = (int)x;
+        *given[i] = 1;
+    }
+    return 0;
+}
+
+/* Check block= and grid= against what the kernel honours and the device allows. */
+static int check_launch_params(const char *fname, const ew_kernel *k, const launch_opts *o, ew_device dev)
+{
+    if (o->block_given) {
+        if (!(k->flags & EW_USES_BLOCK)) {
+            PyErr_Format(PyExc_ValueError, "%s(): variant '%s' chooses its own block size; do not pass block=",
+                         fname, k->variant);
+            return -1;
+        }
+        if (o->block % 32 != 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): block=%d is not a multiple of the warp size (32)", fname,
+                         o->block);
+            return -1;
+        }
+        int limit = 1024;
+#if EWKERN_WITH_CUDA
+        ew_func_attrs fa;
+        if (dev.type == EW_CUDA && k->kernel && ewcuda_func_attrs(k->kernel, &fa) == 0)
+            limit = fa.max_threads_per_block;
+#endif
+        if (o->block > limit) {
+            PyErr_Format(PyExc_ValueError, "%s(): block=%d exceeds the limit of %d threads per block for "
+                         "variant '%s' on this device", fname, o->block, limit, k->variant);
+            return -1;
+        }
+    }
+    if (o->grid_given && !(k->flags & EW_USES_GRID)) {
+        PyErr_Format(PyExc_ValueError, "%s(): variant '%s' is not a grid-stride kernel and takes no grid=",
+                     fname, k->variant);
+        return -1;
+    }
+    (void)dev;
+    return 0;
+}
+
+static int to_double(const char *fname, const char *name, PyObject *obj, double *out)
+{
+    if (PyFloat_CheckExact(obj)) {
+        *out = PyFloat_AS_DOUBLE(obj);
+        return 0;
+    }
+    if (!PyNumber_Check(obj) || PyUnicode_Check(obj) || PyComplex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a real number, got %.200s", fname, name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(obj);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* ---- checks ------------------------------------------------------------------------------------- */
+
+static PyObject *shape_str(const ew_view *v)
+{
+    PyObject *t = PyTuple_New(v->ndim);
+    for (int i = 0; t && i < v->ndim; i++)
+        PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(v->shape[i]));
+    return t;
+}
+
+static int same_shape(const ew_view *a, const ew_view *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+static int check_pair(const char *fname, const ew_view *ref, const char *refname, const ew_view *v,
+                      const char *vname, int check_dtype, int check_shape)
+{
+    if (ref->device.type != v->device.type || ref->device.id != v->device.id) {
+        PyObject *d1 = ew_device_str(ref->device), *d2 = ew_device_str(v->device);
+        PyErr_Format(PyExc_ValueError, "%s(): device mismatch: %s is on %U but %s is on %U", fname, refname,
+                     d1, vname, d2);
+        Py_XDECREF(d1);
+        Py_XDECREF(d2);
+        return -1;
+    }
+    if (check_dtype && ref->dtype != v->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s(): dtype mismatch: %s is %s but %s is %s", fname, refname,
+                     ew_dtype_name(ref->dtype), vname, ew_dtype_name(v->dtype));
+        return -1;
+    }
+    if (check_shape && !same_shape(ref, v)) {
+        PyObject *s1 = shape_str(ref), *s2 = shape_str(v);
+        PyErr_Format(PyExc_ValueError, "%s(): shape mismatch: %s has shape %R but %s has shape %R "
+                     "(ewkern does not broadcast)", fname, refname, s1, vname, s2);
+        Py_XDECREF(s1);
+        Py_XDECREF(s2);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_out(const char *fname, const ew_view *out, const ew_view *ins, int nin)
+{
+    if (out->readonly) {
+        PyErr_Format(PyExc_ValueError, "%s(): out is read-only", fname);
+        return -1;
+    }
+    char *o0 = (char *)out->data, *o1 = o0 + out->size * ew_dtype_size(out->dtype);
+    for (int i = 0; i < nin; i++) {
+        char *i0 = (char *)ins[i].data, *i1 = i0 + ins[i].size * ew_dtype_size(ins[i].dtype);
+        if (i0 != o0 && i0 < o1 && o0 < i1 && out->size > 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): out partially overlaps an input; it may be the same "
+                         "array as an input, or separate memory", fname);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The stream to launch on: the producer's current work stream when the first array came
+ * through the exchange API, else ewkern's current stream. */
+static int pick_stream(ew_state *st, const ew_view *first, void **stream)
+{
+    *stream = NULL;
+    if (first->device.type != EW_CUDA)
+        return 0;
+    if (first->kind == EW_KIND_API)
+        return first->api->current_work_stream(kDLCUDA, first->device.id, stream) == 0 ? 0 : -1;
+    *stream = ew_current_stream(st, first->device.id, NULL);
+    return 0;
+}
+
+static int report_launch_error(int err, const char *fname, const ew_kernel *k, ew_device dev)
+{
+    if (err == 0)
+        return 0;
+    char what[256];
+    snprintf(what, sizeof what, "%s (variant '%s', %s, %s%s)", fname, k->variant, ew_dtype_name(k->dtype),
+             dev.type == EW_CPU ? "cpu" : "cuda:", dev.type == EW_CPU ? "" : "");
+    if (dev.type == EW_CPU) {
+        PyErr_Format(PyExc_RuntimeError, "%s failed with error %d", what, err);
+        return -1;
+    }
+    snprintf(what, sizeof what, "%s (variant '%s', %s, cuda:%d)", fname, k->variant, ew_dtype_name(k->dtype),
+             dev.id);
+    ew_raise_cuda(err, what);
+    return -1;
+}
+
+/* Run a kernel: CPU launches release the GIL when the work is large. */
+static int launch(const ew_kernel *k, const void *args, ew_device dev, int64_t work)
+{
+    int err;
+    if (dev.type == EW_CPU && work > (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        err = k->launch(args);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = k->launch(args);
+    }
+    return err;
+}
+
+/* ---- plans ---------------------------------------------------------------------------------------- */
+
+static PlanObject *plan_new(ew_state *st)
+{
+    PlanObject *p = PyObject_New(PlanObject, st->Plan_Type);
+    if (p == NULL)
+        return NULL;
+    memset((char *)p + sizeof(PyObject), 0, sizeof(PlanObject) - sizeof(PyObject));
+    return p;
+}
+
+static void plan_dealloc(PlanObject *p)
+{
+    PyTypeObject *tp = Py_TYPE(p);
+    for (int i = 0; i < p->nviews; i++)
+        ew_view_release(&p->views[i]);
+    Py_XDECREF(p->keep);
+    Py_XDECREF(p->out);
+    tp->tp_free((PyObject *)p);
+    Py_DECREF(tp);
+}
+
+int ew_plan_launch(PlanObject *p)
+{
+    return p->k->launch(p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew);
+}
+
+/* Move the call's views and objects into the plan. */
+static int plan_fill(PlanObject *p, const ew_kernel *k, int is_rmse, const void *args, ew_device dev,
+                     void *stream, ew_view *views, int nviews, PyObject *out, int64_t rd, int64_t wr)
+{
+    p->k = k;
+    p->is_rmse = is_rmse;
+    if (is_rmse)
+        p->rm = *(const ew_rmse_args *)args;
+    else
+        p->ew = *(const ew_args *)args;
+    p->device = dev;
+    p->stream = stream;
+    p->bytes_read = rd;
+    p->bytes_written = wr;
+    p->keep = PyTuple_New(nviews);
+    if (p->keep == NULL)
+        return -1;
+    for (int i = 0; i < nviews; i++) {
+        p->views[i] = views[i];
+        views[i].mt = NULL;
+        views[i].mtv = NULL;
+        Py_INCREF(views[i].obj);
+        PyTuple_SET_ITEM(p->keep, i, views[i].obj);
+    }
+    p->nviews = nviews;
+    Py_INCREF(out);
+    p->out = out;
+    return 0;
+}
+
+static PyObject *plan_get(PlanObject *p, void *which)
+{
+    switch ((intptr_t)which) {
+    case 0: return PyUnicode_FromString(p->k->op);
+    case 1: return PyUnicode_FromString(p->k->variant);
+    case 2: return PyUnicode_FromString(ew_dtype_name(p->k->dtype));
+    case 3: return ew_device_str(p->device);
+    case 4: return PyLong_FromLongLong(p->bytes_read);
+    case 5: return PyLong_FromLongLong(p->bytes_written);
+    case 6: Py_INCREF(p->out); return p->out;
+    default: return PyLong_FromLongLong(p->is_rmse ? p->rm.outer * p->rm.n * p->rm.inner : p->ew.n);
+    }
+}
+
+static PyObject *plan_call(PlanObject *p, PyObject *args, PyObject *kwds)
+{
+    if (ew_use_device(p->device) < 0)
+        return NULL;
+    if (report_launch_error(ew_plan_launch(p), p->k->op, p->k, p->device) < 0)
+        return NULL;
+    Py_INCREF(p->out);
+    return p->out;
+}
+
+static PyObject *plan_repr(PlanObject *p)
+{
+    PyObject *dev = ew_device_str(p->device);
+    PyObject *r = PyUnicode_FromFormat("<ewkern Plan %s variant=%s dtype=%s device=%U bytes=%lld>",
+                                       p->k->op, p->k->variant, ew_dtype_name(p->k->dtype), dev,
+                                       (long long)(p->bytes_read + p->bytes_written));
+    Py_XDECREF(dev);
+    return r;
+}
+
+static PyGetSetDef plan_getset[] = {
+    {"op", (getter)plan_get, NULL, "Op name.", (void *)0},
+    {"variant", (getter)plan_get, NULL, "Kernel variant.", (void *)1},
+    {"dtype", (getter)plan_get, NULL, "Input dtype.", (void *)2},
+    {"device", (getter)plan_get, NULL, "Device.", (void *)3},
+    {"nbytes_read", (getter)plan_get, NULL, "Bytes one launch reads (the declared convention).", (void *)4},
+    {"nbytes_written", (getter)plan_get, NULL, "Bytes one launch writes.", (void *)5},
+    {"out", (getter)plan_get, NULL, "The output the plan writes.", (void *)6},
+    {"size", (getter)plan_get, NULL, "Elements per input.", (void *)7},
+    {NULL}
+};
+
+static PyType_Slot plan_slots[] = {
+    {Py_tp_dealloc, plan_dealloc},
+    {Py_tp_getset, plan_getset},
+    {Py_tp_call, plan_call},
+    {Py_tp_repr, plan_repr},
+    {Py_tp_doc, "A resolved op call (ewkern._C.prepare): calling it launches again; "
+                "ewkern._C.time_plans times it."},
+    {0, NULL}
+};
+
+PyType_Spec ew_plan_spec = {
+    .name = "ewkern.Plan",
+    .basicsize = sizeof(PlanObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = plan_slots,
+};
+
+/* ---- elementwise ops ------------------------------------------------------------------------------ */
+
+static void elementwise_spec(int opi, call_spec *cs)
+{
+    const ew_op_info *op = &ew_ops[opi];
+    static const char *const in_names[2] = {"a", "b"};
+    cs->fname = op->name;
+    cs->npos = 0;
+    if (op->inputs == 0) {            /* fill(out, value) */
+        cs->names[cs->npos++] = "out";
+        cs->names[cs->npos++] = "value";
+        cs->nrequired = 2;
+        return;
+    }
+    for (int i = 0; i < op->inputs; i++)
+        cs->names[cs->npos++] = in_names[i];
+    if (op->scalars == 1)
+        cs->names[cs->npos++] = "c";
+    else if (op->scalars == 2) {
+        cs->names[cs->npos++] = "alpha";
+        cs->names[cs->npos++] = "beta";
+    }
+    cs->nrequired = cs->npos;
+    cs->names[cs->npos++] = "out";
+}
+
+static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames, PlanObject *plan)
+{
+    const ew_op_info *op = &ew_ops[opi];
+    call_spec cs;
+    elementwise_spec(opi, &cs);
+    PyObject *vals[MAX_PARAMS + N_KWONLY];
+    if (parse_args(&cs, args, nargs, kwnames, vals) < 0)
+        return NULL;
+    launch_opts lo;
+    if (parse_opts(cs.fname, vals + cs.npos, &lo) < 0)
+        return NULL;
+
+    int fill = op->inputs == 0;
+    PyObject *in_objs[2] = {NULL, NULL};
+    PyObject *scal_objs[2] = {NULL, NULL};
+    PyObject *out_obj;
+    if (fill) {
+        out_obj = vals[0];
+        scal_objs[0] = vals[1];
+    } else {
+        for (int i = 0; i < op->inputs; i++)
+            in_objs[i] = vals[i];
+        for (int i = 0; i < op->scalars; i++)
+            scal_objs[i] = vals[op->inputs + i];
+        out_obj = vals[cs.npos - 1];
+        if (out_obj == Py_None)
+            out_obj = NULL;
+    }
+    ew_args ea;
+    memset(&ea, 0, sizeof ea);
+    for (int i = 0; i < op->scalars; i++)
+        if (to_double(cs.fname, cs.names[fill ? 1 : op->inputs + i], scal_objs[i], &ea.scalar[i]) < 0)
+            return NULL;
+
+    ew_view v[3];          /* inputs, then out */
+    int nv = 0;
+    PyObject *result = NULL;
+    void *stream = NULL;
+    const ew_kernel *k = NULL;
+    int have_stream = 0;
+    for (int i = 0; i < op->inputs; i++) {
+        if (ew_view_from_object(st, in_objs[i], &v[nv], cs.names[i], stream, have_stream) < 0)
+            goto fail;
+        nv++;
+        if (i == 0) {
+            if (pick_stream(st, &v[0], &stream) < 0)
+                goto fail;
+            have_stream = 1;
+        } else if (check_pair(cs.fname, &v[0], "a", &v[i], cs.names[i], 1, 1) < 0)
+            goto fail;
+    }
+    if (out_obj) {
+        if (ew_view_from_object(st, out_obj, &v[nv], "out", stream, have_stream) < 0)
+            goto fail;
+        nv++;
+        if (fill) {
+            if (pick_stream(st, &v[0], &stream) < 0)
+                goto fail;
+        } else if (check_pair(cs.fname, &v[0], "a", &v[nv - 1], "out", 1, 1) < 0)
+            goto fail;
+        if (check_out(cs.fname, &v[nv - 1], v, op->inputs) < 0)
+            goto fail;
+    }
+    const ew_view *ref = &v[0];
+    k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(opi, ref->dtype, ref->device.type)
+                                        : ew_find_kernel(op->name, lo.variant, ref->dtype, ref->device.type);
+    if (k == NULL || check_launch_params(cs.fname, k, &lo, ref->device) < 0 || ew_use_device(ref->device) < 0)
+        goto fail;
+    if (out_obj) {
+        result = out_obj;
+        Py_INCREF(result);
+    } else {
+        result = ew_new_result(st, ref, ref->dtype, ref->ndim, ref->shape, stream, &v[nv]);
+        if (result == NULL)
+            goto fail;
+        nv++;
+    }
+    for (int i = 0; i < op->inputs; i++)
+        ea.in[i] = v[i].data;
+    ea.out = v[nv - 1].data;
+    ea.n = v[nv - 1].size;
+    ea.block = lo.block;
+    ea.grid = lo.grid;
+    ea.stream = stream;
+    ea.device = ref->device.id;
+    int64_t item = ew_dtype_size(ref->dtype);
+    if (plan) {
+        if (plan_fill(plan, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
+                      ea.n * item) < 0)
+            goto fail;
+    } else if (report_launch_error(launch(k, &ea, ref->device, ea.n), cs.fname, k, ref->device) < 0) {
+        goto fail;
+    }
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    return result;
+fail:
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    Py_XDECREF(result);
+    return NULL;
+}
+
+static ew_state *self_state(PyObject *self, int *opi)
+{
+    *opi = (int)PyLong_AsLong(PyTuple_GET_ITEM(self, 1));
+    return ew_get_state(PyTuple_GET_ITEM(self, 0));
+}
+
+static PyObject *op_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int opi;
+    ew_state *st = self_state(self, &opi);
+    return run_elementwise(st, opi, args, nargs, kwnames, NULL);
+}
+
+/* ---- rmse ------------------------------------------------------------------------------------------- */
+
+static const call_spec rmse_spec = {"rmse", {"a", "b", "axis", "out"}, 4, 2};
+
+/* Turn axis= into the [outer][n][inner] split of shape; the result keeps the other axes. */
+static int rmse_split(const ew_view *v, PyObject *axis, int64_t *outer, int64_t *n, int64_t *inner,
+                      int *out_ndim, int64_t *out_shape)
+{
+    int nd = v->ndim;
+    int reduce[EW_MAXDIM] = {0};
+    if (axis == NULL || axis == Py_None) {
+        for (int i = nd == 1 ? 0 : 1; i < nd; i++)
+            reduce[i] = 1;
+    } else {
+        PyObject *seq = PyLong_Check(axis) ? PyTuple_Pack(1, axis) : PySequence_Tuple(axis);
+        if (seq == NULL) {
+            PyErr_Format(PyExc_TypeError, "rmse(): axis must be None, an int or a tuple of ints, got %.200s",
+                         Py_TYPE(axis)->tp_name);
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(seq); j++) {
+            PyObject *item = PyTuple_GET_ITEM(seq, j);
+            long ax = PyLong_Check(item) ? PyLong_AsLong(item) : (PyErr_SetString(PyExc_TypeError,
+                      "rmse(): axis entries must be ints"), -1L);
+            if (PyErr_Occurred()) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            if (ax < -nd || ax >= nd) {
+                Py_DECREF(seq);
+                PyErr_Format(PyExc_ValueError, "rmse(): axis %ld is out of bounds for an array of %d dimensions",
+                             ax, nd);
+                return -1;
+            }
+            if (ax < 0)
+                ax += nd;
+            if (reduce[ax]) {
+                Py_DECREF(seq);
+                PyErr_Format(PyExc_ValueError, "rmse(): axis %ld repeated", ax);
+                return -1;
+            }
+            reduce[ax] = 1;
+        }
+        Py_DECREF(seq);
+    }
+    int lo = -1, hi = -1;
+    for (int i = 0; i < nd; i++)
+        if (reduce[i]) {
+            if (lo < 0)
+                lo = i;
+            else if (hi != i - 1) {
+                PyErr_SetString(PyExc_ValueError,
+                                "rmse(): the reduced axes must be one contiguous run (for example the trailing "
+                                "axes, each batch contiguous, or the leading axes, batch as the fastest axis)");
+                return -1;
+            }
+            hi = i;
+        }
+    *outer = 1;
+    *n = 1;
+    *inner = 1;
+    *out_ndim = 0;
+    if (lo < 0) {           /* nothing reduced: every element is its own batch */
+        lo = nd;
+        hi = nd - 1;
+    }
+    for (int i = 0; i < nd; i++) {
+        if (i < lo)
+            *outer *= v->shape[i];
+        else if (i > hi)
+            *inner *= v->shape[i];
+        else
+            *n *= v->shape[i];
+        if (i < lo || i > hi)
+            out_shape[(*out_ndim)++] = v->shape[i];
+    }
+    return 0;
+}
+
+static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                          PlanObject *plan)
+{
+    PyObject *vals[MAX_PARAMS + N_KWONLY];
+    if (parse_args(&rmse_spec, args, nargs, kwnames, vals) < 0)
+        return NULL;
+    launch_opts lo;
+    if (parse_opts("rmse", vals + rmse_spec.npos, &lo) < 0)
+        return NULL;
+    PyObject *out_obj = vals[3] == Py_None ? NULL : vals[3];
+    ew_view v[3];
+    int nv = 0;
+    PyObject *result = NULL;
+    void *stream = NULL;
+    const ew_kernel *k;
+    if (ew_view_from_object(st, vals[0], &v[0], "a", NULL, 0) < 0)
+        return NULL;
+    nv = 1;
+    if (pick_stream(st, &v[0], &stream) < 0)
+        goto fail;
+    if (ew_view_from_object(st, vals[1], &v[1], "b", stream, 1) < 0)
+        goto fail;
+    nv = 2;
+    if (check_pair("rmse", &v[0], "a", &v[1], "b", 1, 1) < 0)
+        goto fail;
+    ew_rmse_args ra;
+    memset(&ra, 0, sizeof ra);
+    int out_ndim;
+    int64_t out_shape[EW_MAXDIM];
+    if (rmse_split(&v[0], vals[2], &ra.outer, &ra.n, &ra.inner, &out_ndim, out_shape) < 0)
+        goto fail;
+    ew_dtype out_dt = v[0].dtype == EW_FLOAT64 ? EW_FLOAT64 : EW_FLOAT32;
+    k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(EW_OP_RMSE, v[0].dtype, v[0].device.type)
+                                        : ew_find_kernel("rmse", lo.variant, v[0].dtype, v[0].device.type);
+    if (k == NULL || check_launch_params("rmse", k, &lo, v[0].device) < 0)
+        goto fail;
+    if ((k->flags & EW_CONTIGUOUS_BATCHES_ONLY) && ra.inner > 1 && ra.outer * ra.n > 0) {
+        PyErr_Format(PyExc_ValueError, "rmse(): variant '%s' supports only contiguous batches (reducing "
+                     "trailing axes); use variant='auto' for this layout", k->variant);
+        goto fail;
+    }
+    if (ew_use_device(v[0].device) < 0)
+        goto fail;
+    if (out_obj) {
+        if (ew_view_from_object(st, out_obj, &v[2], "out", stream, 1) < 0)
+            goto fail;
+        nv = 3;
+        ew_view want = v[2];
+        want.ndim = out_ndim;
+        memcpy(want.shape, out_shape, sizeof(int64_t) * out_ndim);
+        want.dtype = out_dt;
+        want.device = v[0].device;
+        if (check_pair("rmse", &want, "the result", &v[2], "out", 1, 1) < 0 || check_out("rmse", &v[2], v, 2) < 0)
+            goto fail;
+        result = out_obj;
+        Py_INCREF(result);
+    } else {
+        result = ew_new_result(st, &v[0], out_dt, out_ndim, out_shape, stream, &v[2]);
+        if (result == NULL)
+            goto fail;
+        nv = 3;
+    }
+    ra.a = v[0].data;
+    ra.b = v[1].data;
+    ra.out = v[2].data;
+    ra.block = lo.block;
+    ra.grid = lo.grid;
+    ra.stream = stream;
+    ra.device = v[0].device.id;
+    int64_t rd = 2 * v[0].size * ew_dtype_size(v[0].dtype);
+    int64_t wr = ra.outer * ra.inner * ew_dtype_size(out_dt);
+    if (plan) {
+        if (plan_fill(plan, k, 1, &ra, v[0].device, stream, v, nv, result, rd, wr) < 0)
+            goto fail;
+    } else if (report_launch_error(launch(k, &ra, v[0].device, v[0].size), "rmse", k, v[0].device) < 0) {
+        goto fail;
+    }
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    return result;
+fail:
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    Py_XDECREF(result);
+    return NULL;
+}
+
+static PyObject *rmse_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int opi;
+    ew_state *st = self_state(self, &opi);
+    return run_rmse(st, args, nargs, kwnames, NULL);
+}
+
+/* ---- the builtins ----------------------------------------------------------------------------------- */
+
+static const char rmse_doc[] =
+    "rmse(a, b, axis=None, *, out=None, variant='auto', block=None, grid=None)\n--\n\n"
+    "Batched root-mean-square error: sqrt(mean((a - b)**2)) over the reduced axes.\n\n"
+    "axis: the axes reduced, an int or tuple (negative allowed), one contiguous run of axes;\n"
+    "None reduces all axes but the first (a 1-D input is one batch). The result has the other\n"
+    "axes and dtype float32 (float64 for float64 inputs). A batch of zero elements gives NaN.\n"
+    "variant: 'auto' (deterministic, the fast default) or one of the study's versions\n"
+    "(ewkern.variants('rmse')).";
+
+static PyMethodDef rmse_def = {"rmse", (PyCFunction)(void (*)(void))rmse_call, METH_FASTCALL | METH_KEYWORDS,
+                               rmse_doc};
+
+/* Docstrings are built once from ops.def and live as long as the process. */
+static PyMethodDef op_defs[64];
+static char *op_docs[64];
+
+static char *make_doc(int opi)
+{
+    const ew_op_info *op = &ew_ops[opi];
+    call_spec cs;
+    elementwise_spec(opi, &cs);
+    char sig[256] = "";
+    for (int i = 0; i < cs.npos; i++) {
+        strcat(sig, i ? ", " : "");
+        strcat(sig, cs.names[i]);
+        if (i >= cs.nrequired)
+            strcat(sig, "=None");
+    }
+    const char *fmt = "%s(%s, *, variant='auto', block=None, grid=None)\n--\n\n"
+                      "Elementwise %s: %s.\n\n"
+                      "Inputs: any C-contiguous DLPack arrays (ewkern.Array, numpy, torch, CuPy, JAX) of\n"
+                      "equal shape, dtype (float32, float16, bfloat16, float64) and device; no broadcasting.\n"
+                      "The result follows the first input's framework (numpy in, numpy out; torch in, torch\n"
+                      "out; otherwise an ewkern.Array). out= may alias an input exactly.\n"
+                      "variant: 'auto' or a name from ewkern.variants('%s'); block/grid: launch parameters\n"
+                      "for the variants that take them.";
+    size_t len = strlen(fmt) + 3 * strlen(op->name) + strlen(sig) + strlen(op->definition) + 16;
+    char *doc = PyMem_RawMalloc(len);
+    if (doc)
+        snprintf(doc, len, fmt, op->name, sig, op->name, op->definition, op->name);
+    return doc;
+}
+
+PyObject *ew_make_op_functions(PyObject *module)
+{
+    PyObject *dict = PyDict_New();
+    if (dict == NULL)
+        return NULL;
+    for (int i = 0; i <= ew_nops; i++) {
+        PyMethodDef *def;
+        if (i == ew_nops)
+            def = &rmse_def;
+        else {
+            def = &op_defs[i];
+            if (op_docs[i] == NULL && (op_docs[i] = make_doc(i)) == NULL) {
+                Py_DECREF(dict);
+                return PyErr_NoMemory();
+            }
+            def->ml_name = ew_ops[i].name;
+            def->ml_meth = (PyCFunction)(void (*)(void))op_call;
+            def->ml_flags = METH_FASTCALL | METH_KEYWORDS;
+            def->ml_doc = op_docs[i];
+        }
+        PyObject *self = Py_BuildValue("(Oi)", module, i == ew_nops ? EW_OP_RMSE : i);
+        PyObject *modname = PyUnicode_FromString("ewkern");
+        PyObject *fn = self && modname ? PyCFunction_NewEx(def, self, modname) : NULL;
+        Py_XDECREF(self);
+        Py_XDECREF(modname);
+        if (fn == NULL || PyDict_SetItemString(dict, def->ml_name, fn) < 0) {
+            Py_XDECREF(fn);
+            Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(fn);
+    }
+    return dict;
+}
+
+/* prepare(fn, *args, **kwargs): resolve one call of an ewkern op into a Plan. */
+PyObject *ew_prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs < 1 || !PyCFunction_Check(args[0]) ||
+        (PyCFunction_GET_FUNCTION(args[0]) != (PyCFunction)(void (*)(void))op_call &&
+         PyCFunction_GET_FUNCTION(args[0]) != (PyCFunction)(void (*)(void))rmse_call)) {
+        PyErr_SetString(PyExc_TypeError, "prepare(fn, *args, **kwargs): fn must be an ewkern op such as ewkern.add");
+        return NULL;
+    }
+    int opi;
+    ew_state *st = self_state(PyCFunction_GET_SELF(args[0]), &opi);
+    PlanObject *p = plan_new(st);
+    if (p == NULL)
+        return NULL;
+    PyObject *out = opi == EW_OP_RMSE ? run_rmse(st, args + 1, nargs - 1, kwnames, p)
+                                      : run_elementwise(st, opi, args + 1, nargs - 1, kwnames, p);
+    if (out == NULL) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    Py_DECREF(out);
+    return (PyObject *)p;
+}

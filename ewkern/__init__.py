@@ -1,0 +1,59 @@
+"""ewkern: elementwise and batched-RMSE CUDA kernels for studying GPU memory bandwidth.
+
+Every op takes any C-contiguous DLPack array (ewkern.Array, numpy, torch, CuPy, JAX) without a
+copy and returns a result in the first input's framework. See ``ewkern.ops()`` for the op set,
+``ewkern.variants(op)`` for the kernel versions of the reference studies, and
+``python -m ewkern.bench`` for the benchmark harness.
+
+Streams: with inputs from a framework that exposes the DLPack C exchange API (torch), ewkern
+launches on that framework's current stream. Otherwise it launches on ewkern's current stream:
+the legacy default stream unless a ``with ewkern.stream(s):`` block is active, and passes that
+stream to producers' ``__dlpack__`` so their pending work is ordered before ewkern's.
+"""
+from contextlib import contextmanager
+
+from . import _C
+from ._C import (  # noqa: F401  (the public surface)
+    Array, Stream, Plan,
+    empty, zeros, full, asarray, from_dlpack,
+    cuda_available, device_count, synchronize, device_info,
+    ops as _ops_table, variants, kernel_info, build_info,
+    copy, fill, add, sub, mul, div, maximum, minimum, add_const, mul_const, axpby,
+    neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu,
+    rmse,
+)
+
+__version__ = "0.1.0"
+
+
+def ops():
+    """The op table: a list of dicts with name, inputs, scalars, definition and family."""
+    return _ops_table()
+
+
+def default_device():
+    """'cuda:0' when a CUDA device is present, else 'cpu' (what device=None means)."""
+    return "cuda:0" if cuda_available() else "cpu"
+
+
+def current_stream():
+    """The ewkern.Stream that ewkern launches on for its own arrays, or None (the legacy
+    default stream)."""
+    return _C._get_stream()
+
+
+@contextmanager
+def stream(s):
+    """Launch ewkern's work on Stream ``s`` inside the block (None: the legacy default stream)."""
+    prev = _C._set_stream(s)
+    try:
+        yield s
+    finally:
+        _C._set_stream(prev)
+
+
+__all__ = [
+    "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
+    "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
+    "default_device", "current_stream", "stream", "rmse",
+] + [d["name"] for d in _ops_table() if d["family"] == "elementwise"]

@@ -1,0 +1,171 @@
+"""``python -m ewkern.bench``: the command line.
+
+    python -m ewkern.bench list
+    python -m ewkern.bench [EXPERIMENT ...] [--all] [--quick] [--device cuda:0|cpu] [--out DIR]
+                           [--cache hot|rotate|flush] [each experiment's own options]
+
+Exit codes: 0 done; 1 done, but a measurement or experiment failed; 2 bad input (nothing run);
+130 interrupted (partial results written and marked partial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import re
+import sys
+from pathlib import Path
+
+from . import registry
+from .timing import CACHE_MODES, BenchError
+
+__all__ = ["main", "build_parser"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # exit 2 with the message, as argparse does, plus a hint
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"run '{self.prog} list' to see the experiments", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ewkern.bench",
+                description="Reproduce the papers' GPU memory-bandwidth experiments with ewkern. "
+                            "'list' shows the experiments.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="Sizes take binary units (4MiB, 1GiB) or powers (2^20); shapes are like 1024x3072.\n"
+                       "Exit codes: 0 ok, 1 some measurement failed, 2 bad input, 130 interrupted.")
+    p.add_argument("experiments", nargs="*", metavar="EXPERIMENT",
+                   help="experiments to run (see 'list'), or 'list'")
+    p.add_argument("--all", action="store_true", help="run every experiment")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--quick", action="store_true",
+                   help="a subset: --all under 10 min on an H100, under 5 min on a 2-core CPU")
+    p.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (default: cuda:0 when ewkern sees a GPU, else cpu)")
+    p.add_argument("--out", default=None, type=Path,
+                   help="output folder (default: ./bench-out/<timestamp>)")
+    p.add_argument("--cache", default="rotate", choices=CACHE_MODES,
+                   help="cache mode for every timing (default rotate; E3/E4 also measure hot)")
+    p.add_argument("--samples", type=int, default=None, help="samples per measurement")
+    p.add_argument("--min-sample-ms", type=float, default=None,
+                   help="launches per sample are chosen so a sample lasts this long (default 0.5)")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    for spec in registry.specs().values():
+        if spec.args:
+            g = p.add_argument_group(f"{spec.name}: {spec.title}")
+            for flags, kwargs in spec.args:
+                g.add_argument(*([flags] if isinstance(flags, str) else flags), **kwargs)
+    return p
+
+
+def list_text() -> str:
+    rows = []
+    for spec in registry.specs().values():
+        where = "" if spec.cpu_ok else "  [GPU only]"
+        rows.append(f"  {spec.name:<9} {spec.description}{where}")
+    return "experiments (python -m ewkern.bench NAME ... | --all):\n" + "\n".join(rows)
+
+
+def _fail(message: str) -> int:
+    print(f"python -m ewkern.bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _resolve_device(text: str | None):
+    """(device string, device_info dict); raises BenchError for a device that cannot be used."""
+    try:
+        import ewkern
+    except Exception as exc:
+        raise BenchError(f"cannot import ewkern ({type(exc).__name__}: {exc}); build it first "
+                         "(make build, or pip install -e .)") from None
+    try:
+        has_cuda = bool(ewkern.cuda_available())
+    except Exception:
+        has_cuda = False
+    if text is None:
+        text = "cuda:0" if has_cuda else "cpu"
+    t = text.strip().lower()
+    if t == "cpu":
+        return "cpu", dict(ewkern.device_info("cpu"))
+    m = re.fullmatch(r"(?:cuda|gpu)(?::(\d+))?", t)
+    if not m:
+        raise BenchError(f"--device {text!r}: expected cpu, cuda or cuda:N")
+    if not has_cuda:
+        raise BenchError(f"--device {text}: CUDA is not available here (ewkern.cuda_available() is False: "
+                         "no GPU or driver, or a CPU-only build); use --device cpu")
+    index = int(m.group(1) or 0)
+    count = int(ewkern.device_count())
+    if index >= count:
+        have = ", ".join(f"cuda:{i}" for i in range(count)) or "none"
+        raise BenchError(f"--device {text}: no such CUDA device ({count} present: {have})")
+    device = f"cuda:{index}"
+    return device, dict(ewkern.device_info(device))
+
+
+def _prepare_out(out: Path | None) -> Path:
+    if out is None:
+        out = Path("bench-out") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".ewkern-bench-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise BenchError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    wanted = [e.strip().lower() for e in args.experiments]
+    if args.list or wanted == ["list"]:
+        print(list_text())
+        return 0
+    valid = registry.names()
+    if "list" in wanted:
+        return _fail("'list' takes no other arguments")
+    unknown = [e for e in wanted if e not in valid]
+    if unknown:
+        return _fail(f"unknown experiment{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}; "
+                     f"valid: {', '.join(valid)}")
+    if args.all:
+        names = valid
+    elif wanted:
+        names = list(dict.fromkeys(wanted))
+    else:
+        return _fail(f"name experiments to run or give --all; valid: {', '.join(valid)}")
+    if args.samples is not None and args.samples < 1:
+        return _fail("--samples must be at least 1")
+    from . import runner
+    created = None
+    try:
+        device, info = _resolve_device(args.device)
+        existed = args.out is not None and Path(args.out).exists()
+        out = _prepare_out(args.out)
+        created = None if existed else out
+        ctx = runner.make_context(args, device, info, out, args.quick, args.cache)
+        runner.precheck(ctx, names)
+    except BenchError as exc:
+        if created is not None:
+            try:
+                created.rmdir()
+            except OSError:
+                pass
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    print(f"ewkern.bench: {', '.join(names)} on {device} ({info.get('name')}), cache {args.cache}"
+          f"{', quick' if args.quick else ''} -> {out}", file=sys.stderr, flush=True)
+    return runner.run(ctx, names, argv)
+
+
+if __name__ == "__main__":   # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Helpers the experiment modules share: option types, sweeps, standard figures and tables."""
+
+from __future__ import annotations
+
+import math
+
+from .plots import (bandwidth_title, draw_bandwidth_lines, mark_cache, new_figure, series_colors,
+                    size_axis)
+from .summary import fmt_gbs, fmt_pct, md_table
+from .timing import BenchError
+from .units import ITEMSIZE, fmt_bytes, parse_bytes, parse_list, parse_shape, parse_count
+
+__all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_bytes", "pow2_sizes",
+           "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table"]
+
+
+def sizes_arg(text):
+    """argparse type: a comma-separated list of byte sizes."""
+    try:
+        sizes = parse_list(text, parse_bytes)
+    except ValueError as exc:
+        import argparse
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not sizes or any(s <= 0 for s in sizes):
+        import argparse
+        raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
+    return sizes
+
+
+def shapes_arg(text):
+    """argparse type: a comma-separated list of shapes (1024x3072,2048x3072)."""
+    try:
+        return parse_list(text, parse_shape)
+    except ValueError as exc:
+        import argparse
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def counts_arg(text):
+    try:
+        return parse_list(text, parse_count)
+    except ValueError as exc:
+        import argparse
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def list_arg(text):
+    return parse_list(text)
+
+
+def pow2_sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def check_bytes(ctx, nbytes: int, what: str):
+    """BenchError when one buffer set of nbytes cannot be allocated on the run's device."""
+    ctx.cfg.check_fits(int(nbytes), what)
+
+
+def _by_series(ms, key):
+    groups = {}
+    for m in ms:
+        groups.setdefault(m.get(key), []).append(m)
+    return groups
+
+
+def line_figure(results, ms, *, kind="element-wise", subtitle="", series_key="series",
+                x_key="size_bytes", x_label="buffer size", styles=None):
+    """GB/s against size, one line per series, with peak and measured-copy lines and the L2 size."""
+    fig, axes = new_figure(8.5, 5.0)
+    ax = axes[0][0]
+    groups = _by_series(ms, series_key)
+    colors = series_colors(list(groups))
+    xs_all = []
+    for name, rows in groups.items():
+        rows = sorted((r for r in rows if r.get("gbs") is not None), key=lambda r: r[x_key])
+        xs = [r[x_key] for r in rows]
+        xs_all += xs
+        style = (styles or {}).get(name, {})
+        ax.plot(xs, [r["gbs"] for r in rows], marker="o", markersize=4, label=str(name),
+                color=style.get("color", colors[name]), linestyle=style.get("linestyle", "-"))
+    draw_bandwidth_lines(ax, results)
+    mark_cache(ax, results)
+    size_axis(ax, xs_all, x_label)
+    ax.set_ylabel("GB/s (read + write)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(bandwidth_title(results, kind, subtitle), fontsize=10)
+    return fig
+
+
+def bars_figure(results, categories, groups, values, *, kind="element-wise", subtitle="",
+                ylabel="GB/s (read + write)", lines=True, log=False):
+    """Grouped bars: one cluster per category, one bar per group; values[(category, group)]."""
+    fig, axes = new_figure(max(6.0, 1.1 * len(categories) + 3), 4.8)
+    ax = axes[0][0]
+    colors = series_colors(groups)
+    width = 0.8 / max(1, len(groups))
+    for gi, g in enumerate(groups):
+        xs = [ci + (gi - (len(groups) - 1) / 2) * width for ci in range(len(categories))]
+        ys = [values.get((c, g)) for c in categories]
+        ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
+               width=width, label=str(g), color=colors[g])
+    ax.set_xticks(range(len(categories)))
+    ax.set_xticklabels([str(c) for c in categories], rotation=30 if len(categories) > 6 else 0)
+    if lines:
+        draw_bandwidth_lines(ax, results)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(bandwidth_title(results, kind, subtitle) if kind else subtitle, fontsize=10)
+    return fig
+
+
+def size_table(ms, series_key="series", x_key="size_bytes"):
+    """Markdown: rows = sizes, columns = series, cells = GB/s (% of peak)."""
+    groups = _by_series(ms, series_key)
+    sizes = sorted({m[x_key] for m in ms})
+    rows = []
+    for s in sizes:
+        row = [fmt_bytes(s)]
+        for g, items in groups.items():
+            m = next((r for r in items if r[x_key] == s), None)
+            row.append("-" if m is None else f"{fmt_gbs(m.get('gbs'))} ({fmt_pct(m.get('pct_peak'))})")
+        rows.append(row)
+    return md_table(["size"] + [f"{g} GB/s" for g in groups], rows)

@@ -1,0 +1,525 @@
+"""Peers (torch, CuPy, NumPy) timed with the same method as ewkern.
+
+On a GPU a peer's K back-to-back calls are captured into one CUDA graph (torch.cuda.CUDAGraph or
+CuPy stream capture), and each sample replays the graph between two CUDA events, behind a spin
+kernel that holds the stream while the host queues the sample, so no Python runs between the
+timed launches. Cache modes are those of ``timing.py``: ``rotate`` cycles the captured calls
+through distinct buffer sets, ``flush`` writes a buffer of twice the cache size before each
+one-launch sample. On a CPU (NumPy) the host clock times K calls in a loop.
+
+torch and CuPy are imported only when a peer is asked for; a missing one is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import math
+
+from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, choose_sets)
+from .units import ITEMSIZE
+
+__all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS",
+           "RMSE_PEERS"]
+
+SPIN_US = 300.0
+
+
+def _import(name):
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+def available(impl: str, device: str) -> str | None:
+    """None when impl can run on device, otherwise why not."""
+    gpu = device != "cpu"
+    if impl == "numpy":
+        return None if not gpu else "NumPy runs on the host only"
+    if impl in ("torch", "torch.compile"):
+        torch = _import("torch")
+        if torch is None:
+            return "torch is not installed"
+        if gpu and not torch.cuda.is_available():
+            return "torch sees no CUDA device"
+        if not gpu:
+            return "torch peers are timed on CUDA devices only (NumPy is the CPU peer)"
+        return None
+    if impl == "cupy":
+        if not gpu:
+            return "CuPy runs on CUDA devices only"
+        cupy = _import("cupy")
+        if cupy is None:
+            return "CuPy is not installed"
+        try:
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                return "CuPy sees no CUDA device"
+        except Exception as exc:
+            return f"CuPy cannot reach the GPU ({exc})"
+        return None
+    return f"unknown peer {impl!r}"
+
+
+def versions() -> dict:
+    """Installed versions of the peers, read from package metadata (nothing is imported)."""
+    out = {}
+    for name in ("numpy", "torch", "matplotlib", "scipy", "ml_dtypes", "tqdm"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    out["cupy"] = None
+    try:
+        for dist in importlib.metadata.distributions():
+            name = (dist.metadata["Name"] or "").lower()
+            if name == "cupy" or name.startswith("cupy-cuda"):
+                out["cupy"] = dist.version
+                break
+    except Exception:
+        pass
+    return out
+
+
+# --- arrays in each framework ------------------------------------------------------------------
+
+def _torch_dtype(dtype):
+    import torch
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float64": torch.float64}[dtype]
+
+
+def _cupy_dtype(dtype):
+    import cupy
+    import numpy
+    if dtype == "bfloat16":
+        bf = getattr(cupy, "bfloat16", None)
+        if bf is None:
+            raise Skip("CuPy has no bfloat16")
+        return bf
+    return numpy.dtype(dtype)
+
+
+def _numpy_dtype(dtype):
+    import numpy
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise Skip("NumPy bfloat16 needs ml_dtypes") from None
+        return numpy.dtype(ml_dtypes.bfloat16)
+    return numpy.dtype(dtype)
+
+
+def _full(impl, shape, dtype, device, value):
+    if impl.startswith("torch"):
+        import torch
+        return torch.full(tuple(shape), value, dtype=_torch_dtype(dtype), device=device)
+    if impl == "cupy":
+        import cupy
+        with cupy.cuda.Device(_index(device)):
+            return cupy.full(tuple(shape), value, dtype=_cupy_dtype(dtype))
+    import numpy
+    return numpy.full(tuple(shape), value, dtype=_numpy_dtype(dtype))
+
+
+def _empty(impl, shape, dtype, device):
+    if impl.startswith("torch"):
+        import torch
+        return torch.empty(tuple(shape), dtype=_torch_dtype(dtype), device=device)
+    if impl == "cupy":
+        import cupy
+        with cupy.cuda.Device(_index(device)):
+            return cupy.empty(tuple(shape), dtype=_cupy_dtype(dtype))
+    import numpy
+    return numpy.empty(tuple(shape), dtype=_numpy_dtype(dtype))
+
+
+def _index(device: str) -> int:
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
+# --- the ops ------------------------------------------------------------------------------------
+
+_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum"}
+_UNARY = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu"}
+PEER_OPS = {"copy", "add_const", "mul_const"} | _BINARY | _UNARY
+_NUMPY_NAMES = {"sub": "subtract", "mul": "multiply", "div": "divide", "neg": "negative",
+                "abs": "absolute"}
+_FILL = {"log": 1.5, "sqrt": 1.5, "rsqrt": 1.5, "div": 0.75}
+
+
+def _op_fn(impl: str, op: str):
+    """fn(ins, out) performing op in impl, writing into out."""
+    if impl.startswith("torch"):
+        import torch
+        if op == "copy":
+            return lambda ins, out: out.copy_(ins[0])
+        if op == "add_const":
+            return lambda ins, out: torch.add(ins[0], 1.0, out=out)
+        if op == "mul_const":
+            return lambda ins, out: torch.mul(ins[0], 1.0, out=out)
+        if op == "relu":
+            return lambda ins, out: torch.clamp_min(ins[0], 0.0, out=out)
+        if op in ("gelu", "silu"):
+            raise Skip(f"torch.nn.functional.{op} takes no out=")
+        f = getattr(torch, {"maximum": "maximum", "minimum": "minimum"}.get(op, op))
+        if op in _BINARY:
+            return lambda ins, out: f(ins[0], ins[1], out=out)
+        return lambda ins, out: f(ins[0], out=out)
+    if impl == "cupy":
+        import cupy
+        if op == "copy":
+            return lambda ins, out: cupy.copyto(out, ins[0])
+        if op == "add_const":
+            return lambda ins, out: cupy.add(ins[0], 1.0, out=out)
+        if op == "mul_const":
+            return lambda ins, out: cupy.multiply(ins[0], 1.0, out=out)
+        if op == "erf":
+            special = _import("cupyx.scipy.special")
+            if special is None:
+                raise Skip("cupyx.scipy.special is missing")
+            return lambda ins, out: special.erf(ins[0], out=out)
+        if op == "rsqrt":
+            return lambda ins, out: cupy.divide(1.0, cupy.sqrt(ins[0]), out=out)
+        if op == "relu":
+            return lambda ins, out: cupy.maximum(ins[0], 0.0, out=out)
+        if op in ("sigmoid", "gelu", "silu"):
+            raise Skip(f"CuPy has no {op} ufunc")
+        f = getattr(cupy, _NUMPY_NAMES.get(op, op))
+        if op in _BINARY:
+            return lambda ins, out: f(ins[0], ins[1], out=out)
+        return lambda ins, out: f(ins[0], out=out)
+    import numpy
+    if op == "copy":
+        return lambda ins, out: numpy.copyto(out, ins[0])
+    if op == "add_const":
+        return lambda ins, out: numpy.add(ins[0], out.dtype.type(1.0), out=out)
+    if op == "mul_const":
+        return lambda ins, out: numpy.multiply(ins[0], out.dtype.type(1.0), out=out)
+    if op == "erf":
+        special = _import("scipy.special")
+        if special is None:
+            raise Skip("NumPy has no erf (scipy is not installed)")
+        return lambda ins, out: special.erf(ins[0], out=out)
+    if op == "relu":
+        return lambda ins, out: numpy.maximum(ins[0], out.dtype.type(0.0), out=out)
+    if op in ("rsqrt", "sigmoid", "gelu", "silu"):
+        raise Skip(f"NumPy has no {op} ufunc")
+    f = getattr(numpy, _NUMPY_NAMES.get(op, op))
+    if op in _BINARY:
+        return lambda ins, out: f(ins[0], ins[1], out=out)
+    return lambda ins, out: f(ins[0], out=out)
+
+
+def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
+    """(make_call, set_bytes, bytes_read, bytes_written) for op in a peer framework."""
+    if op not in PEER_OPS:
+        raise Skip(f"no {impl} equivalent of {op}")
+    why = available(impl, device)
+    if why:
+        raise Skip(why)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    nin = 2 if op in _BINARY else 1
+    n = math.prod(shape)
+    s = ITEMSIZE[dtype]
+    fn = _op_fn(impl, op)
+    # probe the dtype once so an unsupported one is a Skip, not an error mid-capture
+    probe = [_full(impl, (8,), dtype, device, _FILL.get(op, 0.5)) for _ in range(nin)]
+    try:
+        fn(probe, _empty(impl, (8,), dtype, device))
+    except Skip:
+        raise
+    except Exception as exc:
+        raise Skip(f"{impl} {op} does not take {dtype}: {type(exc).__name__}: {exc}") from None
+
+    def make_call():
+        ins = [_full(impl, shape, dtype, device, _FILL.get(op, 0.5) + 0.25 * k) for k in range(nin)]
+        out = _empty(impl, shape, dtype, device)
+        return lambda: fn(ins, out)
+
+    return make_call, (nin + 1) * n * s, nin * n * s, n * s
+
+
+RMSE_PEERS = ("torch eager", "torch vector_norm", "torch.compile", "cupy ReductionKernel", "numpy")
+
+_CUPY_RMSE = {}
+
+
+def _cupy_rmse_kernel():
+    if "k" not in _CUPY_RMSE:
+        import cupy
+        _CUPY_RMSE["k"] = cupy.ReductionKernel(
+            "T x, T y", "float32 z",
+            "(float(x) - float(y)) * (float(x) - float(y))", "a + b",
+            "z = sqrt(a / (float)(_in_ind.size() / _out_ind.size()))", "0.0f", "ewbench_rmse",
+            reduce_type="float")
+    return _CUPY_RMSE["k"]
+
+
+def rmse_call(peer: str, shape, dtype: str, device: str, axis: int):
+    """(make_call, set_bytes, bytes_read, bytes_written) for a peer's RMSE over axis of a 2-D shape."""
+    impl = {"torch eager": "torch", "torch vector_norm": "torch", "torch.compile": "torch.compile",
+            "cupy ReductionKernel": "cupy", "numpy": "numpy"}[peer]
+    why = available(impl, device)
+    if why:
+        raise Skip(why)
+    n_red = shape[axis]
+    n = math.prod(shape)
+    batches = n // n_red
+    s = ITEMSIZE[dtype]
+    if peer == "torch eager":
+        import torch
+
+        def f(a, b):
+            return torch.sqrt(((a - b) ** 2).mean(axis))
+    elif peer == "torch vector_norm":
+        import torch
+        root = math.sqrt(n_red)
+
+        def f(a, b):
+            return torch.linalg.vector_norm(a - b, dim=axis) / root
+    elif peer == "torch.compile":
+        import torch
+
+        def eager(a, b):
+            return torch.sqrt(((a - b) ** 2).mean(axis))
+        try:
+            f = torch.compile(eager, dynamic=False)
+        except Exception as exc:
+            raise Skip(f"torch.compile failed: {exc}") from None
+    elif peer == "cupy ReductionKernel":
+        k = _cupy_rmse_kernel()
+
+        def f(a, b, out=None):
+            return k(a, b, axis=axis, out=out)
+    else:
+        import numpy
+
+        def f(a, b):
+            return numpy.sqrt(((a - b) ** 2).mean(axis=axis))
+
+    def make_call():
+        a = _full(impl, shape, dtype, device, 0.75)
+        b = _full(impl, shape, dtype, device, 0.25)
+        if peer == "cupy ReductionKernel":
+            out = _empty("cupy", (batches,), "float32", device)
+            return lambda: f(a, b, out)
+        return lambda: f(a, b)
+
+    if peer == "torch.compile":   # compile now, so a failure is a Skip with a reason
+        try:
+            make_call()()
+        except Exception as exc:
+            raise Skip(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+    return make_call, 2 * n * s, 2 * n * s, batches * 4
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: str, *,
+               samples: int | None = None) -> Timing:
+    """Time a peer workload; make_call() allocates one buffer set and returns a zero-argument call."""
+    nsets, notes = choose_sets(cfg, cache, set_bytes)
+    cfg.check_fits(nsets * set_bytes, "this measurement")
+    calls = [make_call() for _ in range(nsets)]
+    n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
+    if impl == "numpy" or cfg.is_cpu:
+        secs, k, method = _time_host(cfg, calls, cache, n)
+    elif impl.startswith("torch"):
+        secs, k, method = _time_torch(cfg, calls, cache, n)
+    elif impl == "cupy":
+        secs, k, method = _time_cupy(cfg, calls, cache, n)
+    else:
+        raise ValueError(f"unknown peer {impl!r}")
+    if cache == "flush":
+        method += f", flush {FLUSH_FACTOR}x cache before each sample"
+    return Timing(secs, k, nsets, nsets * set_bytes, cache, method, notes)
+
+
+def _time_host(cfg, calls, cache, n):
+    import time
+    import numpy
+    for c in calls:
+        c()
+    if cache == "flush":
+        buf = cfg._flush.get("numpy")
+        if buf is None:
+            buf = cfg._flush["numpy"] = numpy.zeros(FLUSH_FACTOR * cfg.cache_bytes // 4, numpy.float32)
+        out = []
+        for i in range(n):
+            buf.fill(i)
+            t0 = time.perf_counter()
+            calls[0]()
+            out.append(time.perf_counter() - t0)
+        return out, 1, "host clock (time.perf_counter)"
+    t0 = time.perf_counter()
+    for c in calls:
+        c()
+    k = choose_launches((time.perf_counter() - t0) / len(calls), len(calls), cfg.min_sample_s)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        for i in range(k):
+            calls[i % len(calls)]()
+        out.append((time.perf_counter() - t0) / k)
+    return out, k, "host clock (time.perf_counter)"
+
+
+def _time_torch(cfg, calls, cache, n):
+    import torch
+    device = torch.device(cfg.device)
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                for c in calls:
+                    c()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        flush = None
+        if cache == "flush":
+            flush = cfg._flush.get("torch")
+            if flush is None:
+                flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4,
+                                                         dtype=torch.float32, device=device)
+        spin = int(SPIN_US * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
+
+        def capture(k):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(k):
+                    calls[i % len(calls)]()
+            return g
+
+        def run(g, k, samples):
+            g.replay()
+            pairs = []
+            for _ in range(samples):
+                torch.cuda._sleep(spin)
+                if flush is not None:
+                    flush.zero_()
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                g.replay()
+                b.record()
+                pairs.append((a, b))
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) * 1e-3 / k for a, b in pairs]
+
+        try:
+            if cache == "flush":
+                k = 1
+            else:
+                g0 = capture(len(calls))
+                k = choose_launches(min(run(g0, len(calls), 2)), len(calls), cfg.min_sample_s)
+                del g0
+            g = capture(k)
+            return run(g, k, n), k, "CUDA events around a replayed CUDA graph (torch.cuda.CUDAGraph)"
+        except Exception as exc:   # capture refused: time eager launches behind the spin instead
+            torch.cuda.synchronize()
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__
+            k = 1 if cache == "flush" else max(len(calls), 8)
+            pairs = []
+            for _ in range(n):
+                torch.cuda._sleep(spin)
+                if flush is not None:
+                    flush.zero_()
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                for i in range(k):
+                    calls[i % len(calls)]()
+                b.record()
+                pairs.append((a, b))
+            torch.cuda.synchronize()
+            return ([a.elapsed_time(b) * 1e-3 / k for a, b in pairs], k,
+                    f"CUDA events around eager launches (graph capture failed: {reason})")
+
+
+_CUPY_SPIN = {}
+
+
+def _cupy_spin():
+    if "k" not in _CUPY_SPIN:
+        import cupy
+        try:
+            _CUPY_SPIN["k"] = cupy.RawKernel(r'''
+extern "C" __global__ void ewbench_spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}''', "ewbench_spin")
+        except Exception:
+            _CUPY_SPIN["k"] = None
+    return _CUPY_SPIN["k"]
+
+
+def _time_cupy(cfg, calls, cache, n):
+    import cupy
+    import numpy
+    with cupy.cuda.Device(_index(cfg.device)):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        spin = _cupy_spin()
+        flush = None
+        if cache == "flush":
+            flush = cfg._flush.get("cupy")
+            if flush is None:
+                flush = cfg._flush["cupy"] = cupy.zeros(FLUSH_FACTOR * cfg.cache_bytes // 4, cupy.float32)
+        with stream:
+            for _ in range(2):
+                for c in calls:
+                    c()
+            stream.synchronize()
+
+            def capture(k):
+                stream.begin_capture()
+                try:
+                    for i in range(k):
+                        calls[i % len(calls)]()
+                finally:
+                    g = stream.end_capture()
+                return g
+
+            def launch_graph(g, k):
+                g.launch(stream)
+
+            def launch_eager(_g, k):
+                for i in range(k):
+                    calls[i % len(calls)]()
+
+            def run(g, k, samples, launch):
+                launch(g, k)
+                pairs = []
+                for _ in range(samples):
+                    if spin is not None:
+                        spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
+                    if flush is not None:
+                        flush.fill(0)
+                    a, b = cupy.cuda.Event(), cupy.cuda.Event()
+                    a.record(stream)
+                    launch(g, k)
+                    b.record(stream)
+                    pairs.append((a, b))
+                stream.synchronize()
+                return [cupy.cuda.get_elapsed_time(a, b) * 1e-3 / k for a, b in pairs]
+
+            method = "CUDA events around a replayed CUDA graph (CuPy stream capture)"
+            try:
+                if cache == "flush":
+                    k = 1
+                else:
+                    g0 = capture(len(calls))
+                    k = choose_launches(min(run(g0, len(calls), 2, launch_graph)), len(calls),
+                                        cfg.min_sample_s)
+                g = capture(k)
+                secs = run(g, k, n, launch_graph)
+            except Exception as exc:
+                stream.synchronize()
+                k = 1 if cache == "flush" else max(len(calls), 8)
+                secs = run(None, k, n, launch_eager)
+                method = f"CUDA events around eager launches (graph capture failed: {type(exc).__name__})"
+            if spin is None:
+                method += " (no spin kernel: NVRTC unavailable)"
+            return secs, k, method

@@ -1,0 +1,100 @@
+"""Result files: results.json (everything), one CSV per experiment, and loading them back."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+__all__ = ["load", "write_json", "write_csvs", "measurements", "CSV_FIRST"]
+
+CSV_FIRST = ["experiment", "series", "impl", "op", "variant", "resolved_variant", "dtype", "shape",
+             "n", "size_bytes", "cache", "bytes_read", "bytes_written", "bytes", "time_s", "gbs",
+             "pct_peak", "launches", "sets", "working_set_bytes"]
+_STAT_COLS = ["t_min_s", "t_median_s", "t_mean_s", "t_std_s", "t_max_s", "count"]
+
+
+def load(results_dir) -> dict:
+    """The results dict of a run: a folder holding results.json, or the JSON file itself."""
+    p = Path(results_dir)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.exists():
+        raise FileNotFoundError(f"no results.json at {results_dir}")
+    with open(p) as f:
+        res = json.load(f)
+    res.setdefault("experiments", {})
+    res["_path"] = str(p.parent)
+    return res
+
+
+def measurements(results: dict, experiment: str, **match) -> list[dict]:
+    """The measurements of one experiment whose fields equal the given values."""
+    exp = results.get("experiments", {}).get(experiment) or {}
+    out = []
+    for m in exp.get("measurements", []):
+        if all(m.get(k) == v for k, v in match.items()):
+            out.append(m)
+    return out
+
+
+def write_json(results: dict, out: Path):
+    out = Path(out)
+    tmp = out / "results.json.tmp"
+    data = {k: v for k, v in results.items() if not k.startswith("_")}
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, allow_nan=False, default=str)
+    os.replace(tmp, out / "results.json")
+
+
+def _cell(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, (list, tuple)):
+        return "x".join(str(x) for x in v)
+    if isinstance(v, dict):
+        return json.dumps(v, sort_keys=True)
+    return "" if v is None else v
+
+
+def write_csvs(results: dict, out: Path) -> list[str]:
+    """One CSV per experiment with measurements (raw samples stay in the JSON), one per table."""
+    written = []
+    for name, exp in results.get("experiments", {}).items():
+        rows = exp.get("measurements", [])
+        if rows:
+            keys = []
+            for r in rows:
+                for k in r:
+                    if k not in keys and k not in ("samples_s", "stats_s", "experiment_data"):
+                        keys.append(k)
+            cols = [k for k in CSV_FIRST if k in keys] + _STAT_COLS + \
+                   [k for k in keys if k not in CSV_FIRST]
+            path = Path(out) / f"{name}.csv"
+            with open(path, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(cols)
+                for r in rows:
+                    st = r.get("stats_s") or {}
+                    stat = {"t_min_s": st.get("min"), "t_median_s": st.get("median"),
+                            "t_mean_s": st.get("mean"), "t_std_s": st.get("std"),
+                            "t_max_s": st.get("max"), "count": st.get("count")}
+                    w.writerow([_cell(stat[c] if c in stat else r.get(c)) for c in cols])
+            written.append(path.name)
+        for tname, trows in (exp.get("tables") or {}).items():
+            if not trows:
+                continue
+            keys = []
+            for r in trows:
+                for k in r:
+                    if k not in keys:
+                        keys.append(k)
+            path = Path(out) / f"{name}_{tname}.csv"
+            with open(path, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(keys)
+                for r in trows:
+                    w.writerow([_cell(r.get(k)) for k in keys])
+            written.append(path.name)
+    return written

@@ -1,0 +1,122 @@
+"""Build ewkern._C: C11 host code with the C compiler, CUDA kernels with nvcc.
+
+Environment:
+  CUDA_HOME / PATH        where nvcc is found; without nvcc the build is CPU-only (said once).
+  EWKERN_CPU_ONLY=1       build without CUDA even when nvcc exists.
+  EWKERN_CUDA_ARCHS       semicolon list of SM versions, default "80;86;89;90" (PTX for the
+                          highest is embedded too, for newer GPUs). "90" alone builds fastest.
+  EWKERN_DLPACK_INCLUDE   a folder holding dlpack/dlpack.h (1.2 or newer); by default the
+                          header of the apache-tvm-ffi package is used.
+  EWKERN_NVCC_THREADS     nvcc --threads value (default 2).
+"""
+import glob
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+def find_nvcc():
+    if os.environ.get("EWKERN_CPU_ONLY") == "1":
+        return None
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+        return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def find_dlpack_include():
+    env = os.environ.get("EWKERN_DLPACK_INCLUDE")
+    if env:
+        if not os.path.exists(os.path.join(env, "dlpack", "dlpack.h")):
+            sys.exit(f"EWKERN_DLPACK_INCLUDE={env} holds no dlpack/dlpack.h")
+        return env
+    spec = importlib.util.find_spec("tvm_ffi")
+    if spec and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            for cand in (os.path.join(root, "include"), os.path.join(root, "3rdparty", "dlpack", "include")):
+                if os.path.exists(os.path.join(cand, "dlpack", "dlpack.h")):
+                    return cand
+    sys.exit("ewkern needs dlpack/dlpack.h (1.2 or newer): pip install apache-tvm-ffi, "
+             "or set EWKERN_DLPACK_INCLUDE to a folder that holds dlpack/dlpack.h")
+
+
+def cuda_lib_dir(nvcc):
+    home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    for cand in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+        if os.path.exists(os.path.join(home, cand, "libcudart_static.a")):
+            return os.path.join(home, cand)
+    sys.exit(f"libcudart_static.a not found under {home}")
+
+
+class BuildExt(build_ext):
+    """Compiles csrc/cuda/*.cu with nvcc (in parallel, skipping up-to-date objects) and links
+    them into the extension with the static CUDA runtime."""
+
+    def build_extension(self, ext):
+        nvcc = find_nvcc()
+        dlpack = find_dlpack_include()
+        import numpy
+
+        ext.include_dirs += [os.path.join(HERE, "csrc"), dlpack, numpy.get_include()]
+        if nvcc:
+            archs = [a.strip() for a in os.environ.get("EWKERN_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
+            ext.define_macros += [("EWKERN_WITH_CUDA", "1"), ("EWKERN_CUDA_ARCHS", '"%s"' % ";".join(archs))]
+            ext.extra_objects += self.compile_cuda(nvcc, archs, dlpack)
+            ext.library_dirs.append(cuda_lib_dir(nvcc))
+            ext.libraries += ["cudart_static", "rt", "pthread", "dl", "stdc++"]
+        else:
+            print("ewkern: nvcc not found (or EWKERN_CPU_ONLY=1): building the CPU backend only", flush=True)
+            ext.define_macros.append(("EWKERN_WITH_CUDA", "0"))
+        super().build_extension(ext)
+
+    def compile_cuda(self, nvcc, archs, dlpack):
+        sources = sorted(glob.glob(os.path.join(HERE, "csrc", "cuda", "*.cu")))
+        headers = glob.glob(os.path.join(HERE, "csrc", "*.h")) + glob.glob(os.path.join(HERE, "csrc", "*.def")) + \
+            glob.glob(os.path.join(HERE, "csrc", "cuda", "*.cuh"))
+        newest_header = max((os.path.getmtime(h) for h in headers), default=0)
+        outdir = os.path.join(self.build_temp, "cuda")
+        os.makedirs(outdir, exist_ok=True)
+        gencode = []
+        for a in archs:
+            gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        top = max(archs, key=int)
+        gencode += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
+        threads = os.environ.get("EWKERN_NVCC_THREADS", "2")
+
+        def one(src):
+            obj = os.path.join(outdir, os.path.basename(src) + "." + "-".join(archs) + ".o")
+            if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header):
+                return obj
+            cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "--threads", threads, "-Xcompiler", "-fPIC",
+                   "-I", os.path.join(HERE, "csrc"), "-I", dlpack] + gencode
+            print("nvcc", os.path.relpath(src, HERE), flush=True)
+            subprocess.run(cmd, check=True)
+            return obj
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return list(pool.map(one, sources))
+
+
+c_sources = sorted(glob.glob("csrc/*.c")) + sorted(glob.glob("csrc/cpu/*.c"))
+
+setup(
+    ext_modules=[
+        Extension(
+            "ewkern._C",
+            sources=c_sources,
+            extra_compile_args=["-std=c11", "-O3", "-fopenmp", "-Wall", "-Wno-unused-parameter",
+                                "-Wno-missing-field-initializers"],
+            extra_link_args=["-fopenmp"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExt},
+)
