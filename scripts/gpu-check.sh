@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU machine's check, in one call: build in place with that machine's python3 (torch,
+# CuPy, NumPy preinstalled, no network), run the whole test suite with the GPU tests, then a
+# quick benchmark. Usage (from the repo root, with the tvm-ffi wheel carried in .whl/ for the
+# DLPack header, see README "GPU machine"):
+#     bash scripts/gpu-check.sh [quick-bench-experiments...]
+# Output is kept short; full logs go to $OUT (or ./gpu-check-out) when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${OUT:-gpu-check-out}
+mkdir -p "$OUTDIR"
+if ls .whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ewkern-site .whl/apache_tvm_ffi-*.whl \
+        >/dev/null && export PYTHONPATH=/tmp/ewkern-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export EWKERN_CUDA_ARCHS=${EWKERN_CUDA_ARCHS:-90}
+export EWKERN_NVCC_THREADS=${EWKERN_NVCC_THREADS:-4}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+echo "== build (archs $EWKERN_CUDA_ARCHS)"
+t0=$(date +%s)
+python3 setup.py -q build_ext --inplace >"$OUTDIR/build.log" 2>&1 || { tail -40 "$OUTDIR/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - t0 )) s"
+echo "== tests"
+python3 -m pytest -q -p no:cacheprovider tests -x -rs --timeout=600 >"$OUTDIR/pytest.log" 2>&1
+rc=$?
+grep -E "passed|failed|error" "$OUTDIR/pytest.log" | tail -3
+[ $rc -ne 0 ] && { grep -E "^(FAILED|ERROR)|Error|assert" "$OUTDIR/pytest.log" | head -40; }
+if [ $# -gt 0 ]; then
+    echo "== bench $*"
+    PYTHONUNBUFFERED=1 python3 -m ewkern.bench "$@" --quick --out "$OUTDIR/bench" 2>&1 | tail -80
+fi
+exit $rc

@@ -1,0 +1,108 @@
+"""The float64 NumPy reference of every op and the one validator all tests use."""
+import math
+
+import numpy as np
+
+try:
+    import ml_dtypes
+    BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+    BF16 = None
+
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+
+# machine epsilon (spacing at 1) and the smallest normal of each dtype
+EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}
+TINY = {"float32": 2.0**-126, "float16": 2.0**-14, "bfloat16": 2.0**-126, "float64": 2.0**-1022}
+
+
+def np_dtype(name):
+    return BF16 if name == "bfloat16" else np.dtype(name)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _maximum(a, b):
+    return np.maximum(a, b)  # NumPy propagates NaN from either side
+
+
+REF = {
+    "copy": lambda a: a,
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "maximum": _maximum,
+    "minimum": np.minimum,
+    "add_const": lambda a, c: a + c,
+    "mul_const": lambda a, c: a * c,
+    "axpby": lambda a, b, alpha, beta: alpha * a + beta * b,
+    "neg": lambda a: -a,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda a: 1.0 / np.sqrt(a),
+    "erf": _erf,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "relu": lambda a: np.maximum(a, 0.0),
+    "gelu": lambda a: 0.5 * a * (1.0 + _erf(a / math.sqrt(2.0))),
+    "silu": lambda a: a * _sigmoid(a),
+}
+
+
+def reference(op, *arrays, scalars=()):
+    """float64 result of op on the inputs (any float dtype), with NumPy's warnings silenced."""
+    args = [np.asarray(x).astype(np.float64) for x in arrays]
+    with np.errstate(all="ignore"):
+        return np.asarray(REF[op](*args, *scalars), dtype=np.float64)
+
+
+def rmse_reference(a, b, axis):
+    a = np.asarray(a).astype(np.float64)
+    b = np.asarray(b).astype(np.float64)
+    with np.errstate(all="ignore"):
+        return np.sqrt(np.mean((a - b) ** 2, axis=axis))
+
+
+def random_input(rng, shape, dtype, op=None, low=None):
+    """Random non-zero data suited to op's domain (positive for log/sqrt/rsqrt)."""
+    x = rng.standard_normal(shape) * 3.0
+    if op in ("log", "sqrt", "rsqrt"):
+        x = np.abs(x) + 0.05
+    elif op == "div":
+        x = np.where(np.abs(x) < 0.1, 0.5, x)
+    x = np.where(x == 0, 0.25, x)
+    return x.astype(np_dtype(dtype))
+
+
+def assert_close(out, ref, dtype, ulps=2.0, what=""):
+    """out (any array) against the float64 reference: NaN and inf in the same places, finite
+    values within atol + ulps * |ref| * eps(dtype)."""
+    got = np.asarray(out).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    # the reference as the output dtype would hold it (overflow to inf, underflow to 0)
+    ref_rounded = ref.astype(np_dtype(dtype)).astype(np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    nan_got, nan_ref = np.isnan(got), np.isnan(ref_rounded)
+    assert np.array_equal(nan_got, nan_ref), \
+        f"{what}: NaN positions differ at {np.flatnonzero(nan_got != nan_ref)[:10]}"
+    inf_ref = np.isinf(ref_rounded)
+    assert np.array_equal(got[inf_ref], ref_rounded[inf_ref]), f"{what}: inf values/positions differ"
+    fin = ~(nan_ref | inf_ref)
+    assert not np.isinf(got[fin]).any(), f"{what}: inf where the reference is finite"
+    tol = ulps * EPS[dtype] * np.abs(ref[fin]) + TINY[dtype]
+    err = np.abs(got[fin] - ref[fin])
+    bad = err > tol
+    if bad.any():
+        i = np.flatnonzero(bad)[:5]
+        raise AssertionError(f"{what}: {bad.sum()} of {fin.sum()} values off by more than {ulps} ulp: "
+                             f"got {got[fin][i]}, want {ref[fin][i]} (max err/ulp "
+                             f"{np.max(err / (EPS[dtype] * np.maximum(np.abs(ref[fin]), TINY[dtype]))):.2f})")
