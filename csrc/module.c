@@ -390,6 +390,7 @@ static PyObject *m_synchronize(PyObject *module, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
+#if EWKERN_WITH_CUDA
 /* Memory type and transfers per memory-clock cycle, from the device's name (the
  * elementwise study's table: GDDR6X 16, GDDR6/GDDR5X 8, DDR and HBM 2). */
 static void memory_type(const char *name, int bus_bits, const char **type, int *tpc)
@@ -412,6 +413,8 @@ static void memory_type(const char *name, int bus_bits, const char **type, int *
     *type = bus_bits >= 2048 ? "HBM" : NULL;
     *tpc = bus_bits >= 2048 ? 2 : 0;
 }
+
+#endif
 
 static PyObject *cpu_info(void)
 {

@@ -1,6 +1,5 @@
 """DLPack exchange: export (versioned and legacy), import from every producer, ownership,
 and the malformed-capsule errors."""
-import ctypes
 import gc
 import importlib.util
 
@@ -9,56 +8,15 @@ import pytest
 
 import ewkern
 from conftest import device_params
+from dlpack_util import capsule_name, make_capsule
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 
-ctypes.pythonapi.PyCapsule_GetName.restype = ctypes.c_char_p
-ctypes.pythonapi.PyCapsule_GetName.argtypes = [ctypes.py_object]
-ctypes.pythonapi.PyCapsule_New.restype = ctypes.py_object
-ctypes.pythonapi.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
 
 
-def capsule_name(cap):
-    return ctypes.pythonapi.PyCapsule_GetName(cap).decode()
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-_keep = []
-
-
-def handmade_capsule(buf, code=2, bits=32, device_type=1, ndim=1, shape=(4,), strides=None,
-                     name=b"dltensor"):
-    """A legacy DLPack capsule over a NumPy buffer, with any field set to what a test needs."""
-    shp = (ctypes.c_int64 * max(ndim, 1))(*shape)
-    strd = (ctypes.c_int64 * max(ndim, 1))(*strides) if strides else None
-    mt = DLManagedTensor()
-    mt.dl_tensor.data = buf.ctypes.data
-    mt.dl_tensor.device = DLDevice(device_type, 0)
-    mt.dl_tensor.ndim = ndim
-    mt.dl_tensor.dtype = DLDataType(code, bits, 1)
-    mt.dl_tensor.shape = shp
-    mt.dl_tensor.strides = ctypes.cast(strd, ctypes.POINTER(ctypes.c_int64)) if strd else None
-    mt.dl_tensor.byte_offset = 0
-    _keep.append((buf, shp, strd, mt))
-    return ctypes.pythonapi.PyCapsule_New(ctypes.addressof(mt), name, None)
+def handmade_capsule(buf, **fields):
+    return make_capsule(buf.ctypes.data, owner=buf, **fields)
 
 
 @pytest.mark.parametrize("device", device_params())

@@ -1,0 +1,202 @@
+"""Every elementwise op x dtype x backend against the float64 NumPy reference, NaN/inf
+propagation, in-place aliasing, and every CUDA variant on awkward sizes and misaligned starts."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+import ewkern
+from conftest import HAS_CUDA, device_params
+from dlpack_util import offset_view
+from reference import DTYPES, EPS, TINY, assert_close, np_dtype, random_input, reference
+
+OPS = {d["name"]: d for d in ewkern.ops() if d["family"] == "elementwise"}
+SCALARS = {"add_const": (1.75,), "mul_const": (-0.375,), "axpby": (1.5, -0.25), "fill": (2.625,)}
+
+# Accuracy bound in ulp of the output dtype (the docstrings state the same). Exact ops are
+# exact; arithmetic is correctly rounded in float32/float64 (1 ulp covers the float32 -> half
+# double rounding); transcendental ops are bounded by the CUDA/libm float32 functions they use.
+ULPS = {"copy": 0, "fill": 0, "neg": 0, "abs": 0, "relu": 0, "maximum": 0, "minimum": 0,
+        "add": 1, "sub": 1, "mul": 1, "div": 1, "add_const": 1, "mul_const": 1, "axpby": 2,
+        "exp": 2, "log": 2, "sqrt": 1, "rsqrt": 2, "erf": 2, "tanh": 2, "sigmoid": 3, "gelu": 4, "silu": 4}
+# ops whose error is bounded relative to the size of their terms rather than the result
+TERM_SCALED = {"axpby"}
+
+
+def op_args(op, rng, shape, dtype):
+    n_in = OPS[op]["inputs"]
+    xs = [random_input(rng, shape, dtype, op) for _ in range(n_in)]
+    return xs, SCALARS.get(op, ())
+
+
+def call(op, inputs, scalars, out=None, **kw):
+    fn = getattr(ewkern, op)
+    if op == "fill":
+        return fn(out, *scalars, **kw)
+    return fn(*inputs, *scalars, out=out, **kw) if out is not None else fn(*inputs, *scalars, **kw)
+
+
+def check(op, got, xs, scalars, dtype, what):
+    if op == "fill":
+        want = np.full(np.asarray(got).shape, scalars[0])
+    else:
+        # the reference sees the inputs as the dtype holds them
+        want = reference(op, *xs, scalars=scalars)
+    if op in TERM_SCALED:
+        a, b = (np.asarray(x, dtype=np.float64) for x in xs)
+        scale = np.abs(scalars[0] * a) + np.abs(scalars[1] * b)
+        err = np.abs(np.asarray(got).astype(np.float64) - want)
+        assert np.all(err <= ULPS[op] * EPS[dtype] * scale + TINY[dtype]), what
+        return
+    assert_close(got, want, dtype, ULPS[op], what)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_op_against_numpy(op, dtype, device):
+    rng = np.random.default_rng(abs(hash((op, dtype))) % 2**32)
+    for shape in [(0,), (1,), (7,), (1023,), (2**20 + 3,), (3, 5, 7)]:
+        xs, sc = op_args(op, rng, shape, dtype)
+        ins = [ewkern.asarray(x, device=device) for x in xs]
+        out = ewkern.full(shape, 99.0, dtype=dtype, device=device)
+        res = call(op, ins, sc, out=out)
+        assert res is out
+        check(op, out.numpy(), xs, sc, dtype, f"{op} {dtype} {device} {shape}")
+        if op != "fill":
+            r2 = call(op, ins, sc)
+            assert isinstance(r2, ewkern.Array) and r2.shape == shape and r2.dtype == dtype
+            check(op, r2.numpy(), xs, sc, dtype, f"{op} {dtype} {device} {shape} (new result)")
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", sorted(set(OPS) - {"fill"}))
+def test_in_place_alias(op, dtype, device):
+    """out= aliasing the first input (a += b) works for every op."""
+    rng = np.random.default_rng(11)
+    xs, sc = op_args(op, rng, (4099,), dtype)
+    ins = [ewkern.asarray(x.copy(), device=device) for x in xs]
+    assert call(op, ins, sc, out=ins[0]) is ins[0]
+    check(op, ins[0].numpy(), xs, sc, dtype, f"{op} in place")
+
+
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.5, -2.0, 1e-3, 3.0, -0.0], dtype=np.float64)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", sorted(set(OPS) - {"fill", "copy"}))
+def test_nan_inf_propagate_like_numpy(op, dtype, device):
+    n_in = OPS[op]["inputs"]
+    a = np.repeat(SPECIALS, len(SPECIALS)).astype(np_dtype(dtype))
+    b = np.tile(SPECIALS, len(SPECIALS)).astype(np_dtype(dtype))
+    xs = [a, b][:n_in]
+    sc = SCALARS.get(op, ())
+    got = call(op, [ewkern.asarray(x, device=device) for x in xs], sc).numpy()
+    want = reference(op, *xs, scalars=sc).astype(np_dtype(dtype)).astype(np.float64)
+    got = got.astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), f"{op}: NaN positions"
+    inf = np.isinf(want)
+    assert np.array_equal(got[inf], want[inf]), f"{op}: inf positions/signs"
+
+
+def test_fill_value_conversion_and_docstrings():
+    x = ewkern.empty((5,), dtype="float16", device="cpu")
+    ewkern.fill(x, 65536.0)  # overflows float16
+    assert np.isinf(x.numpy()).all()
+    for name in OPS:
+        assert OPS[name]["definition"] in getattr(ewkern, name).__doc__
+
+
+# ---- CUDA variants -------------------------------------------------------------------------------
+
+VARIANT_SIZES = [0, 1, 3, 4, 5, 8 * 37 + 7, 2**20 + 3]
+
+
+def cuda_variant_params():
+    if not HAS_CUDA:
+        return [pytest.param(None, None, None, marks=pytest.mark.skip(reason="no CUDA GPU"))]
+    params = []
+    for op in sorted(OPS):
+        for dtype in DTYPES:
+            for v in ewkern.variants(op, dtype=dtype):
+                params.append(pytest.param(op, dtype, v, id=f"{op}-{dtype}-{v}"))
+    return params
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op, dtype, variant", cuda_variant_params())
+def test_cuda_variant(op, dtype, variant):
+    rng = np.random.default_rng(7)
+    naive = variant.startswith("Naive")
+    for n in VARIANT_SIZES[:-1] if naive else VARIANT_SIZES:
+        for offset in (0, 1, 3):
+            xs, sc = op_args(op, rng, (n,), dtype)
+            ins = []
+            for x in xs:
+                base = ewkern.asarray(np.concatenate([x[:1]] * offset + [x]) if offset else x, device="cuda:0")
+                ins.append(offset_view(base, offset, n) if offset else base)
+            ob = ewkern.full((n + 2,), 77.0, dtype=dtype, device="cuda:0")
+            out = offset_view(ob, 1, n)   # misaligned output too; guards around it
+            call(op, ins, sc, out=out, variant=variant)
+            check(op, out.numpy(), xs, sc, dtype, f"{op} {variant} n={n} offset={offset}")
+            guard = ob.numpy().astype(np.float64)
+            assert guard[0] == 77.0 and guard[-1] == 77.0, f"{variant} wrote outside its output"
+
+
+def test_variant_listing_and_errors():
+    assert ewkern.variants("add", device="cpu") == ["auto"]
+    with pytest.raises(ValueError, match="unknown variant"):
+        ewkern.add(np.ones(3, np.float32), np.ones(3, np.float32), variant="ThreadBlockIV4U4MRgs_nope")
+    if HAS_CUDA:
+        assert "auto" in ewkern.variants("add")
+        info = ewkern.kernel_info("add", "auto", "float32")
+        assert info["num_regs"] > 0 and info["max_threads_per_block"] >= 32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_variant_dtype_not_supported():
+    f16 = [v for v in ewkern.variants("add", dtype="float16") if v != "auto"]
+    f32only = [v for v in ewkern.variants("add", dtype="float32") if v not in ewkern.variants("add", dtype="float16")]
+    if not f32only:
+        pytest.skip("every add variant supports float16")
+    x = ewkern.full((10,), 1.0, dtype="float16", device="cuda:0")
+    with pytest.raises(TypeError, match="does not support dtype float16"):
+        ewkern.add(x, x, variant=f32only[0])
+    assert f16 is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")
+def test_more_than_2_31_elements():
+    """2^31 + 5 elements: 64-bit indexing in the default path and every variant that can take
+    it; a variant limited to 32-bit indices must refuse clearly rather than write wrong data."""
+    import torch
+    n = 2**31 + 5
+    free = torch.cuda.mem_get_info()[0]
+    if free < 3 * 4 * n + (2 << 30):
+        pytest.skip("not enough GPU memory for three float32 arrays of 2^31 + 5 elements")
+    for dtype in ("float16", "float32"):
+        tdt = getattr(torch, dtype)
+        a = torch.randn(n, device="cuda", dtype=tdt)
+        b = torch.randn(n, device="cuda", dtype=tdt)
+        want = a + b
+        out = torch.empty_like(a)
+        for v in ewkern.variants("add", dtype=dtype):
+            if v.startswith("Naive"):
+                continue  # one thread over 2^31 elements takes minutes
+            out.fill_(7)
+            try:
+                ewkern.add(a, b, out=out, variant=v)
+            except ValueError as e:
+                assert "2^31" in str(e) or "32-bit" in str(e), f"{v}: unclear refusal {e}"
+                continue
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), f"add {v} {dtype} wrong at n = 2^31 + 5"
+        c = ewkern.copy(a)
+        assert torch.equal(c, a)
+        del a, b, want, out, c
+        torch.cuda.empty_cache()

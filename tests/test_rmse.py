@@ -1,0 +1,134 @@
+"""ewkern.rmse: every version x dtype x backend against the float64 reference, both layouts,
+the edge cases, determinism of auto, and the errors."""
+import numpy as np
+import pytest
+
+import ewkern
+from conftest import HAS_CUDA, device_params
+from reference import DTYPES, np_dtype, random_input, rmse_reference
+
+RTOL = {"float32": 2e-6, "float16": 2e-6, "bfloat16": 2e-6, "float64": 1e-12}
+
+
+def versions(device):
+    return ewkern.variants("rmse", device="cpu" if device == "cpu" else "cuda")
+
+
+def check(got, a, b, axis, dtype, what):
+    want = rmse_reference(a, b, axis)
+    got = np.asarray(got)
+    assert got.dtype == (np.float64 if dtype == "float64" else np.float32), what
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=RTOL[dtype], atol=0, err_msg=what)
+
+
+def layouts(rng):
+    """(shape, axis) pairs: contiguous batches (trailing axes reduced) and batch-last."""
+    return [((5, 1000), None), ((3, 7, 33), None), ((1, 1), None), ((9, 1), None), ((17, 4097), -1),
+            ((2, 3, 5, 7), (2, 3)), ((1000, 5), 0), ((33, 7, 3), (0, 1)), ((4097, 3), 0), ((6,), None),
+            ((int(rng.integers(1, 50)), int(rng.integers(1, 3000))), None)]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_versions(device, dtype):
+    rng = np.random.default_rng(2024)
+    for variant in versions(device):
+        for shape, axis in layouts(rng):
+            a = random_input(rng, shape, dtype)
+            b = random_input(rng, shape, dtype)
+            A, B = ewkern.asarray(a, device=device), ewkern.asarray(b, device=device)
+            info = ewkern.kernel_info("rmse", variant, dtype, device="cpu" if device == "cpu" else "cuda")
+            batch_last = axis is not None and (0 in np.atleast_1d(axis)) and len(shape) > 1
+            if batch_last and variant != "auto":
+                with pytest.raises(ValueError, match="contiguous batches"):
+                    ewkern.rmse(A, B, axis=axis, variant=variant)
+                continue
+            r = ewkern.rmse(A, B, axis=axis, variant=variant)
+            check(r.numpy(), a, b, axis, dtype, f"rmse {variant} {dtype} {device} {shape} axis={axis}")
+            assert info["variant"] == variant
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_numpy_in_numpy_out_and_out_argument(device):
+    rng = np.random.default_rng(1)
+    a, b = random_input(rng, (4, 300), "float32"), random_input(rng, (4, 300), "float32")
+    if device == "cpu":
+        r = ewkern.rmse(a, b)
+        assert isinstance(r, np.ndarray)
+        check(r, a, b, (1,), "float32", "numpy")
+    A, B = ewkern.asarray(a, device=device), ewkern.asarray(b, device=device)
+    out = ewkern.full((4,), 5.0, device=device)
+    assert ewkern.rmse(A, B, out=out) is out
+    check(out.numpy(), a, b, (1,), "float32", "out=")
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_edge_cases(device):
+    z = ewkern.rmse(ewkern.zeros((0, 5), device=device), ewkern.zeros((0, 5), device=device))
+    assert z.shape == (0,)
+    e = ewkern.rmse(ewkern.zeros((3, 0), device=device), ewkern.zeros((3, 0), device=device)).numpy()
+    assert e.shape == (3,) and np.isnan(e).all()
+    a = np.array([[1.0, np.nan, 2.0], [1.0, 2.0, np.inf], [1.0, 2.0, 3.0]], dtype=np.float32)
+    b = np.ones_like(a)
+    r = ewkern.rmse(ewkern.asarray(a, device=device), ewkern.asarray(b, device=device)).numpy()
+    assert np.isnan(r[0]) and np.isinf(r[1]) and r[2] == pytest.approx(np.sqrt(5 / 3))
+    s = ewkern.rmse(ewkern.asarray(a[2], device=device), ewkern.asarray(b[2], device=device))
+    assert s.shape == () and float(s.numpy()) == pytest.approx(np.sqrt(5 / 3))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("shape, axis", [((16, 1 << 16), None), ((3, 100001), None), ((65536, 64), None),
+                                          ((1 << 16, 16), 0), ((7, 9, 1000), (0, 1))])
+def test_auto_is_deterministic(device, shape, axis):
+    rng = np.random.default_rng(9)
+    A = ewkern.asarray(random_input(rng, shape, "float32"), device=device)
+    B = ewkern.asarray(random_input(rng, shape, "float32"), device=device)
+    first = ewkern.rmse(A, B, axis=axis).numpy()
+    for _ in range(20):
+        assert np.array_equal(ewkern.rmse(A, B, axis=axis).numpy().view(np.uint32), first.view(np.uint32))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_float32_accuracy_long_batches(device):
+    """float32 partial sums combined in a tree: 1e-6 relative for batches of 2^24 elements."""
+    rng = np.random.default_rng(5)
+    n = 1 << 24
+    a = (rng.random((2, n), dtype=np.float32) + 0.5)
+    b = rng.random((2, n), dtype=np.float32)
+    r = ewkern.rmse(ewkern.asarray(a, device=device), ewkern.asarray(b, device=device)).numpy()
+    np.testing.assert_allclose(r, rmse_reference(a, b, 1), rtol=1e-6)
+
+
+def test_errors():
+    a = np.ones((4, 8), np.float32)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ewkern.rmse(a, np.ones((4, 7), np.float32))
+    with pytest.raises(TypeError, match="dtype mismatch"):
+        ewkern.rmse(a, np.ones((4, 8), np.float64))
+    with pytest.raises(ValueError, match="out has shape"):
+        ewkern.rmse(a, a, out=np.empty(5, np.float32))
+    with pytest.raises(TypeError, match="out is float64"):
+        ewkern.rmse(a, a, out=np.empty(4, np.float64))
+    with pytest.raises(ValueError, match="out of bounds"):
+        ewkern.rmse(a, a, axis=2)
+    with pytest.raises(ValueError, match="contiguous run"):
+        ewkern.rmse(np.ones((2, 3, 4), np.float32), np.ones((2, 3, 4), np.float32), axis=(0, 2))
+    with pytest.raises(ValueError, match="repeated"):
+        ewkern.rmse(a, a, axis=(1, -1))
+    with pytest.raises(TypeError, match="axis"):
+        ewkern.rmse(a, a, axis="x")
+    with pytest.raises(ValueError, match="unknown variant"):
+        ewkern.rmse(a, a, variant="fastest")
+    if HAS_CUDA:
+        g = ewkern.asarray(a, device="cuda:0")
+        with pytest.raises(ValueError, match="device mismatch"):
+            ewkern.rmse(g, g, out=np.empty(4, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_kernel_info_reports_registers():
+    for v in ewkern.variants("rmse"):
+        info = ewkern.kernel_info("rmse", v, "float32")
+        assert info["num_regs"] > 0, v
