@@ -14,8 +14,15 @@ def versions(device):
     return ewkern.variants("rmse", device="cpu" if device == "cpu" else "cuda")
 
 
+def reduced_axes(ndim, axis):
+    """ewkern's axis=None: every axis but the first (a 1-D input is one batch)."""
+    if axis is None:
+        return tuple(range(1, ndim)) if ndim > 1 else (0,)
+    return axis
+
+
 def check(got, a, b, axis, dtype, what):
-    want = rmse_reference(a, b, axis)
+    want = rmse_reference(a, b, reduced_axes(np.ndim(a), axis))
     got = np.asarray(got)
     assert got.dtype == (np.float64 if dtype == "float64" else np.float32), what
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"

@@ -6,12 +6,12 @@
  * out is float32 for float32/float16/bfloat16 inputs, float64 for float64.
  * n == 0 gives NaN for every batch; outer * inner == 0 launches nothing.
  *
- * Versions, in the order of the paper (batched-rmse-kernel-analysis.txt). Time each with the
- * bench harness on the paper's shape, 16 batches of 1024 x 1024 float32
- * (op "rmse", variant <name>, outer = 16, n = 2^20, inner = 1):
+ * Versions, in the order of the paper (batched-rmse-kernel-analysis.txt). Time each on the
+ * paper's shape, 16 batches of 1024 x 1024 float32, with `python -m ewkern.bench r1`
+ * (ewkern.rmse(..., variant=<name>); outer = 16, n = 2^20, inner = 1):
  *   1 atomic      one block per batch, every squared difference atomically added into out[batch],
- *                 then sqrt(out / n) by the same block after a barrier. Expect tens of times
- *                 slower than 2 (the paper: ~20 ms). Contiguous batches only; honours block.
+ *                 then sqrt(out / n) by the same block after a barrier. The paper: ~20 ms, 5x
+ *                 slower than 2; an H100: 26 ms, 14x. Contiguous batches only; honours block.
  *   2 block       one block per batch, a private sum per thread over a block-stride loop, one block
  *                 reduction (warp shuffles + shared memory), one write. Contiguous; honours block.
  *   3 multiblock  a 2-D grid (blocks per batch x batches): each block reduces its grid-stride share
@@ -24,17 +24,19 @@
  *   5 int32       4 with 32-bit indices, __restrict__ pointers and an unrolled main loop without
  *                 bounds checks (a separate guarded tail): the paper's register-pressure step.
  *                 Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
- *   6 auto        the default, every layout. Deterministic (no floating-point atomics; fixed
- *                 per-(batch, chunk) partials combined in a fixed order; the split depends on the
- *                 shape, the dtype and the inputs' alignment mod 16 bytes, never on the device or
- *                 timing), float32 inputs accumulated in float64 per thread, 16-byte loads with
- *                 scalar head and tail. Contiguous batches: a group of 1..32 lanes per batch when
- *                 batches are short (<= 512 vectors), else a 256-thread block per 64 KiB chunk of a
- *                 batch, plus a combine launch when a batch has several chunks. inner > 1: a
- *                 coalesced column kernel (consecutive threads on consecutive j, loop over i),
- *                 splitting i into chunks when outer * inner is small. Time it on 16 x 2^20,
- *                 16 x 3*2^20, 1024 x 4096, 8 x 2^24, 65536 x 64 and outer=1, n=2^20, inner=16 against
- *                 torch.dot's read bandwidth; RMSE_NOTES.md has the plan and the measurements.
+ *   6 auto        the default, every layout. Deterministic: no floating-point atomics; per-(batch,
+ *                 chunk) partials summed in a fixed order; the split depends on the shape, the
+ *                 dtype and the inputs' alignment mod 16 bytes, never on the device or on timing.
+ *                 Squares summed in float per 4 x 16-byte step, in double per thread and beyond.
+ *                 16-byte loads with scalar head and tail (a batch may start misaligned).
+ *                 inner == 1: a group of 1..32 lanes per batch when batches are short (<= 128
+ *                 vectors), else one 256-thread block per 16 KiB chunk of a batch, then a combine
+ *                 launch (a programmatic dependent launch on sm_90) when a batch has several chunks.
+ *                 inner > 1: a coalesced column kernel (consecutive threads on consecutive j, each
+ *                 looping over i), splitting i into chunks when outer * inner is small.
+ *                 Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
+ *                 1024 x 4096, 8 x 2^24, 65536 x 64 and batch-last 2^20 x 16, against torch and
+ *                 torch.dot over the same elements, cold L2); RMSE_NOTES.md has the measurements.
  */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -347,14 +349,39 @@ __global__ void rmse_int32_kernel(const T *__restrict__ a, const T *__restrict__
 /* =============================================================================================
  * 6 auto
  * =========================================================================================== */
+/* Programmatic dependent launch (sm_90+): the first pass lets the combine launch early, the
+ * combine waits for the first pass's completion and memory before it reads the partials. Both
+ * are no-ops on older GPUs and when the combine was launched without the attribute. */
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* The auto kernels' constants. Each was timed on an H100 (RMSE_NOTES.md); the split of a
+ * shape into chunks depends only on these, the shape, the dtype and the alignment mod 16. */
 enum {
-    AUTO_BLOCK = 256,        /* threads per block of every auto kernel (fixed: it sets the sum order) */
-    AUTO_UNROLL = 4,         /* 16-byte loads of each input in flight per thread */
-    AUTO_CHUNK_UNITS = 4096, /* rows kernel: loads units (16 B) per chunk = 4 unrolled steps per thread */
-    AUTO_SMALL_UNITS = 512,  /* rows: batches of at most this many units go to the group kernel */
+    AUTO_BLOCK = 256,          /* threads per block of every auto kernel (fixed: it sets the sum order) */
+    AUTO_UNROLL = 4,           /* 16-byte loads of each input in flight per thread */
+    AUTO_CHUNK_UNITS = 1024,   /* rows kernel: 16-byte units per chunk = one unrolled step per thread
+                                  (16 KiB of each input); 2048 and 4096 timed 0.5-1.5% slower */
+    AUTO_SMALL_UNITS = 128,    /* rows: batches of at most this many units go to the group kernel */
     AUTO_TARGET_CHUNKS = 2048, /* cols kernel: split rows until about this many blocks of work */
-    AUTO_COL_ROWS = 16       /* cols kernel: at least this many rows per thread in a chunk */
+    AUTO_COL_ROWS = 16         /* cols kernel: at least this many rows per thread in a chunk */
 };
+
+/* __launch_bounds__(256, 1): the explicit minimum of one block lets ptxas keep more loads in
+ * flight (more registers); timed 1-6% faster than __launch_bounds__(256) on the H100. */
+#define RMSE_AUTO_BOUNDS __launch_bounds__(AUTO_BLOCK, 1)
+static_assert(AUTO_UNROLL == 4, "the auto kernels' step sums are written out for 4 loads");
+static_assert(AUTO_CHUNK_UNITS % (AUTO_BLOCK * AUTO_UNROLL) == 0, "a chunk is whole unrolled steps");
 
 /* n == 0: NaN everywhere. */
 template <typename O>
@@ -372,7 +399,7 @@ __global__ void rmse_fill_nan_kernel(O *out, int64_t batches)
  * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
  * partial[u] for the combine kernel. */
 template <typename T, bool VEC>
-__global__ void __launch_bounds__(AUTO_BLOCK)
+__global__ void RMSE_AUTO_BOUNDS
 rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
                       int64_t chunks, int64_t units)
 {
@@ -381,6 +408,7 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
     typedef acc_t<T> A;
     enum { W = io::W, STEP = AUTO_BLOCK * AUTO_UNROLL };
     const int tid = threadIdx.x;
+    pdl_launch_dependents();
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         const int64_t bt = u / chunks, c = u - bt * chunks;
         const T *pa = a + bt * n, *pb = b + bt * n;
@@ -391,6 +419,9 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
         const int64_t left = nv - v0;
         const int m = left <= 0 ? 0 : left < AUTO_CHUNK_UNITS ? (int)left : AUTO_CHUNK_UNITS;
         const T *ca = pa + h + v0 * W, *cb = pb + h + v0 * W;
+        /* AUTO_UNROLL loads of each input in flight per step: full steps unguarded, then at most one
+         * guarded step, so a short chunk (a batch of a few hundred vectors) still issues all its
+         * loads at once */
         double acc = 0.0;
         int k = tid;
         for (; k + (AUTO_UNROLL - 1) * AUTO_BLOCK < m; k += STEP) {
@@ -405,7 +436,19 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
             for (int r = 0; r < AUTO_UNROLL; ++r) s[r] = unit_sumsq<T, VEC>(x[r], y[r]);
             acc += (double)((s[0] + s[1]) + (s[2] + s[3]));
         }
-        for (; k < m; k += AUTO_BLOCK) acc += (double)unit_sumsq<T, VEC>(io::load(ca, k), io::load(cb, k));
+        if (k < m) {
+            raw x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) {
+                const bool in = k + r * AUTO_BLOCK < m;
+                x[r] = in ? io::load(ca, k + r * AUTO_BLOCK) : io::zero();
+                y[r] = in ? io::load(cb, k + r * AUTO_BLOCK) : io::zero();
+            }
+            A s[AUTO_UNROLL];
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) s[r] = unit_sumsq<T, VEC>(x[r], y[r]);
+            acc += (double)((s[0] + s[1]) + (s[2] + s[3]));
+        }
         /* head and tail are each shorter than W <= 8 elements: one per thread */
         if (c == 0 && tid < h) acc += (double)sq1(pa[tid], pb[tid]);
         if (VEC && c == chunks - 1) {
@@ -475,10 +518,11 @@ rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, i
  * (16-byte vectors of W consecutive j, or single j) by rthreads = 256 / wc rows: thread
  * (r, cv) reads rows r, r + rthreads, ... of its column unit, so a warp reads consecutive memory.
  * unit u = ((o * tiles + t) * chunks + c): slab o, column tile t, row chunk c. Per-column sums
- * are combined across r in shared memory by a fixed tree; chunks == 1 writes out directly,
- * otherwise partial[(o * inner + j) * chunks + c]. */
+ * are combined across r in a fixed order: warp shuffles then the 8 warps in order when wc divides
+ * 32, else a shared-memory tree; chunks == 1 writes out directly, otherwise
+ * partial[(o * inner + j) * chunks + c]. */
 template <typename T, bool VEC>
-__global__ void __launch_bounds__(AUTO_BLOCK)
+__global__ void RMSE_AUTO_BOUNDS
 rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
                       int64_t inner, int64_t ncu, int wc, int64_t tiles, int64_t chunks,
                       int64_t rows_per_chunk, int64_t units)
@@ -490,8 +534,11 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
     __shared__ double sh[AUTO_BLOCK * W];
     const int rthreads = AUTO_BLOCK / wc;
     const int cv = threadIdx.x % wc, r = threadIdx.x / wc;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool shuffle_rows = wc <= 32 && (wc & (wc - 1)) == 0; /* then rthreads * wc == 256 */
     int top = 1;
     while (top < rthreads) top <<= 1;
+    pdl_launch_dependents();
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         const int64_t c = u % chunks, ot = u / chunks;
         const int64_t t = ot % tiles, o = ot / tiles;
@@ -534,28 +581,53 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
                 pb += step;
             }
         }
-        __syncthreads(); /* the previous unit's readers of sh are done */
-        if (r < rthreads) {
+        /* sum the rthreads rows of each column unit in a fixed order */
+        double tot[W];
+        if (shuffle_rows) {
+            /* wc divides 32: lanes l, l + wc, ... of a warp hold the same column unit */
+            for (int off = 16; off >= wc; off >>= 1) {
 #pragma unroll
-            for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] = acc[e];
-        }
-        __syncthreads();
-        for (int s = top >> 1; s > 0; s >>= 1) {
-            if (r < s && r + s < rthreads) {
+                for (int e = 0; e < W; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
+            }
+            __syncthreads(); /* the previous unit's readers of sh are done */
+            if (lane < wc) {
 #pragma unroll
-                for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] += sh[((r + s) * wc + cv) * W + e];
+                for (int e = 0; e < W; ++e) sh[(warp * wc + lane) * W + e] = acc[e];
             }
             __syncthreads();
+            if (r == 0) {
+#pragma unroll
+                for (int e = 0; e < W; ++e) {
+                    double v = sh[cv * W + e];
+                    for (int w = 1; w < AUTO_BLOCK / 32; ++w) v += sh[(w * wc + cv) * W + e];
+                    tot[e] = v;
+                }
+            }
+        } else {
+            __syncthreads(); /* the previous unit's readers of sh are done */
+            if (r < rthreads) {
+#pragma unroll
+                for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] = acc[e];
+            }
+            __syncthreads();
+            for (int s = top >> 1; s > 0; s >>= 1) {
+                if (r < s && r + s < rthreads) {
+#pragma unroll
+                    for (int e = 0; e < W; ++e) sh[(r * wc + cv) * W + e] += sh[((r + s) * wc + cv) * W + e];
+                }
+                __syncthreads();
+            }
+#pragma unroll
+            for (int e = 0; e < W; ++e) tot[e] = sh[cv * W + e];
         }
         if (r == 0 && gcu < ncu) {
 #pragma unroll
             for (int e = 0; e < W; ++e) {
                 const int64_t batch = o * inner + gcu * W + e;
-                const double v = sh[cv * W + e];
                 if (chunks == 1)
-                    out[batch] = finish_double<out_t<T>>(v, n);
+                    out[batch] = finish_double<out_t<T>>(tot[e], n);
                 else
-                    partial[batch * chunks + c] = v;
+                    partial[batch * chunks + c] = tot[e];
             }
         }
     }
@@ -569,6 +641,7 @@ rmse_auto_combine_group_kernel(const double *partial, O *out, int64_t batches, i
                                int64_t n, int glog)
 {
     const int G = 1 << glog;
+    pdl_wait_primary();
     const int lane = threadIdx.x & (G - 1);
     const int per_warp = 32 >> glog;
     const int64_t warp_id = (int64_t)blockIdx.x * (AUTO_BLOCK / 32) + (threadIdx.x >> 5);
@@ -592,6 +665,7 @@ __global__ void __launch_bounds__(AUTO_BLOCK)
 rmse_auto_combine_block_kernel(const double *partial, O *out, int64_t batches, int64_t chunks,
                                int64_t n)
 {
+    pdl_wait_primary();
     for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
         const double *p = partial + bt * chunks;
         double s = 0.0;
@@ -645,7 +719,8 @@ static inline rmse_view view_of(const void *p)
     return v;
 }
 
-/* Versions 1-5 need inner == 1; the host checks EW_CONTIGUOUS_BATCHES_ONLY, this is a guard. */
+/* Versions 1-5 need inner == 1 (once there is work: n == 0 or no batches is the same for every
+ * layout); the host checks EW_CONTIGUOUS_BATCHES_ONLY, this is a guard. */
 static inline bool contiguous(const void *p) { return ((const ew_rmse_args *)p)->inner == 1; }
 
 template <typename O>
@@ -669,8 +744,9 @@ static int launch_atomic(const void *p)
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
     typedef out_t<T> O;
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     const int block = args->block > 0 ? args->block : 256;
     RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
     rmse_atomic_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
@@ -685,8 +761,9 @@ static int launch_block(const void *p)
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
     typedef out_t<T> O;
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     const int block = args->block > 0 ? args->block : 256;
     rmse_block_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
         (const T *)v.a, (const T *)v.b, (O *)v.out, v.batches, v.n);
@@ -712,8 +789,10 @@ static int launch_multiblock(const void *p)
 {
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    typedef out_t<T> O;
     if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     return run_multiblock<T>(v, args->grid > 0 ? args->grid : 48, args->block > 0 ? args->block : 512);
 }
 
@@ -751,8 +830,10 @@ static int launch_occupancy(const void *p)
     static occ_entry cache[OCC_DEVICES];
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
+    typedef out_t<T> O;
     if (v.batches == 0) return 0;
+    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     int g, b;
     int err = occupancy_config(cache, rmse_multiblock_kernel<T>, args->device, &g, &b);
     if (err) return err;
@@ -769,9 +850,9 @@ static int launch_int32(const void *p)
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
     typedef out_t<T> O;
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     if (v.batches == 0) return 0;
     if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
+    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
     int g, b;
     int err = occupancy_config(cache, rmse_int32_kernel<T>, args->device, &g, &b);
     if (err) return err;
@@ -789,25 +870,61 @@ static int launch_int32(const void *p)
 }
 
 /* 6 auto */
+/* Whether device dev can take programmatic dependent launches (compute capability 9.0+), cached. */
+static bool pdl_ok(int dev)
+{
+    static std::atomic<int> known[OCC_DEVICES];
+    if (dev < 0 || dev >= OCC_DEVICES) return false;
+    int k = known[dev].load(std::memory_order_relaxed);
+    if (k == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        k = major >= 9 ? 1 : 2;
+        known[dev].store(k, std::memory_order_relaxed);
+    }
+    return k == 1;
+}
+
+/* Launch kernel on grid x AUTO_BLOCK, as a programmatic dependent of the previous launch in s
+ * when the device allows it. */
+template <typename... P, typename... A>
+static int launch_dependent(void (*kernel)(P...), int64_t grid, int dev, cudaStream_t s, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3((unsigned)grid);
+    cfg.blockDim = dim3(AUTO_BLOCK);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 0;
+    if (pdl_ok(dev)) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 1;
+    }
+    return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
+}
+
 template <typename O>
 static int launch_combine(const double *partial, O *out, int64_t batches, int64_t chunks, int64_t n,
-                          cudaStream_t s)
+                          int dev, cudaStream_t s)
 {
-    if (chunks >= 128) {
-        rmse_auto_combine_block_kernel<O><<<(unsigned)min64(batches, GRID_CAP), AUTO_BLOCK, 0, s>>>(
-            partial, out, batches, chunks, n);
-    } else {
-        const int glog = ilog2_ceil(min64(32, max64(1, cdiv(chunks, 4))));
-        const int64_t per_block = AUTO_BLOCK >> glog;
-        rmse_auto_combine_group_kernel<O>
-            <<<(unsigned)min64(cdiv(batches, per_block), GRID_CAP), AUTO_BLOCK, 0, s>>>(
-                partial, out, batches, chunks, n, glog);
-    }
-    return (int)cudaGetLastError();
+    if (chunks >= 128)
+        return launch_dependent(rmse_auto_combine_block_kernel<O>, min64(batches, GRID_CAP), dev, s,
+                                partial, out, batches, chunks, n);
+    const int glog = ilog2_ceil(min64(32, max64(1, cdiv(chunks, 4))));
+    const int64_t per_block = AUTO_BLOCK >> glog;
+    return launch_dependent(rmse_auto_combine_group_kernel<O>, min64(cdiv(batches, per_block), GRID_CAP),
+                            dev, s, partial, out, batches, chunks, n, glog);
 }
 
 template <typename T, bool VEC>
-static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, cudaStream_t s)
+static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int dev,
+                     cudaStream_t s)
 {
     enum { W = unit_io<T, VEC>::W };
     const int64_t units_per_batch = n / W;
@@ -828,7 +945,7 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
         a, b, out, partial, n, chunks, units);
     int err = (int)cudaGetLastError();
     if (chunks > 1) {
-        if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, s);
+        if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
         if (!err) err = (int)ferr;
     }
@@ -837,7 +954,7 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
 
 template <typename T, bool VEC>
 static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
-                     cudaStream_t s)
+                     int dev, cudaStream_t s)
 {
     enum { W = unit_io<T, VEC>::W };
     const int64_t ncu = inner / W;                         /* column units of a row */
@@ -858,7 +975,7 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
         a, b, out, partial, n, inner, ncu, wc, tiles, chunks, rows_per_chunk, units);
     int err = (int)cudaGetLastError();
     if (chunks > 1) {
-        if (!err) err = launch_combine<out_t<T>>(partial, out, outer * inner, chunks, n, s);
+        if (!err) err = launch_combine<out_t<T>>(partial, out, outer * inner, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
         if (!err) err = (int)ferr;
     }
@@ -878,13 +995,13 @@ static int launch_auto(const void *p)
     const uintptr_t ua = (uintptr_t)a, ub = (uintptr_t)b;
     if (args->inner == 1) {
         /* 16-byte loads need a and b equally aligned mod 16 (the head then aligns both) */
-        if (((ua ^ ub) & 15u) == 0) return auto_rows<T, true>(a, b, out, v.batches, v.n, v.s);
-        return auto_rows<T, false>(a, b, out, v.batches, v.n, v.s);
+        if (((ua ^ ub) & 15u) == 0) return auto_rows<T, true>(a, b, out, v.batches, v.n, args->device, v.s);
+        return auto_rows<T, false>(a, b, out, v.batches, v.n, args->device, v.s);
     }
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0)
-        return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, v.s);
-    return auto_cols<T, false>(a, b, out, args->outer, v.n, args->inner, v.s);
+        return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
+    return auto_cols<T, false>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
 }
 
 /* ---------------------------------------------------------------------------------------------
