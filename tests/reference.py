@@ -21,6 +21,7 @@ def np_dtype(name):
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
 def _sigmoid(x):
@@ -53,7 +54,8 @@ REF = {
     "tanh": np.tanh,
     "sigmoid": _sigmoid,
     "relu": lambda a: np.maximum(a, 0.0),
-    "gelu": lambda a: 0.5 * a * (1.0 + _erf(a / math.sqrt(2.0))),
+    # x/2 (1 + erf(x/sqrt2)) written with erfc, which has no cancellation for x << 0
+    "gelu": lambda a: 0.5 * a * _erfc(-a / math.sqrt(2.0)),
     "silu": lambda a: a * _sigmoid(a),
 }
 
@@ -99,11 +101,12 @@ def assert_close(out, ref, dtype, ulps=2.0, what=""):
     assert np.array_equal(got[inf_ref], ref_rounded[inf_ref]), f"{what}: inf values/positions differ"
     fin = ~(nan_ref | inf_ref)
     assert not np.isinf(got[fin]).any(), f"{what}: inf where the reference is finite"
+    ulps = np.broadcast_to(np.asarray(ulps, dtype=np.float64), ref.shape)[fin]
     tol = ulps * EPS[dtype] * np.abs(ref[fin]) + TINY[dtype]
     err = np.abs(got[fin] - ref[fin])
     bad = err > tol
     if bad.any():
         i = np.flatnonzero(bad)[:5]
-        raise AssertionError(f"{what}: {bad.sum()} of {fin.sum()} values off by more than {ulps} ulp: "
+        raise AssertionError(f"{what}: {bad.sum()} of {fin.sum()} values off by more than {ulps[i]} ulp: "
                              f"got {got[fin][i]}, want {ref[fin][i]} (max err/ulp "
                              f"{np.max(err / (EPS[dtype] * np.maximum(np.abs(ref[fin]), TINY[dtype]))):.2f})")

@@ -1,0 +1,344 @@
+"""The benchmark harness (ewkern.bench) on the CPU: CLI, outputs, errors, interrupts, claims.
+
+Quick and small: every run uses tiny sizes, few samples and a 1 MiB "cache", so the whole file
+stays well under a minute on two cores. GPU runs of the harness happen on the GPU machine.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ewkern
+from ewkern import bench
+from ewkern.bench import claims, cli, registry
+
+
+# tiny, fast settings shared by every run
+FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
+        "--no-progress"]
+TINY = {
+    "e2": ["--e2-sizes", "64KiB,256KiB"],
+    "e3": ["--e3-shapes", "64x64", "--e3-ops", "copy,add,log", "--e3-dtypes", "float32,bfloat16"],
+    "e6": ["--e6-sizes", "64KiB"],
+    "r1": ["--r1-shape", "4x32x32"],
+    "a1": ["--a1-n", "2^12", "--a1-naive-n", "2^10", "--a1-configs", "256:64"],
+    "v1": ["--v1-sizes", "64"],
+    "peers": ["--peers-sizes", "64KiB", "--peers-ops", "copy,add", "--peers-dtypes", "float32,float16",
+              "--peers-rmse-shapes", "16x1024,1024x16:last", "--peers-ref-size", "1MiB"],
+    "overhead": ["--overhead-calls", "200", "--overhead-repeats", "3"],
+}
+CPU_EXPERIMENTS = ["e2", "e3", "e6", "r1", "a1", "v1", "peers", "overhead"]
+
+
+def run_main(tmp_path, *names, extra=(), out=None):
+    out = out or tmp_path / "out"
+    args = list(names) + FAST + ["--out", str(out)] + list(extra)
+    for n in names:
+        args += TINY.get(n, [])
+    code = bench.main(args)
+    return code, out
+
+
+# the folder this test imported ewkern from, first on the child's path
+PKG_ROOT = str(Path(ewkern.__file__).resolve().parents[1])
+
+
+def child_env():
+    return dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run_cli(*args, timeout=120, cwd=None):
+    return subprocess.run([sys.executable, "-m", "ewkern.bench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=child_env(), cwd=cwd or PKG_ROOT)
+
+
+def test_list_names_every_experiment():
+    r = run_cli("list")
+    assert r.returncode == 0, r.stderr
+    for name in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "overhead"]:
+        assert f"  {name} " in r.stdout
+    assert "[GPU only]" in r.stdout
+    assert len(r.stdout.strip().splitlines()) == 15   # header + one line each
+
+
+def test_unknown_experiment_lists_the_valid_ones(capsys):
+    assert bench.main(["e2", "nope", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown experiment: nope" in err
+    assert "e1, e2, e3" in err and "overhead" in err
+
+
+def test_nothing_to_run_is_an_error(capsys):
+    assert bench.main(["--device", "cpu"]) == 2
+    assert "--all" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(ewkern.cuda_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_gpu(device, tmp_path, capsys):
+    assert bench.main(["e2", "--device", device, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "CUDA is not available" in err and "--device cpu" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not ewkern.cuda_available(), reason="needs a GPU")
+def test_cuda_device_that_does_not_exist(tmp_path, capsys):
+    assert bench.main(["e2", "--device", f"cuda:{ewkern.device_count()}", "--out", str(tmp_path / "o")]) == 2
+    assert "no such CUDA device" in capsys.readouterr().err
+
+
+def test_bad_device_string(capsys):
+    assert bench.main(["e2", "--device", "tpu"]) == 2
+    assert "expected cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_unwritable_out(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert bench.main(["e2", "--device", "cpu", "--out", str(blocker / "sub")]) == 2
+    assert "cannot write there" in capsys.readouterr().err
+
+
+def test_size_too_large_is_refused_before_allocating(tmp_path, capsys):
+    code = bench.main(["e2", "--device", "cpu", "--e2-sizes", "1MiB,64TiB", "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "e2's largest copy" in err and "can be allocated on cpu" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_size_text(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["e2", "--device", "cpu", "--e2-sizes", "lots"])
+    assert e.value.code == 2
+    assert "not a byte size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", CPU_EXPERIMENTS)
+def test_cpu_experiment_writes_outputs(name, tmp_path):
+    code, out = run_main(tmp_path, name)
+    assert code == 0, (out / "summary.md").read_text()
+    res = json.loads((out / "results.json").read_text())
+    exp = res["experiments"][name]
+    assert res["partial"] is False and res["cache"] == "rotate"
+    assert res["device"] == "cpu" and res["conventions"]["bandwidth"]
+    assert (out / "summary.md").exists()
+    if exp["status"] == "skipped":      # e.g. CUDA-only kernel variants on a CPU build
+        assert exp["reason"]
+        return
+    assert exp["status"] == "ok", exp
+    assert not exp["errors"], exp["errors"]
+    ms = exp["measurements"]
+    assert ms
+    for m in ms:
+        assert m["stats_s"]["count"] == len(m["samples_s"]) >= 3
+        assert m["stats_s"]["min"] <= m["stats_s"]["median"] <= m["stats_s"]["max"]
+        assert m["time_s"] == m["stats_s"]["median"]
+        assert m["cache"]
+    assert (out / f"{name}.csv").exists()
+    header = (out / f"{name}.csv").read_text().splitlines()[0]
+    assert "t_median_s" in header
+    assert list(out.glob(f"{name}*.png")) or list(out.glob("overhead.png"))
+    assert res["figures"]
+
+
+def test_bandwidth_follows_the_declared_bytes(tmp_path):
+    code, out = run_main(tmp_path, "e3")
+    assert code == 0
+    res = bench.load(out)
+    for m in bench.measurements(res, "e3"):
+        n, s = m["n"], {"float32": 4, "bfloat16": 2}[m["dtype"]]
+        want = {"copy": 2, "add": 3, "log": 2}[m["op"]] * n * s
+        assert m["bytes"] == want
+        assert m["gbs"] == pytest.approx(want / m["time_s"] / 1e9)
+    assert {m["cache"] for m in bench.measurements(res, "e3")} == {"hot", "rotate"}
+
+
+@pytest.mark.parametrize("cache", ["hot", "flush"])
+def test_cache_modes_are_named(cache, tmp_path):
+    code, out = run_main(tmp_path, "e2", extra=["--cache", cache])
+    assert code == 0
+    res = bench.load(out)
+    assert res["cache"] == cache
+    modes = {m["cache"] for m in bench.measurements(res, "e2")}
+    assert modes == ({"hot"} if cache == "hot" else {"hot", "flush"})
+    if cache == "flush":
+        assert all(m["launches"] == 1 for m in bench.measurements(res, "e2", cache="flush"))
+    assert f"| cache mode | {cache} |" in (out / "summary.md").read_text()
+
+
+def test_rotate_uses_a_working_set_of_four_caches(tmp_path):
+    code, out = run_main(tmp_path, "e2")
+    res = bench.load(out)
+    for m in bench.measurements(res, "e2", cache="rotate"):
+        assert m["working_set_bytes"] >= 4 * (1 << 20)
+        assert m["sets"] >= 2 and m["sets"] * m["size_bytes"] * 2 == m["working_set_bytes"]
+
+
+def test_gpu_only_experiments_say_why_on_cpu(tmp_path):
+    code, out = run_main(tmp_path, "e1", "e4", "e5", "e7", "e9")
+    assert code == 0
+    res = bench.load(out)
+    for name in ["e1", "e4", "e5", "e7", "e9"]:
+        exp = res["experiments"][name]
+        assert exp["status"] == "skipped" and exp["reason"], name
+    assert "**skipped**" in (out / "summary.md").read_text()
+
+
+def test_module_entry_point_runs(tmp_path):
+    out = tmp_path / "cli"
+    r = run_cli("e2", *FAST, "--out", str(out), *TINY["e2"])
+    assert r.returncode == 0, r.stderr
+    assert "# ewkern.bench" in r.stdout and "| size |" in r.stdout
+    assert (out / "results.json").exists() and (out / "e2_copy_size.png").exists()
+
+
+def test_interrupt_writes_partial_results(tmp_path, monkeypatch):
+    spec = registry.get("e3")
+    real_run = spec.module.run
+
+    def interrupted(ctx, xr):
+        ctx.args.e3_ops = ["copy"]
+        real_run(ctx, xr)     # some measurements land, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(spec.module, "run", interrupted)
+    code, out = run_main(tmp_path, "e2", "e3", "r1")
+    assert code == 130
+    res = bench.load(out)
+    assert res["partial"] is True and res["interrupted"] is True
+    assert res["experiments"]["e2"]["status"] == "ok"
+    assert res["experiments"]["e3"]["status"] == "interrupted"
+    assert res["experiments"]["e3"]["measurements"]
+    assert "r1" not in res["experiments"]
+    assert "PARTIAL" in (out / "summary.md").read_text()
+    assert (out / "e2.csv").exists() and (out / "e3.csv").exists()
+
+
+def test_interrupt_from_the_shell_exits_130(tmp_path):
+    """A real SIGINT to a running `python -m ewkern.bench` leaves partial results."""
+    import signal
+    import time
+    out = tmp_path / "sig"
+    env = child_env()
+    p = subprocess.Popen([sys.executable, "-m", "ewkern.bench", "e2", "overhead", "--device", "cpu",
+                          "--no-progress", "--cache-bytes", "1MiB", "--out", str(out), "--e2-sizes", "64KiB",
+                          "--samples", "3", "--overhead-calls", "200000", "--overhead-repeats", "50"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=PKG_ROOT)
+    deadline = time.time() + 60
+    while time.time() < deadline:   # wait until e2 is written, then interrupt overhead
+        if (out / "results.json").exists() and "overhead" in (out / "results.json").read_text():
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    res = bench.load(out)
+    assert res["partial"] is True
+    assert res["experiments"]["e2"]["status"] == "ok"
+
+
+def test_load_and_plot_committed_results(tmp_path):
+    code, out = run_main(tmp_path, "e2", "peers")
+    res = bench.load(out)
+    assert res["_path"] == str(out)
+    assert bench.load(out / "results.json")["device"] == "cpu"
+    figs = bench.plots.figures(res, "e2")
+    assert figs and figs[0][0] == "e2_copy_size"
+    title = figs[0][1].axes[0].get_title()
+    assert "bandwidth" in title
+    assert figs[0][1].axes[0].get_xscale() == "log"
+    labels = [line.get_label() for line in figs[0][1].axes[0].get_lines()]
+    assert any(lbl.startswith("measured copy") for lbl in labels)
+    (tmp_path / "replot").mkdir()
+    written = bench.plots.save_all(res, tmp_path / "replot")
+    assert "e2_copy_size.png" in written
+    assert bench.summary.markdown(res).startswith("# ewkern.bench")
+    with pytest.raises(FileNotFoundError):
+        bench.load(tmp_path / "nowhere")
+
+
+# --- claims on synthetic results ---------------------------------------------------------------
+
+def _m(exp, gbs, **kw):
+    t = 1e-3
+    return {"experiment": exp, "gbs": gbs, "time_s": kw.pop("time_s", t), "impl": "ewkern", **kw}
+
+
+def synthetic_results(good=True):
+    a1 = []
+    for idx in "IS":
+        for v in (1, 2, 4):
+            for u in (1, 2, 4):
+                base = 200 + 5 * v + 3 * u if good else 260 - 5 * v - 3 * u
+                bonus = (2 if idx == "I" else 0) if good else (0 if idx == "I" else 2)
+                a1.append(_m("a1", base + bonus, series="cfg", variant=f"ThreadBlock{idx}V{v}U{u}MRgs",
+                             a1_family="threadblock", a1_index=idx, a1_vec=v, a1_unroll=u, a1_style="M",
+                             a1_pointers="R", a1_traversal="gs"))
+        for ptr in "CR":
+            a1.append(_m("a1", (0.5 if ptr == "R" else 0.2) if good else (0.2 if ptr == "R" else 0.5),
+                         series="naive", variant=f"Naive{idx}V1U1N{ptr}", a1_family="naive", a1_index=idx,
+                         a1_vec=1, a1_unroll=1, a1_style="N", a1_pointers=ptr, a1_traversal=None))
+    e5 = []
+    for size in (1 << 22, 1 << 26, 1 << 30):
+        e5.append(_m("e5", 3000 if good else 2000, op="copy", size_bytes=size, grid_choice=1))
+        e5.append(_m("e5", 2500, op="copy", size_bytes=size, grid_choice=2))
+    e2 = [_m("e2", 5000 if good else 2000, cache="hot", op="copy", dtype="float32", size_bytes=4 << 20,
+             bytes=8 << 20),
+          _m("e2", 2500, cache="rotate", op="copy", dtype="float32", size_bytes=4 << 20, bytes=8 << 20)]
+    r1 = [_m("r1", 10, variant="atomic", time_s=20e-3), _m("r1", 100, variant="block", time_s=(1e-3 if good else 4e-3)),
+          _m("r1", 500, variant="auto", time_s=0.5e-3)]
+    e8 = {"loops": [{"kernel": "copy_vec1_i32", "index_bits": 32, "vec": 1, "instructions": 9},
+                    {"kernel": "copy_vec1_i64", "index_bits": 64, "vec": 1, "instructions": 14}]}
+    exps = {name: {"measurements": ms, "tables": {}} for name, ms in
+            (("a1", a1), ("e5", e5), ("e2", e2), ("r1", r1))}
+    exps["e8"] = {"measurements": [], "tables": e8}
+    return {"peak_gbs": 3352.0, "device_info": {"l2_bytes": 50 << 20}, "experiments": exps}
+
+
+def test_claims_hold_on_good_synthetic_results():
+    rows = claims.evaluate(synthetic_results(good=True))
+    assert [r["key"] for r in rows] == [k for k, _, _ in claims.CLAIMS]
+    status = {r["key"]: r["status"] for r in rows}
+    assert set(status.values()) == {"holds"}, rows
+    by = {r["key"]: r for r in rows}
+    assert by["atomic_rmse"]["numbers"]["ratio"] == pytest.approx(20.0)
+    assert "9 instructions (32-bit index) vs 14" in by["int_index"]["evidence"]
+    assert by["over_peak"]["numbers"]["best_hot_gbs"] == 5000
+
+
+def test_claims_fail_on_bad_synthetic_results():
+    rows = claims.evaluate(synthetic_results(good=False))
+    status = {r["key"]: r["status"] for r in rows}
+    assert set(status.values()) == {"does not hold"}, rows
+
+
+def test_claims_not_measured_on_empty_results():
+    rows = claims.evaluate({"experiments": {}})
+    assert len(rows) == len(claims.CLAIMS)
+    assert all(r["status"] == "not measured" and r["evidence"] for r in rows)
+
+
+def test_claims_survive_malformed_results():
+    res = synthetic_results()
+    res["experiments"]["r1"]["measurements"] = [{"gbs": 1.0, "variant": "atomic"}, {"gbs": 1.0, "variant": "block"}]
+    rows = claims.evaluate(res)
+    by = {r["key"]: r for r in rows}
+    assert by["atomic_rmse"]["status"] == "not measured"
+    assert by["restrict"]["status"] == "holds"
+
+
+def test_units():
+    from ewkern.bench.units import fmt_bytes, fmt_count, parse_bytes, parse_count, parse_shape
+    assert parse_bytes("4MiB") == 4 << 20 and parse_bytes("1 GiB") == 1 << 30 and parse_bytes("2^20") == 1 << 20
+    assert parse_count("3*2^20") == 3 << 20 and parse_count("2**27") == 1 << 27
+    assert parse_shape("16x2^20") == (16, 1 << 20)
+    assert fmt_bytes(3 << 29) == "1.5 GiB" and fmt_count(3 << 20) == "3*2^20"
+    with pytest.raises(ValueError):
+        parse_bytes("12 parsecs")

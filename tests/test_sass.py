@@ -1,0 +1,186 @@
+"""SASS checks of the built extension's elementwise kernels (no GPU needed).
+
+Reads the machine code that nvcc put into ewkern._C with `cuobjdump --dump-sass` and checks what
+the papers' experiments rely on:
+  * the 128-bit variants (ThreadBlock*V4*, Naive*V4*, f32x4, f16x8pack, bf16x8pack, copy vec4,
+    auto) really issue 128-bit global loads and stores (LDG.E.128 / STG.E.128);
+  * __restrict__ turns the loads into non-coherent ones (LDG.E...CONSTANT), plain pointers do not;
+  * the copy loop with a 32-bit index has fewer instructions per iteration than with a 64-bit
+    index (elementwise-ops-on-gpus.md, "Instructions per iteration").
+
+Skipped, with the reason, when ewkern is not importable, was built without CUDA, or cuobjdump
+(with nvdisasm, which it calls) is not on PATH, in $CUDA_HOME/bin, /usr/local/cuda/bin or a
+pip-installed NVIDIA package (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
+Kernel names are matched as substrings of the mangled names (namespace ewk), e.g.
+_ZN3ewk13copy_vec1_i32IfEEvPKT_PS1_jj for copy_vec1_i32<float>.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+PREFERRED_ARCH = "sm_90"
+
+
+def _find_tool(name):
+    found = shutil.which(name)
+    if found:
+        return found
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    for root in roots:
+        if root and os.access(os.path.join(root, "bin", name), os.X_OK):
+            return os.path.join(root, "bin", name)
+    try:  # pip wheels: nvidia/cu13/bin/NAME, nvidia/cuda_cuobjdump/bin/NAME, ...
+        import nvidia  # type: ignore
+
+        for base in list(getattr(nvidia, "__path__", [])):
+            for cand in glob.glob(os.path.join(base, "*", "bin", name)):
+                if os.access(cand, os.X_OK):
+                    return cand
+    except ImportError:
+        pass
+    return None
+
+
+def _extension_path():
+    try:
+        import ewkern  # noqa: F401
+        import ewkern._C as C
+    except Exception as exc:  # not built / not importable
+        pytest.skip("ewkern is not importable: %s" % exc)
+    check = getattr(ewkern, "cuda_available_build", None)
+    if callable(check) and not check():
+        pytest.skip("ewkern was built without CUDA")
+    return C.__file__
+
+
+def _parse_sass(text):
+    """{arch: {mangled function name: [(address, instruction text), ...]}}"""
+    out = {}
+    arch = None
+    func = None
+    for line in text.splitlines():
+        m = re.match(r"\s*arch = (sm_\d+\w*)", line)
+        if m:
+            arch = m.group(1)
+            out.setdefault(arch, {})
+            func = None
+            continue
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m and arch is not None:
+            func = m.group(1)
+            out[arch][func] = []
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m and func is not None:
+            out[arch][func].append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def sass():
+    path = _extension_path()
+    cuobjdump = _find_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found (PATH, CUDA_HOME, /usr/local/cuda, pip nvidia-cuda-cuobjdump)")
+    env = dict(os.environ)
+    nvdisasm = _find_tool("nvdisasm")
+    if nvdisasm is not None:
+        env["PATH"] = os.path.dirname(nvdisasm) + os.pathsep + env.get("PATH", "")
+    # the preferred architecture alone is much quicker to disassemble; all of them if it is absent
+    proc = subprocess.run([cuobjdump, "--dump-sass", "--gpu-architecture", PREFERRED_ARCH, path],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0 or "Function :" not in proc.stdout:
+        proc = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        if "nvdisasm" in proc.stderr:
+            pytest.skip("cuobjdump needs nvdisasm, which was not found: %s" % proc.stderr.strip())
+        if "does not contain" in proc.stderr or "no device code" in proc.stderr.lower():
+            pytest.skip("the extension holds no device code: %s" % proc.stderr.strip())
+        pytest.fail("cuobjdump failed (%d): %s" % (proc.returncode, proc.stderr.strip()))
+    parsed = _parse_sass(proc.stdout)
+    parsed = {a: f for a, f in parsed.items() if f}
+    if not any("ewk" in name for funcs in parsed.values() for name in funcs):
+        pytest.skip("no ewkern CUDA kernels in %s (built without CUDA?)" % path)
+    arch = PREFERRED_ARCH if PREFERRED_ARCH in parsed else max(parsed, key=lambda a: int(re.sub(r"\D", "", a)))
+    return arch, parsed[arch]
+
+
+def _functions(sass, *substrings):
+    arch, funcs = sass
+    hits = {n: ins for n, ins in funcs.items() if "ewk" in n and all(s in n for s in substrings)}
+    assert hits, "no kernel whose mangled name contains %r in the %s SASS" % (substrings, arch)
+    return hits
+
+
+LDG128 = re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b")
+STG128 = re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b")
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("add_ThreadBlockIV4U4MRgs",),
+        ("add_ThreadBlockIV4U4TRgs",),
+        ("add_ThreadBlockSV4U4MRmo",),
+        ("add_ThreadBlockSV4U1TRmo",),
+        ("add_NaiveIV4U4MR",),
+        ("add_NaiveSV4U4TC",),
+        ("add_f32x4",),
+        ("add_f16x8pack",),
+        ("add_bf16x8pack",),
+        ("copy_vec4_i32IfE",),
+        ("copy_vec4_i64IfE",),
+        ("ew_autoINS_6Op_addEfiLb1",),  # auto add, float32, 32-bit index, vector instance
+        ("ew_autoINS_6Op_addE13__nv_bfloat16iLb1",),
+        ("ew_autoINS_7Op_geluE6__halfiLb1",),
+    ],
+)
+def test_vector_kernels_move_128_bits(sass, parts):
+    for name, ins in _functions(sass, *parts).items():
+        text = [t for _, t in ins]
+        assert any(LDG128.search(t) for t in text), "%s: no 128-bit global load" % name
+        assert any(STG128.search(t) for t in text), "%s: no 128-bit global store" % name
+
+
+def test_bf16_copy_vec4_is_64_bit(sass):
+    # vecN counts elements: 4 bfloat16 are 8 bytes, as in the study's simd_size
+    for name, ins in _functions(sass, "copy_vec4_i32I13__nv_bfloat16E").items():
+        text = [t for _, t in ins]
+        assert any(re.search(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.64\b", t) for t in text), name
+        assert not any(LDG128.search(t) for t in text), name
+
+
+def test_restrict_gives_non_coherent_loads(sass):
+    for name, ins in _functions(sass, "add_NaiveIV1U1NR").items():
+        assert any(t.startswith("LDG") and ".CONSTANT" in t for _, t in ins), name
+    for name, ins in _functions(sass, "add_NaiveIV1U1NC").items():
+        loads = [t for _, t in ins if re.match(r"(@!?P\w+\s+)?LDG", t)]
+        assert loads and not any(".CONSTANT" in t for t in loads), name
+
+
+def _first_loop(ins):
+    """Instructions of the first loop: from the target of the first backward branch to it."""
+    for addr, text in ins:
+        m = re.search(r"\bBRA(?:\.[A-Z0-9_]+)*\s+(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            start = int(m.group(1), 16)
+            return [t for a, t in ins if start <= a <= addr]
+    return None
+
+
+@pytest.mark.parametrize("vec", ["1", "2", "4"])
+@pytest.mark.parametrize("dtype", ["IfE", "I13__nv_bfloat16E"])
+def test_copy_loop_32_bit_index_is_shorter(sass, vec, dtype):
+    # copy_body puts the vector loop first, so the first loop of each kernel is the one the
+    # study counts (9 vs 14 instructions on sm_80/86; 7 vs 13 with nvcc 13 on sm_90).
+    (n32, i32), = _functions(sass, "copy_vec%s_i32%s" % (vec, dtype)).items()
+    (n64, i64), = _functions(sass, "copy_vec%s_i64%s" % (vec, dtype)).items()
+    loop32, loop64 = _first_loop(i32), _first_loop(i64)
+    assert loop32 and loop64, "no loop found in %s / %s" % (n32, n64)
+    assert any(t.startswith("LDG") or " LDG" in t for t in loop32), "%s: first loop has no load" % n32
+    assert len(loop32) < len(loop64), "%s: %d instructions per iteration, %s: %d\n%s\n%s" % (
+        n32, len(loop32), n64, len(loop64), "\n".join(loop32), "\n".join(loop64))
