@@ -113,7 +113,7 @@ setup(
         Extension(
             "ewkern._C",
             sources=c_sources,
-            extra_compile_args=["-std=c11", "-O3", "-fopenmp", "-Wall", "-Wno-unused-parameter",
+            extra_compile_args=["-std=c11", "-O3", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers"],
             extra_link_args=["-fopenmp"],
         )

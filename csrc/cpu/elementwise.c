@@ -2,37 +2,58 @@
  * elementwise.c: the CPU elementwise kernels, one "auto" variant per (op, dtype).
  *
  * Versions (variant names as the registry lists them):
- *   auto  one loop per (op, dtype): compiler-vectorised (#pragma omp simd), run on the OpenMP
- *         team when n is large enough to pay for it, single-threaded below that;
- *         float16/bfloat16 load through half.h's branch-free converters, compute in float and
- *         round once on the store; float64 computes in double.
+ *   auto  float32/float64: one compiler-vectorised loop (#pragma omp simd) per (op, dtype);
+ *         float16/bfloat16: tiles of EW_TILE elements converted to float in a stack buffer
+ *         (F16C or AVX2 when the CPU has them, chosen at run time; portable C otherwise),
+ *         computed in float, rounded once on the way back. copy moves bits; fill stores one
+ *         precomputed value. Runs on the OpenMP team from EW_PAR_MIN_* elements, on the calling
+ *         thread below that.
  *
- * The launchers are generated: ops.def lists the ops (EW_OP X-macro), EWF_<op> below gives
- * each op's arithmetic once for any compute type T, and the EW_DT_* traits say how a dtype
- * is stored, loaded, computed and stored back. Timing: ewkern's bench package, device "cpu".
+ * The launchers are generated: ops.def lists the ops (EW_OP X-macro); below, EWF_<op> gives
+ * each op's arithmetic once for any compute type T, EWK_<op> its kind, and the EW_DT_* traits
+ * say how a dtype is stored, converted and computed. Timing: ewkern's bench package, device
+ * "cpu"; csrc/cpu/CPU_NOTES.md has single-thread figures.
  *
  * Numerical choices (all within the semantics of ops.def):
+ *   copy             bit copy (a signalling NaN stays signalling), for every dtype.
  *   maximum/minimum  NaN if either side is NaN; otherwise NumPy's scalar rule
  *                    (a >= b ? a : b), so maximum(-0.0, 0.0) is -0.0.
- *   relu             a < 0 ? 0 : a, i.e. NumPy's maximum(a, 0): NaN stays NaN, -0.0 stays -0.0.
+ *   relu             NumPy's maximum(a, 0): NaN stays NaN, -0.0 stays -0.0.
  *   sigmoid          e = exp(-|a|), r = 1 / (1 + e), a >= 0 ? r : e * r. Equal to
  *                    1 / (1 + e^-a) but keeps full relative accuracy for large negative a
  *                    (where exp(-a) overflows and the literal formula flushes to 0).
  *   silu             a * sigmoid(a), with the sigmoid above (same reason).
  *   gelu             a / 2 * erfc(-a / sqrt(2)). Equal to a / 2 * (1 + erf(a / sqrt(2))) but
  *                    without the cancellation of 1 + erf for a below about -3, which in float
- *                    leaves no correct digits by a = -6.
+ *                    leaves no correct digit by a = -6. For a << 0 gelu's condition number is
+ *                    about a^2, so rounding a / sqrt(2) costs up to ~a^2 / 2 ulp there.
  *   fill             float16/bfloat16 convert the double scalar to the dtype with one rounding
  *                    (round to odd into float, then to nearest even), so no double rounding.
  *   add_const, mul_const, axpby  scalars are first converted to the compute type
  *                    ((float) for float32/float16/bfloat16, double for float64), as ops.def says.
+ *   sqrt, rsqrt      vectorise only when built with -fno-math-errno (errno is never read here).
  */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../ewkern_kernels.h"
 #include "half.h"
+
+/* Build with -DEW_CPU_NO_DISPATCH to use only the portable float16/bfloat16 converters. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) \
+    && !defined(EW_CPU_NO_DISPATCH)
+#define EW_X86_DISPATCH 1
+#include <immintrin.h>
+#else
+#define EW_X86_DISPATCH 0
+#endif
+
+/* ---- loop shapes ------------------------------------------------------------------------- */
+
+/* Elements per float16/bfloat16 tile: two float buffers of 4 KiB stay in L1. */
+#define EW_TILE 1024
 
 /* Below these element counts a launch runs on the calling thread only: waking the OpenMP team
  * costs microseconds, which a cheap op on 2^15 elements (128 KiB per float32 array) about
@@ -40,9 +61,37 @@
 #define EW_PAR_MIN_CHEAP ((int64_t)1 << 15)
 #define EW_PAR_MIN_HEAVY ((int64_t)1 << 12)
 
-/* ---- compute-type helpers -------------------------------------------------------------- */
+#ifdef _OPENMP
+#define EW_SIMD _Pragma("omp simd")
+#define EW_PARALLEL_SIMD _Pragma("omp parallel for simd schedule(static)")
+#define EW_PARALLEL _Pragma("omp parallel for schedule(static)")
+#elif defined(__GNUC__)
+#define EW_SIMD _Pragma("GCC ivdep")
+#define EW_PARALLEL_SIMD _Pragma("GCC ivdep")
+#define EW_PARALLEL
+#else
+#define EW_SIMD
+#define EW_PARALLEL_SIMD
+#define EW_PARALLEL
+#endif
 
-/* Every libm name used below, for float (suffix f) and for double. */
+/* for (i = 0; i < n; i++) body, vectorised, on the OpenMP team when n >= par_min. omp simd
+ * tells the compiler there is no dependence between iterations, which holds for out == in[k]
+ * exactly (each iteration reads its element before writing it) and needs no alias check. */
+#define EW_FOR(i, n, par_min, ...)                                                           \
+    do {                                                                                     \
+        if ((n) < (par_min)) {                                                               \
+            EW_SIMD                                                                          \
+            for (int64_t i = 0; i < (n); i++) { __VA_ARGS__; }                               \
+        } else {                                                                             \
+            EW_PARALLEL_SIMD                                                                 \
+            for (int64_t i = 0; i < (n); i++) { __VA_ARGS__; }                               \
+        }                                                                                    \
+    } while (0)
+
+/* ---- compute-type helpers ---------------------------------------------------------------- */
+
+/* libm names for float (suffix f) and for double. */
 #define EW_M_float(fn) fn##f
 #define EW_M_double(fn) fn
 #define EW_M(T, fn) EW_M_I(T, fn)
@@ -62,6 +111,25 @@
 EW_DEFINE_SIGMOID(float)
 EW_DEFINE_SIGMOID(double)
 
+/* relu as a bit mask rather than a ?: (which gcc turns into a branch it then will not
+ * if-convert when the loop also converts to float16; see half.h). isless is the quiet
+ * comparison: false for NaN, so NaN passes through, and -0.0 stays -0.0. */
+static inline float ew_relu_float(float a)
+{
+    const uint32_t keep = 0u - (uint32_t)!isless(a, 0.0f);
+    return ew_bits_float(ew_float_bits(a) & keep);
+}
+
+static inline double ew_relu_double(double a)
+{
+    uint64_t u;
+    const uint64_t keep = 0u - (uint64_t)!isless(a, 0.0);
+    memcpy(&u, &a, sizeof u);
+    u &= keep;
+    memcpy(&a, &u, sizeof a);
+    return a;
+}
+
 /* Round a double to float, rounding to odd: correct when the float is then rounded (to
  * nearest even) to float16 or bfloat16, which have at least two bits fewer. */
 static float ew_double_to_float_odd(double d)
@@ -76,9 +144,10 @@ static float ew_double_to_float_odd(double d)
     return f;
 }
 
-/* ---- per-op arithmetic -------------------------------------------------------------------
+/* ---- per-op arithmetic --------------------------------------------------------------------
  * T is the compute type; A and B are the loaded inputs, C0 and C1 the scalars (c, alpha/beta,
- * value), all of type T. Keep one line per row of ops.def. */
+ * value), all of type T. One line per row of ops.def. copy and fill do not use theirs (their
+ * kind below sends them to a bit copy and a store of one precomputed value). */
 #define EWF_copy(T)      (A)
 #define EWF_fill(T)      (C0)
 #define EWF_add(T)       (A + B)
@@ -99,120 +168,248 @@ static float ew_double_to_float_odd(double d)
 #define EWF_erf(T)       (EW_M(T, erf)(A))
 #define EWF_tanh(T)      (EW_M(T, tanh)(A))
 #define EWF_sigmoid(T)   (EW_CAT(ew_sigmoid_, T)(A))
-#define EWF_relu(T)      ((A < 0) ? (T)0 : A)
+#define EWF_relu(T)      (EW_CAT(ew_relu_, T)(A))
 #define EWF_gelu(T)      ((T)0.5 * A * EW_M(T, erfc)(-A * (T)EW_SQRT1_2))
 #define EWF_silu(T)      (A * EW_CAT(ew_sigmoid_, T)(A))
 
-/* Threading threshold per op: ops calling libm transcendentals are "heavy". */
-#define EWP_copy      EW_PAR_MIN_CHEAP
-#define EWP_fill      EW_PAR_MIN_CHEAP
-#define EWP_add       EW_PAR_MIN_CHEAP
-#define EWP_sub       EW_PAR_MIN_CHEAP
-#define EWP_mul       EW_PAR_MIN_CHEAP
-#define EWP_div       EW_PAR_MIN_CHEAP
-#define EWP_maximum   EW_PAR_MIN_CHEAP
-#define EWP_minimum   EW_PAR_MIN_CHEAP
-#define EWP_add_const EW_PAR_MIN_CHEAP
-#define EWP_mul_const EW_PAR_MIN_CHEAP
-#define EWP_axpby     EW_PAR_MIN_CHEAP
-#define EWP_neg       EW_PAR_MIN_CHEAP
-#define EWP_abs       EW_PAR_MIN_CHEAP
-#define EWP_exp       EW_PAR_MIN_HEAVY
-#define EWP_log       EW_PAR_MIN_HEAVY
-#define EWP_sqrt      EW_PAR_MIN_CHEAP
-#define EWP_rsqrt     EW_PAR_MIN_CHEAP
-#define EWP_erf       EW_PAR_MIN_HEAVY
-#define EWP_tanh      EW_PAR_MIN_HEAVY
-#define EWP_sigmoid   EW_PAR_MIN_HEAVY
-#define EWP_relu      EW_PAR_MIN_CHEAP
-#define EWP_gelu      EW_PAR_MIN_HEAVY
-#define EWP_silu      EW_PAR_MIN_HEAVY
+/* Kinds: COPY and FILL have their own loops; LIBM ops call libm per element (scalar, dear),
+ * so they go parallel sooner than ARITH ones. */
+enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_LIBM };
+#define EWK_copy      EW_KIND_COPY
+#define EWK_fill      EW_KIND_FILL
+#define EWK_add       EW_KIND_ARITH
+#define EWK_sub       EW_KIND_ARITH
+#define EWK_mul       EW_KIND_ARITH
+#define EWK_div       EW_KIND_ARITH
+#define EWK_maximum   EW_KIND_ARITH
+#define EWK_minimum   EW_KIND_ARITH
+#define EWK_add_const EW_KIND_ARITH
+#define EWK_mul_const EW_KIND_ARITH
+#define EWK_axpby     EW_KIND_ARITH
+#define EWK_neg       EW_KIND_ARITH
+#define EWK_abs       EW_KIND_ARITH
+#define EWK_exp       EW_KIND_LIBM
+#define EWK_log       EW_KIND_LIBM
+#define EWK_sqrt      EW_KIND_ARITH
+#define EWK_rsqrt     EW_KIND_ARITH
+#define EWK_erf       EW_KIND_LIBM
+#define EWK_tanh      EW_KIND_LIBM
+#define EWK_sigmoid   EW_KIND_LIBM
+#define EWK_relu      EW_KIND_ARITH
+#define EWK_gelu      EW_KIND_LIBM
+#define EWK_silu      EW_KIND_LIBM
 
-/* ---- dtype traits ------------------------------------------------------------------------
- * ST: storage type; CT: compute type; LD: storage -> CT; SV: CT -> storage;
- * CS: scalar (double) -> CT for add_const/mul_const/axpby; FS: fill value (double) -> CT such
- * that SV(FS(x)) rounds x once. */
+#define EW_PAR_MIN(kind) ((kind) == EW_KIND_LIBM ? EW_PAR_MIN_HEAVY : EW_PAR_MIN_CHEAP)
+
+/* ---- float16/bfloat16 <-> float over a block ----------------------------------------------
+ * The portable versions vectorise half.h's converters with whatever ISA the build targets
+ * (SSE2 on plain x86-64). On x86, float16 also has an F16C version (vcvtph2ps/vcvtps2ph,
+ * round to nearest even) and bfloat16 the same portable C compiled for AVX2. Each call picks
+ * the best the CPU has. All versions give the same bits, with one exception that cannot reach an output: F16C
+ * quiets a signalling float16 NaN on the way in, the portable code on the way out. */
+#define EW_DEFINE_F16_CONVERTERS(sfx, attr)                                                  \
+    attr static void ew_f16_to_f32_##sfx(const uint16_t *src, float *dst, int m)             \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int j = 0; j < m; j++) dst[j] = ew_half_to_float(src[j]);                       \
+    }                                                                                        \
+    attr static void ew_f32_to_f16_##sfx(const float *src, uint16_t *dst, int m)             \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int j = 0; j < m; j++) dst[j] = ew_float_to_half(src[j]);                       \
+    }
+#define EW_DEFINE_BF16_CONVERTERS(sfx, attr)                                                 \
+    attr static void ew_bf16_to_f32_##sfx(const uint16_t *src, float *dst, int m)            \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int j = 0; j < m; j++) dst[j] = ew_bf16_to_float(src[j]);                       \
+    }                                                                                        \
+    attr static void ew_f32_to_bf16_##sfx(const float *src, uint16_t *dst, int m)            \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int j = 0; j < m; j++) dst[j] = ew_float_to_bf16(src[j]);                       \
+    }
+
+EW_DEFINE_F16_CONVERTERS(portable, )
+EW_DEFINE_BF16_CONVERTERS(portable, )
+
+#if EW_X86_DISPATCH
+EW_DEFINE_BF16_CONVERTERS(avx2, __attribute__((target("avx2"))))
+
+__attribute__((target("avx,f16c"))) static void ew_f16_to_f32_f16c(const uint16_t *src,
+                                                                     float *dst, int m)
+{
+    int j = 0;
+    for (; j + 8 <= m; j += 8)
+        _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + j))));
+    for (; j < m; j++)
+        dst[j] = ew_half_to_float(src[j]);
+}
+
+__attribute__((target("avx,f16c"))) static void ew_f32_to_f16_f16c(const float *src,
+                                                                     uint16_t *dst, int m)
+{
+    int j = 0;
+    for (; j + 8 <= m; j += 8)
+        _mm_storeu_si128((__m128i *)(dst + j),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT));
+    for (; j < m; j++)
+        dst[j] = ew_float_to_half(src[j]);
+}
+
+/* __builtin_cpu_supports reads a table libgcc fills before constructors run; "avx" includes
+ * the check that the OS saves the YMM registers. */
+#define EW_HAVE_F16C() (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"))
+#define EW_HAVE_AVX2() (__builtin_cpu_supports("avx2"))
+#else
+#define EW_HAVE_F16C() 0
+#define EW_HAVE_AVX2() 0
+#define ew_f16_to_f32_f16c ew_f16_to_f32_portable
+#define ew_f32_to_f16_f16c ew_f32_to_f16_portable
+#define ew_bf16_to_f32_avx2 ew_bf16_to_f32_portable
+#define ew_f32_to_bf16_avx2 ew_f32_to_bf16_portable
+#endif
+
+static void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m)
+{
+    if (EW_HAVE_F16C())
+        ew_f16_to_f32_f16c(src, dst, m);
+    else
+        ew_f16_to_f32_portable(src, dst, m);
+}
+
+static void ew_f32_to_f16_block(const float *src, uint16_t *dst, int m)
+{
+    if (EW_HAVE_F16C())
+        ew_f32_to_f16_f16c(src, dst, m);
+    else
+        ew_f32_to_f16_portable(src, dst, m);
+}
+
+static void ew_bf16_to_f32_block(const uint16_t *src, float *dst, int m)
+{
+    if (EW_HAVE_AVX2())
+        ew_bf16_to_f32_avx2(src, dst, m);
+    else
+        ew_bf16_to_f32_portable(src, dst, m);
+}
+
+static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
+{
+    if (EW_HAVE_AVX2())
+        ew_f32_to_bf16_avx2(src, dst, m);
+    else
+        ew_f32_to_bf16_portable(src, dst, m);
+}
+
+/* ---- dtype traits -------------------------------------------------------------------------
+ * ST: storage type; CT: compute type; TILED: goes through float tiles (TOF/FROMF convert a
+ * block; SV converts one value); CS: scalar (double) -> CT for add_const/mul_const/axpby;
+ * FS: fill value (double) -> CT such that SV(FS(x)) rounds x once. */
 #define EW_DT_f32_ST float
 #define EW_DT_f32_CT float
 #define EW_DT_f32_ENUM EW_FLOAT32
-#define EW_DT_f32_LD(x) (x)
+#define EW_DT_f32_TILED 0
 #define EW_DT_f32_SV(x) (x)
+#define EW_DT_f32_TOF(src, dst, m) ((void)0)
+#define EW_DT_f32_FROMF(src, dst, m) ((void)0)
 #define EW_DT_f32_CS(x) ((float)(x))
 #define EW_DT_f32_FS(x) ((float)(x))
 
 #define EW_DT_f16_ST uint16_t
 #define EW_DT_f16_CT float
 #define EW_DT_f16_ENUM EW_FLOAT16
-#define EW_DT_f16_LD(x) ew_half_to_float(x)
+#define EW_DT_f16_TILED 1
 #define EW_DT_f16_SV(x) ew_float_to_half(x)
+#define EW_DT_f16_TOF(src, dst, m) ew_f16_to_f32_block(src, dst, m)
+#define EW_DT_f16_FROMF(src, dst, m) ew_f32_to_f16_block(src, dst, m)
 #define EW_DT_f16_CS(x) ((float)(x))
 #define EW_DT_f16_FS(x) ew_double_to_float_odd(x)
 
 #define EW_DT_bf16_ST uint16_t
 #define EW_DT_bf16_CT float
 #define EW_DT_bf16_ENUM EW_BFLOAT16
-#define EW_DT_bf16_LD(x) ew_bf16_to_float(x)
+#define EW_DT_bf16_TILED 1
 #define EW_DT_bf16_SV(x) ew_float_to_bf16(x)
+#define EW_DT_bf16_TOF(src, dst, m) ew_bf16_to_f32_block(src, dst, m)
+#define EW_DT_bf16_FROMF(src, dst, m) ew_f32_to_bf16_block(src, dst, m)
 #define EW_DT_bf16_CS(x) ((float)(x))
 #define EW_DT_bf16_FS(x) ew_double_to_float_odd(x)
 
 #define EW_DT_f64_ST double
 #define EW_DT_f64_CT double
 #define EW_DT_f64_ENUM EW_FLOAT64
-#define EW_DT_f64_LD(x) (x)
+#define EW_DT_f64_TILED 0
 #define EW_DT_f64_SV(x) (x)
+#define EW_DT_f64_TOF(src, dst, m) ((void)0)
+#define EW_DT_f64_FROMF(src, dst, m) ((void)0)
 #define EW_DT_f64_CS(x) ((double)(x))
 #define EW_DT_f64_FS(x) ((double)(x))
 
 #define EW_DT(dt, what) EW_DT_##dt##_##what
 
-/* The per-element statement. Inputs an op does not read are never loaded (the condition is a
- * constant, so the dead load disappears); out is written after both loads, so out == in[0] or
- * out == in[1] is safe, and omp simd promises the compiler no cross-iteration dependence,
- * which holds for those exact aliases. */
-#define EW_BODY(name, inputs, dt)                                                            \
-    {                                                                                        \
-        const EW_DT(dt, CT) A = (inputs) >= 1 ? EW_DT(dt, LD)(a[i]) : (EW_DT(dt, CT))0;      \
-        const EW_DT(dt, CT) B = (inputs) >= 2 ? EW_DT(dt, LD)(b[i]) : (EW_DT(dt, CT))0;      \
-        (void)A; (void)B;                                                                    \
-        out[i] = EW_DT(dt, SV)(EWF_##name(EW_DT(dt, CT)));                                   \
-    }
+/* ---- the launchers ----------------------------------------------------------------------- */
 
-#ifdef _OPENMP
-#define EW_SIMD _Pragma("omp simd")
-#define EW_PARALLEL_SIMD _Pragma("omp parallel for simd schedule(static)")
-#elif defined(__GNUC__)
-#define EW_SIMD _Pragma("GCC ivdep")
-#define EW_PARALLEL_SIMD _Pragma("GCC ivdep")
-#else
-#define EW_SIMD
-#define EW_PARALLEL_SIMD
-#endif
+/* float32/float64: compute straight from the arrays. Inputs the op does not read are never
+ * loaded (the condition is a constant). */
+#define EW_DIRECT_BODY(name, inputs, dt)                                                     \
+    const EW_DT(dt, CT) A = (inputs) >= 1 ? a[i] : (EW_DT(dt, CT))0;                         \
+    const EW_DT(dt, CT) B = (inputs) >= 2 ? b[i] : (EW_DT(dt, CT))0;                         \
+    (void)A; (void)B;                                                                        \
+    out[i] = EWF_##name(EW_DT(dt, CT))
+
+/* float16/bfloat16: one tile. Both inputs are converted before the output is written, so
+ * out == in[k] is safe. */
+#define EW_TILE_BODY(name, inputs, dt)                                                       \
+    _Alignas(64) float ta[EW_TILE];                                                          \
+    _Alignas(64) float tb[EW_TILE];                                                          \
+    const int64_t i0 = t * EW_TILE;                                                          \
+    const int m = (int)(n - i0 < EW_TILE ? n - i0 : EW_TILE);                                \
+    if ((inputs) >= 1)                                                                       \
+        EW_DT(dt, TOF)(a + i0, ta, m);                                                       \
+    if ((inputs) >= 2)                                                                       \
+        EW_DT(dt, TOF)(b + i0, tb, m);                                                       \
+    EW_SIMD                                                                                  \
+    for (int j = 0; j < m; j++) {                                                            \
+        const float A = (inputs) >= 1 ? ta[j] : 0.0f;                                        \
+        const float B = (inputs) >= 2 ? tb[j] : 0.0f;                                        \
+        (void)A; (void)B;                                                                    \
+        ta[j] = EWF_##name(float);                                                           \
+    }                                                                                        \
+    EW_DT(dt, FROMF)(ta, out + i0, m)
 
 #define EW_DEFINE_LAUNCHER(name, inputs, dt)                                                 \
     static int ew_cpu_##name##_##dt(const void *argp)                                        \
     {                                                                                        \
         const ew_args *args = (const ew_args *)argp;                                         \
         const int64_t n = args->n;                                                           \
+        const int64_t par_min = EW_PAR_MIN(EWK_##name);                                      \
         const EW_DT(dt, ST) *a = (const EW_DT(dt, ST) *)args->in[0];                         \
         const EW_DT(dt, ST) *b = (const EW_DT(dt, ST) *)args->in[1];                         \
         EW_DT(dt, ST) *out = (EW_DT(dt, ST) *)args->out;                                     \
-        const EW_DT(dt, CT) C0 = (inputs) == 0 ? EW_DT(dt, FS)(args->scalar[0])             \
-                                               : EW_DT(dt, CS)(args->scalar[0]);             \
+        const EW_DT(dt, CT) C0 = EW_DT(dt, CS)(args->scalar[0]);                             \
         const EW_DT(dt, CT) C1 = EW_DT(dt, CS)(args->scalar[1]);                             \
-        (void)a; (void)b; (void)C0; (void)C1;                                                \
+        (void)C0; (void)C1;                                                                  \
         if (n <= 0)                                                                          \
             return n == 0 ? 0 : EINVAL;                                                      \
         if (!out || ((inputs) >= 1 && !a) || ((inputs) >= 2 && !b))                          \
             return EINVAL;                                                                   \
-        if (n < EWP_##name) {                                                                \
-            EW_SIMD                                                                          \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                EW_BODY(name, inputs, dt)                                                    \
+        if (EWK_##name == EW_KIND_COPY) {                                                    \
+            if ((const void *)out != (const void *)a)                                        \
+                EW_FOR(i, n, par_min, out[i] = a[i]);                                        \
+        } else if (EWK_##name == EW_KIND_FILL) {                                             \
+            const EW_DT(dt, ST) v = EW_DT(dt, SV)(EW_DT(dt, FS)(args->scalar[0]));           \
+            EW_FOR(i, n, par_min, out[i] = v);                                               \
+        } else if (!EW_DT(dt, TILED)) {                                                      \
+            EW_FOR(i, n, par_min, EW_DIRECT_BODY(name, inputs, dt));                         \
         } else {                                                                             \
-            EW_PARALLEL_SIMD                                                                 \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                EW_BODY(name, inputs, dt)                                                    \
+            const int64_t ntiles = (n + EW_TILE - 1) / EW_TILE;                              \
+            if (n < par_min) {                                                               \
+                for (int64_t t = 0; t < ntiles; t++) { EW_TILE_BODY(name, inputs, dt); }     \
+            } else {                                                                         \
+                EW_PARALLEL                                                                  \
+                for (int64_t t = 0; t < ntiles; t++) { EW_TILE_BODY(name, inputs, dt); }     \
+            }                                                                                \
         }                                                                                    \
         return 0;                                                                            \
     }
@@ -225,11 +422,11 @@ static float ew_double_to_float_odd(double d)
 #include "../ops.def"
 #undef EW_OP
 
-/* ---- the table ------------------------------------------------------------------------- */
+/* ---- the table --------------------------------------------------------------------------- */
 
 #define EW_ABOUT_AUTO                                                                        \
     "OpenMP + compiler-vectorised loop (threads from 2^15 elements, 2^12 for libm ops); "    \
-    "f16/bf16 via branch-free converters, computed in float"
+    "f16/bf16 in float tiles via F16C/AVX2/portable converters picked at run time"
 
 #define EW_ROW(name, dt)                                                                     \
     {#name, "auto", EW_DT(dt, ENUM), ew_cpu_##name##_##dt, NULL, 0, EW_ABOUT_AUTO},

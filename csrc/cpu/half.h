@@ -8,8 +8,10 @@
  *     uint16_t ew_float_to_bf16(float f)      round to nearest even; NaN -> quiet NaN
  *
  * Portable C11 bit manipulation, written without branches (every case is computed and one is
- * selected) so that gcc vectorises loops that call them, SSE2 included. No dependence on
- * F16C or _Float16. Integer arithmetic is done in uint32_t; type punning goes through memcpy.
+ * picked with a bit mask) so that gcc vectorises loops that call them, SSE2 included. The masks
+ * matter: with a ?: gcc sinks the one float operation of each converter into a branch and then,
+ * under the default -ftrapping-math, refuses to if-convert the loop. No dependence on F16C or
+ * _Float16. Integer arithmetic is done in uint32_t; type punning goes through memcpy.
  * The helpers assume IEEE float32 and the default rounding mode (round to nearest even).
  */
 #ifndef EWKERN_CPU_HALF_H
@@ -32,6 +34,13 @@ static inline float ew_bits_float(uint32_t u)
     return f;
 }
 
+/* cond ? a : b for cond in {0, 1}, without a branch the compiler could sink work into */
+static inline uint32_t ew_pick_u32(uint32_t cond, uint32_t a, uint32_t b)
+{
+    const uint32_t mask = 0u - cond;
+    return (a & mask) | (b & ~mask);
+}
+
 static inline float ew_half_to_float(uint16_t h)
 {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -45,8 +54,8 @@ static inline float ew_half_to_float(uint16_t h)
      * and touches no subnormal float. */
     const uint32_t sub = ew_float_bits(ew_bits_float(shifted | (113u << 23))
                                        - ew_bits_float(113u << 23));
-    uint32_t r = em >= 0x7c00u ? infnan : normal;
-    r = em < 0x0400u ? sub : r;
+    uint32_t r = ew_pick_u32(em >= 0x7c00u, infnan, normal);
+    r = ew_pick_u32(em < 0x0400u, sub, r);
     return ew_bits_float(r | sign);
 }
 
@@ -65,9 +74,9 @@ static inline uint16_t ew_float_to_half(float f)
     /* Normal: rebias, then round to nearest even on the 13 dropped bits. A carry out of the
      * mantissa bumps the exponent, which is right, and past 65504 gives 0x7c00 (inf). */
     const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    uint32_t r = a < (113u << 23) ? sub : normal;  /* 113 << 23 is 2^-14 */
-    r = a >= (143u << 23) ? 0x7c00u : r;             /* |f| >= 65536 (inf included) */
-    r = a > 0x7f800000u ? nan : r;
+    uint32_t r = ew_pick_u32(a < (113u << 23), sub, normal);  /* 113 << 23 is 2^-14 */
+    r = ew_pick_u32(a >= (143u << 23), 0x7c00u, r);             /* |f| >= 65536, inf too */
+    r = ew_pick_u32(a > 0x7f800000u, nan, r);
     return (uint16_t)(r | sign);
 }
 
