@@ -69,6 +69,15 @@ int ewcuda_last_error(void);
 int ewcuda_host_flag_alloc(volatile int **flag);
 int ewcuda_host_flag_free(volatile int *flag);
 int ewcuda_spin_launch(volatile int *flag, double timeout_s, void *stream);
+/* Read nbytes (a multiple of 16, 16-byte aligned) of buf on stream: evicts the L2 without
+ * leaving dirty lines. */
+int ewcuda_flush_read(const void *buf, size_t nbytes, void *stream);
+/* CUDA graphs: capture the launches queued on stream between begin and end into an executable
+ * graph (the timing core replays K launches as one graph, as the peers are timed). */
+int ewcuda_capture_begin(void *stream);
+int ewcuda_capture_end(void *stream, void **exec);
+int ewcuda_graph_launch(void *exec, void *stream);
+int ewcuda_graph_destroy(void *exec);
 
 #ifdef __cplusplus
 }

@@ -178,6 +178,8 @@ typedef struct PlanObject {
 } PlanObject;
 
 int ew_plan_launch(PlanObject *p);
+/* The same launch on another stream (graph capture in the timing core). */
+int ew_plan_launch_on(PlanObject *p, void *stream);
 PyObject *ew_make_op_functions(PyObject *module);
 PyObject *ew_prepare(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -629,8 +629,10 @@ static PyMethodDef module_methods[] = {
     {"prepare", (PyCFunction)(void (*)(void))ew_prepare, METH_FASTCALL | METH_KEYWORDS,
      "prepare(fn, *args, **kwargs)\n--\n\nResolve one call of an ewkern op into a Plan for time_plans."},
     {"time_plans", (PyCFunction)(void (*)(void))ew_time_plans, METH_FASTCALL | METH_KEYWORDS,
-     "time_plans(plans, *, launches=1, samples=10, warmup=2, flush=None, blocking=True)\n--\n\n"
-     "Seconds per launch for each sample of back-to-back launches of the plans (cycled)."},
+     "time_plans(plans, *, launches=1, samples=10, warmup=2, flush=None, blocking=True, graph=None)\n--\n\n"
+     "Seconds per launch for each sample of back-to-back launches of the plans (cycled), timed with CUDA\n"
+     "events (a host clock on the CPU). graph (default: launches > 1) replays the sample's launches as\n"
+     "one CUDA graph; flush= reads a buffer larger than the L2 before each sample."},
     {NULL}
 };
 

@@ -303,6 +303,18 @@ int ew_plan_launch(PlanObject *p)
     return p->k->launch(p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew);
 }
 
+int ew_plan_launch_on(PlanObject *p, void *stream)
+{
+    if (p->is_rmse) {
+        ew_rmse_args a = p->rm;
+        a.stream = stream;
+        return p->k->launch(&a);
+    }
+    ew_args a = p->ew;
+    a.stream = stream;
+    return p->k->launch(&a);
+}
+
 /* Move the call's views and objects into the plan. */
 static int plan_fill(PlanObject *p, const ew_kernel *k, int is_rmse, const void *args, ew_device dev,
                      void *stream, ew_view *views, int nviews, PyObject *out, int64_t rd, int64_t wr)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import os
 import re
 import sys
 from pathlib import Path
@@ -29,6 +28,17 @@ class _Parser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         print(f"run '{self.prog} list' to see the experiments", file=sys.stderr)
         raise SystemExit(2)
+
+
+def _bytes_arg(text):
+    from .units import parse_bytes
+    try:
+        v = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, type=Path,
                    help="output folder (default: ./bench-out/<timestamp>)")
     p.add_argument("--cache", default="rotate", choices=CACHE_MODES,
-                   help="cache mode for every timing (default rotate; E3/E4 also measure hot)")
+                   help="cache mode for every timing (default rotate; E2 and E3 also measure hot, E4 compares offsets)")
+    p.add_argument("--cache-bytes", type=_bytes_arg, default=None, metavar="BYTES",
+                   help="the cache size that rotate/flush defeat (default: the GPU's L2, the CPU's last-level cache)")
     p.add_argument("--samples", type=int, default=None, help="samples per measurement")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 
 from .plots import (bandwidth_title, draw_bandwidth_lines, mark_cache, new_figure, series_colors,
                     size_axis)
 from .summary import fmt_gbs, fmt_pct, md_table
-from .timing import BenchError
-from .units import ITEMSIZE, fmt_bytes, parse_bytes, parse_list, parse_shape, parse_count
+from .units import fmt_bytes, parse_bytes, parse_count, parse_list, parse_shape
 
 __all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_bytes", "pow2_sizes",
            "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table"]
@@ -114,7 +112,7 @@ def bars_figure(results, categories, groups, values, *, kind="element-wise", sub
         ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(bandwidth_title(results, kind, subtitle) if kind else subtitle, fontsize=10)
     return fig
 

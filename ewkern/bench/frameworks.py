@@ -3,9 +3,11 @@
 On a GPU a peer's K back-to-back calls are captured into one CUDA graph (torch.cuda.CUDAGraph or
 CuPy stream capture), and each sample replays the graph between two CUDA events, behind a spin
 kernel that holds the stream while the host queues the sample, so no Python runs between the
-timed launches. Cache modes are those of ``timing.py``: ``rotate`` cycles the captured calls
-through distinct buffer sets, ``flush`` writes a buffer of twice the cache size before each
-one-launch sample. On a CPU (NumPy) the host clock times K calls in a loop.
+timed launches. In flush mode a sample is one launch, made eagerly behind the spin kernel (a
+graph's own start-up would otherwise be timed), which is what ewkern's time_plans does. Cache modes are those of ``timing.py``: ``rotate`` cycles the captured calls
+through distinct buffer sets, ``flush`` reads (GPU; writes on a CPU) a buffer of twice the cache
+size before each one-launch sample, as ewkern's timing core does. On a CPU (NumPy) the host
+clock times K calls in a loop.
 
 torch and CuPy are imported only when a peer is asked for; a missing one is skipped.
 """
@@ -20,7 +22,9 @@ from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, 
 from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS",
-           "RMSE_PEERS"]
+           "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH"]
+
+EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's method
 
 SPIN_US = 300.0
 
@@ -315,6 +319,42 @@ def rmse_call(peer: str, shape, dtype: str, device: str, axis: int):
     return make_call, 2 * n * s, 2 * n * s, batches * 4
 
 
+def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
+    """ewkern's op (variant auto) on torch tensors, so it can be timed exactly as torch is.
+
+    ewkern launches on torch's current stream for torch inputs, so the calls are captured into
+    the same kind of CUDA graph as the torch peer's. op "rmse" takes axis (None: batch-first)."""
+    why = available("torch", device)
+    if why:
+        raise Skip(why)
+    from .timing import ew, ew_op
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    n = math.prod(shape)
+    s = ITEMSIZE[dtype]
+    if op == "rmse":
+        batches = n // (shape[0] if axis == 0 else math.prod(shape[1:]))
+        rmse = ew().rmse
+
+        def make_call():
+            a = _full("torch", shape, dtype, device, 0.75)
+            b = _full("torch", shape, dtype, device, 0.25)
+            out = _empty("torch", (batches,), "float32", device)
+            if axis is None:
+                return lambda: rmse(a, b, out=out)
+            return lambda: rmse(a, b, axis=axis, out=out)
+
+        return make_call, 2 * n * s, 2 * n * s, 4 * batches
+    fn, nin, nsc = ew_op(op)
+    scalars = (1.0, 0.5)[:nsc]
+
+    def make_call():
+        ins = [_full("torch", shape, dtype, device, _FILL.get(op, 0.5) + 0.25 * k) for k in range(nin)]
+        out = _empty("torch", shape, dtype, device)
+        return lambda: fn(*ins, *scalars, out=out)
+
+    return make_call, (nin + 1) * n * s, nin * n * s, n * s
+
+
 # --- timing -------------------------------------------------------------------------------------
 
 def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: str, *,
@@ -335,6 +375,10 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
     return Timing(secs, k, nsets, nsets * set_bytes, cache, method, notes)
+
+
+class _Eager(Exception):
+    """Internal: time eager launches rather than a graph (flush mode)."""
 
 
 def _time_host(cfg, calls, cache, n):
@@ -399,7 +443,7 @@ def _time_torch(cfg, calls, cache, n):
             for _ in range(samples):
                 torch.cuda._sleep(spin)
                 if flush is not None:
-                    flush.zero_()
+                    flush.sum()
                 a = torch.cuda.Event(enable_timing=True)
                 b = torch.cuda.Event(enable_timing=True)
                 a.record()
@@ -409,24 +453,30 @@ def _time_torch(cfg, calls, cache, n):
             torch.cuda.synchronize()
             return [a.elapsed_time(b) * 1e-3 / k for a, b in pairs]
 
+        reason = None
         try:
             if cache == "flush":
-                k = 1
-            else:
-                g0 = capture(len(calls))
-                k = choose_launches(min(run(g0, len(calls), 2)), len(calls), cfg.min_sample_s)
-                del g0
+                # one launch per sample: a graph launch would add its own start-up to the timed
+                # region, so launch eagerly (the spin kernel already hides the host), as time_plans does
+                raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
+            g0 = capture(len(calls))
+            k = choose_launches(min(run(g0, len(calls), 2)), len(calls), cfg.min_sample_s)
+            del g0
             g = capture(k)
             return run(g, k, n), k, "CUDA events around a replayed CUDA graph (torch.cuda.CUDAGraph)"
         except Exception as exc:   # capture refused: time eager launches behind the spin instead
             torch.cuda.synchronize()
-            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__
+            if isinstance(exc, _Eager):
+                reason = str(exc)
+            else:
+                reason = "graph capture failed: " + (f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                                                     if str(exc) else type(exc).__name__)
             k = 1 if cache == "flush" else max(len(calls), 8)
             pairs = []
             for _ in range(n):
                 torch.cuda._sleep(spin)
                 if flush is not None:
-                    flush.zero_()
+                    flush.sum()
                 a = torch.cuda.Event(enable_timing=True)
                 b = torch.cuda.Event(enable_timing=True)
                 a.record()
@@ -436,7 +486,7 @@ def _time_torch(cfg, calls, cache, n):
                 pairs.append((a, b))
             torch.cuda.synchronize()
             return ([a.elapsed_time(b) * 1e-3 / k for a, b in pairs], k,
-                    f"CUDA events around eager launches (graph capture failed: {reason})")
+                    f"CUDA events around eager launches behind a spin kernel ({reason})")
 
 
 _CUPY_SPIN = {}
@@ -496,7 +546,7 @@ def _time_cupy(cfg, calls, cache, n):
                     if spin is not None:
                         spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
                     if flush is not None:
-                        flush.fill(0)
+                        flush.sum()
                     a, b = cupy.cuda.Event(), cupy.cuda.Event()
                     a.record(stream)
                     launch(g, k)
@@ -508,7 +558,7 @@ def _time_cupy(cfg, calls, cache, n):
             method = "CUDA events around a replayed CUDA graph (CuPy stream capture)"
             try:
                 if cache == "flush":
-                    k = 1
+                    raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
                 else:
                     g0 = capture(len(calls))
                     k = choose_launches(min(run(g0, len(calls), 2, launch_graph)), len(calls),
@@ -519,7 +569,8 @@ def _time_cupy(cfg, calls, cache, n):
                 stream.synchronize()
                 k = 1 if cache == "flush" else max(len(calls), 8)
                 secs = run(None, k, n, launch_eager)
-                method = f"CUDA events around eager launches (graph capture failed: {type(exc).__name__})"
+                why = str(exc) if isinstance(exc, _Eager) else f"graph capture failed: {type(exc).__name__}"
+                method = f"CUDA events around eager launches behind a spin kernel ({why})"
             if spin is None:
                 method += " (no spin kernel: NVRTC unavailable)"
             return secs, k, method

@@ -65,9 +65,10 @@ def size_axis(ax, sizes=None, label="buffer size"):
 
 def mark_cache(ax, results: dict):
     """A vertical line at the L2 size (the last-level cache on a CPU)."""
-    l2 = (results.get("device_info") or {}).get("l2_bytes")
+    l2 = (results.get("device_info") or {}).get("l2_bytes") or results.get("cache_bytes")
     if l2:
-        ax.axvline(l2, color="tab:gray", alpha=0.4, linewidth=6, label=f"L2 {l2 / 2**20:.0f} MiB")
+        name = "L2" if (results.get("device_info") or {}).get("l2_bytes") else "LLC"
+        ax.axvline(l2, color="tab:gray", alpha=0.4, linewidth=6, label=f"{name} {l2 / 2**20:.0f} MiB")
 
 
 def series_colors(names):

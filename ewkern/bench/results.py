@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 
@@ -39,12 +40,30 @@ def measurements(results: dict, experiment: str, **match) -> list[dict]:
     return out
 
 
+def _clean(v):
+    """Plain JSON: NaN becomes null, infinities the largest doubles, unknown objects strings."""
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else math.copysign(1.7976931348623157e308, v)
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    if hasattr(v, "item"):
+        try:
+            return _clean(v.item())
+        except (TypeError, ValueError):
+            pass
+    return str(v)
+
+
 def write_json(results: dict, out: Path):
     out = Path(out)
     tmp = out / "results.json.tmp"
-    data = {k: v for k, v in results.items() if not k.startswith("_")}
+    data = _clean({k: v for k, v in results.items() if not k.startswith("_")})
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, allow_nan=False, default=str)
+        json.dump(data, f, indent=1, allow_nan=False)
     os.replace(tmp, out / "results.json")
 
 

@@ -7,9 +7,7 @@ returns), so notebooks can plot and evaluate committed results without running a
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
 import platform
 import subprocess
 import sys
@@ -21,7 +19,6 @@ from pathlib import Path
 from . import frameworks, registry, results as _results
 from .timing import (BenchError, Skip, Timing, TimingConfig, available_memory, cache_bytes,
                      plan_elementwise, time_ewkern, ew)
-from .units import fmt_bytes
 
 __all__ = ["Context", "ExperimentRun", "run", "CONVENTIONS"]
 
@@ -40,8 +37,8 @@ CONVENTIONS = {
     "cache_modes": {"hot": "the same buffers every launch",
                     "rotate": "distinct buffer sets cycled so the working set is >= 4x the L2 "
                               "(the last-level cache on a CPU)",
-                    "flush": "a buffer of 2x the L2 is written before each sample, outside the timed "
-                             "region; one launch per sample"},
+                    "flush": "a buffer of 2x the L2 is read (GPU; written on a CPU) before each sample, "
+                             "outside the timed region; one launch per sample"},
     "peak": "theoretical peak = bus width (bytes) x transfers per cycle x memory clock (GHz) "
             "(elementwise-ops-on-gpus.md), from ewkern.device_info",
     "sizes": "MiB/GiB are binary (2^20/2^30 bytes); GB/s is decimal (1e9 bytes/s)",
@@ -274,7 +271,7 @@ def _meta(ctx_device: str, info: dict, cache: str, quick: bool, argv) -> dict:
             "device_name": info.get("name"), "host": platform.node(), "platform": platform.platform(),
             "versions": vers, "git": _git_commit(), "cache": cache, "quick": quick,
             "conventions": CONVENTIONS, "peak_gbs": info.get("peak_bandwidth_gbs"),
-            "reference": {}, "experiments": {}, "claims": []}
+            "cache_bytes": None, "reference": {}, "experiments": {}, "claims": []}
 
 
 def _reference_copy(ctx: Context):
@@ -313,6 +310,8 @@ def run(ctx: Context, names: list[str], argv) -> int:
     """Run the named experiments, writing outputs as it goes. Returns the process exit code."""
     res = ctx.results
     res.update(_meta(ctx.device, ctx.info, ctx.cache, ctx.quick, argv))
+    res["cache_bytes"] = ctx.cfg.cache_bytes
+    res["cache_level"] = "L2" if ctx.is_gpu else "last-level cache"
     specs = [registry.get(n) for n in names]
     code = 0
     t_start = time.perf_counter()
@@ -409,7 +408,7 @@ def _finish_outputs(ctx: Context):
 
 
 def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: str) -> Context:
-    cfg = TimingConfig(device=device, cache_bytes=cache_bytes(device, info))
+    cfg = TimingConfig(device=device, cache_bytes=getattr(args, "cache_bytes", None) or cache_bytes(device, info))
     if quick:
         cfg.samples, cfg.flush_samples = 7, 15
     if getattr(args, "samples", None):

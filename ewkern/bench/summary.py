@@ -38,7 +38,7 @@ def markdown(results: dict) -> str:
              ("theoretical peak", f"{results['peak_gbs']:.0f} GB/s" if results.get("peak_gbs") else "n/a (no GPU memory attributes)"),
              ("measured copy", f"{ref['copy_gbs']:.1f} GB/s ({fmt_bytes(ref.get('size_bytes'))} float32, {ref.get('cache')})"
               if ref.get("copy_gbs") else ref.get("error", "not measured")),
-             ("L2 / last-level cache", fmt_bytes(info.get("l2_bytes")) if info.get("l2_bytes") else "-"),
+             ("L2 / last-level cache", fmt_bytes(info.get("l2_bytes") or results.get("cache_bytes"))),
              ("versions", ", ".join(f"{k} {v}" for k, v in vers.items() if v)),
              ("git", f"{(git.get('commit') or '?')[:12]}{' (dirty)' if git.get('dirty') else ''}"),
              ("started", results.get("started")), ("elapsed", f"{results.get('elapsed_s', 0):.1f} s")]

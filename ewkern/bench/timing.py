@@ -7,11 +7,14 @@ Method (the same for every experiment, and mirrored for torch/CuPy in ``framewor
   timed with CUDA events on one stream (a host clock for CPU plans), with the stream held behind
   a spin kernel while they are queued so the host's launch rate is not what is measured.
 * Cache modes: ``hot`` reuses one buffer set; ``rotate`` cycles through enough distinct buffer sets
-  that the working set is at least 4x the last-level cache (the GPU's L2); ``flush`` writes a
-  buffer of twice the cache's size before each sample (outside the timed region) and times one
-  launch per sample.
+  that the working set is at least 4x the last-level cache (the GPU's L2); ``flush`` makes the
+  cache pass a buffer of twice its size before each sample, outside the timed region (the GPU
+  reads it, so no dirty lines are written back during the timed kernel; the CPU writes it), and
+  times one launch per sample.
 * The number of launches per sample is chosen from a first timing so that a sample lasts at
-  least ``min_sample_s`` (0.5 ms by default), and is a multiple of the number of buffer sets.
+  least ``min_sample_s`` (0.5 ms by default). time_plans cycles through the buffer sets across
+  samples (its launch counter runs on from sample to sample), so ``rotate`` never reuses a set
+  before all the others were used, whatever the launches per sample.
 * Each measurement keeps its raw samples (seconds per launch) and their min/median/mean/std/max/count.
 """
 
@@ -30,9 +33,9 @@ __all__ = ["BenchError", "Skip", "TimingConfig", "Timing", "summarize", "time_ew
 
 CACHE_MODES = ("hot", "rotate", "flush")
 ROTATE_FACTOR = 4          # rotate: working set >= 4x the cache
-FLUSH_FACTOR = 2           # flush: write 2x the cache's size
-MAX_SETS = 4096            # rotate: at most this many buffer sets
-MAX_LAUNCHES = 4096        # launches per sample
+FLUSH_FACTOR = 2           # flush: pass 2x the cache's size through it
+MAX_SETS = 1000            # rotate: at most this many buffer sets
+MAX_LAUNCHES = 1000        # launches per sample (time_plans queues at most 1000 behind its spin)
 
 
 class BenchError(Exception):
@@ -183,7 +186,9 @@ def choose_sets(cfg: TimingConfig, cache: str, set_bytes: int) -> tuple[int, lis
 
 
 def choose_launches(t_per_launch: float, nsets: int, min_sample_s: float) -> int:
-    """Launches per sample: enough for min_sample_s, a multiple of nsets, at most MAX_LAUNCHES."""
+    """Launches per sample: enough for min_sample_s, a multiple of nsets, at most MAX_LAUNCHES.
+
+    (For replayed graphs, which restart at the first set on every replay.)"""
     if not (t_per_launch > 0):
         k = nsets
     else:
@@ -215,8 +220,14 @@ def time_ewkern(cfg: TimingConfig, make_plan, set_bytes: int, cache: str, *,
                             flush=cfg.ewkern_flush_buffer(), blocking=True)
         launches = 1
     else:
-        first = C.time_plans(plans, launches=nsets, samples=1, warmup=1, blocking=True)
-        launches = choose_launches(min(first), nsets, cfg.min_sample_s)
+        est, warm_first = 1, 1
+        for _ in range(3):   # grow the estimate until it covers a quarter of a sample
+            t = min(C.time_plans(plans, launches=est, samples=1, warmup=warm_first, blocking=True))
+            warm_first = 0
+            if t * est >= cfg.min_sample_s / 4 or est >= MAX_LAUNCHES:
+                break
+            est = min(MAX_LAUNCHES, math.ceil(cfg.min_sample_s / 4 / max(t, 1e-9)))
+        launches = max(1, min(MAX_LAUNCHES, math.ceil(cfg.min_sample_s / max(t, 1e-12))))
         n = samples or cfg.samples
         secs = C.time_plans(plans, launches=launches, samples=n, warmup=max(0, warm - 1),
                             blocking=True)
@@ -262,10 +273,16 @@ class BufferPool:
         self._sets.clear()
 
 
-def time_sequence(plans) -> list:
-    """One launch of each plan in order, each timed alone with no warm-up (E4's per-iteration view)."""
+def time_sequence(plans, flush_first=None) -> list:
+    """One launch of each plan in order, each timed alone with no warm-up (E4's per-iteration view).
+
+    flush_first: an array passed to time_plans' flush= for the first launch only (a cold start)."""
     C = core()
-    return [C.time_plans([p], launches=1, samples=1, warmup=0, blocking=True)[0] for p in plans]
+    out = []
+    for i, p in enumerate(plans):
+        kw = {"flush": flush_first} if (i == 0 and flush_first is not None) else {}
+        out.append(C.time_plans([p], launches=1, samples=1, warmup=0, blocking=True, **kw)[0])
+    return out
 
 
 def kernel_info(op: str, variant: str, dtype: str) -> dict:

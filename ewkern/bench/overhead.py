@@ -1,0 +1,137 @@
+"""overhead: microseconds per Python call on tiny inputs, ewkern against torch and CuPy.
+
+ewkern.add(a, b, out=c) (and without out=) on ewkern arrays, torch tensors and NumPy arrays,
+ewkern.copy on ewkern arrays, against torch.add(a, b, out=c), cupy.add(a, b, out=c) and
+numpy.add. Host wall clock (time.perf_counter) around many calls, including one synchronize at
+the end of each repeat; the median of the repeats is reported, with the timer's resolution.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from .common import bars_figure, md_table
+from .frameworks import available
+from .timing import ew, summarize
+
+NAME = "overhead"
+TITLE = "Per-call overhead on tiny inputs"
+DESCRIPTION = "microseconds per Python call: ewkern on ewkern/torch/numpy arrays vs torch.add(out=) and cupy.add"
+PAPER = "(foundation issue)"
+NEEDS_REFERENCE = False
+ARGS = [("--overhead-calls", dict(type=int, metavar="N", help="calls per repeat (default 20000, quick 2000)")),
+        ("--overhead-repeats", dict(type=int, metavar="N", help="repeats (default 7)")),
+        ("--overhead-n", dict(type=int, metavar="N", help="elements of the tiny inputs (default 16)"))]
+
+
+def timer_resolution() -> dict:
+    info = time.get_clock_info("perf_counter")
+    deltas = []
+    for _ in range(2000):
+        t0 = time.perf_counter_ns()
+        t1 = time.perf_counter_ns()
+        while t1 == t0:
+            t1 = time.perf_counter_ns()
+        deltas.append(t1 - t0)
+    return {"clock": "time.perf_counter", "implementation": info.implementation,
+            "declared_resolution_s": info.resolution, "measured_min_tick_ns": min(deltas),
+            "measured_median_tick_ns": statistics.median(deltas)}
+
+
+def _cases(ctx, n):
+    """[(label, impl, fn, sync)] with inputs already made."""
+    import numpy
+    E = ew()
+    dev = ctx.device
+    cases = []
+    a = E.empty((n,), dtype="float32", device=dev)
+    E.fill(a, 1.0)
+    b = E.empty((n,), dtype="float32", device=dev)
+    E.fill(b, 2.0)
+    c = E.empty((n,), dtype="float32", device=dev)
+    sync_ew = (lambda: E.synchronize(dev)) if ctx.is_gpu else (lambda: None)
+    cases.append(("ewkern.add(out=) on ewkern arrays", "ewkern", lambda: E.add(a, b, out=c), sync_ew))
+    cases.append(("ewkern.add() on ewkern arrays", "ewkern", lambda: E.add(a, b), sync_ew))
+    cases.append(("ewkern.copy(out=) on ewkern arrays", "ewkern", lambda: E.copy(a, out=c), sync_ew))
+    na, nb, nc = (numpy.full(n, 1.0, numpy.float32), numpy.full(n, 2.0, numpy.float32), numpy.empty(n, numpy.float32))
+    cases.append(("ewkern.add(out=) on numpy arrays (host)", "ewkern", lambda: E.add(na, nb, out=nc), lambda: None))
+    cases.append(("numpy.add(out=) (host)", "numpy", lambda: numpy.add(na, nb, out=nc), lambda: None))
+    if ctx.is_gpu and available("torch", dev) is None:
+        import torch
+        ta = torch.full((n,), 1.0, device=dev)
+        tb = torch.full((n,), 2.0, device=dev)
+        tc = torch.empty((n,), device=dev)
+        tsync = torch.cuda.synchronize
+        cases.append(("ewkern.add(out=) on torch tensors", "ewkern", lambda: E.add(ta, tb, out=tc), tsync))
+        cases.append(("ewkern.add() on torch tensors", "ewkern", lambda: E.add(ta, tb), tsync))
+        cases.append(("torch.add(out=)", "torch", lambda: torch.add(ta, tb, out=tc), tsync))
+    if ctx.is_gpu and available("cupy", dev) is None:
+        import cupy
+        with cupy.cuda.Device(int(dev.split(":")[1])):
+            ca = cupy.full((n,), 1.0, dtype=cupy.float32)
+            cb = cupy.full((n,), 2.0, dtype=cupy.float32)
+            cc = cupy.empty((n,), dtype=cupy.float32)
+        csync = cupy.cuda.get_current_stream().synchronize
+        cases.append(("ewkern.add(out=) on cupy arrays", "ewkern", lambda: E.add(ca, cb, out=cc), csync))
+        cases.append(("cupy.add(out=)", "cupy", lambda: cupy.add(ca, cb, out=cc), csync))
+    return cases
+
+
+def run(ctx, xr):
+    calls = ctx.opt("overhead_calls") or (2000 if ctx.quick else 20000)
+    repeats = ctx.opt("overhead_repeats") or 7
+    n = ctx.opt("overhead_n") or 16
+    res = timer_resolution()
+    xr.param(calls=calls, repeats=repeats, n=n, timer=res)
+    xr.note(f"timer: {res['clock']} ({res['implementation']}), declared resolution "
+            f"{res['declared_resolution_s']:.1e} s, smallest measured tick {res['measured_min_tick_ns']} ns; "
+            f"each repeat times {calls} calls, so the timer's share per call is "
+            f"{res['measured_median_tick_ns'] / calls:.3g} ns")
+    cases = _cases(ctx, n)
+    bar = xr.progress(len(cases))
+    for label, impl, fn, sync in cases:
+        try:
+            for _ in range(min(200, calls)):
+                fn()
+            sync()
+            per_call = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+                per_call.append((time.perf_counter() - t0) / calls)
+        except Exception as exc:
+            xr.error(label, exc)
+            continue
+        st = summarize(per_call)
+        xr.add({"series": label, "impl": impl, "op": "add" if "add" in label else "copy", "dtype": "float32", "n": n,
+                "calls": calls, "samples_s": per_call, "stats_s": st, "time_s": st["median"],
+                "us_per_call": st["median"] * 1e6, "method": "host wall clock, median of repeats",
+                "cache": "hot"})
+        bar.step(f"{label}: {st['median'] * 1e6:.2f} us")
+    bar.close()
+
+
+def figures(results, exp):
+    ms = exp["measurements"]
+    cats = [m["series"].replace(" on ", "\non ") for m in ms]
+    vals = {(c, "us per call"): m["us_per_call"] for c, m in zip(cats, ms)}
+    fig = bars_figure(results, cats, ["us per call"], vals, kind="", lines=False, ylabel="microseconds per call (median)",
+                      subtitle=f"{results.get('device_name')}: per-call overhead, {ms[0]['n'] if ms else ''} "
+                               f"float32 elements")
+    fig.set_size_inches(max(9, 1.0 * len(cats) + 2), 5.5)
+    for t in fig.axes[0].get_xticklabels():
+        t.set_rotation(60)
+        t.set_fontsize(7)
+    return [("overhead", fig)]
+
+
+def summary(results, exp):
+    ms = exp["measurements"]
+    t = exp["params"].get("timer") or {}
+    rows = [[m["series"], f"{m['us_per_call']:.2f}", f"{m['stats_s']['min'] * 1e6:.2f}",
+             f"{m['stats_s']['max'] * 1e6:.2f}"] for m in ms]
+    return md_table(["call", "us per call (median)", "min", "max"], rows) + \
+        f"\n\ntimer resolution: declared {t.get('declared_resolution_s')} s, measured tick {t.get('measured_min_tick_ns')} ns"

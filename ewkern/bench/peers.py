@@ -1,0 +1,276 @@
+"""peers: ewkern against torch and CuPy (NumPy on a CPU), timed the same way in the same run.
+
+Elementwise: copy, add, add_const, log, erf in float32, float16 and bfloat16 at 4 MiB, 64 MiB
+and 1 GiB per buffer (more sizes in full mode). RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096,
+8x2^24, 65536x64 and the batch-last 2^20x16 (reduced over the leading axis), against torch eager
+sqrt(((a-b)**2).mean(dim)), torch.linalg.vector_norm(a-b, dim)/sqrt(n), torch.compile of the
+eager expression, and a CuPy ReductionKernel. The same run measures the device-to-device copy
+bandwidth (torch copy_ / CuPy copy over 1 GiB) and torch.dot's read bandwidth over 2 x 1 GiB.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
+from .frameworks import EWKERN_GRAPH, RMSE_PEERS, available, elementwise_call, ewkern_in_torch_call, rmse_call
+from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
+from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
+
+NAME = "peers"
+TITLE = "ewkern against torch and CuPy"
+DESCRIPTION = "ewkern auto vs torch/CuPy (NumPy on CPU): copy/add/add_const/log/erf x 3 dtypes, rmse shapes, D2D copy, dot"
+PAPER = "(all)"
+
+
+def _rmse_shapes_arg(text):
+    import argparse
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        last = part.endswith(":last")
+        try:
+            shape = parse_shape(part[:-5] if last else part)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if len(shape) != 2:
+            raise argparse.ArgumentTypeError(f"rmse shapes are BATCHESxN (or NxBATCHES:last): {part!r}")
+        out.append((shape, last))
+    return out
+
+
+ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer sizes (default 4MiB,64MiB,1GiB)")),
+        ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default copy,add,add_const,log,erf)")),
+        ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16)")),
+        ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
+                                     help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
+        ("--peers-ref-size", dict(type=parse_bytes, metavar="BYTES", help="D2D copy / dot size per buffer (default 1GiB)")),
+        ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile"))]
+
+OPS = ["copy", "add", "add_const", "log", "erf"]
+GPU_RMSE = [((16, 1 << 20), False), ((16, 3 << 20), False), ((1024, 4096), False), ((8, 1 << 24), False),
+            ((65536, 64), False), ((1 << 20, 16), True)]
+CPU_RMSE_QUICK = [((16, 1 << 16), False), ((1024, 256), False), ((1 << 16, 16), True)]
+CPU_RMSE_FULL = [((16, 1 << 18), False), ((1024, 4096), False), ((8, 1 << 20), False), ((16384, 64), False),
+                 ((1 << 18, 16), True)]
+
+
+def _params(ctx):
+    sizes = ctx.pick("peers_sizes", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 2 << 30],
+                     gpu_quick=[4 << 20, 64 << 20, 1 << 30], cpu_full=[4 << 20, 64 << 20], cpu_quick=[4 << 20])
+    ops = ctx.opt("peers_ops") or OPS
+    dtypes = ctx.opt("peers_dtypes") or ["float32", "float16", "bfloat16"]
+    shapes = ctx.pick("peers_rmse_shapes", gpu_full=GPU_RMSE, gpu_quick=GPU_RMSE, cpu_full=CPU_RMSE_FULL,
+                      cpu_quick=CPU_RMSE_QUICK)
+    ref = ctx.opt("peers_ref_size") or ((1 << 30) if ctx.is_gpu else (64 << 20 if not ctx.quick else 16 << 20))
+    return sizes, ops, dtypes, shapes, ref
+
+
+def check(ctx):
+    sizes, ops, dtypes, shapes, ref = _params(ctx)
+    check_bytes(ctx, 3 * max(sizes), "peers' largest elementwise size")
+    check_bytes(ctx, max(2 * 4 * math.prod(s) for s, _ in shapes) if shapes else 0, "peers' largest rmse shape")
+    check_bytes(ctx, 2 * ref, "peers' copy/dot reference")
+
+
+def _shape_label(shape, last):
+    return f"{fmt_count(shape[0])}x{fmt_count(shape[1])}" + (" (batch-last)" if last else "")
+
+
+def run(ctx, xr):
+    sizes, ops, dtypes, shapes, ref = _params(ctx)
+    gpu = ctx.is_gpu
+    peers = ["torch", "cupy"] if gpu else ["numpy"]
+    why = {p: available(p, ctx.device) for p in peers}
+    for p, w in why.items():
+        if w:
+            xr.note(f"{p}: not measured ({w})")
+    live = [p for p in peers if not why[p]]
+    rmse_peers = [p for p in RMSE_PEERS if (p == "numpy") != gpu]
+    if ctx.opt("peers_no_compile", False) and "torch.compile" in rmse_peers:
+        rmse_peers.remove("torch.compile")
+    graph_too = gpu and "torch" in live   # ewkern also timed by torch's method (CUDA graph replay)
+    if graph_too:
+        xr.note(f"'{EWKERN_GRAPH}': ewkern's auto kernels called on torch tensors and timed exactly as the "
+                "torch peer (K calls captured in one CUDA graph, replayed between events); 'ewkern' rows use "
+                "ewkern._C.time_plans (stream launches behind a spin kernel)")
+    rmse_versions = ["auto"]
+    if not ctx.quick:
+        rmse_versions += [v for v in variants("rmse", "float32", ctx.device) if v != "auto"]
+    xr.param(sizes=sizes, ops=ops, dtypes=dtypes, rmse_shapes=[[list(s), last] for s, last in shapes],
+             peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions)
+    total = (len(sizes) * len(ops) * len(dtypes) * (1 + len(live) + graph_too)
+             + len(shapes) * (len(rmse_versions) + len(rmse_peers) + graph_too) + 2)
+    bar = xr.progress(total)
+
+    # reference measurements: device-to-device copy and dot read bandwidth
+    n_ref = ref // 4
+    ref_impl = "torch" if "torch" in live else ("cupy" if "cupy" in live else ("numpy" if "numpy" in live else None))
+    if ref_impl:
+        xr.measure_peer(what=f"{ref_impl} copy {fmt_bytes(ref)}", impl=ref_impl, cache=ctx.cache,
+                        build=lambda: elementwise_call(ref_impl, "copy", "float32", (n_ref,), ctx.device),
+                        series="reference", op="d2d copy", variant=f"{ref_impl} copy", dtype="float32", n=n_ref,
+                        size_bytes=ref, reference="copy")
+        xr.measure_peer(what=f"{ref_impl} dot 2 x {fmt_bytes(ref)}", impl=ref_impl, cache=ctx.cache,
+                        build=lambda: _dot_call(ref_impl, n_ref, ctx.device),
+                        series="reference", op="dot", variant=f"{ref_impl}.dot", dtype="float32", n=n_ref,
+                        size_bytes=ref, reference="dot read")
+
+    for size in sizes:
+        pool = BufferPool()
+        for dtype in dtypes:
+            n = size // ITEMSIZE[dtype]
+            for op in ops:
+                common = dict(op=op, dtype=dtype, n=n, size_bytes=size, series=f"{op} {dtype}")
+                try:
+                    make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
+                    xr.measure(what=f"ewkern {op} {dtype} {fmt_bytes(size)}", make_plan=make_plan,
+                               set_bytes=set_bytes, cache=ctx.cache, variant="auto", **common)
+                except Skip as exc:
+                    xr.skip(f"ewkern {op} {dtype}", str(exc))
+                if graph_too:
+                    xr.measure_peer(what=f"{EWKERN_GRAPH} {op} {dtype} {fmt_bytes(size)}", impl="torch",
+                                    impl_label=EWKERN_GRAPH, cache=ctx.cache,
+                                    build=lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device),
+                                    variant="auto", **common)
+                for p in live:
+                    xr.measure_peer(what=f"{p} {op} {dtype} {fmt_bytes(size)}", impl=p, cache=ctx.cache,
+                                    build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
+                                    variant=p, **common)
+        pool.clear()
+
+    for shape, last in shapes:
+        label = _shape_label(shape, last)
+        arr_shape = shape if not last else shape          # batch-last: (N, B) reduced over axis 0
+        axis = 0 if last else 1
+        n = math.prod(shape)
+        pool = BufferPool()
+        common = dict(op="rmse", dtype="float32", shape=list(arr_shape), n=n, batch_last=last, shape_label=label)
+        for v in rmse_versions:
+            if last and v != "auto":
+                xr.skip(f"ewkern rmse {v} {label}", "the ladder versions take contiguous batches only")
+                continue
+            make_plan, set_bytes = plan_rmse(arr_shape, "float32", ctx.device, axis=0 if last else None,
+                                             variant=v, pool=pool)
+            xr.measure(what=f"ewkern rmse {v} {label}", make_plan=make_plan, set_bytes=set_bytes,
+                       cache=ctx.cache, series=f"ewkern {v}", variant=v, **common)
+        pool.clear()
+        if graph_too:
+            xr.measure_peer(what=f"{EWKERN_GRAPH} rmse {label}", impl="torch", impl_label=EWKERN_GRAPH,
+                            cache=ctx.cache, series=f"{EWKERN_GRAPH} auto", variant="auto",
+                            build=lambda: ewkern_in_torch_call("rmse", "float32", arr_shape, ctx.device,
+                                                               axis=0 if last else None), **common)
+        for p in rmse_peers:
+            impl = {"torch eager": "torch", "torch vector_norm": "torch", "torch.compile": "torch",
+                    "cupy ReductionKernel": "cupy", "numpy": "numpy"}[p]
+            xr.measure_peer(what=f"{p} rmse {label}", impl=impl, impl_label=impl, cache=ctx.cache,
+                            build=lambda p=p: rmse_call(p, arr_shape, "float32", ctx.device, axis),
+                            series=p, variant=p, **common)
+    bar.close()
+
+
+def _dot_call(impl, n, device):
+    why = available(impl, device)
+    if why:
+        raise Skip(why)
+    if impl == "torch":
+        import torch
+
+        def make_call():
+            a = torch.full((n,), 0.5, dtype=torch.float32, device=device)
+            b = torch.full((n,), 0.25, dtype=torch.float32, device=device)
+            return lambda: torch.dot(a, b)
+    elif impl == "cupy":
+        import cupy
+
+        def make_call():
+            a = cupy.full((n,), 0.5, dtype=cupy.float32)
+            b = cupy.full((n,), 0.25, dtype=cupy.float32)
+            out = cupy.empty((), dtype=cupy.float32)
+            return lambda: cupy.dot(a, b, out=out)
+    else:
+        import numpy
+
+        def make_call():
+            a = numpy.full((n,), 0.5, dtype=numpy.float32)
+            b = numpy.full((n,), 0.25, dtype=numpy.float32)
+            return lambda: numpy.dot(a, b)
+    return make_call, 8 * n, 8 * n, 4
+
+
+def reference_rates(exp) -> dict:
+    out = {}
+    for m in exp.get("measurements", []):
+        if m.get("reference"):
+            out[m["reference"]] = m
+    return out
+
+
+def figures(results, exp):
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    figs = []
+    ew_ms = [m for m in ms if m["op"] != "rmse"]
+    for size in sorted({m["size_bytes"] for m in ew_ms}):
+        sel = [m for m in ew_ms if m["size_bytes"] == size]
+        cats = list(dict.fromkeys(f"{m['op']}\n{m['dtype']}" for m in sel))
+        groups = list(dict.fromkeys(m["impl"] for m in sel))
+        vals = {(f"{m['op']}\n{m['dtype']}", m["impl"]): m["gbs"] for m in sel}
+        fig = bars_figure(results, cats, groups, vals,
+                          subtitle=f"ewkern vs peers, {fmt_bytes(size)} per buffer, cache: {sel[0]['cache']}")
+        fig.set_size_inches(max(9, 0.9 * len(cats) + 2), 5)
+        figs.append((f"peers_{fmt_bytes(size).replace(' ', '')}", fig))
+    rm = [m for m in ms if m["op"] == "rmse"]
+    if rm:
+        cats = list(dict.fromkeys(m["shape_label"] for m in rm))
+        groups = list(dict.fromkeys(m["series"] for m in rm))
+        vals = {(m["shape_label"], m["series"]): m["gbs"] for m in rm}
+        fig = bars_figure(results, cats, groups, vals, kind="batched RMSE",
+                          subtitle=f"float32, GB/s = 2 x n x 4 B / t, cache: {rm[0]['cache']}")
+        fig.set_size_inches(max(9, 1.4 * len(cats) + 2), 5)
+        dot = reference_rates(exp).get("dot read")
+        if dot:
+            fig.axes[0].axhline(dot["gbs"], color="tab:red", linestyle="-.", linewidth=1,
+                                label=f"dot read {dot['gbs']:.0f} GB/s")
+            fig.axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        figs.append(("peers_rmse", fig))
+    return figs
+
+
+def summary(results, exp):
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    refs = reference_rates(exp)
+    out = []
+    if refs:
+        out.append("Reference (same run): " + "; ".join(
+            f"{k}: {fmt_gbs(m['gbs'])} GB/s ({m['variant']}, {fmt_bytes(m['size_bytes'])})" for k, m in refs.items()))
+        out.append("")
+    ew_ms = [m for m in ms if m["op"] != "rmse"]
+    if ew_ms:
+        impls = list(dict.fromkeys(m["impl"] for m in ew_ms))
+        peer = next((i for i in impls if i not in ("ewkern", EWKERN_GRAPH)), None)
+        mine = [i for i in ("ewkern", EWKERN_GRAPH) if i in impls] if peer else []
+        rows = []
+        for key in dict.fromkeys((m["op"], m["dtype"], m["size_bytes"]) for m in ew_ms):
+            cell = {m["impl"]: m for m in ew_ms if (m["op"], m["dtype"], m["size_bytes"]) == key}
+            row = [key[0], key[1], fmt_bytes(key[2])] + [fmt_gbs(cell[i]["gbs"]) if i in cell else "-" for i in impls]
+            for i in mine:
+                row.append(f"{cell[i]['gbs'] / cell[peer]['gbs']:.2f}" if (i in cell and peer in cell) else "-")
+            rows.append(row)
+        out.append(md_table(["op", "dtype", "size"] + [f"{i} GB/s" for i in impls] +
+                            [f"{i} / {peer}" for i in mine], rows))
+    rm = [m for m in ms if m["op"] == "rmse"]
+    if rm:
+        series = list(dict.fromkeys(m["series"] for m in rm))
+        dot = refs.get("dot read")
+        rows = []
+        for label in dict.fromkeys(m["shape_label"] for m in rm):
+            cell = {m["series"]: m for m in rm if m["shape_label"] == label}
+            row = [label] + [fmt_gbs(cell[s]["gbs"]) if s in cell else "-" for s in series]
+            auto = cell.get("ewkern auto")
+            row.append(f"{100 * auto['gbs'] / dot['gbs']:.0f}%" if (auto and dot) else "-")
+            rows.append(row)
+        out.append("")
+        out.append(md_table(["rmse shape"] + [f"{s} GB/s" for s in series] + ["auto / dot read"], rows))
+    return "\n".join(out)
