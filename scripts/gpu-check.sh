@@ -3,7 +3,7 @@
 # CuPy, NumPy preinstalled, no network), run the whole test suite with the GPU tests, then a
 # quick benchmark. Usage (from the repo root, with the tvm-ffi wheel carried in .whl/ for the
 # DLPack header, see README "GPU machine"):
-#     bash scripts/gpu-check.sh [quick-bench-experiments...]
+#     bash scripts/gpu-check.sh [ewkern.bench arguments, e.g. peers --quick]
 # Output is kept short; full logs go to $OUT (or ./gpu-check-out) when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,12 @@ rc=$?
 grep -E "passed|failed|error" "$OUTDIR/pytest.log" | tail -3
 [ $rc -ne 0 ] && { grep -E "^(FAILED|ERROR)|Error|assert" "$OUTDIR/pytest.log" | head -40; }
 if [ $# -gt 0 ]; then
+    # arguments go to the harness as they are, e.g. "peers --quick" or "--all"
     echo "== bench $*"
-    PYTHONUNBUFFERED=1 python3 -m ewkern.bench "$@" --quick --out "$OUTDIR/bench" 2>&1 | tail -80
+    PYTHONUNBUFFERED=1 python3 -m ewkern.bench "$@" --no-progress --out "$OUTDIR/bench" >"$OUTDIR/bench.log" 2>&1
+    brc=$?
+    tail -60 "$OUTDIR/bench.log"
+    (cd "$OUTDIR" && tar czf bench.tgz bench && rm -rf bench)
+    [ $brc -ne 0 ] && rc=$brc
 fi
 exit $rc
