@@ -250,10 +250,9 @@ static int report_launch_error(int err, const char *fname, const ew_kernel *k, e
     if (err == 0)
         return 0;
     char what[256];
-    snprintf(what, sizeof what, "%s (variant '%s', %s, %s%s)", fname, k->variant, ew_dtype_name(k->dtype),
-             dev.type == EW_CPU ? "cpu" : "cuda:", dev.type == EW_CPU ? "" : "");
     if (dev.type == EW_CPU) {
-        PyErr_Format(PyExc_RuntimeError, "%s failed with error %d", what, err);
+        PyErr_Format(PyExc_RuntimeError, "%s (variant '%s', %s, cpu) failed with error %d", fname, k->variant,
+                     ew_dtype_name(k->dtype), err);
         return -1;
     }
     snprintf(what, sizeof what, "%s (variant '%s', %s, cuda:%d)", fname, k->variant, ew_dtype_name(k->dtype),
@@ -408,6 +407,21 @@ PyType_Spec ew_plan_spec = {
     .slots = plan_slots,
 };
 
+/* The last step of every op call: launch (or store the launch in plan), release the views, and
+ * return the result; on failure release everything and return NULL. */
+static PyObject *finish_call(const char *fname, const ew_kernel *k, int is_rmse, const void *args, ew_device dev,
+                             void *stream, ew_view *v, int nv, PyObject *result, int64_t rd, int64_t wr,
+                             int64_t work, PlanObject *plan)
+{
+    int rc = plan ? plan_fill(plan, k, is_rmse, args, dev, stream, v, nv, result, rd, wr)
+                  : report_launch_error(launch(k, args, dev, work), fname, k, dev);
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    if (rc < 0)
+        Py_CLEAR(result);
+    return result;
+}
+
 /* ---- elementwise ops ------------------------------------------------------------------------------ */
 
 static void elementwise_spec(int opi, call_spec *cs)
@@ -521,16 +535,8 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     ea.stream = stream;
     ea.device = ref->device.id;
     int64_t item = ew_dtype_size(ref->dtype);
-    if (plan) {
-        if (plan_fill(plan, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
-                      ea.n * item) < 0)
-            goto fail;
-    } else if (report_launch_error(launch(k, &ea, ref->device, ea.n), cs.fname, k, ref->device) < 0) {
-        goto fail;
-    }
-    for (int i = 0; i < nv; i++)
-        ew_view_release(&v[i]);
-    return result;
+    return finish_call(cs.fname, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
+                       ea.n * item, ea.n, plan);
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
@@ -701,15 +707,7 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
     ra.device = v[0].device.id;
     int64_t rd = 2 * v[0].size * ew_dtype_size(v[0].dtype);
     int64_t wr = ra.outer * ra.inner * ew_dtype_size(out_dt);
-    if (plan) {
-        if (plan_fill(plan, k, 1, &ra, v[0].device, stream, v, nv, result, rd, wr) < 0)
-            goto fail;
-    } else if (report_launch_error(launch(k, &ra, v[0].device, v[0].size), "rmse", k, v[0].device) < 0) {
-        goto fail;
-    }
-    for (int i = 0; i < nv; i++)
-        ew_view_release(&v[i]);
-    return result;
+    return finish_call("rmse", k, 1, &ra, v[0].device, stream, v, nv, result, rd, wr, v[0].size, plan);
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
