@@ -3,7 +3,9 @@
 PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
-DEPS      := numpy ml_dtypes pytest matplotlib tqdm apache-tvm-ffi setuptools nbclient nbformat ipykernel
+# nvidia-cuda-cuobjdump/nvdisasm: the SASS tests read the built kernels (the toolkit here has no cuobjdump)
+DEPS      := numpy ml_dtypes pytest matplotlib tqdm apache-tvm-ffi setuptools nbclient nbformat ipykernel \
+             nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 SOURCES   := $(wildcard csrc/*.c csrc/*.h csrc/*.def csrc/cpu/*.c csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.cuh) setup.py
 BENCH_ARGS ?= --all --quick
 

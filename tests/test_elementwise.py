@@ -18,7 +18,7 @@ SCALARS = {"add_const": (1.75,), "mul_const": (-0.375,), "axpby": (1.5, -0.25), 
 # double rounding); transcendental ops are bounded by the CUDA/libm float32 functions they use.
 ULPS = {"copy": 0, "fill": 0, "neg": 0, "abs": 0, "relu": 0, "maximum": 0, "minimum": 0,
         "add": 1, "sub": 1, "mul": 1, "div": 1, "add_const": 1, "mul_const": 1, "axpby": 2,
-        "exp": 2, "log": 2, "sqrt": 1, "rsqrt": 2, "erf": 2, "tanh": 2, "sigmoid": 3, "gelu": 4, "silu": 4}
+        "exp": 2, "log": 2, "sqrt": 1, "rsqrt": 2, "erf": 2, "tanh": 2, "sigmoid": 4, "gelu": 4, "silu": 5}
 # ops whose error is bounded relative to the size of their terms rather than the result
 TERM_SCALED = {"axpby"}
 
@@ -144,7 +144,8 @@ def test_cuda_variant(op, dtype, variant):
             xs, sc = op_args(op, rng, (n,), dtype)
             ins = []
             for x in xs:
-                base = ewkern.asarray(np.concatenate([x[:1]] * offset + [x]) if offset else x, device="cuda:0")
+                pad = np.full(offset, 1.5, dtype=x.dtype)
+                base = ewkern.asarray(np.concatenate([pad, x]) if offset else x, device="cuda:0")
                 ins.append(offset_view(base, offset, n) if offset else base)
             ob = ewkern.full((n + 2,), 77.0, dtype=dtype, device="cuda:0")
             out = offset_view(ob, 1, n)   # misaligned output too; guards around it
