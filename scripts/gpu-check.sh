@@ -14,6 +14,8 @@ if ls .whl/apache_tvm_ffi-*.whl >/dev/null 2>&1; then
         >/dev/null && export PYTHONPATH=/tmp/ewkern-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export EWKERN_CUDA_ARCHS=${EWKERN_CUDA_ARCHS:-90}
+# the tree travels without .git: name the commit for the results (set by the caller)
+export EWKERN_GIT_COMMIT=${EWKERN_GIT_COMMIT:-}
 export EWKERN_NVCC_THREADS=${EWKERN_NVCC_THREADS:-4}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 echo "== build (archs $EWKERN_CUDA_ARCHS)"

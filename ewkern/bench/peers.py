@@ -95,7 +95,7 @@ def run(ctx, xr):
     if graph_too:
         xr.note(f"'{EWKERN_GRAPH}': ewkern's auto kernels called on torch tensors and timed exactly as the "
                 "torch peer (K calls captured in one CUDA graph, replayed between events); 'ewkern' rows use "
-                "ewkern._C.time_plans (stream launches behind a spin kernel)")
+                "ewkern._C.time_plans (its own CUDA graph of the K launches)")
     rmse_versions = ["auto"]
     if not ctx.quick:
         rmse_versions += [v for v in variants("rmse", "float32", ctx.device) if v != "auto"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import platform
+import os
 import subprocess
 import sys
 import time
@@ -30,9 +31,10 @@ CONVENTIONS = {
                  "+ 4 bytes per batch result); s = bytes per element",
     "time": "seconds per launch; each sample = K back-to-back launches / K; statistics over samples; "
             "the median is reported",
-    "gpu_timing": "CUDA events on one stream; ewkern through ewkern._C.time_plans (stream held "
-                  "behind a spin kernel while a sample is queued); torch/CuPy: K launches captured "
-                  "in one CUDA graph, replayed between events behind a spin kernel",
+    "gpu_timing": "CUDA events on one stream; ewkern through ewkern._C.time_plans (K launches "
+                  "captured in one CUDA graph and replayed between events behind a spin kernel; one "
+                  "eager launch per sample in flush mode); torch/CuPy: the same, through their graph "
+                  "capture",
     "cpu_timing": "host clock (perf_counter) around K launches",
     "cache_modes": {"hot": "the same buffers every launch",
                     "rotate": "distinct buffer sets cycled so the working set is >= 4x the L2 "
@@ -243,6 +245,10 @@ def _jsonable(v):
 
 
 def _git_commit() -> dict:
+    """The checkout's commit; EWKERN_GIT_COMMIT names it where the tree travelled without .git
+    (scripts/gpu-check.sh on the GPU machine)."""
+    if os.environ.get("EWKERN_GIT_COMMIT"):
+        return {"commit": os.environ["EWKERN_GIT_COMMIT"], "dirty": None}
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
