@@ -372,7 +372,11 @@ enum {
     AUTO_UNROLL = 4,           /* 16-byte loads of each input in flight per thread */
     AUTO_CHUNK_UNITS = 1024,   /* rows kernel: 16-byte units per chunk = one unrolled step per thread
                                   (16 KiB of each input); 2048 and 4096 timed 0.5-1.5% slower */
-    AUTO_SMALL_UNITS = 128,    /* rows: batches of at most this many units go to the group kernel */
+    AUTO_SMALL_UNITS = 256,    /* rows: batches of at most this many units go to the group kernel;
+                                  at 256 units (4096 x 1024 f32) the group kernel moved 2452 GB/s
+                                  against the rows kernel's 1534, at 1024 units 1686 against 2560 */
+    AUTO_TINY_UNITS = 16,      /* group kernel: batches of at most this many units take about 2 units
+                                  per lane instead of AUTO_UNROLL (65536 x 64 f32: 2425 vs 2230 GB/s) */
     AUTO_TARGET_CHUNKS = 2048, /* cols kernel: split rows until about this many blocks of work */
     AUTO_COL_ROWS = 16         /* cols kernel: at least this many rows per thread in a chunk */
 };
@@ -929,8 +933,10 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
     enum { W = unit_io<T, VEC>::W };
     const int64_t units_per_batch = n / W;
     if (units_per_batch <= AUTO_SMALL_UNITS) {
-        /* about AUTO_UNROLL vectors per lane: one unrolled step */
-        const int glog = ilog2_ceil(min64(32, max64(1, cdiv(units_per_batch, AUTO_UNROLL))));
+        /* about AUTO_UNROLL vectors per lane (one unrolled step), 2 for tiny batches: more lanes
+         * and blocks, so the last wave of blocks is a smaller share of the work */
+        const int per_lane = units_per_batch <= AUTO_TINY_UNITS ? 2 : AUTO_UNROLL;
+        const int glog = ilog2_ceil(min64(32, max64(1, cdiv(units_per_batch, per_lane))));
         const int64_t per_block = AUTO_BLOCK >> glog;
         rmse_auto_small_kernel<T, VEC>
             <<<(unsigned)min64(cdiv(batches, per_block), GRID_CAP), AUTO_BLOCK, 0, s>>>(a, b, out, batches,
