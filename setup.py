@@ -70,7 +70,9 @@ class BuildExt(build_ext):
         if nvcc:
             archs = [a.strip() for a in os.environ.get("EWKERN_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
             ext.define_macros += [("EWKERN_WITH_CUDA", "1"), ("EWKERN_CUDA_ARCHS", '"%s"' % ";".join(archs))]
-            ext.extra_objects += self.compile_cuda(nvcc, archs, dlpack)
+            objects = self.compile_cuda(nvcc, archs, dlpack)
+            ext.extra_objects += objects
+            ext.depends += objects   # relink when only a .cu changed (setuptools ignores extra_objects)
             ext.library_dirs.append(cuda_lib_dir(nvcc))
             ext.libraries += ["cudart_static", "rt", "pthread", "dl", "stdc++"]
         else:
