@@ -78,6 +78,12 @@ int ewcuda_capture_begin(void *stream);
 int ewcuda_capture_end(void *stream, void **exec);
 int ewcuda_graph_launch(void *exec, void *stream);
 int ewcuda_graph_destroy(void *exec);
+/* Programmatic dependent launch of the default-path kernels (csrc/cuda/pdl.cuh): the switch
+ * (initially on unless the environment has EWKERN_PDL=0), and whether a launch on device dev
+ * uses it now (switch on and compute capability 9.0 or newer). set returns the previous value. */
+int ewcuda_pdl_set(int on);
+int ewcuda_pdl_get(void);
+int ewcuda_pdl_active(int device);
 
 #ifdef __cplusplus
 }

@@ -167,6 +167,29 @@ static PyObject *get_stream(PyObject *module, PyObject *unused)
     return st->current_stream;
 }
 
+/* set_pdl(on) -> previous: the programmatic-dependent-launch switch of the default CUDA kernels */
+static PyObject *m_set_pdl(PyObject *module, PyObject *arg)
+{
+    const int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+#if EWKERN_WITH_CUDA
+    return PyBool_FromLong(ewcuda_pdl_set(on));
+#else
+    (void)on;
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *m_get_pdl(PyObject *module, PyObject *unused)
+{
+#if EWKERN_WITH_CUDA
+    return PyBool_FromLong(ewcuda_pdl_get());
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 /* ---- creation ------------------------------------------------------------------------------------ */
 
 static int parse_shape(PyObject *obj, int *ndim, int64_t *shape)
@@ -626,6 +649,13 @@ static PyMethodDef module_methods[] = {
     {"build_info", (PyCFunction)m_build_info, METH_NOARGS, "build_info()\n--\n\nHow this extension was built."},
     {"_set_stream", (PyCFunction)set_stream, METH_O, "Set the current Stream (or None); returns the previous."},
     {"_get_stream", (PyCFunction)get_stream, METH_NOARGS, "The current Stream or None."},
+    {"set_pdl", (PyCFunction)m_set_pdl, METH_O,
+     "set_pdl(enabled)\n--\n\nTurn programmatic dependent launch of the default CUDA kernels on or off; returns "
+     "the previous setting.\nWith it on (the default unless the environment has EWKERN_PDL=0), on compute "
+     "capability 9.0+ each\nauto kernel may be scheduled while the previous kernel in its stream finishes; "
+     "it waits for that\nkernel's results before touching memory. Builds without CUDA always report False."},
+    {"pdl_enabled", (PyCFunction)m_get_pdl, METH_NOARGS,
+     "pdl_enabled()\n--\n\nWhether programmatic dependent launch is switched on (see set_pdl)."},
     {"prepare", (PyCFunction)(void (*)(void))ew_prepare, METH_FASTCALL | METH_KEYWORDS,
      "prepare(fn, *args, **kwargs)\n--\n\nResolve one call of an ewkern op into a Plan for time_plans."},
     {"time_plans", (PyCFunction)(void (*)(void))ew_time_plans, METH_FASTCALL | METH_KEYWORDS,

@@ -17,7 +17,7 @@ from ._C import (  # noqa: F401  (the public surface)
     Array, Stream, Plan,
     empty, zeros, full, asarray, from_dlpack,
     cuda_available, device_count, synchronize, device_info,
-    ops as _ops_table, variants, kernel_info, build_info,
+    ops as _ops_table, variants, kernel_info, build_info, set_pdl, pdl_enabled,
     copy, fill, add, sub, mul, div, maximum, minimum, add_const, mul_const, axpby,
     neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu,
     rmse,
@@ -55,5 +55,6 @@ def stream(s):
 __all__ = [
     "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
+    "set_pdl", "pdl_enabled",
     "default_device", "current_stream", "stream", "rmse",
 ] + [d["name"] for d in _ops_table() if d["family"] == "elementwise"]

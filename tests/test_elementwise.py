@@ -155,6 +155,32 @@ def test_cuda_variant(op, dtype, variant):
             assert guard[0] == 77.0 and guard[-1] == 77.0, f"{variant} wrote outside its output"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("variant", ["auto", "auto_wb"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["add", "copy", "log"])
+def test_auto_grid_shapes(op, dtype, variant):
+    """auto picks 1, 2 or 4 vectors per thread from the device's waves (SMs x threads per SM):
+    sizes around 0.6, 1.5, 3.9 and 5 waves take each path, with a misaligned start so the
+    head and tail land on the last block's spare threads."""
+    info = ewkern.device_info("cuda:0")
+    per_wave = info["sm_count"] * info["max_threads_per_sm"]
+    vec = 16 // np.dtype(np_dtype(dtype)).itemsize
+    rng = np.random.default_rng(11)
+    for waves in (0.6, 1.5, 3.9, 5.0):
+        n = int(waves * per_wave) * vec + 5
+        xs, sc = op_args(op, rng, (n,), dtype)
+        ins = [offset_view(ewkern.asarray(np.concatenate([np.ones(1, x.dtype), x]), device="cuda:0"), 1, n)
+               for x in xs]
+        ob = ewkern.full((n + 2,), 77.0, dtype=dtype, device="cuda:0")
+        out = offset_view(ob, 1, n)
+        call(op, ins, sc, out=out, variant=variant)
+        check(op, out.numpy(), xs, sc, dtype, f"{op} {variant} {dtype} {waves} waves n={n}")
+        guard = ob.numpy().astype(np.float64)
+        assert guard[0] == 77.0 and guard[-1] == 77.0, f"{variant} wrote outside its output"
+
+
 def test_variant_listing_and_errors():
     assert ewkern.variants("add", device="cpu") == ["auto"]
     with pytest.raises(ValueError, match="unknown variant"):

@@ -134,9 +134,10 @@ STG128 = re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b")
         ("add_bf16x8pack",),
         ("copy_vec4_i32IfE",),
         ("copy_vec4_i64IfE",),
-        ("ew_autoINS_6Op_addEfiLb1",),  # auto add, float32, 32-bit index, vector instance
-        ("ew_autoINS_6Op_addE13__nv_bfloat16iLb1",),
-        ("ew_autoINS_7Op_geluE6__halfiLb1",),
+        ("ew_fastINS_6Op_addEfiLi1ELb0",),  # auto add, float32, 32-bit index, 1 vector per thread
+        ("ew_fastINS_6Op_addE13__nv_bfloat16iLi2ELb0",),
+        ("ew_fastINS_7Op_geluE6__halfiLi4ELb0",),
+        ("ew_gsINS_6Op_logEfiLb1",),  # grid1/grid2 body
     ],
 )
 def test_vector_kernels_move_128_bits(sass, parts):
@@ -144,6 +145,25 @@ def test_vector_kernels_move_128_bits(sass, parts):
         text = [t for _, t in ins]
         assert any(LDG128.search(t) for t in text), "%s: no 128-bit global load" % name
         assert any(STG128.search(t) for t in text), "%s: no 128-bit global store" % name
+
+
+@pytest.mark.parametrize("vpt", ["1", "2", "4"])
+@pytest.mark.parametrize("op", ["6Op_addEf", "7Op_copyE6__half", "6Op_logE13__nv_bfloat16"])
+def test_auto_loads_first_then_streams_stores(sass, op, vpt):
+    # auto: every 128-bit load of a thread's vectors issues before its first store, the stores are
+    # streaming (st.global.cs shows as STG.E.EF), and the kernel waits for its PDL primary
+    # (griddepcontrol.wait = ACQBULK) before any global access; auto_wb keeps write-back stores
+    for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi%sELb0" % vpt).items():
+        text = [t for _, t in ins]
+        loads = [i for i, t in enumerate(text) if LDG128.search(t)]
+        stores = [i for i, t in enumerate(text) if STG128.search(t)]
+        assert len(loads) >= int(vpt) and len(stores) == int(vpt), name
+        assert max(loads) < min(stores), "%s: a 128-bit store before the last vector load" % name
+        assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
+        waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
+        assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
+    for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
+        assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 
 
 def test_bf16_copy_vec4_is_64_bit(sass):

@@ -4,7 +4,10 @@
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <atomic>
 
 #include "../cuda_api.h"
 
@@ -255,5 +258,50 @@ int ewcuda_capture_end(void *stream, void **exec)
 
 int ewcuda_graph_launch(void *exec, void *stream) { return (int)cudaGraphLaunch((cudaGraphExec_t)exec, S(stream)); }
 int ewcuda_graph_destroy(void *exec) { return (int)cudaGraphExecDestroy((cudaGraphExec_t)exec); }
+
+/* PDL switch: -1 = not read from the environment yet */
+static std::atomic<int> g_pdl(-1);
+enum { PDL_DEVICES = 64 };
+static std::atomic<int> g_pdl_cc[PDL_DEVICES]; /* 0 unknown, 1 cc >= 9.0, 2 older */
+
+int ewcuda_pdl_get(void)
+{
+    int v = g_pdl.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char *env = getenv("EWKERN_PDL");
+        v = (env && strcmp(env, "0") == 0) ? 0 : 1;
+        int expected = -1;
+        if (!g_pdl.compare_exchange_strong(expected, v)) v = expected;
+    }
+    return v;
+}
+
+int ewcuda_pdl_set(int on)
+{
+    const int prev = ewcuda_pdl_get();
+    g_pdl.store(on ? 1 : 0, std::memory_order_relaxed);
+    return prev;
+}
+
+int ewcuda_pdl_active(int device)
+{
+    if (!ewcuda_pdl_get()) return 0;
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (device >= PDL_DEVICES) return 0;
+    int k = g_pdl_cc[device].load(std::memory_order_relaxed);
+    if (k == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+            (void)cudaGetLastError(); /* leave nothing behind for the launcher's cudaGetLastError() */
+            return 0;
+        }
+        k = major >= 9 ? 1 : 2;
+        g_pdl_cc[device].store(k, std::memory_order_relaxed);
+    }
+    return k == 1;
+}
 
 } /* extern "C" */

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=None, help="samples per measurement")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="turn off programmatic dependent launch of the auto kernels for the whole run "
+                        "(ewkern.set_pdl(False); recorded in the results)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     for spec in registry.specs().values():
@@ -157,6 +160,9 @@ def main(argv=None) -> int:
     if args.samples is not None and args.samples < 1:
         return _fail("--samples must be at least 1")
     from . import runner
+    if args.no_pdl:
+        import ewkern
+        ewkern.set_pdl(False)
     created = None
     try:
         device, info = _resolve_device(args.device)

@@ -17,16 +17,37 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import math
+from contextlib import contextmanager
 
 from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, choose_sets)
 from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS",
-           "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH"]
+           "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
+           "EWKERN_NOPDL", "pdl_off", "pdl_active"]
 
 EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's method
+EWKERN_NOPDL = "ewkern (PDL off)"       # ewkern's auto kernels with programmatic dependent launch off
 
 SPIN_US = 300.0
+
+
+def pdl_active(info: dict) -> bool:
+    """Whether ewkern's auto kernels use programmatic dependent launch on this device now."""
+    import ewkern
+    cc = info.get("compute_capability") or (0, 0)
+    return bool(ewkern.pdl_enabled()) and tuple(cc) >= (9, 0)
+
+
+@contextmanager
+def pdl_off():
+    """Programmatic dependent launch switched off inside the block (restored after)."""
+    import ewkern
+    prev = ewkern.set_pdl(False)
+    try:
+        yield
+    finally:
+        ewkern.set_pdl(prev)
 
 
 def _import(name):

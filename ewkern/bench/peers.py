@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 
 from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
-from .frameworks import EWKERN_GRAPH, RMSE_PEERS, available, elementwise_call, ewkern_in_torch_call, rmse_call
+from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, RMSE_PEERS, available, elementwise_call, ewkern_in_torch_call,
+                         pdl_active, pdl_off, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
 
@@ -96,13 +97,18 @@ def run(ctx, xr):
         xr.note(f"'{EWKERN_GRAPH}': ewkern's auto kernels called on torch tensors and timed exactly as the "
                 "torch peer (K calls captured in one CUDA graph, replayed between events); 'ewkern' rows use "
                 "ewkern._C.time_plans (its own CUDA graph of the K launches)")
+    nopdl = gpu and pdl_active(ctx.info)   # auto also timed with PDL off, to show what PDL adds
+    if nopdl:
+        xr.note(f"'{EWKERN_NOPDL}': ewkern's auto kernels timed the same way with programmatic dependent "
+                "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows have it on, which lets each "
+                "launch start while the previous one in the stream finishes")
     rmse_versions = ["auto"]
     if not ctx.quick:
         rmse_versions += [v for v in variants("rmse", "float32", ctx.device) if v != "auto"]
     xr.param(sizes=sizes, ops=ops, dtypes=dtypes, rmse_shapes=[[list(s), last] for s, last in shapes],
              peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions)
-    total = (len(sizes) * len(ops) * len(dtypes) * (1 + len(live) + graph_too)
-             + len(shapes) * (len(rmse_versions) + len(rmse_peers) + graph_too) + 2)
+    total = (len(sizes) * len(ops) * len(dtypes) * (1 + len(live) + graph_too + nopdl)
+             + len(shapes) * (len(rmse_versions) + len(rmse_peers) + graph_too + nopdl) + 2)
     bar = xr.progress(total)
 
     # reference measurements: device-to-device copy and dot read bandwidth
@@ -128,6 +134,11 @@ def run(ctx, xr):
                     make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
                     xr.measure(what=f"ewkern {op} {dtype} {fmt_bytes(size)}", make_plan=make_plan,
                                set_bytes=set_bytes, cache=ctx.cache, variant="auto", **common)
+                    if nopdl:
+                        with pdl_off():
+                            xr.measure(what=f"{EWKERN_NOPDL} {op} {dtype} {fmt_bytes(size)}", make_plan=make_plan,
+                                       set_bytes=set_bytes, cache=ctx.cache, variant="auto", impl=EWKERN_NOPDL,
+                                       **common)
                 except Skip as exc:
                     xr.skip(f"ewkern {op} {dtype}", str(exc))
                 if graph_too:
@@ -156,6 +167,11 @@ def run(ctx, xr):
                                              variant=v, pool=pool)
             xr.measure(what=f"ewkern rmse {v} {label}", make_plan=make_plan, set_bytes=set_bytes,
                        cache=ctx.cache, series=f"ewkern {v}", variant=v, **common)
+            if v == "auto" and nopdl:
+                with pdl_off():
+                    xr.measure(what=f"{EWKERN_NOPDL} rmse auto {label}", make_plan=make_plan, set_bytes=set_bytes,
+                               cache=ctx.cache, series=f"{EWKERN_NOPDL} auto", variant=v, impl=EWKERN_NOPDL,
+                               **common)
         pool.clear()
         if graph_too:
             xr.measure_peer(what=f"{EWKERN_GRAPH} rmse {label}", impl="torch", impl_label=EWKERN_GRAPH,
@@ -249,8 +265,8 @@ def summary(results, exp):
     ew_ms = [m for m in ms if m["op"] != "rmse"]
     if ew_ms:
         impls = list(dict.fromkeys(m["impl"] for m in ew_ms))
-        peer = next((i for i in impls if i not in ("ewkern", EWKERN_GRAPH)), None)
-        mine = [i for i in ("ewkern", EWKERN_GRAPH) if i in impls] if peer else []
+        peer = next((i for i in impls if i not in ("ewkern", EWKERN_GRAPH, EWKERN_NOPDL)), None)
+        mine = [i for i in ("ewkern", EWKERN_NOPDL, EWKERN_GRAPH) if i in impls] if peer else []
         rows = []
         for key in dict.fromkeys((m["op"], m["dtype"], m["size_bytes"]) for m in ew_ms):
             cell = {m["impl"]: m for m in ew_ms if (m["op"], m["dtype"], m["size_bytes"]) == key}
@@ -264,13 +280,16 @@ def summary(results, exp):
     if rm:
         series = list(dict.fromkeys(m["series"] for m in rm))
         dot = refs.get("dot read")
+        ratio_series = [k for k in ("ewkern auto", f"{EWKERN_NOPDL} auto") if k in series] or ["ewkern auto"]
         rows = []
         for label in dict.fromkeys(m["shape_label"] for m in rm):
             cell = {m["series"]: m for m in rm if m["shape_label"] == label}
             row = [label] + [fmt_gbs(cell[s]["gbs"]) if s in cell else "-" for s in series]
-            auto = cell.get("ewkern auto")
-            row.append(f"{100 * auto['gbs'] / dot['gbs']:.0f}%" if (auto and dot) else "-")
+            for key in ratio_series:
+                auto = cell.get(key)
+                row.append(f"{100 * auto['gbs'] / dot['gbs']:.0f}%" if (auto and dot) else "-")
             rows.append(row)
         out.append("")
-        out.append(md_table(["rmse shape"] + [f"{s} GB/s" for s in series] + ["auto / dot read"], rows))
+        out.append(md_table(["rmse shape"] + [f"{s} GB/s" for s in series] +
+                            [f"{k.replace('ewkern ', '')} / dot read" for k in ratio_series], rows))
     return "\n".join(out)

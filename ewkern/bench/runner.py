@@ -269,6 +269,10 @@ def _meta(ctx_device: str, info: dict, cache: str, quick: bool, argv) -> dict:
     except Exception:
         vers["ewkern"] = None
     vers["python"] = platform.python_version()
+    try:
+        pdl = bool(ew().pdl_enabled())
+    except Exception:
+        pdl = None
     vers["driver"] = info.get("driver_version")
     vers["cuda_runtime"] = info.get("runtime_version")
     return {"schema": SCHEMA, "tool": "ewkern.bench", "partial": False, "interrupted": False,
@@ -276,7 +280,7 @@ def _meta(ctx_device: str, info: dict, cache: str, quick: bool, argv) -> dict:
             "finished": None, "argv": list(argv), "device": ctx_device, "device_info": info,
             "device_name": info.get("name"), "host": platform.node(), "platform": platform.platform(),
             "versions": vers, "git": _git_commit(), "cache": cache, "quick": quick,
-            "conventions": CONVENTIONS, "peak_gbs": info.get("peak_bandwidth_gbs"),
+            "conventions": CONVENTIONS, "peak_gbs": info.get("peak_bandwidth_gbs"), "pdl": pdl,
             "cache_bytes": None, "reference": {}, "experiments": {}, "claims": []}
 
 

@@ -1,0 +1,55 @@
+/*
+ * pdl.cuh: programmatic dependent launch (PDL, compute capability 9.0+), shared by the kernel files.
+ *
+ * A kernel launched with PDL may be scheduled while the kernel before it in the stream is still
+ * running; it must execute pdl_wait() before touching global memory, which blocks until that
+ * kernel has finished and its writes are visible. A kernel calls pdl_launch_dependents() to let
+ * the next PDL launch be scheduled early. Both are no-ops when the kernel was launched normally,
+ * so every default-path kernel calls both, and the host decides per launch (pdl_launch) whether
+ * to ask for the overlap: only where the device supports it and ewkern's switch is on
+ * (EWKERN_PDL=0 in the environment, or ewkern.set_pdl(False), turns it off).
+ */
+#ifndef EWKERN_PDL_CUH
+#define EWKERN_PDL_CUH
+
+#include <cuda_runtime.h>
+
+#include "cuda_api.h"
+
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous
+ * work in s when ewcuda_pdl_active(dev) says so. Returns the launch's cudaError_t. */
+template <typename K, typename... A>
+static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, int dev,
+                                     const A &...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = 0;
+    if (ewcuda_pdl_active(dev)) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+#endif /* EWKERN_PDL_CUH */
