@@ -46,6 +46,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "ewkern_kernels.h"
@@ -985,6 +986,15 @@ EWK_OP(silu, 1, silu_of(a))
 struct Op_copy {
     enum { NIN = 1, KIND = KIND_COPY };
 };
+/* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time */
+template <class Op> struct Heavy { enum { value = 0 }; };
+template <> struct Heavy<Op_exp> { enum { value = 1 }; };
+template <> struct Heavy<Op_log> { enum { value = 1 }; };
+template <> struct Heavy<Op_erf> { enum { value = 1 }; };
+template <> struct Heavy<Op_tanh> { enum { value = 1 }; };
+template <> struct Heavy<Op_sigmoid> { enum { value = 1 }; };
+template <> struct Heavy<Op_gelu> { enum { value = 1 }; };
+template <> struct Heavy<Op_silu> { enum { value = 1 }; };
 struct Op_fill {
     enum { NIN = 0, KIND = KIND_FILL };
 };
@@ -1268,7 +1278,20 @@ static int blocks_per_sm(const void *k, int block, int dev)
  * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel,
  * else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a block more than
- * others (measured slower: ELEMENTWISE_NOTES.md). */
+ * others (measured slower). Transcendental ops in 16-bit types: 1, and 2 beyond 32 waves.
+ * Measurements: ELEMENTWISE_NOTES.md. */
+/* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
+ * for measuring the rule above, not for users. */
+static int forced_vpt()
+{
+    static const int v = [] {
+        const char *e = getenv("EWKERN_AUTO_VPT");
+        const int x = e ? atoi(e) : 0;
+        return (x == 1 || x == 2 || x == 4) ? x : 0;
+    }();
+    return v;
+}
+
 template <class Op, class T, bool WB>
 static int run_fast(const ew_args *a)
 {
@@ -1282,7 +1305,13 @@ static int run_fast(const ew_args *a)
     const int64_t sms = device_shape(dev).sms;
     const int64_t wave1 = sms * blocks_per_sm((const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
     int vpt = 1;
-    if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
+    if (const int forced = forced_vpt()) {
+        vpt = forced;
+    } else if (Heavy<Op>::value && sizeof(T) == 2) {
+        /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
+         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
+        vpt = w.nvec > 32 * wave1 ? 2 : 1;
+    } else if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
         vpt = 2;
     } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
         const int64_t wave4 = sms * blocks_per_sm((const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import math
+import sys
 from contextlib import contextmanager
 
 from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, choose_sets)
@@ -24,12 +25,27 @@ from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS",
            "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
-           "EWKERN_NOPDL", "pdl_off", "pdl_active"]
+           "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory"]
 
 EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's method
 EWKERN_NOPDL = "ewkern (PDL off)"       # ewkern's auto kernels with programmatic dependent launch off
 
 SPIN_US = 300.0
+
+
+def release_peer_memory():
+    """Hand the peers' cached device memory back to the driver (torch's caching allocator and
+    CuPy's pool keep freed blocks, which ewkern's own allocations cannot use)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            cupy.get_default_memory_pool().free_all_blocks()
+        except Exception:
+            pass
 
 
 def pdl_active(info: dict) -> bool:

@@ -14,7 +14,7 @@ import math
 
 from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, RMSE_PEERS, available, elementwise_call, ewkern_in_torch_call,
-                         pdl_active, pdl_off, rmse_call)
+                         pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
 
@@ -151,6 +151,7 @@ def run(ctx, xr):
                                     build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
                                     variant=p, **common)
         pool.clear()
+        release_peer_memory()
 
     for shape, last in shapes:
         label = _shape_label(shape, last)
@@ -184,6 +185,7 @@ def run(ctx, xr):
             xr.measure_peer(what=f"{p} rmse {label}", impl=impl, impl_label=impl, cache=ctx.cache,
                             build=lambda p=p: rmse_call(p, arr_shape, "float32", ctx.device, axis),
                             series=p, variant=p, **common)
+        release_peer_memory()
     bar.close()
 
 
