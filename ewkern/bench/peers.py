@@ -150,8 +150,8 @@ def run(ctx, xr):
                     xr.measure_peer(what=f"{p} {op} {dtype} {fmt_bytes(size)}", impl=p, cache=ctx.cache,
                                     build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
                                     variant=p, **common)
-        pool.clear()
-        release_peer_memory()
+            pool.clear()
+            release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
 
     for shape, last in shapes:
         label = _shape_label(shape, last)
