@@ -1065,6 +1065,15 @@ EW_DEV uint4 vec_op(uint4 ra, uint4 rb, const OpArgs<T> &p)
     }
 }
 
+/* Edge element j of a vector launch: j < head is element j - head (before a), the others
+ * tail0 + (j - head), after the last whole vector. */
+template <class Op, class T, class Idx>
+EW_DEV void edge(const T *a, const T *b, T *o, Idx j, Idx head, Idx tail0, const OpArgs<T> &p)
+{
+    const Idx i = j < head ? j - head : tail0 + (j - head);
+    o[i] = elem<Op, T, Idx>(a, b, i, p);
+}
+
 /* grid1/grid2 (the elementwise study's grid rules) and the rare case of differing offsets.
  * VEC: a, b, o point at the arrays' first element on a 16-byte boundary (the host adds the head),
  * n counts the elements from there on, and the head elements lie before them, at negative
@@ -1093,14 +1102,11 @@ ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n
                 rb = bv[v];
             ov[v] = vec_op<Op, T>(ra, rb, p);
         }
-        /* edge j < head is element j - head (before a), the others tail0 + (j - head) */
         const Idx tail0 = nvec * Idx(Vec16<T>::N);
         const Idx nedge = head + (n - tail0);
 #pragma unroll 1
-        for (Idx j = nthr - 1 - tid; j < nedge; j += nthr) {
-            const Idx i = j < head ? j - head : tail0 + (j - head);
-            o[i] = elem<Op, T, Idx>(a, b, i, p);
-        }
+        for (Idx j = nthr - 1 - tid; j < nedge; j += nthr)
+            edge<Op, T, Idx>(a, b, o, j, head, tail0, p);
     } else {
         for (Idx i = tid; i < n; i += nthr)
             o[i] = elem<Op, T, Idx>(a, b, i, p);
@@ -1154,10 +1160,8 @@ ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
         const Idx tail0 = nvec * Idx(N);
         const Idx nedge = head + (n - tail0);
         const Idx j = Idx(blockDim.x) - 1 - Idx(threadIdx.x);
-        if (j < nedge) {
-            const Idx i = j < head ? j - head : tail0 + (j - head);
-            o[i] = elem<Op, T, Idx>(a, b, i, p);
-        }
+        if (j < nedge)
+            edge<Op, T, Idx>(a, b, o, j, head, tail0, p);
     }
 }
 
@@ -1231,45 +1235,38 @@ static int run_gs(const ew_args *a, GridRule rule)
     const OpArgs<T> p = op_args<T>(a);
     const cudaStream_t s = stream_of(a);
     const dim3 g{unsigned(grid)}, bl{unsigned(block)};
+    const bool pdl = ewcuda_pdl_active(a->device);
     cudaError_t err;
     if (w.head < 0) /* offsets differ: element accesses, 64-bit index (rare path, one instance) */
-        err = pdl_launch(ew_gs<Op, T, int64_t, false>, g, bl, 0, s, a->device, w.x, w.y, w.z, w.n, int64_t(0), p);
+        err = pdl_launch(ew_gs<Op, T, int64_t, false>, g, bl, 0, s, pdl, w.x, w.y, w.z, w.n, int64_t(0), p);
     else if (i32)
-        err = pdl_launch(ew_gs<Op, T, int, true>, g, bl, 0, s, a->device, w.xh(), w.yh(), w.z + w.head,
+        err = pdl_launch(ew_gs<Op, T, int, true>, g, bl, 0, s, pdl, w.xh(), w.yh(), w.z + w.head,
                          int(w.n - w.head), int(w.head), p);
     else
-        err = pdl_launch(ew_gs<Op, T, int64_t, true>, g, bl, 0, s, a->device, w.xh(), w.yh(), w.z + w.head,
+        err = pdl_launch(ew_gs<Op, T, int64_t, true>, g, bl, 0, s, pdl, w.xh(), w.yh(), w.z + w.head,
                          w.n - w.head, w.head, p);
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }
 
-/* Resident blocks per SM of kernel k at `block` threads (occupancy API, cached per kernel and
- * device in a small table; 1 when the API fails). */
-struct OccSlot {
-    std::atomic<const void *> kernel;
-    std::atomic<int> block, device, blocks;
-};
-static OccSlot g_occ[256];
-
-static int blocks_per_sm(const void *k, int block, int dev)
+/* Resident blocks per SM of kernel k at `block` threads on device dev (occupancy API; 1 when it
+ * fails). slots is the calling launcher's own cache, one word per device holding block << 8 |
+ * blocks, so a block size other than the cached one asks again. */
+static int blocks_per_sm(std::atomic<int> *slots, const void *k, int block, int dev)
 {
-    const size_t h = (reinterpret_cast<uintptr_t>(k) >> 4) * 31u + unsigned(block) * 7u + unsigned(dev);
-    OccSlot &slot = g_occ[h % (sizeof(g_occ) / sizeof(g_occ[0]))];
-    if (slot.kernel.load(std::memory_order_acquire) == k && slot.block.load(std::memory_order_relaxed) == block &&
-        slot.device.load(std::memory_order_relaxed) == dev)
-        return slot.blocks.load(std::memory_order_relaxed);
+    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
+    if (cached) {
+        const int v = slots[dev].load(std::memory_order_relaxed);
+        if (v > 0 && (v >> 8) == block)
+            return v & 255;
+    }
     int nb = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, block, 0) != cudaSuccess || nb < 1) {
         cudaGetLastError();
         nb = 1;
     }
-    /* a racing writer may mix fields of two entries for a moment; the blocks value is then only
-     * a grid-shape hint for the other (kernel, block) pair, never a correctness input */
-    slot.kernel.store(nullptr, std::memory_order_release);
-    slot.block.store(block, std::memory_order_relaxed);
-    slot.device.store(dev, std::memory_order_relaxed);
-    slot.blocks.store(nb, std::memory_order_relaxed);
-    slot.kernel.store(k, std::memory_order_release);
+    nb = nb < 255 ? nb : 255;
+    if (cached)
+        slots[dev].store(block << 8 | nb, std::memory_order_relaxed);
     return nb;
 }
 
@@ -1303,7 +1300,8 @@ static int run_fast(const ew_args *a)
     const int block = a->block > 0 ? a->block : kAutoBlock;
     const int dev = a->device;
     const int64_t sms = device_shape(dev).sms;
-    const int64_t wave1 = sms * blocks_per_sm((const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
+    static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
+    const int64_t wave1 = sms * blocks_per_sm(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
     int vpt = 1;
     if (const int forced = forced_vpt()) {
         vpt = forced;
@@ -1314,7 +1312,7 @@ static int run_fast(const ew_args *a)
     } else if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
         vpt = 2;
     } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
-        const int64_t wave4 = sms * blocks_per_sm((const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
+        const int64_t wave4 = sms * blocks_per_sm(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
         if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4)
             vpt = 4;
     }
@@ -1328,6 +1326,7 @@ static int run_fast(const ew_args *a)
     const OpArgs<T> p = op_args<T>(a);
     const cudaStream_t s = stream_of(a);
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
+    const bool pdl = ewcuda_pdl_active(dev);
     const T *xh = w.xh(), *yh = w.yh();
     T *zh = w.z + w.head;
     cudaError_t err;
@@ -1335,13 +1334,13 @@ static int run_fast(const ew_args *a)
     if (w.n + grid * per_block < int64_t(INT_MAX)) {
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (vpt == 1)
-            err = pdl_launch(ew_fast<Op, T, int, 1, WB>, g, bl, 0, s, dev, xh, yh, zh, n32, h32, p);
+            err = pdl_launch(ew_fast<Op, T, int, 1, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
         else if (vpt == 2)
-            err = pdl_launch(ew_fast<Op, T, int, 2, WB>, g, bl, 0, s, dev, xh, yh, zh, n32, h32, p);
+            err = pdl_launch(ew_fast<Op, T, int, 2, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
         else
-            err = pdl_launch(ew_fast<Op, T, int, 4, WB>, g, bl, 0, s, dev, xh, yh, zh, n32, h32, p);
+            err = pdl_launch(ew_fast<Op, T, int, 4, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
     } else {
-        err = pdl_launch(ew_fast<Op, T, int64_t, 1, WB>, g, bl, 0, s, dev, xh, yh, zh, w.n - w.head, w.head, p);
+        err = pdl_launch(ew_fast<Op, T, int64_t, 1, WB>, g, bl, 0, s, pdl, xh, yh, zh, w.n - w.head, w.head, p);
     }
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }

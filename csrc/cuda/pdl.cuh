@@ -5,9 +5,9 @@
  * running; it must execute pdl_wait() before touching global memory, which blocks until that
  * kernel has finished and its writes are visible. A kernel calls pdl_launch_dependents() to let
  * the next PDL launch be scheduled early. Both are no-ops when the kernel was launched normally,
- * so every default-path kernel calls both, and the host decides per launch (pdl_launch) whether
- * to ask for the overlap: only where the device supports it and ewkern's switch is on
- * (EWKERN_PDL=0 in the environment, or ewkern.set_pdl(False), turns it off).
+ * so every default-path kernel calls both, and the host decides per launch (pdl_launch's `pdl`)
+ * whether to ask for the overlap: ewcuda_pdl_active(device) says where the device supports it and
+ * ewkern's switch is on (EWKERN_PDL=0 in the environment, or ewkern.set_pdl(False), turns it off).
  */
 #ifndef EWKERN_PDL_CUH
 #define EWKERN_PDL_CUH
@@ -31,9 +31,9 @@ __device__ __forceinline__ void pdl_launch_dependents()
 }
 
 /* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous
- * work in s when ewcuda_pdl_active(dev) says so. Returns the launch's cudaError_t. */
+ * work in s when pdl is true. Returns the launch's cudaError_t. */
 template <typename K, typename... A>
-static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, int dev,
+static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
                                      const A &...args)
 {
     cudaLaunchConfig_t cfg = {};
@@ -44,7 +44,7 @@ static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t sme
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = 0;
-    if (ewcuda_pdl_active(dev)) {
+    if (pdl) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.numAttrs = 1;

@@ -796,29 +796,29 @@ static int launch_multiblock(const void *p)
 
 /* 4 occupancy: cudaOccupancyMaxPotentialBlockSize once per (kernel, device), cached. Its grid
  * is the device's resident-block count (SMs x blocks per SM), which the paper (CUDA.jl's
- * launch_configuration) uses as blocks per batch; then clamped to n. */
+ * launch_configuration) uses as blocks per batch; occupancy_split clamps both to n. */
 struct occ_entry {
     std::atomic<int> grid, block;
 };
 enum { OCC_DEVICES = 64 };
 
 template <typename K>
-static int occupancy_config(occ_entry *cache, K kernel, int device, int *grid, int *block)
+static int occupancy_split(occ_entry *cache, K kernel, int device, int64_t n, int64_t *per_batch, int64_t *block)
 {
     occ_entry *e = device >= 0 && device < OCC_DEVICES ? &cache[device] : NULL;
-    if (e && e->block.load(std::memory_order_acquire) > 0) {
-        *grid = e->grid.load(std::memory_order_relaxed);
-        *block = e->block.load(std::memory_order_relaxed);
-        return 0;
-    }
     int g = 0, b = 0;
-    RMSE_TRY(cudaOccupancyMaxPotentialBlockSize(&g, &b, kernel, 0, 0));
-    if (e) {
-        e->grid.store(g, std::memory_order_relaxed);
-        e->block.store(b, std::memory_order_release);
+    if (e && e->block.load(std::memory_order_acquire) > 0) {
+        g = e->grid.load(std::memory_order_relaxed);
+        b = e->block.load(std::memory_order_relaxed);
+    } else {
+        RMSE_TRY(cudaOccupancyMaxPotentialBlockSize(&g, &b, kernel, 0, 0));
+        if (e) {
+            e->grid.store(g, std::memory_order_relaxed);
+            e->block.store(b, std::memory_order_release);
+        }
     }
-    *grid = g;
-    *block = b;
+    *per_batch = max64(1, min64(g, n));
+    *block = max64(1, min64(b, cdiv(n, *per_batch)));
     return 0;
 }
 
@@ -832,11 +832,8 @@ static int launch_occupancy(const void *p)
     if (v.batches == 0) return 0;
     if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
     if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    int g, b;
-    int err = occupancy_config(cache, rmse_multiblock_kernel<T>, args->device, &g, &b);
-    if (err) return err;
-    const int64_t per_batch = max64(1, min64(g, v.n));
-    const int64_t block = max64(1, min64(b, cdiv(v.n, per_batch)));
+    int64_t per_batch, block;
+    RMSE_TRY((cudaError_t)occupancy_split(cache, rmse_multiblock_kernel<T>, args->device, v.n, &per_batch, &block));
     return run_multiblock<T>(v, per_batch, (int)block);
 }
 
@@ -851,11 +848,8 @@ static int launch_int32(const void *p)
     if (v.batches == 0) return 0;
     if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
     if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    int g, b;
-    int err = occupancy_config(cache, rmse_int32_kernel<T>, args->device, &g, &b);
-    if (err) return err;
-    const int64_t per_batch = max64(1, min64(g, v.n));
-    const int64_t block = max64(1, min64(b, cdiv(v.n, per_batch)));
+    int64_t per_batch, block;
+    RMSE_TRY((cudaError_t)occupancy_split(cache, rmse_int32_kernel<T>, args->device, v.n, &per_batch, &block));
     const int64_t stride = per_batch * block;
     if (v.batches > INT_MAX / v.n || v.batches * v.n + 4 * stride + 65536 > INT_MAX)
         return launch_occupancy<T>(p); /* too large for 32-bit indices: version 4 */
@@ -868,24 +862,12 @@ static int launch_int32(const void *p)
 }
 
 /* 6 auto */
-/* Launch kernel on grid x AUTO_BLOCK: as a programmatic dependent of the previous work in s
- * where pdl.cuh allows it. */
+/* Launch kernel on grid x AUTO_BLOCK, as a programmatic dependent of the previous work in s when
+ * pdl is true. */
 template <typename K, typename... A>
-static int launch_dependent(K kernel, int64_t grid, int dev, cudaStream_t s, const A &...args)
+static int launch_auto_kernel(K kernel, int64_t grid, bool pdl, cudaStream_t s, const A &...args)
 {
-    const cudaError_t err = pdl_launch(kernel, dim3((unsigned)grid), dim3(AUTO_BLOCK), 0, s, dev, args...);
-    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
-}
-
-/* Launch kernel on grid x AUTO_BLOCK with no launch attributes. */
-template <typename K, typename... A>
-static int launch_plain(K kernel, int64_t grid, cudaStream_t s, const A &...args)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(AUTO_BLOCK);
-    cfg.stream = s;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+    const cudaError_t err = pdl_launch(kernel, dim3((unsigned)grid), dim3(AUTO_BLOCK), 0, s, pdl, args...);
     return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
 }
 
@@ -893,13 +875,14 @@ template <typename O>
 static int launch_combine(const double *partial, O *out, int64_t batches, int64_t chunks, int64_t n,
                           int dev, cudaStream_t s)
 {
+    const bool pdl = ewcuda_pdl_active(dev);
     if (chunks >= 128)
-        return launch_dependent(rmse_auto_combine_block_kernel<O>, min64(batches, GRID_CAP), dev, s,
-                                partial, out, batches, chunks, n);
+        return launch_auto_kernel(rmse_auto_combine_block_kernel<O>, min64(batches, GRID_CAP), pdl, s, partial, out,
+                                  batches, chunks, n);
     const int glog = ilog2_ceil(min64(32, max64(1, cdiv(chunks, 4))));
     const int64_t per_block = AUTO_BLOCK >> glog;
-    return launch_dependent(rmse_auto_combine_group_kernel<O>, min64(cdiv(batches, per_block), GRID_CAP),
-                            dev, s, partial, out, batches, chunks, n, glog);
+    return launch_auto_kernel(rmse_auto_combine_group_kernel<O>, min64(cdiv(batches, per_block), GRID_CAP), pdl, s,
+                              partial, out, batches, chunks, n, glog);
 }
 
 template <typename T, bool VEC>
@@ -914,19 +897,18 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
         const int per_lane = units_per_batch <= AUTO_TINY_UNITS ? 2 : AUTO_UNROLL;
         const int glog = ilog2_ceil(min64(32, max64(1, cdiv(units_per_batch, per_lane))));
         const int64_t per_block = AUTO_BLOCK >> glog;
-        return launch_dependent(rmse_auto_small_kernel<T, VEC>, min64(cdiv(batches, per_block), GRID_CAP), dev, s,
+        return launch_auto_kernel(rmse_auto_small_kernel<T, VEC>, min64(cdiv(batches, per_block), GRID_CAP),
+                                  ewcuda_pdl_active(dev), s,
                                 a, b, out, batches, n, glog);
     }
     const int64_t chunks = cdiv(units_per_batch, AUTO_CHUNK_UNITS);
     const int64_t units = batches * chunks;
     double *partial = NULL;
     if (chunks > 1) RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)units * sizeof(double), s));
-    /* after a cudaMallocAsync the previous stream item is no kernel to overlap with: launch plainly
-     * (a PDL launch there measured 54 us instead of 46 at 16 x 2^20 under graph replay) */
-    int err = chunks > 1 ? launch_plain(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP), s, a, b, out, partial,
-                                        n, chunks, units)
-                         : launch_dependent(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP), dev, s, a, b, out,
-                                            partial, n, chunks, units);
+    /* after a cudaMallocAsync the previous stream item is no kernel to overlap with: no PDL there
+     * (a PDL launch measured 54 us instead of 46 at 16 x 2^20 under graph replay) */
+    int err = launch_auto_kernel(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP),
+                                 chunks == 1 && ewcuda_pdl_active(dev), s, a, b, out, partial, n, chunks, units);
     if (chunks > 1) {
         if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
@@ -954,10 +936,9 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
     double *partial = NULL;
     if (chunks > 1)
         RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)(outer * inner * chunks) * sizeof(double), s));
-    int err = chunks > 1 ? launch_plain(rmse_auto_cols_kernel<T, VEC>, min64(units, GRID_CAP), s, a, b, out, partial,
-                                        n, inner, ncu, wc, tiles, chunks, rows_per_chunk, units)
-                         : launch_dependent(rmse_auto_cols_kernel<T, VEC>, min64(units, GRID_CAP), dev, s, a, b, out,
-                                            partial, n, inner, ncu, wc, tiles, chunks, rows_per_chunk, units);
+    int err = launch_auto_kernel(rmse_auto_cols_kernel<T, VEC>, min64(units, GRID_CAP),
+                                 chunks == 1 && ewcuda_pdl_active(dev), s, a, b, out, partial, n, inner, ncu, wc,
+                                 tiles, chunks, rows_per_chunk, units);
     if (chunks > 1) {
         if (!err) err = launch_combine<out_t<T>>(partial, out, outer * inner, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);

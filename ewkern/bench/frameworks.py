@@ -474,8 +474,8 @@ def _time_torch(cfg, calls, cache, n):
                     calls[i % len(calls)]()
             return g
 
-        def run(g, k, samples):
-            g.replay()
+        def timed(queue, k, samples):
+            """Seconds per launch: each sample is [spin] [flush] ev0 queue() ev1, k launches."""
             pairs = []
             for _ in range(samples):
                 torch.cuda._sleep(spin)
@@ -484,11 +484,15 @@ def _time_torch(cfg, calls, cache, n):
                 a = torch.cuda.Event(enable_timing=True)
                 b = torch.cuda.Event(enable_timing=True)
                 a.record()
-                g.replay()
+                queue()
                 b.record()
                 pairs.append((a, b))
             torch.cuda.synchronize()
             return [a.elapsed_time(b) * 1e-3 / k for a, b in pairs]
+
+        def run(g, k, samples):
+            g.replay()
+            return timed(g.replay, k, samples)
 
         reason = None
         try:
@@ -509,20 +513,11 @@ def _time_torch(cfg, calls, cache, n):
                 reason = "graph capture failed: " + (f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
                                                      if str(exc) else type(exc).__name__)
             k = 1 if cache == "flush" else max(len(calls), 8)
-            pairs = []
-            for _ in range(n):
-                torch.cuda._sleep(spin)
-                if flush is not None:
-                    flush.sum()
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
+
+            def queue():
                 for i in range(k):
                     calls[i % len(calls)]()
-                b.record()
-                pairs.append((a, b))
-            torch.cuda.synchronize()
-            return ([a.elapsed_time(b) * 1e-3 / k for a, b in pairs], k,
+            return (timed(queue, k, n), k,
                     f"CUDA events around eager launches behind a spin kernel ({reason})")
 
 
