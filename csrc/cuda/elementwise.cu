@@ -1302,8 +1302,12 @@ static int run_fast(const ew_args *a)
     const int64_t sms = device_shape(dev).sms;
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
     const int64_t wave1 = sms * blocks_per_sm(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
+    /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
+    const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     int vpt = 1;
-    if (const int forced = forced_vpt()) {
+    if (!i32) {
+        vpt = 1; /* the 64-bit instance takes 1 vector per thread */
+    } else if (const int forced = forced_vpt()) {
         vpt = forced;
     } else if (Heavy<Op>::value && sizeof(T) == 2) {
         /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
@@ -1330,8 +1334,7 @@ static int run_fast(const ew_args *a)
     const T *xh = w.xh(), *yh = w.yh();
     T *zh = w.z + w.head;
     cudaError_t err;
-    /* indices formed stay below grid * per_block (vectors) and n (elements) */
-    if (w.n + grid * per_block < int64_t(INT_MAX)) {
+    if (i32) {
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (vpt == 1)
             err = pdl_launch(ew_fast<Op, T, int, 1, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
