@@ -145,6 +145,7 @@ typedef struct ew_op_info {
     int inputs;
     int scalars;
     const char *definition;
+    const char *accuracy; /* the bound the docstring states and the tests assert */
 } ew_op_info;
 
 enum { EW_OP_RMSE = -1 };

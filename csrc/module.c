@@ -598,8 +598,9 @@ static PyObject *m_ops(PyObject *module, PyObject *unused)
     PyObject *list = PyList_New(0);
     for (int i = 0; list && i <= ew_nops; i++) {
         PyObject *d = i < ew_nops
-            ? Py_BuildValue("{s:s,s:i,s:i,s:s,s:s}", "name", ew_ops[i].name, "inputs", ew_ops[i].inputs, "scalars",
-                            ew_ops[i].scalars, "definition", ew_ops[i].definition, "family", "elementwise")
+            ? Py_BuildValue("{s:s,s:i,s:i,s:s,s:s,s:s}", "name", ew_ops[i].name, "inputs", ew_ops[i].inputs,
+                            "scalars", ew_ops[i].scalars, "definition", ew_ops[i].definition, "accuracy",
+                            ew_ops[i].accuracy, "family", "elementwise")
             : Py_BuildValue("{s:s,s:i,s:i,s:s,s:s}", "name", "rmse", "inputs", 2, "scalars", 0, "definition",
                             "out[batch] = sqrt(mean((a - b)^2))", "family", "reduction");
         if (d == NULL || PyList_Append(list, d) < 0)

@@ -754,16 +754,18 @@ static char *make_doc(int opi)
     }
     const char *fmt = "%s(%s, *, variant='auto', block=None, grid=None)\n--\n\n"
                       "Elementwise %s: %s.\n\n"
+                      "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
+                      "smallest normal near zero).\n\n"
                       "Inputs: any C-contiguous DLPack arrays (ewkern.Array, numpy, torch, CuPy, JAX) of\n"
                       "equal shape, dtype (float32, float16, bfloat16, float64) and device; no broadcasting.\n"
                       "The result follows the first input's framework (numpy in, numpy out; torch in, torch\n"
                       "out; otherwise an ewkern.Array). out= may alias an input exactly.\n"
                       "variant: 'auto' or a name from ewkern.variants('%s'); block/grid: launch parameters\n"
                       "for the variants that take them.";
-    size_t len = strlen(fmt) + 3 * strlen(op->name) + strlen(sig) + strlen(op->definition) + 16;
+    size_t len = strlen(fmt) + 3 * strlen(op->name) + strlen(sig) + strlen(op->definition) + strlen(op->accuracy) + 16;
     char *doc = PyMem_RawMalloc(len);
     if (doc)
-        snprintf(doc, len, fmt, op->name, sig, op->name, op->definition, op->name);
+        snprintf(doc, len, fmt, op->name, sig, op->name, op->definition, op->accuracy, op->name);
     return doc;
 }
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 const ew_op_info ew_ops[] = {
-#define EW_OP(name, inputs, scalars, def) {#name, inputs, scalars, def},
+#define EW_OP(name, inputs, scalars, def, acc) {#name, inputs, scalars, def, acc},
 #include "ops.def"
 #undef EW_OP
 };

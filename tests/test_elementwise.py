@@ -1,7 +1,9 @@
 """Every elementwise op x dtype x backend against the float64 NumPy reference, NaN/inf
 propagation, in-place aliasing, and every CUDA variant on awkward sizes and misaligned starts."""
 import importlib.util
+import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -110,12 +112,51 @@ def test_nan_inf_propagate_like_numpy(op, dtype, device):
     assert np.array_equal(got[inf], want[inf]), f"{op}: inf positions/signs"
 
 
+def stated_ulps(op):
+    """The bound ewkern states for op (ewkern.ops() and the docstring), in ulp."""
+    acc = OPS[op]["accuracy"]
+    if acc.startswith("exact") or acc.startswith("the value rounded once"):
+        return 0
+    m = re.match(r"within (\d+)( \+ 2 a\^2)? ulp", acc)
+    assert m, f"{op}: unparsed accuracy {acc!r}"
+    return int(m.group(1))
+
+
 def test_fill_value_conversion_and_docstrings():
     x = ewkern.empty((5,), dtype="float16", device="cpu")
     ewkern.fill(x, 65536.0)  # overflows float16
     assert np.isinf(x.numpy()).all()
     for name in OPS:
-        assert OPS[name]["definition"] in getattr(ewkern, name).__doc__
+        doc = getattr(ewkern, name).__doc__
+        assert OPS[name]["definition"] in doc
+        assert "Accuracy: " + OPS[name]["accuracy"] in " ".join(doc.split())
+        # the bound the tests assert is the one the docstring states
+        assert stated_ulps(name) == ULPS[name], name
+    assert "a^2" in OPS["gelu"]["accuracy"] and "MUFU.LG2" in OPS["log"]["accuracy"]
+
+
+UNARY = sorted(op for op in OPS if OPS[op]["inputs"] == 1 and op != "copy")
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", UNARY)
+def test_every_16bit_input(op, dtype, device):
+    """Every finite float16/bfloat16 value through each one-input op, against the float64
+    reference within the stated bound (random inputs can miss the worst cases, e.g. log just
+    below and above 1, subnormal inputs); the vector body and the scalar edge both run."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np_dtype(dtype))
+    with np.errstate(invalid="ignore"):
+        x = x[np.isfinite(x.astype(np.float64))]
+    x = x[1:]  # an odd count from an odd start: head, vectors and tail elements
+    sc = SCALARS.get(op, ())
+    want = reference(op, x, scalars=sc)
+    # results at the dtype's largest finite value may round either way to it or to inf
+    big = float(ml_dtypes.finfo(np_dtype(dtype)).max)
+    edge = np.abs(want) >= big
+    got = call(op, [ewkern.asarray(x, device=device)], sc).numpy()
+    keep = ~edge
+    check(op, got[keep], [x[keep]], sc, dtype, f"{op} {dtype} {device}, every value")
 
 
 # ---- CUDA variants -------------------------------------------------------------------------------
@@ -163,22 +204,33 @@ def test_cuda_variant(op, dtype, variant):
 def test_auto_grid_shapes(op, dtype, variant):
     """auto picks 1, 2 or 4 vectors per thread from the device's waves (SMs x threads per SM):
     sizes around 0.6, 1.5, 3.9 and 5 waves take each path, with a misaligned start so the
-    head and tail land on the last block's spare threads."""
+    head and tail land on the last block's spare threads; with PDL on (prefetching, never 4
+    vectors) and off (4 vectors at 3.9 waves where the 4-vector kernel fills a wave)."""
     info = ewkern.device_info("cuda:0")
     per_wave = info["sm_count"] * info["max_threads_per_sm"]
     vec = 16 // np.dtype(np_dtype(dtype)).itemsize
     rng = np.random.default_rng(11)
-    for waves in (0.6, 1.5, 3.9, 5.0):
-        n = int(waves * per_wave) * vec + 5
-        xs, sc = op_args(op, rng, (n,), dtype)
-        ins = [offset_view(ewkern.asarray(np.concatenate([np.ones(1, x.dtype), x]), device="cuda:0"), 1, n)
-               for x in xs]
-        ob = ewkern.full((n + 2,), 77.0, dtype=dtype, device="cuda:0")
-        out = offset_view(ob, 1, n)
-        call(op, ins, sc, out=out, variant=variant)
-        check(op, out.numpy(), xs, sc, dtype, f"{op} {variant} {dtype} {waves} waves n={n}")
-        guard = ob.numpy().astype(np.float64)
-        assert guard[0] == 77.0 and guard[-1] == 77.0, f"{variant} wrote outside its output"
+    cases = [(w, pdl) for pdl in (True, False) for w in (0.6, 1.5, 3.9, 5.0)]
+    for waves, pdl in cases:
+        prev = ewkern.set_pdl(pdl)
+        try:
+            _auto_grid_case(op, dtype, variant, rng, waves, per_wave, vec)
+        finally:
+            ewkern.set_pdl(prev)
+
+
+def _auto_grid_case(op, dtype, variant, rng, waves, per_wave, vec):
+    """One auto call at `waves` device waves from a misaligned start, with guard elements."""
+    n = int(waves * per_wave) * vec + 5
+    xs, sc = op_args(op, rng, (n,), dtype)
+    ins = [offset_view(ewkern.asarray(np.concatenate([np.ones(1, x.dtype), x]), device="cuda:0"), 1, n)
+           for x in xs]
+    ob = ewkern.full((n + 2,), 77.0, dtype=dtype, device="cuda:0")
+    out = offset_view(ob, 1, n)
+    call(op, ins, sc, out=out, variant=variant)
+    check(op, out.numpy(), xs, sc, dtype, f"{op} {variant} {dtype} {waves} waves n={n}")
+    guard = ob.numpy().astype(np.float64)
+    assert guard[0] == 77.0 and guard[-1] == 77.0, f"{variant} wrote outside its output"
 
 
 def test_variant_listing_and_errors():

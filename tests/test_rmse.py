@@ -96,6 +96,26 @@ def test_auto_is_deterministic(device, shape, axis):
         assert np.array_equal(ewkern.rmse(A, B, axis=axis).numpy().view(np.uint32), first.view(np.uint32))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("shape", [(8192, 64), (65536, 64), (262144, 16), (1024, 4096), (333, 4099), (32768, 127)])
+def test_auto_same_bits_with_pdl_on_and_off(shape):
+    """auto's grid differs with PDL on (prefetching; between one and two waves of group-kernel
+    blocks become one wave) and off; the result is the reference's and the same bits either way."""
+    rng = np.random.default_rng(5)
+    a, b = (random_input(rng, shape, "float32") for _ in range(2))
+    A, B = (ewkern.asarray(x, device="cuda:0") for x in (a, b))
+    got = {}
+    for pdl in (True, False):
+        prev = ewkern.set_pdl(pdl)
+        try:
+            got[pdl] = ewkern.rmse(A, B).numpy()
+        finally:
+            ewkern.set_pdl(prev)
+        check(got[pdl], a, b, None, "float32", f"{shape} pdl={pdl}")
+    assert np.array_equal(got[True].view(np.uint32), got[False].view(np.uint32)), shape
+
+
 @pytest.mark.parametrize("device", device_params())
 def test_float32_accuracy_long_batches(device):
     """float32 partial sums combined in a tree: 1e-6 relative for batches of 2^24 elements."""

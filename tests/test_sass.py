@@ -162,8 +162,31 @@ def test_auto_loads_first_then_streams_stores(sass, op, vpt):
         assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
         waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
         assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
+        _assert_prefetch_before_wait(name, text)
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
+
+
+PREFETCH_L2 = re.compile(r"^(@!?P\w+\s+)?CCTL\.E\.PF2\b")
+
+
+def _assert_prefetch_before_wait(name, text):
+    """The L2 prefetch of the first lines (prefetch.global.L2 = CCTL.E.PF2) comes before the PDL
+    wait (griddepcontrol.wait = ACQBULK), and every global load after it."""
+    pf = [i for i, t in enumerate(text) if PREFETCH_L2.search(t)]
+    waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
+    loads = [i for i, t in enumerate(text) if re.match(r"(@!?P\w+\s+)?LDG", t)]
+    assert pf and waits and loads, "%s: prefetch %d, waits %d, loads %d" % (name, len(pf), len(waits), len(loads))
+    assert max(pf) < waits[0] < loads[0], "%s: prefetch, wait and loads out of order" % name
+
+
+@pytest.mark.parametrize("kernel", ["rmse_auto_rows_kernelIfLb1", "rmse_auto_small_kernelIfLb1",
+                                    "rmse_auto_rows_kernelI6__halfLb0"])
+def test_rmse_auto_prefetches_before_the_wait(sass, kernel):
+    found = {n: ins for n, ins in sass[1].items() if kernel in n}
+    assert found, "no kernel named like %r in the %s SASS" % (kernel, sass[0])
+    for name, ins in found.items():
+        _assert_prefetch_before_wait(name, [t for _, t in ins])
 
 
 def test_bf16_copy_vec4_is_64_bit(sass):

@@ -414,7 +414,7 @@ static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
         return 0;                                                                            \
     }
 
-#define EW_OP(name, inputs, scalars, def)                                                    \
+#define EW_OP(name, inputs, scalars, def, acc)                                                  \
     EW_DEFINE_LAUNCHER(name, inputs, f32)                                                    \
     EW_DEFINE_LAUNCHER(name, inputs, f16)                                                    \
     EW_DEFINE_LAUNCHER(name, inputs, bf16)                                                   \
@@ -432,7 +432,7 @@ static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
     {#name, "auto", EW_DT(dt, ENUM), ew_cpu_##name##_##dt, NULL, 0, EW_ABOUT_AUTO},
 
 static const ew_kernel ew_cpu_elementwise_rows[] = {
-#define EW_OP(name, inputs, scalars, def)                                                    \
+#define EW_OP(name, inputs, scalars, def, acc)                                                  \
     EW_ROW(name, f32) EW_ROW(name, f16) EW_ROW(name, bf16) EW_ROW(name, f64)
 #include "../ops.def"
 #undef EW_OP

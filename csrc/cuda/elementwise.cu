@@ -986,6 +986,26 @@ EWK_OP(silu, 1, silu_of(a))
 struct Op_copy {
     enum { NIN = 1, KIND = KIND_COPY };
 };
+/* log for float16/bfloat16 results: ln a = log2(a) ln 2 from the SFU (lg2.approx.f32, without
+ * .ftz so that subnormal bfloat16 inputs keep their value; MUFU.LG2 in SASS). Its error, at most
+ * 2^-22 absolute on [0.5, 2] and 2 float ulp elsewhere (CUDA C++ Programming Guide, __log2f),
+ * stays under 0.4 ulp of a float16 result and far under one of a bfloat16 result, so the op keeps
+ * its 2-ulp bound; it replaces logf's ~20 instructions per element, which with 8 elements per
+ * 16-byte vector made 16-bit log partly issue-bound (ELEMENTWISE_NOTES.md). */
+struct Op_log_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const
+    {
+        float l2;
+        asm("lg2.approx.f32 %0, %1;" : "=f"(l2) : "f"(a));
+        return l2 * 0.693147180559945309f;
+    }
+};
+/* The arithmetic an op runs for element type T: Op itself except where a cheaper form keeps
+ * the op's accuracy bound for that type. */
+template <class Op, class T> struct MathOf { typedef Op type; };
+template <> struct MathOf<Op_log, half_t> { typedef Op_log_sfu type; };
+template <> struct MathOf<Op_log, bf16_t> { typedef Op_log_sfu type; };
 /* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time */
 template <class Op> struct Heavy { enum { value = 0 }; };
 template <> struct Heavy<Op_exp> { enum { value = 1 }; };
@@ -1003,7 +1023,7 @@ struct Op_add_const_bf16fma {
     enum { NIN = 1, KIND = KIND_NATIVE };
 };
 
-#define EW_OP(name, inputs, scalars, definition) \
+#define EW_OP(name, inputs, scalars, definition, accuracy) \
     static_assert(int(Op_##name::NIN) == (inputs), "ops.def and elementwise.cu disagree on " #name);
 #include "ops.def"
 #undef EW_OP
@@ -1015,6 +1035,7 @@ struct OpArgs {
     typename Compute<T>::type s0, s1;
     T v;
     uint4 pattern;
+    int prefetch; /* ew_fast: prefetch the first vector's lines into L2 before pdl_wait (PDL launches) */
 };
 
 template <class Op, class T, class Idx>
@@ -1032,7 +1053,7 @@ EW_DEV T elem(const T *__restrict__ a, const T *__restrict__ b, Idx i, const OpA
         C cb = C(0);
         if constexpr (Op::NIN >= 2)
             cb = to_c(b[i]);
-        return from_c<T>(Op()(ca, cb, p.s0, p.s1));
+        return from_c<T>(typename MathOf<Op, T>::type()(ca, cb, p.s0, p.s1));
     }
 }
 
@@ -1060,7 +1081,7 @@ EW_DEV uint4 vec_op(uint4 ra, uint4 rb, const OpArgs<T> &p)
             Vec16<T>::unpack(rb, cb);
 #pragma unroll
         for (int k = 0; k < Vec16<T>::N; ++k)
-            co[k] = Op()(ca[k], Op::NIN >= 2 ? cb[k] : C(0), p.s0, p.s1);
+            co[k] = typename MathOf<Op, T>::type()(ca[k], Op::NIN >= 2 ? cb[k] : C(0), p.s0, p.s1);
         return Vec16<T>::pack(co);
     }
 }
@@ -1125,14 +1146,24 @@ template <class Op, class T, class Idx, int VPT, bool WB>
 __global__ void __launch_bounds__(1024)
 ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
 {
-    pdl_wait();
-    pdl_launch_dependents();
     enum { N = Vec16<T>::N };
     const Idx nvec = n / Idx(N);
     const Idx base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);
     const uint4 *av = reinterpret_cast<const uint4 *>(a);
     const uint4 *bv = reinterpret_cast<const uint4 *>(b);
     uint4 *ov = reinterpret_cast<uint4 *>(o);
+    if (p.prefetch && base < nvec) {
+        /* the inputs' lines of the first vector, one request per 128-byte line: from the thread
+         * whose vector starts it, and from thread 0 (the block's first, partial line) */
+        if constexpr (Op::NIN >= 1)
+            if ((reinterpret_cast<uintptr_t>(av + base) & 127u) < 16u || threadIdx.x == 0)
+                prefetch_l2(av + base);
+        if constexpr (Op::NIN >= 2)
+            if ((reinterpret_cast<uintptr_t>(bv + base) & 127u) < 16u || threadIdx.x == 0)
+                prefetch_l2(bv + base);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
     uint4 ra[VPT], rb[VPT];
 #pragma unroll
     for (int r = 0; r < VPT; ++r) {
@@ -1178,6 +1209,7 @@ static OpArgs<T> op_args(const ew_args *a)
 {
     typedef typename Compute<T>::type C;
     OpArgs<T> p;
+    p.prefetch = 0;
     p.s0 = C(a->scalar[0]);
     p.s1 = C(a->scalar[1]);
     p.v = host_round<T>(a->scalar[0]);
@@ -1273,10 +1305,11 @@ static int blocks_per_sm(std::atomic<int> *slots, const void *k, int block, int 
 /* auto: VPT, the vectors per thread, from the waves W = vectors / (SMs x resident threads) of the
  * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
  * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
- * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel,
- * else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a block more than
- * others (measured slower). Transcendental ops in 16-bit types: 1, and 2 beyond 32 waves.
- * Measurements: ELEMENTWISE_NOTES.md. */
+ * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
+ * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * block more than others (measured slower). Under PDL each thread prefetches its first vector
+ * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
+ * Transcendental ops in 16-bit types: 1, and 2 beyond 32 waves. Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
 static int forced_vpt()
@@ -1299,6 +1332,7 @@ static int run_fast(const ew_args *a)
         return run_gs<Op, T>(a, GRID_1);
     const int block = a->block > 0 ? a->block : kAutoBlock;
     const int dev = a->device;
+    const bool pdl = ewcuda_pdl_active(dev);
     const int64_t sms = device_shape(dev).sms;
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
     const int64_t wave1 = sms * blocks_per_sm(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
@@ -1317,7 +1351,7 @@ static int run_fast(const ew_args *a)
         vpt = 2;
     } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
         const int64_t wave4 = sms * blocks_per_sm(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-        if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4)
+        if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4 && !pdl)
             vpt = 4;
     }
     const int64_t per_block = int64_t(vpt) * block;
@@ -1327,10 +1361,10 @@ static int run_fast(const ew_args *a)
     /* the last block's last nedge threads must own no vector */
     if ((grid - 1) * per_block + (block - w.nedge) < w.nvec)
         grid += 1;
-    const OpArgs<T> p = op_args<T>(a);
+    OpArgs<T> p = op_args<T>(a);
+    p.prefetch = pdl;
     const cudaStream_t s = stream_of(a);
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
-    const bool pdl = ewcuda_pdl_active(dev);
     const T *xh = w.xh(), *yh = w.yh();
     T *zh = w.z + w.head;
     cudaError_t err;
@@ -1407,7 +1441,7 @@ static int launch_grid2(const void *args) { return run_gs<Op, T>(static_cast<con
     "differ), 32-bit index when n allows, PDL on sm_90+"
 #define EWK_AUTO_ROW(NAME, T, DT) \
     {#NAME, "auto", DT, launch_auto<Op_##NAME, T>, EWK_AUTO_KERNEL(Op_##NAME, T), EWK_B, EWK_AUTO_ABOUT},
-#define EW_OP(name, inputs, scalars, definition) \
+#define EW_OP(name, inputs, scalars, definition, accuracy) \
     EWK_AUTO_ROW(name, float, EW_FLOAT32) \
     EWK_AUTO_ROW(name, half_t, EW_FLOAT16) \
     EWK_AUTO_ROW(name, bf16_t, EW_BFLOAT16) \

@@ -201,6 +201,16 @@ template <typename T> struct unit_io<T, false> {
     static __device__ __forceinline__ T zero() { return T(); }
 };
 
+/* Before pdl_wait(): ask the L2 for the line of unit k of p when that unit starts a line or the
+ * caller leads a contiguous run of units (pdl.cuh, prefetch_l2). */
+template <typename T, bool VEC>
+__device__ __forceinline__ void prefetch_unit(const T *p, int64_t k, bool lead)
+{
+    const char *q = VEC ? reinterpret_cast<const char *>(reinterpret_cast<const uint4 *>(p) + k)
+                        : reinterpret_cast<const char *>(p + k);
+    if (lead || ((uintptr_t)q & 127u) < (VEC ? 16u : (unsigned)sizeof(T))) prefetch_l2(q);
+}
+
 /* Sum of squares of one unit pair (W elements), tree-ordered. */
 template <typename T, bool VEC>
 __device__ __forceinline__ acc_t<T> unit_sumsq(const typename unit_io<T, VEC>::raw &x,
@@ -227,14 +237,16 @@ __device__ __forceinline__ int head_elems(const T *p, int64_t n)
  * ------------------------------------------------------------------------------------------- */
 
 /* Sum over the block's threads, any blockDim.x from 1 to 1024 (partial last warps are guarded).
- * The result is valid in thread 0. Ends with no barrier pending: safe to call in a loop. */
-template <typename A>
+ * The result is valid in thread 0. Ends with no barrier pending: safe to call in a loop.
+ * NT > 0: the kernel's block size is NT, fixed at compile time (the masks fold away). */
+template <typename A, int NT = 0>
 __device__ __forceinline__ A block_sum(A v)
 {
     __shared__ A warp_part[32];
+    const int nt = NT > 0 ? NT : (int)blockDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-    int width = (int)blockDim.x - warp * 32;
+    const int nwarps = (nt + 31) >> 5;
+    int width = nt - warp * 32;
     width = width > 32 ? 32 : width;
     unsigned mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
 #pragma unroll
@@ -247,7 +259,7 @@ __device__ __forceinline__ A block_sum(A v)
     __syncthreads();
     if (warp == 0) {
         v = lane < nwarps ? warp_part[lane] : A(0);
-        width = nwarps > 32 ? 32 : (int)blockDim.x < 32 ? (int)blockDim.x : 32;
+        width = nwarps > 32 ? 32 : nt < 32 ? nt : 32;
         mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -392,28 +404,52 @@ __global__ void rmse_fill_nan_kernel(O *out, int64_t batches)
  * last chunk the tail. Each thread keeps a double sum; each unrolled step of AUTO_UNROLL
  * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
  * partial[u] for the combine kernel. */
+/* Unit u of the rows kernel: batch bt, chunk c, the chunk's first vector (ca, cb) and its
+ * vector count m; pure arithmetic (no memory access), so the first unit's is formed before
+ * pdl_wait() and the loads follow the wait at once. */
+template <typename T, bool VEC>
+struct RowsUnit {
+    enum { W = unit_io<T, VEC>::W };
+    const T *pa, *pb, *ca, *cb;
+    int64_t bt, c, nv;
+    int h, m;
+    __device__ __forceinline__ RowsUnit(const T *a, const T *b, int64_t n, int64_t chunks, int64_t u)
+    {
+        bt = chunks == 1 ? u : u / chunks; /* no 64-bit division in the common case */
+        c = u - bt * chunks;
+        pa = a + bt * n;
+        pb = b + bt * n;
+        h = VEC ? head_elems(pa, n) : 0;
+        nv = (n - h) / W;
+        const int64_t v0 = c * AUTO_CHUNK_UNITS, left = nv - v0;
+        m = left <= 0 ? 0 : left < AUTO_CHUNK_UNITS ? (int)left : AUTO_CHUNK_UNITS;
+        ca = pa + h + v0 * W;
+        cb = pb + h + v0 * W;
+    }
+};
+
 template <typename T, bool VEC>
 __global__ void RMSE_AUTO_BOUNDS
 rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
-                      int64_t chunks, int64_t units)
+                      int64_t chunks, int64_t units, bool prefetch)
 {
     typedef unit_io<T, VEC> io;
     typedef typename io::raw raw;
     typedef acc_t<T> A;
     enum { W = io::W, STEP = AUTO_BLOCK * AUTO_UNROLL };
     const int tid = threadIdx.x;
+    int64_t u = blockIdx.x;
+    RowsUnit<T, VEC> w(a, b, n, chunks, u);
+    if (prefetch && tid < w.m) {
+        /* the first of the thread's AUTO_UNROLL loads of each input (all of them measured slower) */
+        prefetch_unit<T, VEC>(w.ca, tid, tid == 0);
+        prefetch_unit<T, VEC>(w.cb, tid, tid == 0);
+    }
     pdl_wait();
     pdl_launch_dependents();
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        const int64_t bt = u / chunks, c = u - bt * chunks;
-        const T *pa = a + bt * n, *pb = b + bt * n;
-        const int h = VEC ? head_elems(pa, n) : 0;
-        const int64_t nv = (n - h) / W;
-        /* this chunk's vectors, relative to its first one */
-        const int64_t v0 = c * AUTO_CHUNK_UNITS;
-        const int64_t left = nv - v0;
-        const int m = left <= 0 ? 0 : left < AUTO_CHUNK_UNITS ? (int)left : AUTO_CHUNK_UNITS;
-        const T *ca = pa + h + v0 * W, *cb = pb + h + v0 * W;
+    for (; u < units; u += gridDim.x, w = RowsUnit<T, VEC>(a, b, n, chunks, u)) {
+        const T *ca = w.ca, *cb = w.cb;
+        const int m = w.m;
         /* AUTO_UNROLL loads of each input in flight per step: full steps unguarded, then at most one
          * guarded step, so a short chunk (a batch of a few hundred vectors) still issues all its
          * loads at once */
@@ -445,15 +481,15 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
             acc += (double)((s[0] + s[1]) + (s[2] + s[3]));
         }
         /* head and tail are each shorter than W <= 8 elements: one per thread */
-        if (c == 0 && tid < h) acc += (double)sq1(pa[tid], pb[tid]);
-        if (VEC && c == chunks - 1) {
-            const int64_t i = h + nv * W + tid;
-            if (tid < W && i < n) acc += (double)sq1(pa[i], pb[i]);
+        if (w.c == 0 && tid < w.h) acc += (double)sq1(w.pa[tid], w.pb[tid]);
+        if (VEC && w.c == chunks - 1) {
+            const int64_t i = w.h + w.nv * W + tid;
+            if (tid < W && i < n) acc += (double)sq1(w.pa[i], w.pb[i]);
         }
-        acc = block_sum(acc);
+        acc = block_sum<double, AUTO_BLOCK>(acc);
         if (tid == 0) {
             if (chunks == 1)
-                out[bt] = finish_double<out_t<T>>(acc, n);
+                out[w.bt] = finish_double<out_t<T>>(acc, n);
             else
                 partial[u] = acc;
         }
@@ -465,27 +501,48 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
  * (every lane of a warp takes the same trips) so the group shuffles always have the whole warp. */
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(AUTO_BLOCK)
-rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int glog)
+rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int glog,
+                       bool prefetch)
 {
     typedef unit_io<T, VEC> io;
     typedef typename io::raw raw;
     typedef acc_t<T> A;
     enum { W = io::W };
-    pdl_wait();
-    pdl_launch_dependents();
     const int G = 1 << glog;
     const int lane = threadIdx.x & (G - 1);
     const int per_warp = 32 >> glog;
     const int64_t warp_id = (int64_t)blockIdx.x * (AUTO_BLOCK / 32) + (threadIdx.x >> 5);
     const int64_t warp_stride = (int64_t)gridDim.x * (AUTO_BLOCK / 32) * per_warp;
-    for (int64_t wbase = warp_id * per_warp; wbase < batches; wbase += warp_stride) {
-        const int64_t bt = wbase + ((threadIdx.x & 31) >> glog);
-        const bool valid = bt < batches;
+    /* the lane's batch: pure arithmetic, formed before pdl_wait() for the first step */
+    struct Lane {
+        const T *pa, *pb;
+        int64_t bt;
+        int h, nv;
+        bool valid;
+        __device__ __forceinline__ Lane(const T *a, const T *b, int64_t n, int64_t batches, int64_t bt_)
+        {
+            bt = bt_;
+            valid = bt < batches;
+            pa = a + (valid ? bt : 0) * n;
+            pb = b + (valid ? bt : 0) * n;
+            h = VEC ? head_elems(pa, n) : 0;
+            nv = (int)((n - h) / W);
+        }
+    };
+    const int64_t first = warp_id * per_warp, sub = (threadIdx.x & 31) >> glog;
+    Lane w(a, b, n, batches, first + sub);
+    if (prefetch && w.valid && lane < w.nv) {
+        /* the first of the lane's loads of each input; a warp's batches are contiguous */
+        prefetch_unit<T, VEC>(w.pa + w.h, lane, lane == 0);
+        prefetch_unit<T, VEC>(w.pb + w.h, lane, lane == 0);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (int64_t wbase = first; wbase < batches; wbase += warp_stride, w = Lane(a, b, n, batches, wbase + sub)) {
         double acc = 0.0;
-        if (valid) {
-            const T *pa = a + bt * n, *pb = b + bt * n;
-            const int h = VEC ? head_elems(pa, n) : 0;
-            const int nv = (int)((n - h) / W);
+        if (w.valid) {
+            const T *pa = w.pa, *pb = w.pb;
+            const int h = w.h, nv = w.nv;
             const T *va = pa + h, *vb = pb + h;
             for (int k = lane; k < nv; k += AUTO_UNROLL * G) {
                 raw x[AUTO_UNROLL], y[AUTO_UNROLL];
@@ -507,7 +564,7 @@ rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, i
             for (int e = h + nv * W + lane; e < n; e += G) acc += (double)sq1(pa[e], pb[e]);
         }
         for (int off = G >> 1; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (valid && lane == 0) out[bt] = finish_double<out_t<T>>(acc, n);
+        if (w.valid && lane == 0) out[w.bt] = finish_double<out_t<T>>(acc, n);
     }
 }
 
@@ -669,7 +726,7 @@ rmse_auto_combine_block_kernel(const double *partial, O *out, int64_t batches, i
         double s = 0.0;
 #pragma unroll 4
         for (int64_t c = threadIdx.x; c < chunks; c += AUTO_BLOCK) s += p[c];
-        s = block_sum(s);
+        s = block_sum<double, AUTO_BLOCK>(s);
         if (threadIdx.x == 0) out[bt] = finish_double<O>(s, n);
     }
 }
@@ -862,6 +919,26 @@ static int launch_int32(const void *p)
 }
 
 /* 6 auto */
+/* One wave of kernel's AUTO_BLOCK-thread blocks on device dev: SMs x resident blocks per SM
+ * (occupancy API), cached per device in the caller's cache; 0 when the runtime cannot say. */
+static int64_t auto_wave(std::atomic<int> *cache, const void *kernel, int dev)
+{
+    const bool cached = dev >= 0 && dev < OCC_DEVICES;
+    if (cached) {
+        const int v = cache[dev].load(std::memory_order_relaxed);
+        if (v > 0) return v;
+    }
+    int per_sm = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, AUTO_BLOCK, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    const int v = per_sm * sms;
+    if (cached && v > 0) cache[dev].store(v, std::memory_order_relaxed);
+    return v;
+}
+
 /* Launch kernel on grid x AUTO_BLOCK, as a programmatic dependent of the previous work in s when
  * pdl is true. */
 template <typename K, typename... A>
@@ -897,9 +974,14 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
         const int per_lane = units_per_batch <= AUTO_TINY_UNITS ? 2 : AUTO_UNROLL;
         const int glog = ilog2_ceil(min64(32, max64(1, cdiv(units_per_batch, per_lane))));
         const int64_t per_block = AUTO_BLOCK >> glog;
-        return launch_auto_kernel(rmse_auto_small_kernel<T, VEC>, min64(cdiv(batches, per_block), GRID_CAP),
-                                  ewcuda_pdl_active(dev), s,
-                                a, b, out, batches, n, glog);
+        const bool pdl = ewcuda_pdl_active(dev);
+        /* between one and two waves of blocks: one wave, each block taking a second step (65536 x 64
+         * f32 under PDL: 3086 GB/s against 2770 with 1.94 waves; 3.9 waves kept, 2591 against 2441) */
+        static std::atomic<int> wave_cache[OCC_DEVICES];
+        int64_t grid = min64(cdiv(batches, per_block), GRID_CAP);
+        const int64_t wave = auto_wave(wave_cache, (const void *)rmse_auto_small_kernel<T, VEC>, dev);
+        if (grid > wave && grid <= 2 * wave) grid = wave;
+        return launch_auto_kernel(rmse_auto_small_kernel<T, VEC>, grid, pdl, s, a, b, out, batches, n, glog, pdl);
     }
     const int64_t chunks = cdiv(units_per_batch, AUTO_CHUNK_UNITS);
     const int64_t units = batches * chunks;
@@ -907,8 +989,9 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
     if (chunks > 1) RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)units * sizeof(double), s));
     /* after a cudaMallocAsync the previous stream item is no kernel to overlap with: no PDL there
      * (a PDL launch measured 54 us instead of 46 at 16 x 2^20 under graph replay) */
-    int err = launch_auto_kernel(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP),
-                                 chunks == 1 && ewcuda_pdl_active(dev), s, a, b, out, partial, n, chunks, units);
+    const bool pdl = chunks == 1 && ewcuda_pdl_active(dev);
+    int err = launch_auto_kernel(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP), pdl, s, a, b, out, partial,
+                                 n, chunks, units, pdl);
     if (chunks > 1) {
         if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
