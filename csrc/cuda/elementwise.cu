@@ -25,8 +25,10 @@
  *              count and the kernel's occupancy), every load issued before the first store, no
  *              loop, streaming stores (st.global.cs), the scalar head (up to the 16-byte boundary)
  *              and tail on otherwise idle threads, 32-bit index unless n is too large,
- *              programmatic dependent launch on sm_90+ (pdl.cuh); float16/bfloat16 computed in
- *              float32, float64 in double. "auto_wb" (copy, add, add_const, log, erf): the same
+ *              programmatic dependent launch on sm_90+ (pdl.cuh) with the first vector's lines
+ *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4);
+ *              float16/bfloat16 computed in float32 (log through the SFU's log2), float64 in
+ *              double. "auto_wb" (copy, add, add_const, log, erf): the same
  *              with write-back stores. (Measured on the H100: see the notes.)
  *  6. grid1/grid2  log, erf, add_const (float32, bfloat16): a grid-stride body with one vector per
  *              thread under the study's two grid rules: grid1 = ceil(vectors / block), grid2 =
@@ -1438,7 +1440,7 @@ static int launch_grid2(const void *args) { return run_gs<Op, T>(static_cast<con
 #define EWK_AUTO_ABOUT \
     "fast default: 16-byte vectors, 1/2/4 per thread so the grid fits one wave of the device when it can, " \
     "all loads before the first store, streaming stores, head/tail on spare threads (scalar if offsets " \
-    "differ), 32-bit index when n allows, PDL on sm_90+"
+    "differ), 32-bit index when n allows, PDL on sm_90+ with an L2 prefetch of the first vector before the wait"
 #define EWK_AUTO_ROW(NAME, T, DT) \
     {#NAME, "auto", DT, launch_auto<Op_##NAME, T>, EWK_AUTO_KERNEL(Op_##NAME, T), EWK_B, EWK_AUTO_ABOUT},
 #define EW_OP(name, inputs, scalars, definition, accuracy) \

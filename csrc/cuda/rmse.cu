@@ -26,12 +26,15 @@
  *                 Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
  *   6 auto        the default, every layout. Deterministic: no floating-point atomics; per-(batch,
  *                 chunk) partials summed in a fixed order; the split depends on the shape, the
- *                 dtype and the inputs' alignment mod 16 bytes, never on the device or on timing.
+ *                 dtype and the inputs' alignment mod 16 bytes, never on the device or on timing
+ *                 (the grid may depend on the device and on PDL; the order of no sum does).
  *                 Squares summed in float per 4 x 16-byte step, in double per thread and beyond.
  *                 16-byte loads with scalar head and tail (a batch may start misaligned).
- *                 inner == 1: a group of 1..32 lanes per batch when batches are short (<= 128
+ *                 inner == 1: a group of 1..32 lanes per batch when batches are short (<= 256
  *                 vectors), else one 256-thread block per 16 KiB chunk of a batch, then a combine
  *                 launch (a programmatic dependent launch on sm_90) when a batch has several chunks.
+ *                 Under PDL both kernels prefetch the lines of each thread's first load into L2
+ *                 before the wait (pdl.cuh, prefetch_l2).
  *                 inner > 1: a coalesced column kernel (consecutive threads on consecutive j, each
  *                 looping over i), splitting i into chunks when outer * inner is small.
  *                 Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
