@@ -401,12 +401,6 @@ __global__ void rmse_fill_nan_kernel(O *out, int64_t batches)
         out[k] = finish_double<O>(0.0, 0);
 }
 
-/* Contiguous batches, long: unit u = (batch u / chunks, chunk u % chunks), one block each.
- * A batch is a head of up to W - 1 elements (to the first 16-byte boundary), nv full vectors,
- * and a tail; chunk c owns vectors [c * CHUNK, (c + 1) * CHUNK), chunk 0 also the head and the
- * last chunk the tail. Each thread keeps a double sum; each unrolled step of AUTO_UNROLL
- * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
- * partial[u] for the combine kernel. */
 /* Unit u of the rows kernel: batch bt, chunk c, the chunk's first vector (ca, cb) and its
  * vector count m; pure arithmetic (no memory access), so the first unit's is formed before
  * pdl_wait() and the loads follow the wait at once. */
@@ -431,6 +425,12 @@ struct RowsUnit {
     }
 };
 
+/* Contiguous batches, long: unit u = (batch u / chunks, chunk u % chunks), one block each.
+ * A batch is a head of up to W - 1 elements (to the first 16-byte boundary), nv full vectors,
+ * and a tail; chunk c owns vectors [c * CHUNK, (c + 1) * CHUNK), chunk 0 also the head and the
+ * last chunk the tail. Each thread keeps a double sum; each unrolled step of AUTO_UNROLL
+ * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
+ * partial[u] for the combine kernel. */
 template <typename T, bool VEC>
 __global__ void RMSE_AUTO_BOUNDS
 rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
