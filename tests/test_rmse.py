@@ -98,10 +98,13 @@ def test_auto_is_deterministic(device, shape, axis):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
-@pytest.mark.parametrize("shape", [(8192, 64), (65536, 64), (262144, 16), (1024, 4096), (333, 4099), (32768, 127)])
+@pytest.mark.parametrize("shape", [(8192, 64), (65536, 64), (262144, 16), (1024, 4096), (333, 4099), (32768, 127),
+                                   (4096, 512), (2048, 1000), (1031, 2047), (777, 1537), (300, 4096 * 3 + 5)])
 def test_auto_same_bits_with_pdl_on_and_off(shape):
     """auto's grid differs with PDL on (prefetching; between one and two waves of group-kernel
-    blocks become one wave) and off; the result is the reference's and the same bits either way."""
+    blocks become one wave) and off; the result is the reference's and the same bits either way.
+    The shapes take the group kernel, the rows kernel at 64, 128 and 256 threads (misaligned rows
+    included) and the chunked rows kernel with its combine."""
     rng = np.random.default_rng(5)
     a, b = (random_input(rng, shape, "float32") for _ in range(2))
     A, B = (ewkern.asarray(x, device="cuda:0") for x in (a, b))

@@ -30,9 +30,10 @@
  *                 (the grid may depend on the device and on PDL; the order of no sum does).
  *                 Squares summed in float per 4 x 16-byte step, in double per thread and beyond.
  *                 16-byte loads with scalar head and tail (a batch may start misaligned).
- *                 inner == 1: a group of 1..32 lanes per batch when batches are short (<= 256
- *                 vectors), else one 256-thread block per 16 KiB chunk of a batch, then a combine
- *                 launch (a programmatic dependent launch on sm_90) when a batch has several chunks.
+ *                 inner == 1: a group of 1..32 lanes per batch when batches are short (<= 128
+ *                 vectors), else one block per 16 KiB chunk of a batch (64, 128 or 256 threads:
+ *                 the fewest that take 4 vectors each), then a combine launch (a programmatic
+ *                 dependent launch on sm_90) when a batch has several chunks.
  *                 Under PDL both kernels prefetch the lines of each thread's first load into L2
  *                 before the wait (pdl.cuh, prefetch_l2).
  *                 inner > 1: a coalesced column kernel (consecutive threads on consecutive j, each
@@ -377,9 +378,10 @@ enum {
     AUTO_UNROLL = 4,           /* 16-byte loads of each input in flight per thread */
     AUTO_CHUNK_UNITS = 1024,   /* rows kernel: 16-byte units per chunk = one unrolled step per thread
                                   (16 KiB of each input); 2048 and 4096 timed 0.5-1.5% slower */
-    AUTO_SMALL_UNITS = 256,    /* rows: batches of at most this many units go to the group kernel;
-                                  at 256 units (4096 x 1024 f32) the group kernel moved 2452 GB/s
-                                  against the rows kernel's 1534, at 1024 units 1686 against 2560 */
+    AUTO_SMALL_UNITS = 128,    /* rows: batches of at most this many units go to the group kernel,
+                                  longer ones to the rows kernel at 64/128/256 threads (RMSE_NOTES.md:
+                                  at 128 units, 16384 x 512 f32, 3058 GB/s against 2912 for the rows
+                                  kernel; at 256 units, 8192 x 1024, 2819 against 3253) */
     AUTO_TINY_UNITS = 16,      /* group kernel: batches of at most this many units take about 2 units
                                   per lane instead of AUTO_UNROLL (65536 x 64 f32: 2425 vs 2230 GB/s) */
     AUTO_TARGET_CHUNKS = 2048, /* cols kernel: split rows until about this many blocks of work */
@@ -425,21 +427,22 @@ struct RowsUnit {
     }
 };
 
-/* Contiguous batches, long: unit u = (batch u / chunks, chunk u % chunks), one block each.
+/* Contiguous batches, long: unit u = (batch u / chunks, chunk u % chunks), one block of NT threads
+ * each (NT is fixed per shape, so the sum order is too).
  * A batch is a head of up to W - 1 elements (to the first 16-byte boundary), nv full vectors,
  * and a tail; chunk c owns vectors [c * CHUNK, (c + 1) * CHUNK), chunk 0 also the head and the
  * last chunk the tail. Each thread keeps a double sum; each unrolled step of AUTO_UNROLL
  * vectors is tree-summed in the arithmetic type first. chunks == 1 writes out directly, otherwise
  * partial[u] for the combine kernel. */
-template <typename T, bool VEC>
-__global__ void RMSE_AUTO_BOUNDS
+template <typename T, bool VEC, int NT = AUTO_BLOCK>
+__global__ void __launch_bounds__(NT, 1)
 rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, int64_t n,
                       int64_t chunks, int64_t units, bool prefetch)
 {
     typedef unit_io<T, VEC> io;
     typedef typename io::raw raw;
     typedef acc_t<T> A;
-    enum { W = io::W, STEP = AUTO_BLOCK * AUTO_UNROLL };
+    enum { W = io::W, STEP = NT * AUTO_UNROLL };
     const int tid = threadIdx.x;
     int64_t u = blockIdx.x;
     RowsUnit<T, VEC> w(a, b, n, chunks, u);
@@ -458,12 +461,12 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
          * loads at once */
         double acc = 0.0;
         int k = tid;
-        for (; k + (AUTO_UNROLL - 1) * AUTO_BLOCK < m; k += STEP) {
+        for (; k + (AUTO_UNROLL - 1) * NT < m; k += STEP) {
             raw x[AUTO_UNROLL], y[AUTO_UNROLL];
 #pragma unroll
             for (int r = 0; r < AUTO_UNROLL; ++r) {
-                x[r] = io::load(ca, k + r * AUTO_BLOCK);
-                y[r] = io::load(cb, k + r * AUTO_BLOCK);
+                x[r] = io::load(ca, k + r * NT);
+                y[r] = io::load(cb, k + r * NT);
             }
             A s[AUTO_UNROLL];
 #pragma unroll
@@ -474,9 +477,9 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
             raw x[AUTO_UNROLL], y[AUTO_UNROLL];
 #pragma unroll
             for (int r = 0; r < AUTO_UNROLL; ++r) {
-                const bool in = k + r * AUTO_BLOCK < m;
-                x[r] = in ? io::load(ca, k + r * AUTO_BLOCK) : io::zero();
-                y[r] = in ? io::load(cb, k + r * AUTO_BLOCK) : io::zero();
+                const bool in = k + r * NT < m;
+                x[r] = in ? io::load(ca, k + r * NT) : io::zero();
+                y[r] = in ? io::load(cb, k + r * NT) : io::zero();
             }
             A s[AUTO_UNROLL];
 #pragma unroll
@@ -489,7 +492,7 @@ rmse_auto_rows_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
             const int64_t i = w.h + w.nv * W + tid;
             if (tid < W && i < n) acc += (double)sq1(w.pa[i], w.pb[i]);
         }
-        acc = block_sum<double, AUTO_BLOCK>(acc);
+        acc = block_sum<double, NT>(acc);
         if (tid == 0) {
             if (chunks == 1)
                 out[w.bt] = finish_double<out_t<T>>(acc, n);
@@ -944,10 +947,10 @@ static int64_t auto_wave(std::atomic<int> *cache, const void *kernel, int dev)
 
 /* Launch kernel on grid x AUTO_BLOCK, as a programmatic dependent of the previous work in s when
  * pdl is true. */
-template <typename K, typename... A>
+template <int NT = AUTO_BLOCK, typename K, typename... A>
 static int launch_auto_kernel(K kernel, int64_t grid, bool pdl, cudaStream_t s, const A &...args)
 {
-    const cudaError_t err = pdl_launch(kernel, dim3((unsigned)grid), dim3(AUTO_BLOCK), 0, s, pdl, args...);
+    const cudaError_t err = pdl_launch(kernel, dim3((unsigned)grid), dim3(NT), 0, s, pdl, args...);
     return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
 }
 
@@ -993,8 +996,20 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
     /* after a cudaMallocAsync the previous stream item is no kernel to overlap with: no PDL there
      * (a PDL launch measured 54 us instead of 46 at 16 x 2^20 under graph replay) */
     const bool pdl = chunks == 1 && ewcuda_pdl_active(dev);
-    int err = launch_auto_kernel(rmse_auto_rows_kernel<T, VEC>, min64(units, GRID_CAP), pdl, s, a, b, out, partial,
-                                 n, chunks, units, pdl);
+    /* a one-chunk batch gets the fewest threads that still issue AUTO_UNROLL loads each: 64 up to
+     * 256 vectors, 128 up to 512 (2048 x 2048 f32: 3127 GB/s against 2377 with 256 threads issuing
+     * two loads each; 8192 x 1024: 3253 against the group kernel's 2819) */
+    const int64_t grid = min64(units, GRID_CAP);
+    int err;
+    if (chunks == 1 && units_per_batch <= 64 * AUTO_UNROLL)
+        err = launch_auto_kernel<64>(rmse_auto_rows_kernel<T, VEC, 64>, grid, pdl, s, a, b, out, partial, n, chunks,
+                                     units, pdl);
+    else if (chunks == 1 && units_per_batch <= 128 * AUTO_UNROLL)
+        err = launch_auto_kernel<128>(rmse_auto_rows_kernel<T, VEC, 128>, grid, pdl, s, a, b, out, partial, n, chunks,
+                                      units, pdl);
+    else
+        err = launch_auto_kernel(rmse_auto_rows_kernel<T, VEC>, grid, pdl, s, a, b, out, partial, n, chunks, units,
+                                 pdl);
     if (chunks > 1) {
         if (!err) err = launch_combine<out_t<T>>(partial, out, batches, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
