@@ -52,6 +52,7 @@
 #include <cstring>
 
 #include "ewkern_kernels.h"
+#include "device_cache.cuh"
 #include "pdl.cuh"
 
 namespace ewk {
@@ -66,47 +67,8 @@ typedef __nv_bfloat16 bf16_t;
 static const int64_t kChunk32 = int64_t(1) << 30;
 
 /* ---------------------------------------------------------------------------------------------
- * Host helpers: device shape (cached per device), alignment, chunking.
+ * Host helpers: grids from the device shape (device_cache.cuh), alignment, chunking.
  * ------------------------------------------------------------------------------------------- */
-
-struct DeviceShape {
-    int sms;
-    int threads_per_sm;
-};
-
-static const int kMaxCachedDevices = 64;
-static std::atomic<int> g_sms[kMaxCachedDevices];
-static std::atomic<int> g_tps[kMaxCachedDevices];
-
-static DeviceShape device_shape(int dev)
-{
-    if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        dev = 0;
-    }
-    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
-    if (cached) {
-        const int s = g_sms[dev].load(std::memory_order_relaxed);
-        const int t = g_tps[dev].load(std::memory_order_relaxed);
-        if (s > 0 && t > 0)
-            return DeviceShape{s, t};
-    }
-    int s = 0, t = 0;
-    if (cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || s <= 0) {
-        cudaGetLastError(); /* leave no error behind for the launcher's cudaGetLastError() */
-        s = 132;
-    }
-    if (cudaDeviceGetAttribute(&t, cudaDevAttrMaxThreadsPerMultiProcessor, dev) != cudaSuccess ||
-        t <= 0) {
-        cudaGetLastError();
-        t = 2048;
-    }
-    if (cached) {
-        g_sms[dev].store(s, std::memory_order_relaxed);
-        g_tps[dev].store(t, std::memory_order_relaxed);
-    }
-    return DeviceShape{s, t};
-}
 
 /* Blocks that fill the device `waves` times over: SMs x resident blocks per SM x waves. */
 static int64_t wave_grid(const ew_args *a, int block, int waves)
@@ -1155,14 +1117,11 @@ ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
     const uint4 *bv = reinterpret_cast<const uint4 *>(b);
     uint4 *ov = reinterpret_cast<uint4 *>(o);
     if (p.prefetch && base < nvec) {
-        /* the inputs' lines of the first vector, one request per 128-byte line: from the thread
-         * whose vector starts it, and from thread 0 (the block's first, partial line) */
+        /* the inputs' lines of the first vector (thread 0 leads the block's run) */
         if constexpr (Op::NIN >= 1)
-            if ((reinterpret_cast<uintptr_t>(av + base) & 127u) < 16u || threadIdx.x == 0)
-                prefetch_l2(av + base);
+            prefetch_l2_line(av + base, 16u, threadIdx.x == 0);
         if constexpr (Op::NIN >= 2)
-            if ((reinterpret_cast<uintptr_t>(bv + base) & 127u) < 16u || threadIdx.x == 0)
-                prefetch_l2(bv + base);
+            prefetch_l2_line(bv + base, 16u, threadIdx.x == 0);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -1280,28 +1239,6 @@ static int run_gs(const ew_args *a, GridRule rule)
         err = pdl_launch(ew_gs<Op, T, int64_t, true>, g, bl, 0, s, pdl, w.xh(), w.yh(), w.z + w.head,
                          w.n - w.head, w.head, p);
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
-}
-
-/* Resident blocks per SM of kernel k at `block` threads on device dev (occupancy API; 1 when it
- * fails). slots is the calling launcher's own cache, one word per device holding block << 8 |
- * blocks, so a block size other than the cached one asks again. */
-static int blocks_per_sm(std::atomic<int> *slots, const void *k, int block, int dev)
-{
-    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
-    if (cached) {
-        const int v = slots[dev].load(std::memory_order_relaxed);
-        if (v > 0 && (v >> 8) == block)
-            return v & 255;
-    }
-    int nb = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, block, 0) != cudaSuccess || nb < 1) {
-        cudaGetLastError();
-        nb = 1;
-    }
-    nb = nb < 255 ? nb : 255;
-    if (cached)
-        slots[dev].store(block << 8 | nb, std::memory_order_relaxed);
-    return nb;
 }
 
 /* auto: VPT, the vectors per thread, from the waves W = vectors / (SMs x resident threads) of the

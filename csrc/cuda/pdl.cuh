@@ -13,6 +13,7 @@
 #define EWKERN_PDL_CUH
 
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #include "cuda_api.h"
 
@@ -41,6 +42,14 @@ __device__ __forceinline__ void pdl_launch_dependents()
 __device__ __forceinline__ void prefetch_l2(const void *p)
 {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+/* prefetch_l2 from a run of consecutive `unit`-byte loads, one request per 128-byte line: from the
+ * load that starts a line, and from the run's first load (lead), whose line may start before it. */
+__device__ __forceinline__ void prefetch_l2_line(const void *p, unsigned unit, bool lead)
+{
+    if (lead || (reinterpret_cast<uintptr_t>(p) & 127u) < unit)
+        prefetch_l2(p);
 }
 
 /* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous

@@ -51,6 +51,7 @@
 #include <stdint.h>
 
 #include "ewkern_kernels.h"
+#include "device_cache.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -205,14 +206,15 @@ template <typename T> struct unit_io<T, false> {
     static __device__ __forceinline__ T zero() { return T(); }
 };
 
-/* Before pdl_wait(): ask the L2 for the line of unit k of p when that unit starts a line or the
- * caller leads a contiguous run of units (pdl.cuh, prefetch_l2). */
+/* Before pdl_wait(): the L2 line of unit k of p, from a run of consecutive units that the caller
+ * leads (pdl.cuh, prefetch_l2_line). */
 template <typename T, bool VEC>
 __device__ __forceinline__ void prefetch_unit(const T *p, int64_t k, bool lead)
 {
-    const char *q = VEC ? reinterpret_cast<const char *>(reinterpret_cast<const uint4 *>(p) + k)
-                        : reinterpret_cast<const char *>(p + k);
-    if (lead || ((uintptr_t)q & 127u) < (VEC ? 16u : (unsigned)sizeof(T))) prefetch_l2(q);
+    if (VEC)
+        prefetch_l2_line(reinterpret_cast<const uint4 *>(p) + k, 16u, lead);
+    else
+        prefetch_l2_line(p + k, (unsigned)sizeof(T), lead);
 }
 
 /* Sum of squares of one unit pair (W elements), tree-ordered. */
@@ -863,12 +865,11 @@ static int launch_multiblock(const void *p)
 struct occ_entry {
     std::atomic<int> grid, block;
 };
-enum { OCC_DEVICES = 64 };
 
 template <typename K>
 static int occupancy_split(occ_entry *cache, K kernel, int device, int64_t n, int64_t *per_batch, int64_t *block)
 {
-    occ_entry *e = device >= 0 && device < OCC_DEVICES ? &cache[device] : NULL;
+    occ_entry *e = device >= 0 && device < kMaxCachedDevices ? &cache[device] : NULL;
     int g = 0, b = 0;
     if (e && e->block.load(std::memory_order_acquire) > 0) {
         g = e->grid.load(std::memory_order_relaxed);
@@ -888,7 +889,7 @@ static int occupancy_split(occ_entry *cache, K kernel, int device, int64_t n, in
 template <typename T>
 static int launch_occupancy(const void *p)
 {
-    static occ_entry cache[OCC_DEVICES];
+    static occ_entry cache[kMaxCachedDevices];
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
     typedef out_t<T> O;
@@ -904,7 +905,7 @@ static int launch_occupancy(const void *p)
 template <typename T>
 static int launch_int32(const void *p)
 {
-    static occ_entry cache[OCC_DEVICES];
+    static occ_entry cache[kMaxCachedDevices];
     const ew_rmse_args *args = (const ew_rmse_args *)p;
     const rmse_view v = view_of(p);
     typedef out_t<T> O;
@@ -925,26 +926,6 @@ static int launch_int32(const void *p)
 }
 
 /* 6 auto */
-/* One wave of kernel's AUTO_BLOCK-thread blocks on device dev: SMs x resident blocks per SM
- * (occupancy API), cached per device in the caller's cache; 0 when the runtime cannot say. */
-static int64_t auto_wave(std::atomic<int> *cache, const void *kernel, int dev)
-{
-    const bool cached = dev >= 0 && dev < OCC_DEVICES;
-    if (cached) {
-        const int v = cache[dev].load(std::memory_order_relaxed);
-        if (v > 0) return v;
-    }
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, AUTO_BLOCK, 0) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    const int v = per_sm * sms;
-    if (cached && v > 0) cache[dev].store(v, std::memory_order_relaxed);
-    return v;
-}
-
 /* Launch kernel on grid x AUTO_BLOCK, as a programmatic dependent of the previous work in s when
  * pdl is true. */
 template <int NT = AUTO_BLOCK, typename K, typename... A>
@@ -983,9 +964,10 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
         const bool pdl = ewcuda_pdl_active(dev);
         /* between one and two waves of blocks: one wave, each block taking a second step (65536 x 64
          * f32 under PDL: 3086 GB/s against 2770 with 1.94 waves; 3.9 waves kept, 2591 against 2441) */
-        static std::atomic<int> wave_cache[OCC_DEVICES];
+        static std::atomic<int> occ[kMaxCachedDevices];
         int64_t grid = min64(cdiv(batches, per_block), GRID_CAP);
-        const int64_t wave = auto_wave(wave_cache, (const void *)rmse_auto_small_kernel<T, VEC>, dev);
+        const int64_t wave = int64_t(device_shape(dev).sms) *
+                             blocks_per_sm(occ, (const void *)rmse_auto_small_kernel<T, VEC>, AUTO_BLOCK, dev);
         if (grid > wave && grid <= 2 * wave) grid = wave;
         return launch_auto_kernel(rmse_auto_small_kernel<T, VEC>, grid, pdl, s, a, b, out, batches, n, glog, pdl);
     }

@@ -1,0 +1,73 @@
+/*
+ * device_cache.cuh: per-device facts the launchers ask on every call, cached (host side, shared
+ * by the kernel files): the SM count and threads per SM, and a kernel's resident blocks per SM.
+ */
+#ifndef EWKERN_DEVICE_CACHE_CUH
+#define EWKERN_DEVICE_CACHE_CUH
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+struct DeviceShape {
+    int sms;
+    int threads_per_sm;
+};
+
+static const int kMaxCachedDevices = 64;
+static std::atomic<int> g_sms[kMaxCachedDevices];
+static std::atomic<int> g_tps[kMaxCachedDevices];
+
+static inline DeviceShape device_shape(int dev)
+{
+    if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        dev = 0;
+    }
+    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
+    if (cached) {
+        const int s = g_sms[dev].load(std::memory_order_relaxed);
+        const int t = g_tps[dev].load(std::memory_order_relaxed);
+        if (s > 0 && t > 0)
+            return DeviceShape{s, t};
+    }
+    int s = 0, t = 0;
+    if (cudaDeviceGetAttribute(&s, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || s <= 0) {
+        cudaGetLastError(); /* leave no error behind for the launcher's cudaGetLastError() */
+        s = 132;
+    }
+    if (cudaDeviceGetAttribute(&t, cudaDevAttrMaxThreadsPerMultiProcessor, dev) != cudaSuccess ||
+        t <= 0) {
+        cudaGetLastError();
+        t = 2048;
+    }
+    if (cached) {
+        g_sms[dev].store(s, std::memory_order_relaxed);
+        g_tps[dev].store(t, std::memory_order_relaxed);
+    }
+    return DeviceShape{s, t};
+}
+
+/* Resident blocks per SM of kernel k at `block` threads on device dev (occupancy API; 1 when it
+ * fails). slots is the calling launcher's own cache, one word per device holding block << 8 |
+ * blocks, so a block size other than the cached one asks again. */
+static inline int blocks_per_sm(std::atomic<int> *slots, const void *k, int block, int dev)
+{
+    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
+    if (cached) {
+        const int v = slots[dev].load(std::memory_order_relaxed);
+        if (v > 0 && (v >> 8) == block)
+            return v & 255;
+    }
+    int nb = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, block, 0) != cudaSuccess || nb < 1) {
+        cudaGetLastError();
+        nb = 1;
+    }
+    nb = nb < 255 ? nb : 255;
+    if (cached)
+        slots[dev].store(block << 8 | nb, std::memory_order_relaxed);
+    return nb;
+}
+
+#endif /* EWKERN_DEVICE_CACHE_CUH */
