@@ -970,7 +970,9 @@ struct Op_log_sfu {
 template <class Op, class T> struct MathOf { typedef Op type; };
 template <> struct MathOf<Op_log, half_t> { typedef Op_log_sfu type; };
 template <> struct MathOf<Op_log, bf16_t> { typedef Op_log_sfu type; };
-/* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time */
+/* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time;
+ * asked of MathOf<Op, T>, so 16-bit log (Op_log_sfu, 4 instructions) is not one: with 1 vector
+ * per thread past 32 waves it ran 0.4-0.5% faster than with 2 (log float16 256 MiB-2 GiB) */
 template <class Op> struct Heavy { enum { value = 0 }; };
 template <> struct Heavy<Op_exp> { enum { value = 1 }; };
 template <> struct Heavy<Op_log> { enum { value = 1 }; };
@@ -1248,7 +1250,8 @@ static int run_gs(const ew_args *a, GridRule rule)
  * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
- * Transcendental ops in 16-bit types: 1, and 2 beyond 32 waves. Measurements: ELEMENTWISE_NOTES.md. */
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves.
+ * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
 static int forced_vpt()
@@ -1282,7 +1285,7 @@ static int run_fast(const ew_args *a)
         vpt = 1; /* the 64-bit instance takes 1 vector per thread */
     } else if (const int forced = forced_vpt()) {
         vpt = forced;
-    } else if (Heavy<Op>::value && sizeof(T) == 2) {
+    } else if (Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2) {
         /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
          * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
         vpt = w.nvec > 32 * wave1 ? 2 : 1;
