@@ -59,10 +59,11 @@ def run_cli(*args, timeout=120, cwd=None):
 def test_list_names_every_experiment():
     r = run_cli("list")
     assert r.returncode == 0, r.stderr
-    for name in ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "overhead"]:
+    names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "rmse_grid", "overhead"]
+    for name in names:
         assert f"  {name} " in r.stdout
     assert "[GPU only]" in r.stdout
-    assert len(r.stdout.strip().splitlines()) == 15   # header + one line each
+    assert len(r.stdout.strip().splitlines()) == 1 + len(names)   # header + one line each
 
 
 def test_unknown_experiment_lists_the_valid_ones(capsys):

@@ -28,7 +28,7 @@
  *              programmatic dependent launch on sm_90+ (pdl.cuh) with the first vector's lines
  *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4);
  *              float16/bfloat16 computed in float32 (log through the SFU's log2), float64 in
- *              double. "auto_wb" (copy, add, add_const, log, erf): the same
+ *              double. "auto_wb" (fill, copy, add, add_const, log, erf): the same
  *              with write-back stores. (Measured on the H100: see the notes.)
  *  6. grid1/grid2  log, erf, add_const (float32, bfloat16): a grid-stride body with one vector per
  *              thread under the study's two grid rules: grid1 = ceil(vectors / block), grid2 =
@@ -965,11 +965,128 @@ struct Op_log_sfu {
         return l2 * 0.693147180559945309f;
     }
 };
+/* gelu for float, float16 and bfloat16 results (float64 keeps gelu_of): x Phi(x) with
+ * Phi(x) = erfc(-x / sqrt 2) / 2, from one erfc(z), z = |x| / sqrt 2, for both signs:
+ *     x < 0: x erfc(z) / 2,    x >= 0: x (1 - erfc(z) / 2),
+ *     erfc(z) = t 2^(-z^2 log2 e + s Q(s)),  t = 1 / (1 + z / 2),  s = 1 - t,
+ * with Q fitted by scripts/gelu_fit.py (s Q(s) is log2(erfc(z) / t) + z^2 log2 e on z in [0, 10];
+ * it is 0 at z = 0, so Horner's rounding stays relative near x = 0). Branch-free, one reciprocal and
+ * one exp2 on the SFU (rcp.approx, ex2.approx: MUFU.RCP, MUFU.EX2), no cancellation for x << 0
+ * (libdevice erfcf and the u-rounding correction of gelu_of cost about 60 instructions an element,
+ * which made 16-bit gelu compute-bound at 0.55-0.6 of torch's erff form; ELEMENTWISE_NOTES.md).
+ * The rounding of z, z^2 and the exponent costs about a^2 / 2 ulp for a << 0 (the stated bound's
+ * 2 a^2 term); the rest stays under 4 ulp. */
+EW_DEV float rcp_approx_ftz(float x)
+{
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+/* 2^x; without .ftz subnormal results keep their value (a few more instructions in SASS) */
+EW_DEV float ex2_approx(float x)
+{
+    float r;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+EW_DEV float ex2_approx_ftz(float x)
+{
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+static const float kLog2e = 1.44269504088896341f;
+static const float kRsqrt2 = 0.707106781186547524f;
+/* float results: degree 10 (fit error 6e-9 relative), t to 0.5 ulp by one Newton step, and z
+ * clamped to 16 (erfc(16) = 1e-113 underflows as erfc(inf) would) so that x = +-inf keeps t finite;
+ * (x erfc) / 2 rounds once into the subnormal range. */
+struct Op_gelu_f32 {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float x, float, float, float) const
+    {
+        const float z = fminf(fabsf(x) * kRsqrt2, 16.0f);
+        const float d = fmaf(z, 0.5f, 1.0f);
+        float t = rcp_approx_ftz(d);
+        t = fmaf(t, fmaf(-d, t, 1.0f), t);
+        const float s = 1.0f - t;
+        float q = -0.20092766f;
+        q = fmaf(q, s, 0.6277097f);
+        q = fmaf(q, s, -0.5815188f);
+        q = fmaf(q, s, 0.11310536f);
+        q = fmaf(q, s, -0.12101603f);
+        q = fmaf(q, s, 0.071952134f);
+        q = fmaf(q, s, 0.28323686f);
+        q = fmaf(q, s, 0.23216939f);
+        q = fmaf(q, s, -0.4374274f);
+        q = fmaf(q, s, -1.8131202f);
+        const float m = t * ex2_approx(fmaf(z * z, -kLog2e, s * q)); /* erfc(z) */
+        return x < 0.0f ? (x * m) * 0.5f : x * (1.0f - 0.5f * m);
+    }
+};
+/* float16/bfloat16 results: degree 5 (fit error 9e-6 relative, far under half a 16-bit ulp), no
+ * Newton step, and the exponent raised by 32 (taken back in one product) so that .ftz flushes
+ * nothing a bfloat16 subnormal result needs. x = +inf: t = 0, m = 0, x (1 - 0) = inf;
+ * x = -inf: -inf * 0 = NaN, as the ops.def formula gives. */
+struct Op_gelu_h16 {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float x, float, float, float) const
+    {
+        const float z = fabsf(x) * kRsqrt2;
+        const float t = rcp_approx_ftz(fmaf(z, 0.5f, 1.0f));
+        const float s = 1.0f - t;
+        float q = -0.32583496f;
+        q = fmaf(q, s, 0.6181457f);
+        q = fmaf(q, s, 0.11428998f);
+        q = fmaf(q, s, -0.4197283f);
+        q = fmaf(q, s, -1.813977f);
+        const float m = t * ex2_approx_ftz(fmaf(z * z, -kLog2e, fmaf(s, q, 32.0f))); /* erfc(z) 2^32 */
+        const float h = m * 0x1p-33f;
+        return x * (x < 0.0f ? h : 1.0f - h);
+    }
+};
+/* exp, tanh and sqrt for float16/bfloat16 results, on the SFU: libm's expf and tanhf (10-20
+ * instructions) and sqrtf's IEEE fix-up made 16-bit exp, tanh and sqrt issue-bound on the H200
+ * (0.95-0.99 of torch at 256 MiB-1 GiB, 8 elements per 16-byte vector). Errors, relative, before
+ * the one rounding to 16 bits (half a 16-bit ulp is 2^-11 or 2^-8): exp 2^-17 (x log2 e rounded,
+ * |x| < 128) + 2^-22 (ex2.approx), tanh 2^-10.99 (tanh.approx, PTX ISA), sqrt 2^-23; all inside
+ * the ops' stated bounds (exp, tanh: 2 ulp; sqrt: 1 ulp), checked on every 16-bit input by
+ * tests/test_elementwise.py. Without .ftz, subnormal inputs and results keep their value. */
+struct Op_exp_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return ex2_approx(a * kLog2e); }
+};
+struct Op_tanh_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const
+    {
+        float r;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(a));
+        return r;
+    }
+};
+struct Op_sqrt_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const
+    {
+        float r;
+        asm("sqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(a));
+        return r;
+    }
+};
 /* The arithmetic an op runs for element type T: Op itself except where a cheaper form keeps
  * the op's accuracy bound for that type. */
 template <class Op, class T> struct MathOf { typedef Op type; };
 template <> struct MathOf<Op_log, half_t> { typedef Op_log_sfu type; };
 template <> struct MathOf<Op_log, bf16_t> { typedef Op_log_sfu type; };
+template <> struct MathOf<Op_exp, half_t> { typedef Op_exp_sfu type; };
+template <> struct MathOf<Op_exp, bf16_t> { typedef Op_exp_sfu type; };
+template <> struct MathOf<Op_tanh, half_t> { typedef Op_tanh_sfu type; };
+template <> struct MathOf<Op_tanh, bf16_t> { typedef Op_tanh_sfu type; };
+template <> struct MathOf<Op_sqrt, half_t> { typedef Op_sqrt_sfu type; };
+template <> struct MathOf<Op_sqrt, bf16_t> { typedef Op_sqrt_sfu type; };
+template <> struct MathOf<Op_gelu, float> { typedef Op_gelu_f32 type; };
+template <> struct MathOf<Op_gelu, half_t> { typedef Op_gelu_h16 type; };
+template <> struct MathOf<Op_gelu, bf16_t> { typedef Op_gelu_h16 type; };
 /* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time;
  * asked of MathOf<Op, T>, so 16-bit log (Op_log_sfu, 4 instructions) is not one: with 1 vector
  * per thread past 32 waves it ran 0.4-0.5% faster than with 2 (log float16 256 MiB-2 GiB) */
@@ -980,6 +1097,7 @@ template <> struct Heavy<Op_erf> { enum { value = 1 }; };
 template <> struct Heavy<Op_tanh> { enum { value = 1 }; };
 template <> struct Heavy<Op_sigmoid> { enum { value = 1 }; };
 template <> struct Heavy<Op_gelu> { enum { value = 1 }; };
+template <> struct Heavy<Op_gelu_h16> { enum { value = 1 }; };
 template <> struct Heavy<Op_silu> { enum { value = 1 }; };
 struct Op_fill {
     enum { NIN = 0, KIND = KIND_FILL };
@@ -1001,7 +1119,8 @@ struct OpArgs {
     typename Compute<T>::type s0, s1;
     T v;
     uint4 pattern;
-    int prefetch; /* ew_fast: prefetch the first vector's lines into L2 before pdl_wait (PDL launches) */
+    int prefetch; /* ew_fast: blocks below this index prefetch their first vector's lines into L2
+                     before pdl_wait (PDL launches; 0: none) */
 };
 
 template <class Op, class T, class Idx>
@@ -1118,7 +1237,7 @@ ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
     const uint4 *av = reinterpret_cast<const uint4 *>(a);
     const uint4 *bv = reinterpret_cast<const uint4 *>(b);
     uint4 *ov = reinterpret_cast<uint4 *>(o);
-    if (p.prefetch && base < nvec) {
+    if (int(blockIdx.x) < p.prefetch && base < nvec) {
         /* the inputs' lines of the first vector (thread 0 leads the block's run) */
         if constexpr (Op::NIN >= 1)
             prefetch_l2_line(av + base, 16u, threadIdx.x == 0);
@@ -1264,6 +1383,22 @@ static int forced_vpt()
     return v;
 }
 
+/* EWKERN_PDL_PREFETCH=none|wave|all (read once): which blocks of a PDL launch prefetch their first
+ * vector's lines before the wait; a knob for measuring the rule in run_fast, not for users. */
+enum PrefetchRule { PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
+static PrefetchRule prefetch_rule()
+{
+    static const PrefetchRule r = [] {
+        const char *e = getenv("EWKERN_PDL_PREFETCH");
+        if (e && !strcmp(e, "none"))
+            return PREFETCH_NONE;
+        if (e && !strcmp(e, "all"))
+            return PREFETCH_ALL;
+        return PREFETCH_WAVE;
+    }();
+    return r;
+}
+
 template <class Op, class T, bool WB>
 static int run_fast(const ew_args *a)
 {
@@ -1304,7 +1439,13 @@ static int run_fast(const ew_args *a)
     if ((grid - 1) * per_block + (block - w.nedge) < w.nvec)
         grid += 1;
     OpArgs<T> p = op_args<T>(a);
-    p.prefetch = pdl;
+    if (pdl) {
+        /* only blocks that can be resident before the previous kernel ends have a wait to hide a
+         * prefetch behind: the first wave (later blocks would issue it and load at once) */
+        const PrefetchRule r = prefetch_rule();
+        const int64_t wave_blocks = wave1 / block;
+        p.prefetch = r == PREFETCH_NONE ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
+    }
     const cudaStream_t s = stream_of(a);
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
     const T *xh = w.xh(), *yh = w.yh();
@@ -1440,7 +1581,8 @@ static const ew_kernel kTable[] = {
     EWK_GRID_ROWS(erf, bf16_t, EW_BFLOAT16)
     EWK_GRID_ROWS(add_const, float, EW_FLOAT32)
     EWK_GRID_ROWS(add_const, bf16_t, EW_BFLOAT16)
-    /* the store policy of auto, for the five ops of the speed bar */
+    /* the store policy of auto, for the five ops of the speed bar and fill (write-only) */
+    EWK_WB_ROWS(fill)
     EWK_WB_ROWS(copy)
     EWK_WB_ROWS(add)
     EWK_WB_ROWS(add_const)

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, choose_sets)
 from .units import ITEMSIZE
 
-__all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS",
+__all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
+           "op_inputs",
            "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
            "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory"]
 
@@ -182,12 +183,14 @@ def _index(device: str) -> int:
 
 # --- the ops ------------------------------------------------------------------------------------
 
-_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum"}
+_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "axpby"}
 _UNARY = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu"}
-PEER_OPS = {"copy", "add_const", "mul_const"} | _BINARY | _UNARY
+PEER_OPS = {"copy", "fill", "add_const", "mul_const"} | _BINARY | _UNARY
 _NUMPY_NAMES = {"sub": "subtract", "mul": "multiply", "div": "divide", "neg": "negative",
                 "abs": "absolute"}
 _FILL = {"log": 1.5, "sqrt": 1.5, "rsqrt": 1.5, "div": 0.75}
+# what stands in for an op where the peer has no kernel of its own: same bytes, one launch
+PEER_STANDINS = {"axpby": "a + beta * b (torch.add with alpha; no framework has alpha * a + beta * b in one kernel)"}
 
 
 def _op_fn(impl: str, op: str):
@@ -196,14 +199,19 @@ def _op_fn(impl: str, op: str):
         import torch
         if op == "copy":
             return lambda ins, out: out.copy_(ins[0])
+        if op == "fill":
+            return lambda ins, out: out.fill_(1.0)
         if op == "add_const":
             return lambda ins, out: torch.add(ins[0], 1.0, out=out)
         if op == "mul_const":
             return lambda ins, out: torch.mul(ins[0], 1.0, out=out)
+        if op == "axpby":
+            return lambda ins, out: torch.add(ins[0], ins[1], alpha=0.5, out=out)
         if op == "relu":
             return lambda ins, out: torch.clamp_min(ins[0], 0.0, out=out)
         if op in ("gelu", "silu"):
-            raise Skip(f"torch.nn.functional.{op} takes no out=")
+            f = getattr(torch.ops.aten, op).out      # torch.nn.functional's kernels, with out=
+            return lambda ins, out: f(ins[0], out=out)
         f = getattr(torch, {"maximum": "maximum", "minimum": "minimum"}.get(op, op))
         if op in _BINARY:
             return lambda ins, out: f(ins[0], ins[1], out=out)
@@ -212,6 +220,8 @@ def _op_fn(impl: str, op: str):
         import cupy
         if op == "copy":
             return lambda ins, out: cupy.copyto(out, ins[0])
+        if op == "fill":
+            return lambda ins, out: out.fill(1.0)
         if op == "add_const":
             return lambda ins, out: cupy.add(ins[0], 1.0, out=out)
         if op == "mul_const":
@@ -225,7 +235,7 @@ def _op_fn(impl: str, op: str):
             return lambda ins, out: cupy.divide(1.0, cupy.sqrt(ins[0]), out=out)
         if op == "relu":
             return lambda ins, out: cupy.maximum(ins[0], 0.0, out=out)
-        if op in ("sigmoid", "gelu", "silu"):
+        if op in ("sigmoid", "gelu", "silu", "axpby"):
             raise Skip(f"CuPy has no {op} ufunc")
         f = getattr(cupy, _NUMPY_NAMES.get(op, op))
         if op in _BINARY:
@@ -234,6 +244,8 @@ def _op_fn(impl: str, op: str):
     import numpy
     if op == "copy":
         return lambda ins, out: numpy.copyto(out, ins[0])
+    if op == "fill":
+        return lambda ins, out: out.fill(1.0)
     if op == "add_const":
         return lambda ins, out: numpy.add(ins[0], out.dtype.type(1.0), out=out)
     if op == "mul_const":
@@ -245,12 +257,52 @@ def _op_fn(impl: str, op: str):
         return lambda ins, out: special.erf(ins[0], out=out)
     if op == "relu":
         return lambda ins, out: numpy.maximum(ins[0], out.dtype.type(0.0), out=out)
-    if op in ("rsqrt", "sigmoid", "gelu", "silu"):
+    if op in ("rsqrt", "sigmoid", "gelu", "silu", "axpby"):
         raise Skip(f"NumPy has no {op} ufunc")
     f = getattr(numpy, _NUMPY_NAMES.get(op, op))
     if op in _BINARY:
         return lambda ins, out: f(ins[0], ins[1], out=out)
     return lambda ins, out: f(ins[0], out=out)
+
+
+def _nin(op: str) -> int:
+    return 0 if op == "fill" else (2 if op in _BINARY else 1)
+
+
+def op_inputs(impl: str, op: str, shape, dtype: str, device: str) -> list:
+    """The inputs of op for impl: random data in the op's domain (standard normal x 2, so gelu,
+    erf, tanh, sigmoid and silu see both tails; |x| + 0.05 for log, sqrt, rsqrt; |x| + 0.5 for a
+    divisor), drawn in float32 and rounded to dtype. ewkern and its peers are timed on the same
+    distribution: constant inputs would hide data-dependent branches."""
+    out = []
+    for k in range(_nin(op)):
+        if impl.startswith("torch"):
+            import torch
+            x = torch.randn(tuple(shape), dtype=torch.float32, device=device) * 2.0
+            if op in ("log", "sqrt", "rsqrt"):
+                x = x.abs_().add_(0.05)
+            elif op == "div" and k == 1:
+                x = x.abs_().add_(0.5)
+            out.append(x.to(_torch_dtype(dtype)))
+            del x
+        elif impl == "cupy":
+            import cupy
+            with cupy.cuda.Device(_index(device)):
+                x = cupy.random.standard_normal(tuple(shape), dtype=cupy.float32) * 2.0
+                if op in ("log", "sqrt", "rsqrt"):
+                    x = cupy.abs(x) + 0.05
+                elif op == "div" and k == 1:
+                    x = cupy.abs(x) + 0.5
+                out.append(x.astype(_cupy_dtype(dtype)))
+        else:
+            import numpy
+            x = numpy.random.default_rng(k).standard_normal(tuple(shape), dtype=numpy.float32) * 2.0
+            if op in ("log", "sqrt", "rsqrt"):
+                x = numpy.abs(x) + 0.05
+            elif op == "div" and k == 1:
+                x = numpy.abs(x) + 0.5
+            out.append(x.astype(_numpy_dtype(dtype)))
+    return out
 
 
 def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
@@ -261,7 +313,7 @@ def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
     if why:
         raise Skip(why)
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    nin = 2 if op in _BINARY else 1
+    nin = _nin(op)
     n = math.prod(shape)
     s = ITEMSIZE[dtype]
     fn = _op_fn(impl, op)
@@ -275,7 +327,7 @@ def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
         raise Skip(f"{impl} {op} does not take {dtype}: {type(exc).__name__}: {exc}") from None
 
     def make_call():
-        ins = [_full(impl, shape, dtype, device, _FILL.get(op, 0.5) + 0.25 * k) for k in range(nin)]
+        ins = op_inputs(impl, op, shape, dtype, device)
         out = _empty(impl, shape, dtype, device)
         return lambda: fn(ins, out)
 
@@ -285,6 +337,7 @@ def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
 RMSE_PEERS = ("torch eager", "torch vector_norm", "torch.compile", "cupy ReductionKernel", "numpy")
 
 _CUPY_RMSE = {}
+_COMPILED = {}
 
 
 def _cupy_rmse_kernel():
@@ -298,8 +351,11 @@ def _cupy_rmse_kernel():
     return _CUPY_RMSE["k"]
 
 
-def rmse_call(peer: str, shape, dtype: str, device: str, axis: int):
-    """(make_call, set_bytes, bytes_read, bytes_written) for a peer's RMSE over axis of a 2-D shape."""
+def rmse_call(peer: str, shape, dtype: str, device: str, axis: int, *, out_itemsize: int = 4,
+              shared_compile: bool = False):
+    """(make_call, set_bytes, bytes_read, bytes_written) for a peer's RMSE over axis of a 2-D shape
+    (out_itemsize: the bytes of one result the peer writes; shared_compile: torch.compile once per
+    axis and dtype with Dynamo's automatic dynamic shapes, instead of once per shape)."""
     impl = {"torch eager": "torch", "torch vector_norm": "torch", "torch.compile": "torch.compile",
             "cupy ReductionKernel": "cupy", "numpy": "numpy"}[peer]
     why = available(impl, device)
@@ -326,7 +382,15 @@ def rmse_call(peer: str, shape, dtype: str, device: str, axis: int):
         def eager(a, b):
             return torch.sqrt(((a - b) ** 2).mean(axis))
         try:
-            f = torch.compile(eager, dynamic=False)
+            if shared_compile:
+                # one compiled function per (axis, dtype): Dynamo specialises on the first shape
+                # and recompiles with dynamic shapes on the next, as for a user calling it often
+                key = (axis, dtype)
+                if key not in _COMPILED:
+                    _COMPILED[key] = torch.compile(eager)
+                f = _COMPILED[key]
+            else:
+                f = torch.compile(eager, dynamic=False)
         except Exception as exc:
             raise Skip(f"torch.compile failed: {exc}") from None
     elif peer == "cupy ReductionKernel":
@@ -353,7 +417,7 @@ def rmse_call(peer: str, shape, dtype: str, device: str, axis: int):
             make_call()()
         except Exception as exc:
             raise Skip(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
-    return make_call, 2 * n * s, 2 * n * s, batches * 4
+    return make_call, 2 * n * s, 2 * n * s, batches * out_itemsize
 
 
 def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
@@ -385,8 +449,10 @@ def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
     scalars = (1.0, 0.5)[:nsc]
 
     def make_call():
-        ins = [_full("torch", shape, dtype, device, _FILL.get(op, 0.5) + 0.25 * k) for k in range(nin)]
+        ins = op_inputs("torch", op, shape, dtype, device)
         out = _empty("torch", shape, dtype, device)
+        if op == "fill":
+            return lambda: fn(out, *scalars)
         return lambda: fn(*ins, *scalars, out=out)
 
     return make_call, (nin + 1) * n * s, nin * n * s, n * s

@@ -68,7 +68,8 @@ _TINY = ["--cache-bytes", "1MiB", "--samples", "3", "--min-sample-ms", "0.05",
          "--e6-sizes", "1MiB,4MiB", "--e7-size", "1MiB", "--e9-sizes", "1MiB,4MiB", "--e9-ops", "add",
          "--v1-sizes", "256,512", "--r1-shape", "16x64x64",
          "--a1-n", "2^16", "--a1-naive-n", "2^12", "--a1-configs", "256:2048",
-         "--peers-sizes", "1MiB", "--peers-rmse-shapes", "16x2^12,2^12x16:last", "--peers-ref-size", "1MiB"]
+         "--peers-sizes", "1MiB", "--peers-ops", "copy,add,gelu", "--peers-dtypes", "float32,bfloat16",
+         "--peers-rmse-shapes", "16x2^12,2^12x16:last", "--peers-ref-size", "1MiB"]
 
 
 # --- settings ---------------------------------------------------------------------------------

@@ -1,11 +1,25 @@
 """peers: ewkern against torch and CuPy (NumPy on a CPU), timed the same way in the same run.
 
-Elementwise: copy, add, add_const, log, erf in float32, float16 and bfloat16 at 4 MiB, 64 MiB
-and 1 GiB per buffer (more sizes in full mode). RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096,
-8x2^24, 65536x64 and the batch-last 2^20x16 (reduced over the leading axis), against torch eager
-sqrt(((a-b)**2).mean(dim)), torch.linalg.vector_norm(a-b, dim)/sqrt(n), torch.compile of the
-eager expression, and a CuPy ReductionKernel. The same run measures the device-to-device copy
-bandwidth (torch copy_ / CuPy copy over 1 GiB) and torch.dot's read bandwidth over 2 x 1 GiB.
+Elementwise: every op of ewkern (default path, variant auto) x float32, float16, bfloat16, float64
+at 1 MiB - 2 GiB per buffer (4 MiB, 64 MiB, 1 GiB in quick mode) against torch's equivalent op (and
+CuPy's where it has one), in two timing methods on a GPU:
+
+* back-to-back: K calls captured into one CUDA graph and replayed between two events, inputs
+  rotated through buffer sets of at least 4x the L2 (the throughput of a stream of calls);
+* single launch: the L2 flushed by reading 2x its size, the stream held by a sleep kernel so the
+  launch is queued, events around one call (what one call costs a program).
+
+On a GPU with torch, ewkern is called on torch tensors and timed by exactly the code that times
+torch (frameworks.time_calls), so the two differ only in the kernel; inputs are random data in
+each op's domain for both. ewkern is also timed with programmatic dependent launch off
+(ewkern.set_pdl(False)) to show what PDL adds in each method. The summary lists the worst
+ewkern / torch ratio per op and method and every cell below 1.00.
+
+RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
+(reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
+torch.linalg.vector_norm(a-b, dim)/sqrt(n), torch.compile of the eager expression, and a CuPy
+ReductionKernel (back-to-back). The same run measures the device-to-device copy bandwidth (torch
+copy_ / CuPy copy over 1 GiB) and torch.dot's read bandwidth over 2 x 1 GiB.
 """
 
 from __future__ import annotations
@@ -13,14 +27,16 @@ from __future__ import annotations
 import math
 
 from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
-from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, RMSE_PEERS, available, elementwise_call, ewkern_in_torch_call,
+from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, PEER_STANDINS, RMSE_PEERS, available, elementwise_call,
+                         ewkern_in_torch_call,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
 
 NAME = "peers"
 TITLE = "ewkern against torch and CuPy"
-DESCRIPTION = "ewkern auto vs torch/CuPy (NumPy on CPU): copy/add/add_const/log/erf x 3 dtypes, rmse shapes, D2D copy, dot"
+DESCRIPTION = ("ewkern auto vs torch/CuPy (NumPy on CPU): every op x 4 dtypes x sizes, back-to-back and single "
+               "launch; rmse shapes, D2D copy, dot")
 PAPER = "(all)"
 
 
@@ -43,14 +59,19 @@ def _rmse_shapes_arg(text):
 
 
 ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer sizes (default 4MiB,64MiB,1GiB)")),
-        ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default copy,add,add_const,log,erf)")),
-        ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16)")),
+        ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default: every elementwise op)")),
+        ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16,float64)")),
+        ("--peers-methods", dict(type=list_arg, metavar="METHODS",
+                                 help="GPU timing methods: back-to-back, single (default both)")),
+        ("--peers-no-pdl-off", dict(action="store_true", help="leave out the PDL-off series")),
         ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
                                      help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
         ("--peers-ref-size", dict(type=parse_bytes, metavar="BYTES", help="D2D copy / dot size per buffer (default 1GiB)")),
         ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile"))]
 
-OPS = ["copy", "add", "add_const", "log", "erf"]
+METHODS = {"back-to-back": "rotate", "single": "flush"}   # method -> cache mode of frameworks.time_calls
+METHOD_LABEL = {"back-to-back": "back-to-back (graph of K calls, inputs rotated)",
+                "single": "single launch (L2 flushed, queued behind a sleep kernel)"}
 GPU_RMSE = [((16, 1 << 20), False), ((16, 3 << 20), False), ((1024, 4096), False), ((8, 1 << 24), False),
             ((65536, 64), False), ((1 << 20, 16), True)]
 CPU_RMSE_QUICK = [((16, 1 << 16), False), ((1024, 256), False), ((1 << 16, 16), True)]
@@ -58,11 +79,16 @@ CPU_RMSE_FULL = [((16, 1 << 18), False), ((1024, 4096), False), ((8, 1 << 20), F
                  ((1 << 18, 16), True)]
 
 
+def _all_ops():
+    from .timing import ew
+    return [r["name"] for r in ew().ops() if r.get("family", "elementwise") == "elementwise"]
+
+
 def _params(ctx):
     sizes = ctx.pick("peers_sizes", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 2 << 30],
                      gpu_quick=[4 << 20, 64 << 20, 1 << 30], cpu_full=[4 << 20, 64 << 20], cpu_quick=[4 << 20])
-    ops = ctx.opt("peers_ops") or OPS
-    dtypes = ctx.opt("peers_dtypes") or ["float32", "float16", "bfloat16"]
+    ops = ctx.opt("peers_ops") or _all_ops()
+    dtypes = ctx.opt("peers_dtypes") or ["float32", "float16", "bfloat16", "float64"]
     shapes = ctx.pick("peers_rmse_shapes", gpu_full=GPU_RMSE, gpu_quick=GPU_RMSE, cpu_full=CPU_RMSE_FULL,
                       cpu_quick=CPU_RMSE_QUICK)
     ref = ctx.opt("peers_ref_size") or ((1 << 30) if ctx.is_gpu else (64 << 20 if not ctx.quick else 16 << 20))
@@ -80,6 +106,18 @@ def _shape_label(shape, last):
     return f"{fmt_count(shape[0])}x{fmt_count(shape[1])}" + (" (batch-last)" if last else "")
 
 
+def _methods(ctx, gpu_torch):
+    """(method, cache mode) pairs: both methods on a GPU with torch, else the run's cache mode."""
+    if not gpu_torch:
+        return [(None, ctx.cache)]
+    names = ctx.opt("peers_methods") or list(METHODS)
+    bad = [m for m in names if m not in METHODS]
+    if bad:
+        from .timing import BenchError
+        raise BenchError(f"--peers-methods takes {', '.join(METHODS)}; got {', '.join(bad)}")
+    return [(m, METHODS[m]) for m in names]
+
+
 def run(ctx, xr):
     sizes, ops, dtypes, shapes, ref = _params(ctx)
     gpu = ctx.is_gpu
@@ -92,22 +130,31 @@ def run(ctx, xr):
     rmse_peers = [p for p in RMSE_PEERS if (p == "numpy") != gpu]
     if ctx.opt("peers_no_compile", False) and "torch.compile" in rmse_peers:
         rmse_peers.remove("torch.compile")
-    graph_too = gpu and "torch" in live   # ewkern also timed by torch's method (CUDA graph replay)
-    if graph_too:
-        xr.note(f"'{EWKERN_GRAPH}': ewkern's auto kernels called on torch tensors and timed exactly as the "
-                "torch peer (K calls captured in one CUDA graph, replayed between events); 'ewkern' rows use "
-                "ewkern._C.time_plans (its own CUDA graph of the K launches)")
-    nopdl = gpu and pdl_active(ctx.info)   # auto also timed with PDL off, to show what PDL adds
+    gpu_torch = gpu and "torch" in live
+    methods = _methods(ctx, gpu_torch)
+    if gpu_torch:
+        xr.note("elementwise: ewkern's auto kernels are called on torch tensors and timed by the code that times "
+                "torch (the same CUDA graph replay or eager single launch, the same flush and sleep kernel); "
+                "inputs are random data in each op's domain for ewkern and every peer alike")
+        for op, what in PEER_STANDINS.items():
+            if op in ops:
+                xr.note(f"{op}: the torch peer is {what}")
+    graph_too = gpu_torch   # rmse: ewkern also timed by torch's method (CUDA graph replay)
+    if graph_too and shapes:
+        xr.note(f"rmse: '{EWKERN_GRAPH}' rows are ewkern's auto called on torch tensors and timed exactly as the "
+                "torch peer; 'ewkern' rows use ewkern._C.time_plans (its own CUDA graph of the K launches)")
+    nopdl = gpu and pdl_active(ctx.info) and not ctx.opt("peers_no_pdl_off", False)
     if nopdl:
         xr.note(f"'{EWKERN_NOPDL}': ewkern's auto kernels timed the same way with programmatic dependent "
-                "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows have it on, which lets each "
-                "launch start while the previous one in the stream finishes")
+                "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
     rmse_versions = ["auto"]
     if not ctx.quick:
         rmse_versions += [v for v in variants("rmse", "float32", ctx.device) if v != "auto"]
     xr.param(sizes=sizes, ops=ops, dtypes=dtypes, rmse_shapes=[[list(s), last] for s, last in shapes],
-             peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions)
-    total = (len(sizes) * len(ops) * len(dtypes) * (1 + len(live) + graph_too + nopdl)
+             peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions,
+             methods=[m for m, _ in methods if m])
+    ew_impls = 1 + len(live) + nopdl
+    total = (len(sizes) * len(ops) * len(dtypes) * len(methods) * ew_impls
              + len(shapes) * (len(rmse_versions) + len(rmse_peers) + graph_too + nopdl) + 2)
     bar = xr.progress(total)
 
@@ -129,27 +176,38 @@ def run(ctx, xr):
         for dtype in dtypes:
             n = size // ITEMSIZE[dtype]
             for op in ops:
-                common = dict(op=op, dtype=dtype, n=n, size_bytes=size, series=f"{op} {dtype}")
-                try:
-                    make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
-                    xr.measure(what=f"ewkern {op} {dtype} {fmt_bytes(size)}", make_plan=make_plan,
-                               set_bytes=set_bytes, cache=ctx.cache, variant="auto", **common)
-                    if nopdl:
-                        with pdl_off():
-                            xr.measure(what=f"{EWKERN_NOPDL} {op} {dtype} {fmt_bytes(size)}", make_plan=make_plan,
-                                       set_bytes=set_bytes, cache=ctx.cache, variant="auto", impl=EWKERN_NOPDL,
-                                       **common)
-                except Skip as exc:
-                    xr.skip(f"ewkern {op} {dtype}", str(exc))
-                if graph_too:
-                    xr.measure_peer(what=f"{EWKERN_GRAPH} {op} {dtype} {fmt_bytes(size)}", impl="torch",
-                                    impl_label=EWKERN_GRAPH, cache=ctx.cache,
-                                    build=lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device),
-                                    variant="auto", **common)
-                for p in live:
-                    xr.measure_peer(what=f"{p} {op} {dtype} {fmt_bytes(size)}", impl=p, cache=ctx.cache,
-                                    build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
-                                    variant=p, **common)
+                for method, cache in methods:
+                    common = dict(op=op, dtype=dtype, n=n, size_bytes=size, series=f"{op} {dtype}")
+                    tag = f"{op} {dtype} {fmt_bytes(size)}" + (f" {method}" if method else "")
+                    if method:
+                        common["timing_method"] = method
+                    if gpu_torch:
+                        # ewkern on torch tensors, timed by the torch peer's code
+                        build = (lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device))
+                        xr.measure_peer(what=f"ewkern {tag}", impl="torch", impl_label="ewkern", cache=cache,
+                                        build=build, variant="auto", **common)
+                        if nopdl:
+                            with pdl_off():
+                                xr.measure_peer(what=f"{EWKERN_NOPDL} {tag}", impl="torch", impl_label=EWKERN_NOPDL,
+                                                cache=cache, build=build, variant="auto", **common)
+                    else:
+                        try:
+                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
+                            xr.measure(what=f"ewkern {tag}", make_plan=make_plan, set_bytes=set_bytes, cache=cache,
+                                       variant="auto", **common)
+                            if nopdl:
+                                with pdl_off():
+                                    xr.measure(what=f"{EWKERN_NOPDL} {tag}", make_plan=make_plan,
+                                               set_bytes=set_bytes, cache=cache, variant="auto", impl=EWKERN_NOPDL,
+                                               **common)
+                        except Skip as exc:
+                            xr.skip(f"ewkern {tag}", str(exc))
+                    for p in live:
+                        if p == "cupy" and method == "single":
+                            continue   # CuPy: back-to-back only (the single-launch comparison is torch's)
+                        xr.measure_peer(what=f"{p} {tag}", impl=p, cache=cache,
+                                        build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
+                                        variant=p, **common)
             pool.clear()
             release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
 
@@ -226,19 +284,65 @@ def reference_rates(exp) -> dict:
     return out
 
 
+def _ew_cells(exp):
+    """{(method, op, dtype, size): {impl: measurement}} of the elementwise rows, and the peer."""
+    cells = {}
+    for m in exp.get("measurements", []):
+        if m.get("reference") or m.get("op") == "rmse":
+            continue
+        key = (m.get("timing_method") or m.get("cache"), m["op"], m["dtype"], m["size_bytes"])
+        cells.setdefault(key, {})[m["impl"]] = m
+    impls = {i for c in cells.values() for i in c}
+    peer = next((p for p in ("torch", "numpy", "cupy") if p in impls), None)
+    return cells, peer
+
+
+def ratios(exp, impl="ewkern"):
+    """{(method, op, dtype, size): impl GB/s / peer GB/s} for every cell where both were measured."""
+    cells, peer = _ew_cells(exp)
+    out = {}
+    for key, c in cells.items():
+        if peer and impl in c and peer in c and c[impl].get("gbs") and c[peer].get("gbs"):
+            out[key] = c[impl]["gbs"] / c[peer]["gbs"]
+    return out, peer
+
+
+def _ratio_figure(results, exp, impl, method, r, peer):
+    import numpy as np
+    from .plots import new_figure
+    keys = [k for k in r if k[0] == method]
+    rows = list(dict.fromkeys((k[1], k[2]) for k in sorted(keys, key=lambda k: (k[2], k[1]))))
+    cols = sorted({k[3] for k in keys})
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for k in keys:
+        grid[rows.index((k[1], k[2])), cols.index(k[3])] = r[k]
+    fig, axes = new_figure(1.0 * len(cols) + 3.5, 0.22 * len(rows) + 1.6)
+    ax = axes[0][0]
+    from matplotlib.colors import TwoSlopeNorm
+    im = ax.imshow(grid, aspect="auto", cmap="RdBu", norm=TwoSlopeNorm(vmin=0.8, vcenter=1.0, vmax=1.3))
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([fmt_bytes(c) for c in cols], fontsize=7)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{o} {d}" for o, d in rows], fontsize=6)
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=5,
+                        color="black" if 0.9 < grid[i, j] < 1.2 else "white")
+    fig.colorbar(im, ax=ax, shrink=0.6, label=f"{impl} / {peer} (GB/s ratio)")
+    name = results.get("device_name") or results.get("device") or "device"
+    ax.set_title(f"{name}: {impl} / {peer}, {METHOD_LABEL.get(method, method)}", fontsize=9)
+    return fig
+
+
 def figures(results, exp):
     ms = [m for m in exp["measurements"] if not m.get("reference")]
     figs = []
-    ew_ms = [m for m in ms if m["op"] != "rmse"]
-    for size in sorted({m["size_bytes"] for m in ew_ms}):
-        sel = [m for m in ew_ms if m["size_bytes"] == size]
-        cats = list(dict.fromkeys(f"{m['op']}\n{m['dtype']}" for m in sel))
-        groups = list(dict.fromkeys(m["impl"] for m in sel))
-        vals = {(f"{m['op']}\n{m['dtype']}", m["impl"]): m["gbs"] for m in sel}
-        fig = bars_figure(results, cats, groups, vals,
-                          subtitle=f"ewkern vs peers, {fmt_bytes(size)} per buffer, cache: {sel[0]['cache']}")
-        fig.set_size_inches(max(9, 0.9 * len(cats) + 2), 5)
-        figs.append((f"peers_{fmt_bytes(size).replace(' ', '')}", fig))
+    for impl in ("ewkern", EWKERN_NOPDL):
+        r, peer = ratios(exp, impl)
+        for method in dict.fromkeys(k[0] for k in r):
+            tag = "" if impl == "ewkern" else "_pdl_off"
+            figs.append((f"peers_{str(method).replace('-', '_')}{tag}", _ratio_figure(results, exp, impl, method, r, peer)))
     rm = [m for m in ms if m["op"] == "rmse"]
     if rm:
         cats = list(dict.fromkeys(m["shape_label"] for m in rm))
@@ -256,6 +360,43 @@ def figures(results, exp):
     return figs
 
 
+def elementwise_summary(exp) -> str:
+    """Per method: the ewkern / peer ratio of every (op, dtype, size) cell, the worst ratio per op,
+    and the cells below 1.00 (ewkern slower)."""
+    cells, peer = _ew_cells(exp)
+    if not cells or not peer:
+        return ""
+    out = []
+    for impl in ("ewkern", EWKERN_NOPDL):
+        r, _ = ratios(exp, impl)
+        if not r:
+            continue
+        for method in dict.fromkeys(k[0] for k in r):
+            keys = [k for k in r if k[0] == method]
+            sizes = sorted({k[3] for k in keys})
+            title = METHOD_LABEL.get(method, str(method))
+            out.append(f"**{impl} / {peer}, {title}** (GB/s ratio; above 1: {impl} faster)")
+            out.append("")
+            rows = []
+            for op, dtype in dict.fromkeys((k[1], k[2]) for k in sorted(keys, key=lambda k: (k[2], k[1]))):
+                rows.append([op, dtype] + [f"{r[(method, op, dtype, sz)]:.3f}" if (method, op, dtype, sz) in r else "-"
+                                           for sz in sizes])
+            out.append(md_table(["op", "dtype"] + [fmt_bytes(sz) for sz in sizes], rows))
+            out.append("")
+            worst = {}
+            for k in keys:
+                if k[1] not in worst or r[k] < r[worst[k[1]]]:
+                    worst[k[1]] = k
+            out.append(f"Worst cell per op ({impl}, {method}): " + "; ".join(
+                f"{op} {r[k]:.3f} ({k[2]} {fmt_bytes(k[3])})" for op, k in sorted(worst.items())))
+            below = sorted((k for k in keys if r[k] < 1.0), key=lambda k: r[k])
+            out.append(f"Cells below 1.00 ({impl}, {method}): {len(below)} of {len(keys)}" +
+                       (": " + "; ".join(f"{k[1]} {k[2]} {fmt_bytes(k[3])} {r[k]:.3f}" for k in below)
+                        if below else ""))
+            out.append("")
+    return "\n".join(out)
+
+
 def summary(results, exp):
     ms = [m for m in exp["measurements"] if not m.get("reference")]
     refs = reference_rates(exp)
@@ -264,20 +405,9 @@ def summary(results, exp):
         out.append("Reference (same run): " + "; ".join(
             f"{k}: {fmt_gbs(m['gbs'])} GB/s ({m['variant']}, {fmt_bytes(m['size_bytes'])})" for k, m in refs.items()))
         out.append("")
-    ew_ms = [m for m in ms if m["op"] != "rmse"]
-    if ew_ms:
-        impls = list(dict.fromkeys(m["impl"] for m in ew_ms))
-        peer = next((i for i in impls if i not in ("ewkern", EWKERN_GRAPH, EWKERN_NOPDL)), None)
-        mine = [i for i in ("ewkern", EWKERN_NOPDL, EWKERN_GRAPH) if i in impls] if peer else []
-        rows = []
-        for key in dict.fromkeys((m["op"], m["dtype"], m["size_bytes"]) for m in ew_ms):
-            cell = {m["impl"]: m for m in ew_ms if (m["op"], m["dtype"], m["size_bytes"]) == key}
-            row = [key[0], key[1], fmt_bytes(key[2])] + [fmt_gbs(cell[i]["gbs"]) if i in cell else "-" for i in impls]
-            for i in mine:
-                row.append(f"{cell[i]['gbs'] / cell[peer]['gbs']:.2f}" if (i in cell and peer in cell) else "-")
-            rows.append(row)
-        out.append(md_table(["op", "dtype", "size"] + [f"{i} GB/s" for i in impls] +
-                            [f"{i} / {peer}" for i in mine], rows))
+    ew = elementwise_summary(exp)
+    if ew:
+        out.append(ew)
     rm = [m for m in ms if m["op"] == "rmse"]
     if rm:
         series = list(dict.fromkeys(m["series"] for m in rm))
