@@ -630,15 +630,15 @@ static PyObject *array_dlpack_method(ArrayObject *self, PyObject *args, PyObject
 
 static PyMethodDef array_methods[] = {
     {"numpy", (PyCFunction)array_numpy, METH_NOARGS,
-     "numpy()\n--\n\nThe values as a numpy.ndarray: a view for cpu arrays, a host copy for CUDA "
+     "numpy($self)\n--\n\nThe values as a numpy.ndarray: a view for cpu arrays, a host copy for CUDA "
      "arrays. bfloat16 arrays come back with ml_dtypes.bfloat16 elements."},
     {"__array__", (PyCFunction)(void (*)(void))array_array, METH_VARARGS | METH_KEYWORDS,
-     "__array__(dtype=None, copy=None)\n--\n\nNumPy conversion (numpy.asarray(arr))."},
+     "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (numpy.asarray(arr))."},
     {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack_method, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
      "Export as a DLPack capsule (versioned when max_version >= (1, 0))."},
     {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(device type, device id) as DLPack numbers them."},
+     "__dlpack_device__($self)\n--\n\n(device type, device id) as DLPack numbers them."},
     {NULL}
 };
 
