@@ -575,7 +575,13 @@ static PyObject *to_numpy(ArrayObject *self, int copy)
         return NULL;
     void *dst = PyArray_DATA((PyArrayObject *)arr);
     if (self->device.type == EW_CPU) {
-        memcpy(dst, self->data, nbytes);
+        if (self->size > EW_GIL_FREE_WORK) {
+            Py_BEGIN_ALLOW_THREADS
+            memcpy(dst, self->data, nbytes);
+            Py_END_ALLOW_THREADS
+        } else {
+            memcpy(dst, self->data, nbytes);
+        }
         return arr;
     }
 #if EWKERN_WITH_CUDA

@@ -402,6 +402,8 @@ int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *wha
 
 void ew_view_release(ew_view *v)
 {
+    if (v->mt == NULL && v->mtv == NULL)
+        return;   /* ewkern arrays and NumPy: nothing to release (the per-call fast path) */
     DLManagedTensor *mt = v->mt;
     DLManagedTensorVersioned *mtv = v->mtv;
     v->mt = NULL;

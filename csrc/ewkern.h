@@ -19,6 +19,8 @@
 #endif
 
 #define EW_MAXDIM 16
+/* Elements of work above which a launch, a copy or a timing loop releases the GIL. */
+#define EW_GIL_FREE_WORK (1 << 16)
 
 enum { EW_CPU = kDLCPU, EW_CUDA = kDLCUDA };
 
