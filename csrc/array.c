@@ -304,6 +304,36 @@ static ArrayObject *array_alloc(ew_state *st)
     return a;
 }
 
+/* No 64-bit platform ewkern builds for maps user memory above 2^56 bytes (x86-64 with 5-level
+ * paging; arm64 stops at 2^52): a shape or a pointer beyond it is corrupt, not large. */
+const uint64_t ew_address_limit = UINTPTR_MAX > 0xffffffffu ? (uint64_t)1 << 56 : (uint64_t)UINTPTR_MAX;
+
+int ew_shape_size(const char *what, int ndim, const int64_t *shape, ew_dtype dt, int64_t *size)
+{
+    const int64_t limit = (int64_t)(ew_address_limit / (uint64_t)ew_dtype_size(dt));
+    int64_t n = 1, nonzero = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: negative dimension %lld at axis %d", what,
+                         (long long)shape[i], i);
+            return -1;
+        }
+        if (shape[i] == 0) {
+            n = 0;
+            continue;
+        }
+        if (nonzero > limit / shape[i]) {   /* also every product that would overflow int64 */
+            PyErr_Format(PyExc_ValueError, "%s: the shape describes more than 2^56 bytes of %s (an "
+                         "overflowing or corrupt shape)", what, ew_dtype_name(dt));
+            return -1;
+        }
+        nonzero *= shape[i];
+        n *= shape[i];
+    }
+    *size = n;
+    return 0;
+}
+
 static int set_shape(ArrayObject *a, int ndim, const int64_t *shape)
 {
     if (ndim > EW_MAXDIM) {
@@ -311,12 +341,10 @@ static int set_shape(ArrayObject *a, int ndim, const int64_t *shape)
                      EW_MAXDIM);
         return -1;
     }
+    if (ew_shape_size("shape", ndim, shape, a->dtype, &a->size) < 0)
+        return -1;
     a->ndim = ndim;
-    a->size = 1;
-    for (int i = 0; i < ndim; i++) {
-        a->shape[i] = shape[i];
-        a->size *= shape[i];
-    }
+    memcpy(a->shape, shape, sizeof(int64_t) * ndim);
     return 0;
 }
 
@@ -373,12 +401,12 @@ PyObject *ew_array_from_view(ew_state *st, ew_view *v, PyObject *base)
     ArrayObject *a = array_alloc(st);
     if (a == NULL)
         return NULL;
+    a->dtype = v->dtype;
     if (set_shape(a, v->ndim, v->shape) < 0) {
         Py_DECREF(a);
         return NULL;
     }
     a->data = v->data;
-    a->dtype = v->dtype;
     a->device = v->device;
     a->readonly = v->readonly;
     a->mt = v->mt;
@@ -408,10 +436,7 @@ static void array_dealloc(ArrayObject *self)
         }
 #endif
     }
-    if (self->mt && self->mt->deleter)
-        self->mt->deleter(self->mt);
-    if (self->mtv && self->mtv->deleter)
-        self->mtv->deleter(self->mtv);
+    ew_release_managed(self->mt, self->mtv);
     Py_XDECREF(self->base);
     Py_XDECREF(self->stream_ref);
     tp->tp_free((PyObject *)self);
@@ -550,7 +575,13 @@ static PyObject *to_numpy(ArrayObject *self, int copy)
         return NULL;
     void *dst = PyArray_DATA((PyArrayObject *)arr);
     if (self->device.type == EW_CPU) {
-        memcpy(dst, self->data, nbytes);
+        if (self->size > EW_GIL_FREE_WORK) {
+            Py_BEGIN_ALLOW_THREADS
+            memcpy(dst, self->data, nbytes);
+            Py_END_ALLOW_THREADS
+        } else {
+            memcpy(dst, self->data, nbytes);
+        }
         return arr;
     }
 #if EWKERN_WITH_CUDA
@@ -605,15 +636,15 @@ static PyObject *array_dlpack_method(ArrayObject *self, PyObject *args, PyObject
 
 static PyMethodDef array_methods[] = {
     {"numpy", (PyCFunction)array_numpy, METH_NOARGS,
-     "numpy()\n--\n\nThe values as a numpy.ndarray: a view for cpu arrays, a host copy for CUDA "
+     "numpy($self)\n--\n\nThe values as a numpy.ndarray: a view for cpu arrays, a host copy for CUDA "
      "arrays. bfloat16 arrays come back with ml_dtypes.bfloat16 elements."},
     {"__array__", (PyCFunction)(void (*)(void))array_array, METH_VARARGS | METH_KEYWORDS,
-     "__array__(dtype=None, copy=None)\n--\n\nNumPy conversion (numpy.asarray(arr))."},
+     "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (numpy.asarray(arr))."},
     {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack_method, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
      "Export as a DLPack capsule (versioned when max_version >= (1, 0))."},
     {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,
-     "__dlpack_device__()\n--\n\n(device type, device id) as DLPack numbers them."},
+     "__dlpack_device__($self)\n--\n\n(device type, device id) as DLPack numbers them."},
     {NULL}
 };
 

@@ -34,6 +34,50 @@ static int is_finalizing(void)
 #endif
 }
 
+/* The error indicator set aside while producer code runs: a deleter or a capsule destructor
+ * may run Python code (a ctypes callback, a framework's release) that must neither see nor
+ * swallow an exception on its way to the caller. */
+typedef struct saved_error {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc;
+#else
+    PyObject *type, *value, *tb;
+#endif
+} saved_error;
+
+static void save_error(saved_error *e)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    e->exc = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&e->type, &e->value, &e->tb);
+#endif
+}
+
+static void restore_error(saved_error *e)
+{
+    if (PyErr_Occurred())   /* producer code that raised: report it, keep the caller's error */
+        PyErr_WriteUnraisable(NULL);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(e->exc);
+#else
+    PyErr_Restore(e->type, e->value, e->tb);
+#endif
+}
+
+void ew_release_managed(DLManagedTensor *mt, DLManagedTensorVersioned *mtv)
+{
+    if ((mt == NULL || mt->deleter == NULL) && (mtv == NULL || mtv->deleter == NULL))
+        return;
+    saved_error e;
+    save_error(&e);
+    if (mt && mt->deleter)
+        mt->deleter(mt);
+    if (mtv && mtv->deleter)
+        mtv->deleter(mtv);
+    restore_error(&e);
+}
+
 /* ---- import -------------------------------------------------------------------------------- */
 
 const DLPackExchangeAPI *ew_exchange_api(ew_state *st, PyTypeObject *tp)
@@ -74,11 +118,18 @@ const DLPackExchangeAPI *ew_exchange_api(ew_state *st, PyTypeObject *tp)
     return cached == Py_None ? NULL : PyCapsule_GetPointer(cached, "dlpack_exchange_api");
 }
 
+/* Every field of a producer's DLTensor is checked before it is used: a malformed tensor gets
+ * an exception that names the field, never a read through a bad pointer. */
 static int fill_from_dltensor(ew_view *v, const DLTensor *t, uint64_t flags, const char *what)
 {
     if (t->ndim < 0 || t->ndim > EW_MAXDIM) {
         PyErr_Format(PyExc_ValueError, "%s: %d dimensions (ewkern supports up to %d)", what,
                      (int)t->ndim, EW_MAXDIM);
+        return -1;
+    }
+    if (t->ndim > 0 && t->shape == NULL) {
+        PyErr_Format(PyExc_BufferError, "%s: malformed DLPack tensor: ndim is %d but shape is NULL",
+                     what, (int)t->ndim);
         return -1;
     }
     if (ew_dtype_from_dl(t->dtype, &v->dtype) < 0)
@@ -91,6 +142,11 @@ static int fill_from_dltensor(ew_view *v, const DLTensor *t, uint64_t flags, con
         break;
     case kDLCUDA:
     case kDLCUDAManaged:
+        if (t->device.device_id < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: DLPack device id %d is negative (expected cuda:N, N >= 0)",
+                         what, (int)t->device.device_id);
+            return -1;
+        }
         v->device.type = EW_CUDA;
         v->device.id = t->device.device_id;
         break;
@@ -100,29 +156,41 @@ static int fill_from_dltensor(ew_view *v, const DLTensor *t, uint64_t flags, con
                      (int)t->device.device_type);
         return -1;
     }
-    v->ndim = t->ndim;
-    v->size = 1;
-    int64_t expect = 1;
-    int contiguous = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "%s: negative dimension in DLPack shape", what);
-            return -1;
-        }
-        v->shape[i] = t->shape[i];
-        v->size *= t->shape[i];
-        if (t->strides && t->shape[i] != 1 && t->strides[i] != expect)
-            contiguous = 0;
-        expect *= t->shape[i];
-    }
-    if (!contiguous && v->size > 0) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s is not C-contiguous: ewkern takes contiguous arrays only (make a contiguous "
-                     "copy first, e.g. numpy.ascontiguousarray(x) or x.contiguous())", what);
+    const int64_t item = ew_dtype_size(v->dtype);
+    int64_t size;
+    if (ew_shape_size(what, t->ndim, t->shape, v->dtype, &size) < 0)
         return -1;
+    memcpy(v->shape, t->shape, sizeof(int64_t) * t->ndim);
+    v->ndim = t->ndim;
+    v->size = size;
+    if (v->size > 0 && t->strides) {   /* NULL strides: row-major (DLPack before 1.2) */
+        int64_t expect = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            if (t->shape[i] != 1 && t->strides[i] != expect) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s is not C-contiguous: ewkern takes contiguous arrays only (make a contiguous "
+                             "copy first, e.g. numpy.ascontiguousarray(x) or x.contiguous())", what);
+                return -1;
+            }
+            expect *= t->shape[i];
+        }
     }
     if (t->data == NULL && v->size > 0) {
         PyErr_Format(PyExc_ValueError, "%s: DLPack tensor has a NULL data pointer", what);
+        return -1;
+    }
+    const uint64_t base = (uint64_t)(uintptr_t)t->data, nbytes = (uint64_t)(v->size * item);
+    if (base > ew_address_limit || t->byte_offset > ew_address_limit - base ||
+        nbytes > ew_address_limit - base - t->byte_offset) {
+        PyErr_Format(PyExc_BufferError, "%s: malformed DLPack tensor: data %p + byte_offset %llu + %llu "
+                     "bytes ends beyond the address space", what, t->data,
+                     (unsigned long long)t->byte_offset, (unsigned long long)nbytes);
+        return -1;
+    }
+    if (v->size > 0 && (base + t->byte_offset) % (uint64_t)item != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: data pointer + byte_offset (%p) is not aligned to the "
+                     "%d-byte %s element", what, (void *)(uintptr_t)(base + t->byte_offset), (int)item,
+                     ew_dtype_name(v->dtype));
         return -1;
     }
     v->data = (char *)t->data + t->byte_offset;
@@ -136,8 +204,13 @@ static int view_from_capsule(ew_view *v, PyObject *cap, const char *what)
     if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
         if (m->version.major != DLPACK_MAJOR_VERSION) {
+            /* the spec: with another major version only the deleter may be touched, and the
+             * consumer must call it */
+            if (PyCapsule_SetName(cap, "used_dltensor_versioned") < 0)
+                return -1;
             PyErr_Format(PyExc_BufferError, "%s: DLPack major version %u is not supported (ewkern "
                          "reads version %d)", what, m->version.major, DLPACK_MAJOR_VERSION);
+            ew_release_managed(NULL, m);
             return -1;
         }
         if (fill_from_dltensor(v, &m->dl_tensor, m->flags, what) < 0)
@@ -282,7 +355,10 @@ static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const cha
         return -1;
     }
     int rc = view_from_capsule(v, cap, what);
-    Py_DECREF(cap);
+    saved_error e;
+    save_error(&e);
+    Py_DECREF(cap);   /* an unconsumed capsule's destructor is producer code */
+    restore_error(&e);
     v->kind = EW_KIND_DLPACK;
     return rc;
 }
@@ -313,8 +389,7 @@ int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *wha
         if (api->managed_tensor_from_py_object_no_sync(obj, &m) != 0)
             return -1;
         if (fill_from_dltensor(v, &m->dl_tensor, m->flags, what) < 0) {
-            if (m->deleter)
-                m->deleter(m);
+            ew_release_managed(NULL, m);
             return -1;
         }
         v->mtv = m;
@@ -327,16 +402,13 @@ int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *wha
 
 void ew_view_release(ew_view *v)
 {
-    if (v->mt) {
-        if (v->mt->deleter)
-            v->mt->deleter(v->mt);
-        v->mt = NULL;
-    }
-    if (v->mtv) {
-        if (v->mtv->deleter)
-            v->mtv->deleter(v->mtv);
-        v->mtv = NULL;
-    }
+    if (v->mt == NULL && v->mtv == NULL)
+        return;   /* ewkern arrays and NumPy: nothing to release (the per-call fast path) */
+    DLManagedTensor *mt = v->mt;
+    DLManagedTensorVersioned *mtv = v->mtv;
+    v->mt = NULL;
+    v->mtv = NULL;
+    ew_release_managed(mt, mtv);
 }
 
 PyObject *ew_from_dlpack(ew_state *st, PyObject *obj)
@@ -346,7 +418,9 @@ PyObject *ew_from_dlpack(ew_state *st, PyObject *obj)
     if (PyCapsule_CheckExact(obj)) {
         if (view_from_capsule(&v, obj, "from_dlpack") < 0)
             return NULL;
-        return ew_array_from_view(st, &v, NULL);
+        PyObject *res = ew_array_from_view(st, &v, NULL);
+        ew_view_release(&v);   /* only on failure is anything left to release */
+        return res;
     }
     if (Py_IS_TYPE(obj, st->Array_Type)) {
         Py_INCREF(obj);
@@ -412,8 +486,7 @@ PyObject *ew_new_result(ew_state *st, const ew_view *like, ew_dtype dt, int ndim
             return NULL;
         }
         if (fill_from_dltensor(outv, &m->dl_tensor, m->flags, "result") < 0) {
-            if (m->deleter)
-                m->deleter(m);
+            ew_release_managed(NULL, m);
             return NULL;
         }
         void *py = NULL;

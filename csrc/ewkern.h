@@ -19,6 +19,8 @@
 #endif
 
 #define EW_MAXDIM 16
+/* Elements of work above which a launch, a copy or a timing loop releases the GIL. */
+#define EW_GIL_FREE_WORK (1 << 16)
 
 enum { EW_CPU = kDLCPU, EW_CUDA = kDLCUDA };
 
@@ -88,6 +90,11 @@ const char *ew_dtype_name(ew_dtype dt);
 int ew_dtype_size(ew_dtype dt);
 int ew_dtype_from_py(ew_state *st, PyObject *obj, ew_dtype *out); /* str, numpy dtype, type, None->float32 */
 int ew_dtype_from_dl(DLDataType dl, ew_dtype *out);
+/* The highest address a user-space pointer can have here (2^56 on 64-bit platforms). */
+extern const uint64_t ew_address_limit;
+/* The number of elements of shape, or -1 with a ValueError naming `what` for a negative
+ * dimension or more bytes of dt than fit below ew_address_limit (no int64 overflow). */
+int ew_shape_size(const char *what, int ndim, const int64_t *shape, ew_dtype dt, int64_t *size);
 DLDataType ew_dtype_to_dl(ew_dtype dt);
 /* numpy dtype object for dt (new reference); bfloat16 needs ml_dtypes */
 PyObject *ew_numpy_descr(ew_state *st, ew_dtype dt);
@@ -127,6 +134,8 @@ typedef struct ew_view {
 int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *what, void *stream,
                         int have_stream);
 void ew_view_release(ew_view *v);
+/* Call the producer deleters of mt and mtv (either may be NULL) with the error state saved. */
+void ew_release_managed(DLManagedTensor *mt, DLManagedTensorVersioned *mtv);
 /* Turn a view into an owning Array (steals the view's managed tensor). */
 PyObject *ew_array_from_view(ew_state *st, ew_view *v, PyObject *base);
 /* Exchange API of obj's type, or NULL (no exception) when it has none. */

@@ -251,7 +251,11 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwds, int mo
     ArrayObject *a = (ArrayObject *)arr;
     size_t nbytes = (size_t)a->size * ew_dtype_size(dt);
     if (mode == 1) {
-        if (dev.type == EW_CPU)
+        if (dev.type == EW_CPU && a->size > EW_GIL_FREE_WORK) {
+            Py_BEGIN_ALLOW_THREADS
+            memset(a->data, 0, nbytes);
+            Py_END_ALLOW_THREADS
+        } else if (dev.type == EW_CPU)
             memset(a->data, 0, nbytes);
 #if EWKERN_WITH_CUDA
         else {

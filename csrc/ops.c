@@ -261,11 +261,14 @@ static int report_launch_error(int err, const char *fname, const ew_kernel *k, e
     return -1;
 }
 
-/* Run a kernel: CPU launches release the GIL when the work is large. */
+/* Run a kernel, releasing the GIL when the work is large: a CPU loop runs for a while, and a
+ * CUDA launch may block the host while the launch queue is full of large kernels. Tiny calls
+ * keep it (the release and re-acquire would be most of their cost). */
 static int launch(const ew_kernel *k, const void *args, ew_device dev, int64_t work)
 {
     int err;
-    if (dev.type == EW_CPU && work > (1 << 16)) {
+    (void)dev;
+    if (work > EW_GIL_FREE_WORK) {
         Py_BEGIN_ALLOW_THREADS
         err = k->launch(args);
         Py_END_ALLOW_THREADS
@@ -362,7 +365,9 @@ static PyObject *plan_call(PlanObject *p, PyObject *args, PyObject *kwds)
 {
     if (ew_use_device(p->device) < 0)
         return NULL;
-    if (report_launch_error(ew_plan_launch(p), p->k->op, p->k, p->device) < 0)
+    const int64_t work = p->is_rmse ? p->rm.outer * p->rm.n * p->rm.inner : p->ew.n;
+    if (report_launch_error(launch(p->k, p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew, p->device,
+                                   work), p->k->op, p->k, p->device) < 0)
         return NULL;
     Py_INCREF(p->out);
     return p->out;

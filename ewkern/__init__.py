@@ -10,7 +10,9 @@ launches on that framework's current stream. Otherwise it launches on ewkern's c
 the legacy default stream unless a ``with ewkern.stream(s):`` block is active, and passes that
 stream to producers' ``__dlpack__`` so their pending work is ordered before ewkern's.
 """
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from . import _C
 from ._C import (  # noqa: F401  (the public surface)
@@ -26,24 +28,24 @@ from ._C import (  # noqa: F401  (the public surface)
 __version__ = "0.1.0"
 
 
-def ops():
+def ops() -> list[dict[str, Any]]:
     """The op table: a list of dicts with name, inputs, scalars, definition and family."""
     return _ops_table()
 
 
-def default_device():
+def default_device() -> str:
     """'cuda:0' when a CUDA device is present, else 'cpu' (what device=None means)."""
     return "cuda:0" if cuda_available() else "cpu"
 
 
-def current_stream():
+def current_stream() -> "Stream | None":
     """The ewkern.Stream that ewkern launches on for its own arrays, or None (the legacy
     default stream)."""
     return _C._get_stream()
 
 
 @contextmanager
-def stream(s):
+def stream(s: "Stream | None") -> Iterator["Stream | None"]:
     """Launch ewkern's work on Stream ``s`` inside the block (None: the legacy default stream)."""
     prev = _C._set_stream(s)
     try:
@@ -52,9 +54,13 @@ def stream(s):
         _C._set_stream(prev)
 
 
+# Spelled out (not built from the op table) so type checkers see the exports; tests/test_typing.py
+# checks that it lists every op.
 __all__ = [
     "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
     "set_pdl", "pdl_enabled",
     "default_device", "current_stream", "stream", "rmse",
-] + [d["name"] for d in _ops_table() if d["family"] == "elementwise"]
+    "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu",
+]

@@ -211,3 +211,31 @@ def test_ewkern_stream_context():
     assert ewkern.current_stream() is None
     s.synchronize()
     assert float(y.numpy()[-1]) == 2.0
+
+
+def test_consumed_capsule_as_second_input_keeps_the_buffer_error():
+    """The first input's deleter (Python code here) runs while the BufferError is on its way:
+    it must neither hide it behind a SystemError nor run twice."""
+    from dlpack_fuzz import Producer, deleted, make
+    good = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+    cap, addr = make("versioned", good.ctypes.data, {})
+    used = np.zeros((2, 4), np.float32)
+    used_cap, used_addr = make("legacy", used.ctypes.data, {"name": b"used_dltensor"})
+    with pytest.raises(BufferError, match="already consumed"):
+        ewkern.add(Producer(cap), Producer(used_cap))
+    assert deleted.get(addr) == 1 and deleted.get(used_addr) is None
+    del cap, used_cap
+    assert deleted.get(addr) == 1 and deleted.get(used_addr) is None
+
+
+@pytest.mark.parametrize("major", [0, 2])
+def test_other_major_version_is_taken_and_freed(major):
+    """The spec: a consumer that cannot read the major version must still call the deleter."""
+    from dlpack_fuzz import deleted, make
+    buf = np.zeros((2, 4), np.float32)
+    cap, addr = make("versioned", buf.ctypes.data, {"version": (major, 0)})
+    with pytest.raises(BufferError, match="major version %d is not supported" % major):
+        ewkern.from_dlpack(cap)
+    assert capsule_name(cap) == "used_dltensor_versioned" and deleted.get(addr) == 1
+    del cap
+    assert deleted.get(addr) == 1

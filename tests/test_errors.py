@@ -134,3 +134,11 @@ def test_bad_cuda_variant_params():
         ewkern.add(x, x, variant=gs[0], grid=0)
     with pytest.raises(ValueError, match="not a grid-stride kernel"):
         ewkern.add(x, x, variant="auto", grid=10)
+
+
+@pytest.mark.parametrize("shape", [(1 << 20,) * 4, (1 << 62, 4), (0, 1 << 40, 1 << 40), (1 << 55,)])
+def test_overflowing_shape_rejected(shape):
+    with pytest.raises(ValueError, match=r"more than 2\^56 bytes"):
+        ewkern.empty(shape, device="cpu")
+    with pytest.raises(ValueError, match=r"more than 2\^56 bytes"):
+        ewkern.zeros(shape, device="cpu")

@@ -1,0 +1,212 @@
+"""A second GPU: ewkern, torch and CuPy arrays on cuda:1 (whatever the frameworks' current device),
+streams and out= on cuda:1, rmse and bfloat16 there, alternating devices, the mixed-device error,
+and the benchmark on --device cuda:1. Marked multigpu; skipped below two GPUs."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ewkern
+from reference import assert_close, np_dtype, random_input, reference, rmse_reference
+from test_elementwise import ULPS
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_CUPY = importlib.util.find_spec("cupy") is not None
+NGPU = ewkern.device_count() if ewkern.cuda_available() else 0
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu,
+              pytest.mark.skipif(NGPU < 2, reason="needs two CUDA GPUs (%d present)" % NGPU)]
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs torch")
+needs_cupy = pytest.mark.skipif(not HAS_CUPY, reason="needs CuPy")
+
+# (op, inputs, scalars): exact ops, rounded ones and transcendental ones, at their stated accuracy
+OPS = [("add", 2, ()), ("mul", 2, ()), ("mul_const", 1, (-0.375,)), ("exp", 1, ()), ("erf", 1, ()),
+       ("neg", 1, ()), ("copy", 1, ())]
+DTYPES = ["float32", "float16", "bfloat16", "float64"]
+N = (1 << 16) + 3   # odd tail
+
+
+def inputs(op, dtype, k, seed=1):
+    rng = np.random.default_rng(seed)
+    return [random_input(rng, (N,), dtype, op) for _ in range(k)]
+
+
+def call(op, arrays, scalars, **kw):
+    return getattr(ewkern, op)(*arrays, *scalars, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op, k, scalars", OPS)
+def test_ewkern_arrays_on_cuda1(op, k, scalars, dtype):
+    xs = inputs(op, dtype, k)
+    ds = [ewkern.asarray(x, device="cuda:1") for x in xs]
+    assert all(d.device == "cuda:1" for d in ds)
+    r = call(op, ds, scalars)
+    assert isinstance(r, ewkern.Array) and r.device == "cuda:1" and r.dtype == dtype
+    assert_close(r.numpy(), reference(op, *xs, scalars=scalars), dtype, ulps=ULPS[op], what=f"{op} {dtype} cuda:1")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_on_cuda1(dtype):
+    a, b = inputs("add", dtype, 2)
+    da, db = ewkern.asarray(a, device="cuda:1"), ewkern.asarray(b, device="cuda:1")
+    out = ewkern.zeros((N,), dtype=dtype, device="cuda:1")
+    assert ewkern.add(da, db, out=out) is out
+    assert_close(out.numpy(), reference("add", a, b), dtype, ulps=ULPS["add"], what="out= on cuda:1")
+    ref = reference("mul_const", a, scalars=(2.0,))
+    ewkern.mul_const(da, 2.0, out=da)            # in place on cuda:1
+    assert_close(da.numpy(), ref, dtype, ulps=ULPS["mul_const"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("shape, axis", [((16, 4099), None), ((4099, 16), 0), ((3, 65536), 1)])
+def test_rmse_on_cuda1(dtype, shape, axis):
+    rng = np.random.default_rng(7)
+    a, b = (random_input(rng, shape, dtype) for _ in range(2))
+    r = ewkern.rmse(ewkern.asarray(a, device="cuda:1"), ewkern.asarray(b, device="cuda:1"), axis=axis)
+    assert r.device == "cuda:1" and r.dtype == ("float64" if dtype == "float64" else "float32")
+    ref = rmse_reference(a, b, 1 if axis is None else axis)
+    np.testing.assert_allclose(r.numpy(), ref, rtol=1e-5 if dtype != "float64" else 1e-12)
+
+
+def test_alternating_devices():
+    rng = np.random.default_rng(3)
+    ref_dev = {0: "cuda:0", 1: "cuda:1"}
+    for i in range(40):
+        d = i % 2
+        x = rng.standard_normal(1000 + i).astype(np.float32)
+        a = ewkern.asarray(x, device=ref_dev[d])
+        r = ewkern.exp(ewkern.add(a, a))
+        assert r.device == ref_dev[d]
+        assert_close(r.numpy(), np.exp(2 * x.astype(np.float64)), "float32", ulps=ULPS["exp"], what=f"round {i}")
+    # arrays made on one device stay usable after work on the other
+    a0 = ewkern.full((N,), 1.0, device="cuda:0")
+    a1 = ewkern.full((N,), 2.0, device="cuda:1")
+    for _ in range(5):
+        a0 = ewkern.add(a0, a0)
+        a1 = ewkern.add(a1, a1)
+    assert a0.numpy()[-1] == 32.0 and a1.numpy()[-1] == 64.0
+
+
+def test_mixed_devices_are_a_value_error_and_write_nothing():
+    a0 = ewkern.full((8,), 1.0, device="cuda:0")
+    a1 = ewkern.full((8,), 2.0, device="cuda:1")
+    with pytest.raises(ValueError, match="device mismatch: a is on cuda:0 but b is on cuda:1"):
+        ewkern.add(a0, a1)
+    out1 = ewkern.full((8,), 5.0, device="cuda:1")
+    with pytest.raises(ValueError, match="device mismatch: a is on cuda:0 but out is on cuda:1"):
+        ewkern.copy(a0, out=out1)
+    with pytest.raises(ValueError, match="device mismatch"):
+        ewkern.rmse(a0, a1)
+    assert out1.numpy().tolist() == [5.0] * 8
+    assert a0.numpy().tolist() == [1.0] * 8 and a1.numpy().tolist() == [2.0] * 8
+
+
+def test_ewkern_stream_on_cuda1():
+    s = ewkern.Stream(device="cuda:1")
+    assert s.device == "cuda:1"
+    x = ewkern.asarray(np.arange(N, dtype=np.float32), device="cuda:1")
+    ewkern.synchronize("cuda:1")
+    with ewkern.stream(s):
+        y = ewkern.mul_const(x, 3.0)
+        z = ewkern.add(y, x)                         # ordered after y on s
+        assert y.device == "cuda:1"
+    s.synchronize()
+    assert_close(z.numpy(), 4.0 * np.arange(N, dtype=np.float64), "float32", ulps=ULPS["add"])
+    # a stream of cuda:1 does not capture work on cuda:0 (that runs on cuda:0's default stream)
+    w = ewkern.full((N,), 1.0, device="cuda:0")
+    with ewkern.stream(s):
+        v = ewkern.add(w, w)
+    assert v.device == "cuda:0" and v.numpy()[-1] == 2.0
+
+
+@needs_torch
+@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_torch_on_cuda1(current, dtype):
+    import torch
+    tdt = getattr(torch, dtype)
+    torch.cuda.set_device(current)
+    try:
+        a = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
+        b = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
+        r = ewkern.add(a, b)
+        assert isinstance(r, torch.Tensor) and r.device == torch.device("cuda:1") and r.dtype == tdt
+        an, bn = (t.double().cpu().numpy().astype(np_dtype(dtype)) for t in (a, b))
+        assert_close(r.double().cpu().numpy(), reference("add", an, bn), dtype, ulps=ULPS["add"])
+        out = torch.empty_like(a)
+        assert ewkern.erf(a, out=out) is out
+        assert_close(out.double().cpu().numpy(), reference("erf", an), dtype, ulps=ULPS["erf"], what="torch erf")
+        m = N - N % 16
+        rm = ewkern.rmse(a[:m].view(16, -1), b[:m].view(16, -1))
+        assert rm.device == torch.device("cuda:1")
+        ref = rmse_reference(an[:m].reshape(16, -1), bn[:m].reshape(16, -1), 1)
+        np.testing.assert_allclose(rm.double().cpu().numpy(), ref, rtol=1e-5 if dtype != "float64" else 1e-12)
+        assert torch.cuda.current_device() == current     # ewkern leaves torch's device alone
+    finally:
+        torch.cuda.set_device(0)
+
+
+@needs_torch
+def test_torch_stream_on_cuda1():
+    import torch
+    with torch.cuda.device(1):
+        s = torch.cuda.Stream()
+        x = torch.randn(1 << 22, device="cuda:1")
+        torch.cuda.synchronize(1)
+        with torch.cuda.stream(s):
+            y = ewkern.mul_const(x, 2.0)              # on torch's current stream of cuda:1
+            z = y + 1                                  # ordered after ewkern's kernel on s
+        s.synchronize()
+    assert z.device == torch.device("cuda:1")
+    assert torch.equal(z, x * 2 + 1)
+
+
+@needs_torch
+def test_torch_mixed_devices_value_error():
+    import torch
+    a = torch.ones(8, device="cuda:0")
+    b = torch.ones(8, device="cuda:1")
+    with pytest.raises(ValueError, match="device mismatch: a is on cuda:0 but b is on cuda:1"):
+        ewkern.add(a, b)
+    out = torch.full((8,), 5.0, device="cuda:1")
+    with pytest.raises(ValueError, match="device mismatch"):
+        ewkern.add(a, a, out=out)
+    assert torch.equal(out, torch.full((8,), 5.0, device="cuda:1"))
+
+
+@needs_cupy
+@pytest.mark.parametrize("current", [0, 1])
+def test_cupy_on_cuda1(current):
+    import cupy
+    with cupy.cuda.Device(1):
+        a = cupy.random.standard_normal(N, dtype=cupy.float32)
+        b = cupy.random.standard_normal(N, dtype=cupy.float32)
+    with cupy.cuda.Device(current):
+        r = ewkern.add(a, b)
+        out = ewkern.empty((N,), device="cuda:1")
+        ewkern.exp(a, out=out)
+    assert isinstance(r, ewkern.Array) and r.device == "cuda:1"
+    an, bn = cupy.asnumpy(a), cupy.asnumpy(b)
+    assert_close(r.numpy(), reference("add", an, bn), "float32", ulps=ULPS["add"])
+    assert_close(out.numpy(), reference("exp", an), "float32", ulps=ULPS["exp"])
+    v = cupy.from_dlpack(r)                            # and back, zero-copy, on device 1
+    assert v.device.id == 1 and v.data.ptr == r.data_ptr
+
+
+def test_bench_peers_on_cuda1(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ewkern.__file__)))
+    out = tmp_path / "out"
+    args = ["peers", "--device", "cuda:1", "--quick", "--samples", "3", "--min-sample-ms", "0.05",
+            "--no-progress", "--no-plots", "--out", str(out), "--peers-sizes", "1MiB", "--peers-ops", "copy,add",
+            "--peers-dtypes", "float32", "--peers-rmse-shapes", "16x1024", "--peers-ref-size", "4MiB"]
+    p = subprocess.run([sys.executable, "-m", "ewkern.bench", *args], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=root), cwd=root)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["device"] == "cuda:1" and res["device_info"]["device"] == "cuda:1"
+    assert (out / "peers.csv").exists() and len((out / "peers.csv").read_text().splitlines()) > 1
