@@ -52,6 +52,15 @@ def stream(s):
         _C._set_stream(prev)
 
 
+def __getattr__(name):
+    """``ewkern.torch`` (ewkern's ops as torch custom ops) is imported on first use, so that
+    ``import ewkern`` never imports torch."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'ewkern' has no attribute {name!r}")
+
+
 __all__ = [
     "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
