@@ -235,8 +235,8 @@ static int check_out(const char *fname, const ew_view *out, const ew_view *ins, 
 /* ewkern records no autograd graph, so a torch tensor that requires grad while torch's grad
  * mode is on would lose its gradient here without a word: refuse it and point to ewkern.torch
  * (custom ops with autograd). Only arrays that came through the exchange API (torch) are asked,
- * one attribute read each; torch.is_grad_enabled() runs only for a tensor that requires grad
- * (ewkern.torch's kernels get such tensors, under the no_grad of autograd's forward). */
+ * one attribute read each; torch.is_grad_enabled() runs once, at the first tensor that requires
+ * grad (ewkern.torch's kernels get such tensors, under the no_grad of autograd's forward). */
 static int refuse_grad(ew_state *st, const char *fname, const ew_view *v, const char *const *names, int nv)
 {
     for (int i = 0; i < nv; i++) {
@@ -265,17 +265,14 @@ static int refuse_grad(ew_state *st, const char *fname, const ew_view *v, const 
             return -1;
         int enabled = PyObject_IsTrue(on);
         Py_DECREF(on);
-        if (enabled < 0)
-            return -1;
-        if (enabled) {
+        if (enabled > 0)
             PyErr_Format(PyExc_RuntimeError,
                          "%s(): %s requires grad and torch's grad mode is on, but ewkern.%s records no "
                          "autograd graph, so the gradient would be lost. Use ewkern.torch.%s (import "
                          "ewkern.torch: torch custom ops with autograd; out= is not differentiable there "
                          "either, as in torch), or call ewkern.%s under torch.no_grad() or on detached "
                          "tensors", fname, names[i], fname, fname, fname);
-            return -1;
-        }
+        return enabled ? -1 : 0;   /* grad mode off: the other arrays need no look */
     }
     return 0;
 }
