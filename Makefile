@@ -4,8 +4,9 @@ PY        ?= python3
 VENV      := .venv
 VPY       := $(VENV)/bin/python
 # nvidia-cuda-cuobjdump/nvdisasm: the SASS tests read the built kernels (the toolkit here has no cuobjdump)
+# torch: ewkern.torch's tests (the GPU machine's version; about 1.5 minutes to install from PyPI)
 DEPS      := numpy ml_dtypes pytest matplotlib tqdm apache-tvm-ffi setuptools nbclient nbformat ipykernel \
-             nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+             nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm torch==2.11.0
 SOURCES   := $(wildcard csrc/*.c csrc/*.h csrc/*.def csrc/cpu/*.c csrc/cpu/*.h csrc/cuda/*.cu csrc/cuda/*.cuh) setup.py
 BENCH_ARGS ?= --all --quick
 

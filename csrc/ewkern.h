@@ -38,6 +38,7 @@ typedef struct ew_state {
     PyObject *bf16_descr;       /* numpy dtype of ml_dtypes.bfloat16, or NULL (not looked up yet) */
     PyObject *current_stream;   /* ewkern.Stream set by `with ewkern.stream(s)`, or None */
     PyObject *str_dlpack, *str_dlpack_device, *str_api; /* interned attribute names */
+    PyObject *str_requires_grad;
     PyObject *dlpack_kwnames;   /* ("stream", "max_version") */
     int bf16_lookup_failed;
 } ew_state;

@@ -687,6 +687,7 @@ static int module_exec(PyObject *m)
     if ((st->str_dlpack = PyUnicode_InternFromString("__dlpack__")) == NULL ||
         (st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) == NULL ||
         (st->str_api = PyUnicode_InternFromString("__dlpack_c_exchange_api__")) == NULL ||
+        (st->str_requires_grad = PyUnicode_InternFromString("requires_grad")) == NULL ||
         (st->dlpack_kwnames = Py_BuildValue("(ss)", "stream", "max_version")) == NULL)
         return -1;
     st->Array_Type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &ew_array_spec, NULL);
@@ -725,6 +726,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->str_dlpack);
     Py_VISIT(st->str_dlpack_device);
     Py_VISIT(st->str_api);
+    Py_VISIT(st->str_requires_grad);
     Py_VISIT(st->dlpack_kwnames);
     return 0;
 }
@@ -743,6 +745,7 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
     Py_CLEAR(st->str_api);
+    Py_CLEAR(st->str_requires_grad);
     Py_CLEAR(st->dlpack_kwnames);
     return 0;
 }

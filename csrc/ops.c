@@ -232,6 +232,51 @@ static int check_out(const char *fname, const ew_view *out, const ew_view *ins, 
     return 0;
 }
 
+/* ewkern records no autograd graph, so a torch tensor that requires grad while torch's grad
+ * mode is on would lose its gradient here without a word: refuse it and point to ewkern.torch
+ * (custom ops with autograd). Only arrays that came through the exchange API (torch) are asked,
+ * one attribute read each; torch.is_grad_enabled() runs once, at the first tensor that requires
+ * grad (ewkern.torch's kernels get such tensors, under the no_grad of autograd's forward). */
+static int refuse_grad(ew_state *st, const char *fname, const ew_view *v, const char *const *names, int nv)
+{
+    for (int i = 0; i < nv; i++) {
+        if (v[i].kind != EW_KIND_API)
+            continue;
+        PyObject *rg = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+        if (PyObject_GetOptionalAttr(v[i].obj, st->str_requires_grad, &rg) < 0)
+            return -1;
+#else
+        if ((rg = PyObject_GetAttr(v[i].obj, st->str_requires_grad)) == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                return -1;
+            PyErr_Clear();
+        }
+#endif
+        int requires = rg == Py_True;
+        Py_XDECREF(rg);
+        if (!requires)
+            continue;
+        PyObject *torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");   /* borrowed */
+        if (torch == NULL)
+            continue;   /* not a torch tensor: no grad mode to ask */
+        PyObject *on = PyObject_CallMethod(torch, "is_grad_enabled", NULL);
+        if (on == NULL)
+            return -1;
+        int enabled = PyObject_IsTrue(on);
+        Py_DECREF(on);
+        if (enabled > 0)
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): %s requires grad and torch's grad mode is on, but ewkern.%s records no "
+                         "autograd graph, so the gradient would be lost. Use ewkern.torch.%s (import "
+                         "ewkern.torch: torch custom ops with autograd; out= is not differentiable there "
+                         "either, as in torch), or call ewkern.%s under torch.no_grad() or on detached "
+                         "tensors", fname, names[i], fname, fname, fname);
+        return enabled ? -1 : 0;   /* grad mode off: the other arrays need no look */
+    }
+    return 0;
+}
+
 /* The stream to launch on: the producer's current work stream when the first array came
  * through the exchange API, else ewkern's current stream. */
 static int pick_stream(ew_state *st, const ew_view *first, void **stream)
@@ -517,6 +562,9 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
         if (check_out(cs.fname, &v[nv - 1], v, op->inputs) < 0)
             goto fail;
     }
+    const char *view_names[3] = {cs.names[0], op->inputs > 1 ? cs.names[1] : "out", "out"};
+    if (refuse_grad(st, cs.fname, v, view_names, nv) < 0)
+        goto fail;
     const ew_view *ref = &v[0];
     k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(opi, ref->dtype, ref->device.type)
                                         : ew_find_kernel(op->name, lo.variant, ref->dtype, ref->device.type);
@@ -664,7 +712,7 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
     if (ew_view_from_object(st, vals[1], &v[1], "b", stream, 1) < 0)
         goto fail;
     nv = 2;
-    if (check_pair("rmse", &v[0], "a", &v[1], "b", 1, 1) < 0)
+    if (check_pair("rmse", &v[0], "a", &v[1], "b", 1, 1) < 0 || refuse_grad(st, "rmse", v, rmse_spec.names, 2) < 0)
         goto fail;
     ew_rmse_args ra;
     memset(&ra, 0, sizeof ra);
@@ -693,7 +741,8 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
         memcpy(want.shape, out_shape, sizeof(int64_t) * out_ndim);
         want.dtype = out_dt;
         want.device = v[0].device;
-        if (check_pair("rmse", &want, "the result", &v[2], "out", 1, 1) < 0 || check_out("rmse", &v[2], v, 2) < 0)
+        if (check_pair("rmse", &want, "the result", &v[2], "out", 1, 1) < 0 || check_out("rmse", &v[2], v, 2) < 0 ||
+            refuse_grad(st, "rmse", &v[2], rmse_spec.names + 3, 1) < 0)
             goto fail;
         result = out_obj;
         Py_INCREF(result);

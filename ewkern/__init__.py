@@ -54,6 +54,15 @@ def stream(s: "Stream | None") -> Iterator["Stream | None"]:
         _C._set_stream(prev)
 
 
+def __getattr__(name):
+    """``ewkern.torch`` (ewkern's ops as torch custom ops) is imported on first use, so that
+    ``import ewkern`` never imports torch."""
+    if name == "torch":
+        import importlib
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'ewkern' has no attribute {name!r}")
+
+
 # Spelled out (not built from the op table) so type checkers see the exports; tests/test_typing.py
 # checks that it lists every op.
 __all__ = [

@@ -30,8 +30,9 @@ TINY = {
     "peers": ["--peers-sizes", "64KiB", "--peers-ops", "copy,add", "--peers-dtypes", "float32,float16",
               "--peers-rmse-shapes", "16x1024,1024x16:last", "--peers-ref-size", "1MiB"],
     "overhead": ["--overhead-calls", "200", "--overhead-repeats", "3"],
+    "c1": ["--c1-shapes", "4x256", "--c1-backend", "aot_eager"],
 }
-CPU_EXPERIMENTS = ["e2", "e3", "e6", "r1", "a1", "v1", "peers", "overhead"]
+CPU_EXPERIMENTS = ["e2", "e3", "e6", "r1", "a1", "v1", "peers", "overhead", "c1"]
 
 
 def run_main(tmp_path, *names, extra=(), out=None):
@@ -59,7 +60,8 @@ def run_cli(*args, timeout=120, cwd=None):
 def test_list_names_every_experiment():
     r = run_cli("list")
     assert r.returncode == 0, r.stderr
-    names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "rmse_grid", "overhead"]
+    names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "rmse_grid", "overhead",
+             "c1"]
     for name in names:
         assert f"  {name} " in r.stdout
     assert "[GPU only]" in r.stdout
@@ -146,6 +148,30 @@ def test_cpu_experiment_writes_outputs(name, tmp_path):
     assert "t_median_s" in header
     assert list(out.glob(f"{name}*.png")) or list(out.glob("overhead.png"))
     assert res["figures"]
+
+
+def test_c1_compiles_ewkern_rmse_into_the_graph(tmp_path):
+    """c1 on the CPU (aot_eager: the same graphs, no code generation): every way of every function
+    measured, one graph without breaks that holds ewkern.rmse, results as the float64 reference."""
+    pytest.importorskip("torch")
+    code, out = run_main(tmp_path, "c1")
+    assert code == 0, (out / "summary.md").read_text()
+    exp = bench.load(out)["experiments"]["c1"]
+    assert exp["status"] == "ok" and exp["params"]["backend"] == "aot_eager"
+    ways = {(m["function"], m["series"]) for m in exp["measurements"]}
+    assert ways == {(f, w) for f in ("rmse", "scaled rmse") for w in
+                    ("torch eager", "torch.compile", "ewkern.torch eager", "compile + ewkern")}
+    assert all(m["max_rel_err"] < 1e-5 and m["bytes"] == 2 * 1024 * 4 + 4 * 4 for m in exp["measurements"])
+    for row in exp["tables"]["graph_breaks"]:
+        assert row["graph_count"] == 1 and row["graph_breaks"] == 0 and row["ewkern_ops"] == ["ewkern.rmse.default"]
+    assert "| compile + ewkern GB/s |" in (out / "summary.md").read_text()
+
+
+def test_c1_skips_cleanly_without_torch(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)     # `import torch` raises ImportError
+    code, out = run_main(tmp_path, "c1")
+    exp = bench.load(out)["experiments"]["c1"]
+    assert code == 0 and exp["status"] == "skipped" and "torch is not installed" in exp["reason"]
 
 
 def test_bandwidth_follows_the_declared_bytes(tmp_path):

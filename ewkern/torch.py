@@ -1,0 +1,402 @@
+"""ewkern.torch: ewkern's ops as torch custom ops, for torch.compile and training.
+
+    import ewkern.torch as ewt
+    loss = ewt.rmse(ewt.gelu(x), y).mean()      # autograd records it; torch.compile keeps it
+
+Every elementwise op and rmse is registered with torch.library in the namespace ``ewkern``
+(``torch.ops.ewkern.gelu``, ...), the way PyTorch documents custom kernels:
+  - a kernel for cpu and cuda tensors that calls the same C entry as ``ewkern.gelu`` (the DLPack
+    exchange-API fast path, torch's current stream, ewkern's CPU backend, the auto kernels);
+  - a fake kernel that gives the result's shape and dtype, so torch.compile traces through it;
+  - an autograd formula for every differentiable op, written with these same ops (so double
+    backward works too), and with torch ops where ewkern has none (the masks of maximum,
+    minimum, abs and relu; rmse's broadcast over the reduced axes);
+  - a mutating ``<name>_out`` op (``Tensor(a!) out``, returns nothing) behind ``out=``.
+
+The functions here take what ewkern's take, less variant/block/grid. Unlike ewkern's they accept
+non-contiguous tensors (a contiguous copy is made first, as torch's own kernels do) and an out=
+of any layout. out= follows torch's rule: it is not differentiable, so a call with out= that
+would need a gradient raises. Importing this module imports torch; ``import ewkern`` alone does
+not (``ewkern.torch`` is loaded on first use).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _C
+
+__all__ = ["copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const",
+           "axpby", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
+           "silu", "rmse", "DIFFERENTIABLE"]
+
+if not hasattr(torch.library, "custom_op"):
+    raise ImportError(f"ewkern.torch needs torch 2.4 or newer (torch.library.custom_op); this is "
+                      f"torch {torch.__version__}")
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_INFO = {d["name"]: d for d in _C.ops() if d["family"] == "elementwise"}
+_SCALARS = {0: (), 1: ("c",), 2: ("alpha", "beta")}
+_FUNCTIONAL = {}    # name -> torch.ops.ewkern.<name>.default
+_MUTATING = {}      # name -> torch.ops.ewkern.<name>_out.default (fill: torch.ops.ewkern.fill)
+E = torch.ops.ewkern
+
+_OUT_GRAD = ("ewkern.torch.{}(): out= is not differentiable (as with torch's own out= functions), but an "
+             "argument requires grad and grad mode is on; call it without out=, or under torch.no_grad()")
+
+
+# --- kernels ----------------------------------------------------------------------------------------
+
+def _as_tensor(r):
+    """ewkern answers torch inputs with a torch tensor through the DLPack exchange API; a torch
+    without that API gets an ewkern.Array, viewed here without a copy."""
+    return r if isinstance(r, torch.Tensor) else torch.from_dlpack(r)
+
+
+def _write(fn, out, *args, **kwargs):
+    """fn(*args, **kwargs, out=out). ewkern writes contiguous memory only: an out of another layout
+    gets a contiguous temporary, copied in."""
+    if out.is_contiguous():
+        fn(*args, **kwargs, out=out)
+    else:
+        tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        fn(*args, **kwargs, out=tmp)
+        out.copy_(tmp)
+
+
+def _kernels(fn, nin):
+    """The real kernels of one op: functional (returns the result) and mutating (writes out)."""
+    def functional(*args):
+        return _as_tensor(fn(*(t.contiguous() for t in args[:nin]), *args[nin:]))
+
+    def mutating(*args):
+        _write(fn, args[-1], *(t.contiguous() for t in args[:nin]), *args[nin:-1])
+    return functional, mutating
+
+
+# --- fake kernels: the checks of ops.c, on shapes and dtypes only ------------------------------------
+
+def _check(name, tensors, names):
+    """What ewkern's C entry checks (dtype, equal dtype/device/shape, no broadcasting), with the
+    same exception types, so fake and real kernels fail alike."""
+    a = tensors[0]
+    if a.dtype not in DTYPES:
+        raise TypeError(f"{name}(): unsupported dtype {a.dtype} (ewkern takes float32, float16, bfloat16 "
+                        f"and float64)")
+    for t, n in zip(tensors[1:], names[1:]):
+        if t.device != a.device:
+            raise ValueError(f"{name}(): device mismatch: {names[0]} is on {a.device} but {n} is on {t.device}")
+        if t.dtype != a.dtype:
+            raise TypeError(f"{name}(): dtype mismatch: {names[0]} is {a.dtype} but {n} is {t.dtype}")
+        if t.shape != a.shape:
+            raise ValueError(f"{name}(): shape mismatch: {names[0]} has shape {tuple(a.shape)} but {n} has "
+                             f"shape {tuple(t.shape)} (ewkern does not broadcast)")
+
+
+def _fakes(name, nin):
+    names = ("a", "b")[:nin] + ("out",)
+
+    def functional(*args):
+        _check(name, args[:nin], names)
+        return torch.empty(args[0].shape, dtype=args[0].dtype, device=args[0].device)
+
+    def mutating(*args):
+        _check(name, args[:nin] + args[-1:], names)
+    return functional, mutating
+
+
+def rmse_split(shape, axis):
+    """(result shape, shape with the reduced axes kept as 1, reduced axes) of ewkern.rmse's axis=
+    rule: None reduces every axis but the first (a 1-D input is one batch); the reduced axes must
+    be one contiguous run."""
+    nd = len(shape)
+    if axis is None:
+        red = list(range(0 if nd == 1 else 1, nd))
+    else:
+        red = []
+        for ax in ([axis] if isinstance(axis, int) else axis):
+            if not -nd <= ax < nd:
+                raise ValueError(f"rmse(): axis {ax} is out of bounds for an array of {nd} dimensions")
+            ax %= nd
+            if ax in red:
+                raise ValueError(f"rmse(): axis {ax} repeated")
+            red.append(ax)
+        red.sort()
+    if red and red[-1] - red[0] + 1 != len(red):
+        raise ValueError("rmse(): the reduced axes must be one contiguous run (for example the trailing axes, "
+                         "each batch contiguous, or the leading axes, batch as the fastest axis)")
+    kept = [shape[i] for i in range(nd) if i not in red]
+    keep = [1 if i in red else shape[i] for i in range(nd)]
+    return kept, keep, red
+
+
+def _rmse_result(a, b, axis):
+    _check("rmse", (a, b), ("a", "b"))
+    kept, _, _ = rmse_split(a.shape, axis)
+    return kept, (torch.float64 if a.dtype == torch.float64 else torch.float32)
+
+
+# --- autograd formulas ------------------------------------------------------------------------------
+# Each takes (grad, saved tensors, scalars, needs_input_grad) and returns the tensor inputs'
+# gradients. Where a formula takes several steps, 16-bit inputs are widened to float32 for it and
+# the gradient is rounded once at the end (torch's own backward kernels compute in float32 too).
+
+def _wide(t):
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _d_div(g, s, c, need):
+    b, y = s                                        # d(a/b)/db = -y/b
+    ga = E.div(g, b)
+    return ga, (E.neg(E.mul(ga, y)) if need[1] else None)
+
+
+def _d_extreme(loses):
+    """maximum/minimum as torch defines their gradient: a tie splits it in halves; a's part is
+    zero where loses(a, b) (a < b for maximum), b's where loses(b, a); NaN loses nowhere."""
+    def d(g, s, c, need):
+        a, b = s
+        shared = torch.where(a == b, E.mul_const(g, 0.5), g)
+        return (shared.masked_fill(loses(a, b), 0) if need[0] else None,
+                shared.masked_fill(loses(b, a), 0) if need[1] else None)
+    return d
+
+
+def _d_rsqrt(g, s, c, need):
+    a, y = s                                        # -1/2 a^(-3/2) = -y/(2a)
+    return (E.mul_const(E.mul(_wide(g), E.div(_wide(y), _wide(a))), -0.5).to(g.dtype),)
+
+
+def _d_erf(g, s, c, need):
+    x = _wide(s[0])                                 # 2/sqrt(pi) e^(-x^2)
+    d = E.mul_const(E.exp(E.neg(E.mul(x, x))), 2.0 / math.sqrt(math.pi))
+    return (E.mul(_wide(g), d).to(g.dtype),)
+
+
+def _one_minus(t):
+    return E.add_const(E.neg(t), 1.0)
+
+
+def _d_tanh(g, s, c, need):
+    y = _wide(s[0])                                 # 1 - y^2
+    return (E.mul(_wide(g), _one_minus(E.mul(y, y))).to(g.dtype),)
+
+
+def _d_sigmoid(g, s, c, need):
+    y = _wide(s[0])                                 # y (1 - y)
+    return (E.mul(E.mul(_wide(g), y), _one_minus(y)).to(g.dtype),)
+
+
+def _d_gelu(g, s, c, need):
+    x = _wide(s[0])                                 # Phi(x) + x phi(x)
+    cdf = E.mul_const(E.add_const(E.erf(E.mul_const(x, math.sqrt(0.5))), 1.0), 0.5)
+    pdf = E.mul_const(E.exp(E.mul_const(E.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    return (E.mul(_wide(g), E.add(cdf, E.mul(x, pdf))).to(g.dtype),)
+
+
+def _d_silu(g, s, c, need):
+    x = _wide(s[0])                                 # sigma(x) (1 + x (1 - sigma(x)))
+    sig = E.sigmoid(x)
+    d = E.mul(sig, E.add_const(E.mul(x, _one_minus(sig)), 1.0))
+    return (E.mul(_wide(g), d).to(g.dtype),)
+
+
+# name -> (what setup_context saves: a, b inputs, y the result; the formula)
+GRADS = {
+    "copy": ("", lambda g, s, c, need: (g,)),
+    "add": ("", lambda g, s, c, need: (g, g)),
+    "sub": ("", lambda g, s, c, need: (g, E.neg(g) if need[1] else None)),
+    "mul": ("ab", lambda g, s, c, need: (E.mul(g, s[1]) if need[0] else None,
+                                         E.mul(g, s[0]) if need[1] else None)),
+    "div": ("by", _d_div),
+    "maximum": ("ab", _d_extreme(lambda a, b: a < b)),
+    "minimum": ("ab", _d_extreme(lambda a, b: a > b)),
+    "add_const": ("", lambda g, s, c, need: (g,)),
+    "mul_const": ("", lambda g, s, c, need: (E.mul_const(g, c[0]),)),
+    "axpby": ("", lambda g, s, c, need: (E.mul_const(g, c[0]) if need[0] else None,
+                                         E.mul_const(g, c[1]) if need[1] else None)),
+    "neg": ("", lambda g, s, c, need: (E.neg(g),)),
+    "abs": ("a", lambda g, s, c, need: (E.mul(g, s[0].sgn()),)),
+    "exp": ("y", lambda g, s, c, need: (E.mul(g, s[0]),)),
+    "log": ("a", lambda g, s, c, need: (E.div(g, s[0]),)),
+    "sqrt": ("y", lambda g, s, c, need: (E.mul_const(E.div(g, s[0]), 0.5),)),
+    "rsqrt": ("ay", _d_rsqrt),
+    "erf": ("a", _d_erf),
+    "tanh": ("y", _d_tanh),
+    "sigmoid": ("y", _d_sigmoid),
+    "relu": ("y", lambda g, s, c, need: (torch.ops.aten.threshold_backward(g, s[0], 0),)),
+    "gelu": ("a", _d_gelu),
+    "silu": ("a", _d_silu),
+}
+DIFFERENTIABLE = tuple(GRADS) + ("rmse",)
+
+
+def _autograd(nin, saves, formula):
+    def setup_context(ctx, inputs, output):
+        pick = {"a": inputs[0], "b": inputs[1] if nin > 1 else None, "y": output}
+        ctx.save_for_backward(*(pick[k] for k in saves))
+        ctx.scalars = tuple(inputs[nin:])
+
+    def backward(ctx, grad):
+        grads = formula(grad, ctx.saved_tensors, ctx.scalars, ctx.needs_input_grad)
+        return tuple(grads) + (None,) * len(ctx.scalars)
+    return backward, setup_context
+
+
+def _rmse_setup(ctx, inputs, output):
+    a, b, axis = inputs
+    ctx.save_for_backward(a, b, output)
+    ctx.axis = axis
+
+
+def _rmse_backward(ctx, grad):
+    """d sqrt(mean((a-b)^2)) / da = (a - b) / (n r), n the elements per batch; -that for b."""
+    a, b, r = ctx.saved_tensors
+    _, keep, red = rmse_split(a.shape, ctx.axis)
+    n = math.prod(a.shape[i] for i in red)
+    scale = (grad / (r * n)).reshape(keep)          # per batch: small, torch ops broadcast it
+    ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
+    return ga, (E.neg(ga) if ctx.needs_input_grad[1] else None), None
+
+
+# --- registration -----------------------------------------------------------------------------------
+
+def _define(qualname, schema, kernel, fake, mutates=()):
+    op = torch.library.custom_op(f"ewkern::{qualname}", kernel, mutates_args=mutates,
+                                 device_types=("cpu", "cuda"), schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+def _register_elementwise(name, info):
+    nin = info["inputs"]
+    args = [f"Tensor {n}" for n in ("a", "b")[:nin]] + [f"float {n}" for n in _SCALARS[info["scalars"]]]
+    kernel, kernel_out = _kernels(getattr(_C, name), nin)
+    fake, fake_out = _fakes(name, nin)
+    op = _define(name, f"({', '.join(args)}) -> Tensor", kernel, fake)
+    backward, setup_context = _autograd(nin, *GRADS[name])
+    op.register_autograd(backward, setup_context=setup_context)
+    _define(f"{name}_out", f"({', '.join(args + ['Tensor(a!) out'])}) -> ()", kernel_out, fake_out, ("out",))
+    _FUNCTIONAL[name] = getattr(E, name).default
+    _MUTATING[name] = getattr(E, f"{name}_out").default
+
+
+def _rmse_kernel(a, b, axis=None):
+    return _as_tensor(_C.rmse(a.contiguous(), b.contiguous(), axis))
+
+
+def _rmse_fake(a, b, axis=None):
+    shape, dtype = _rmse_result(a, b, axis)
+    return torch.empty(shape, dtype=dtype, device=a.device)
+
+
+def _rmse_out_kernel(a, b, axis, out):
+    _write(_C.rmse, out, a.contiguous(), b.contiguous(), axis)
+
+
+def _rmse_out_fake(a, b, axis, out):
+    shape, dtype = _rmse_result(a, b, axis)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != a.device:
+        raise ValueError(f"rmse(): out must be {dtype} of shape {tuple(shape)} on {a.device}, got {out.dtype} "
+                         f"of shape {tuple(out.shape)} on {out.device}")
+
+
+def _register():
+    for name, info in _INFO.items():
+        if info["inputs"]:
+            _register_elementwise(name, info)
+    _define("fill", "(Tensor(a!) out, float value) -> ()", lambda out, value: _write(_C.fill, out, value=value),
+            lambda out, value: _check("fill", (out,), ("out",)), ("out",))
+    _MUTATING["fill"] = E.fill.default
+    rmse_op = _define("rmse", "(Tensor a, Tensor b, int[]? axis=None) -> Tensor", _rmse_kernel, _rmse_fake)
+    rmse_op.register_autograd(_rmse_backward, setup_context=_rmse_setup)
+    _define("rmse_out", "(Tensor a, Tensor b, int[]? axis, Tensor(a!) out) -> ()", _rmse_out_kernel,
+            _rmse_out_fake, ("out",))
+    _FUNCTIONAL["rmse"] = E.rmse.default
+    _MUTATING["rmse"] = E.rmse_out.default
+
+
+_register()
+
+
+# --- the Python face: ewkern's signatures ------------------------------------------------------------
+
+def _run(name, tensors, scalars, out):
+    if out is None:
+        return _FUNCTIONAL[name](*tensors, *scalars)
+    if torch.is_grad_enabled():
+        for t in (*tensors, out):
+            if t.requires_grad:
+                raise RuntimeError(_OUT_GRAD.format(name))
+    _MUTATING[name](*tensors, *scalars, out)
+    return out
+
+
+def _doc(name, sig):
+    info = _INFO[name]
+    grad = "differentiable (GRADS in ewkern/torch.py has the formula)" if name in GRADS else "not differentiable"
+    return (f"{name}({sig})\n\nElementwise {name}: {info['definition']}; ewkern's auto kernel as the torch "
+            f"custom op torch.ops.ewkern.{name} ({grad}; out= calls torch.ops.ewkern.{name}_out, which is "
+            f"not).\n\nAccuracy: {info['accuracy']}.\nInputs: torch tensors of equal shape, dtype (float32, "
+            f"float16, bfloat16, float64) and device (cpu or cuda); no broadcasting.")
+
+
+def _named(fn, name, sig):
+    fn.__name__ = fn.__qualname__ = name
+    fn.__module__ = __name__
+    fn.__doc__ = _doc(name, sig)
+    return fn
+
+
+def _unary(name):
+    def op(a, out=None):
+        return _run(name, (a,), (), out)
+    return _named(op, name, "a, out=None")
+
+
+def _binary(name):
+    def op(a, b, out=None):
+        return _run(name, (a, b), (), out)
+    return _named(op, name, "a, b, out=None")
+
+
+def _with_const(name):
+    def op(a, c, out=None):
+        return _run(name, (a,), (c,), out)
+    return _named(op, name, "a, c, out=None")
+
+
+def axpby(a, b, alpha, beta, out=None):
+    return _run("axpby", (a, b), (alpha, beta), out)
+
+
+def fill(out, value):
+    """fill(out, value)\n\nWrite value, rounded once to out's dtype, into every element of out (the
+    mutating custom op torch.ops.ewkern.fill; not differentiable)."""
+    if torch.is_grad_enabled() and out.requires_grad:
+        raise RuntimeError(_OUT_GRAD.format("fill"))
+    _MUTATING["fill"](out, value)
+    return out
+
+
+def rmse(a, b, axis=None, out=None):
+    """rmse(a, b, axis=None, out=None)
+
+    Batched root-mean-square error sqrt(mean((a - b)**2)) over the reduced axes: ewkern.rmse's
+    auto kernel as the torch custom op torch.ops.ewkern.rmse, differentiable in a and b (out=
+    calls torch.ops.ewkern.rmse_out, which is not). axis: an int or a sequence of ints, one
+    contiguous run of axes; None reduces every axis but the first (a 1-D input is one batch).
+    The result has the other axes and dtype float32 (float64 for float64 inputs)."""
+    axis = [axis] if isinstance(axis, int) else (None if axis is None else list(axis))
+    return _run("rmse", (a, b), (axis,), out)
+
+
+_named(axpby, "axpby", "a, b, alpha, beta, out=None")
+copy = _unary("copy")
+add, sub, mul, div, maximum, minimum = (_binary(n) for n in ("add", "sub", "mul", "div", "maximum", "minimum"))
+add_const, mul_const = _with_const("add_const"), _with_const("mul_const")
+neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu = (
+    _unary(n) for n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
+                        "silu"))

@@ -1,0 +1,386 @@
+"""ewkern.torch, ewkern's ops as torch custom ops: results against the float64 references,
+gradcheck in float64 and torch's own gradients, torch.library.opcheck for every op, the fake
+kernels, torch.compile(fullgraph=True) against eager, CUDA-graph capture; and the plain API's
+refusal of tensors that require grad. Skips without torch; the CUDA cases skip without a GPU."""
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ewkern  # noqa: E402
+import ewkern.torch as ewt  # noqa: E402
+from conftest import HAS_CUDA, device_params  # noqa: E402
+from reference import DTYPES, EPS, random_input, rmse_reference  # noqa: E402
+from test_elementwise import OPS, SCALARS, check, op_args  # noqa: E402
+
+gpu_torch = pytest.mark.skipif(not (HAS_CUDA and torch.cuda.is_available()),
+                               reason="needs a CUDA GPU that torch sees (runs on the GPU machine)")
+ELEMENTWISE = sorted(op for op in OPS if op != "fill")
+TORCH_DTYPE = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+               "float64": torch.float64}
+TORCH_OP = {   # torch's own version of each op, for its gradients
+    "copy": lambda a: a.clone(), "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum, "add_const": lambda a, c: a + c,
+    "mul_const": lambda a, c: a * c, "axpby": lambda a, b, alpha, beta: alpha * a + beta * b,
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "erf": torch.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+}
+
+
+def to_torch(x, dtype, device="cpu", requires_grad=False):
+    """A NumPy array (ml_dtypes.bfloat16 too) as a torch tensor of dtype, values unchanged."""
+    t = torch.from_numpy(np.asarray(x).astype(np.float64)).to(device=device, dtype=TORCH_DTYPE[dtype])
+    return t.requires_grad_(requires_grad)
+
+
+def to_numpy(t):
+    return t.detach().cpu().double().numpy()
+
+
+def torch_device(device):
+    return "cuda:0" if device != "cpu" else "cpu"
+
+
+def inputs(op, dtype, device, shape=(3, 5, 7), seed=0, requires_grad=False):
+    rng = np.random.default_rng(seed + len(op))
+    xs, scalars = op_args(op, rng, shape, dtype)
+    if op in ("abs", "relu", "maximum", "minimum"):   # stay away from the kinks
+        xs = [np.where(np.abs(x.astype(np.float64)) < 0.05, 0.5, x).astype(x.dtype) for x in xs]
+    return xs, [to_torch(x, dtype, torch_device(device), requires_grad) for x in xs], scalars
+
+
+# --- results -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ELEMENTWISE)
+def test_op_and_out_against_reference(op, dtype, device):
+    for shape in [(0,), (7,), (3, 5, 7)]:
+        xs, ts, scalars = inputs(op, dtype, device, shape)
+        r = getattr(ewt, op)(*ts, *scalars)
+        assert isinstance(r, torch.Tensor) and r.dtype == ts[0].dtype and r.device == ts[0].device
+        check(op, to_numpy(r), xs, scalars, dtype, f"ewkern.torch.{op} {dtype} {device} {shape}")
+        out = torch.full(shape, 123.0, dtype=ts[0].dtype, device=ts[0].device)
+        assert getattr(ewt, op)(*ts, *scalars, out=out) is out
+        check(op, to_numpy(out), xs, scalars, dtype, f"ewkern.torch.{op} out= {dtype} {device} {shape}")
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_fill_and_layouts(device):
+    dev = torch_device(device)
+    out = torch.zeros(4, 6, device=dev)
+    assert ewt.fill(out, 2.5) is out and bool((out == 2.5).all())
+    strided = torch.zeros(6, 4, device=dev).T          # any layout: a contiguous temporary is copied in
+    ewt.fill(strided, -1.0)
+    assert bool((strided == -1).all())
+    a = torch.randn(8, 5, device=dev, dtype=torch.float64).T     # non-contiguous inputs are copied first
+    b = torch.randn(5, 8, device=dev, dtype=torch.float64)
+    torch.testing.assert_close(ewt.sub(a, b), a - b, rtol=0, atol=0)
+    o = torch.empty(8, 5, device=dev, dtype=torch.float64).T
+    assert ewt.mul(a, b, out=o) is o
+    torch.testing.assert_close(o, a * b, rtol=0, atol=0)
+    x = a.contiguous()
+    ewt.add(x, b, out=x)                                           # out may be an input
+    torch.testing.assert_close(x, a + b, rtol=0, atol=0)
+
+
+RMSE_LAYOUTS = [((5, 100), None), ((3, 7, 33), None), ((6,), None), ((17, 41), -1), ((2, 3, 5, 7), (2, 3)),
+                ((100, 5), 0), ((33, 7, 3), (0, 1))]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmse_against_reference(dtype, device):
+    rng = np.random.default_rng(7)
+    for shape, axis in RMSE_LAYOUTS:
+        a, b = random_input(rng, shape, dtype), random_input(rng, shape, dtype)
+        red = axis if axis is not None else (tuple(range(1, len(shape))) if len(shape) > 1 else (0,))
+        want = rmse_reference(a, b, red)
+        ta, tb = to_torch(a, dtype, torch_device(device)), to_torch(b, dtype, torch_device(device))
+        r = ewt.rmse(ta, tb, axis=axis)
+        assert r.dtype == (torch.float64 if dtype == "float64" else torch.float32)
+        np.testing.assert_allclose(to_numpy(r), want, rtol=1e-12 if dtype == "float64" else 2e-6)
+        out = torch.empty(want.shape, dtype=r.dtype, device=r.device)
+        assert ewt.rmse(ta, tb, axis, out=out) is out
+        torch.testing.assert_close(out, r, rtol=0, atol=0)
+
+
+# --- gradients -----------------------------------------------------------------------------------
+
+def test_every_op_but_fill_is_differentiable():
+    assert set(ewt.DIFFERENTIABLE) == set(ELEMENTWISE) | {"rmse"}
+
+
+@pytest.mark.parametrize("op", ELEMENTWISE)
+def test_gradcheck_float64(op):
+    """torch.autograd.gradcheck and gradgradcheck (the backward formulas are ewkern ops too)."""
+    _, ts, scalars = inputs(op, "float64", "cpu", (4, 5), requires_grad=True)
+    fn = getattr(ewt, op)
+
+    def f(*t):
+        return fn(*t, *scalars)
+    assert torch.autograd.gradcheck(f, tuple(ts))
+    assert torch.autograd.gradgradcheck(f, tuple(ts))
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 8), None), ((8,), None), ((7, 3), 0), ((2, 3, 4), (1, 2)),
+                                        ((2, 3, 4), 1)])
+def test_rmse_gradcheck_float64(shape, axis):
+    rng = np.random.default_rng(11)
+    a, b = (torch.from_numpy(rng.standard_normal(shape)).requires_grad_() for _ in range(2))
+    assert torch.autograd.gradcheck(lambda a, b: ewt.rmse(a, b, axis), (a, b))
+    assert torch.autograd.gradgradcheck(lambda a, b: ewt.rmse(a, b, axis), (a, b))
+
+
+# a gradient composed of several ewkern ops (16-bit inputs: in float32, rounded once) against torch's
+# single kernel: a few units of the dtype's epsilon, relative to the gradient's largest element
+# where a derivative crosses zero (gelu's Phi(x) + x phi(x) cancels near x = -0.75)
+GRAD_RTOL = {"float64": 1e-12, "float32": 2e-6, "float16": 4 * EPS["float16"], "bfloat16": 4 * EPS["bfloat16"]}
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ELEMENTWISE + ["rmse"])
+def test_gradients_match_torch(op, dtype, device):
+    """ewkern.torch's gradients against torch's own for the same function, same dtype."""
+    if op == "rmse":
+        _, ts, scalars = inputs("sub", dtype, device, (6, 50), requires_grad=True)
+        wide = torch.float64 if dtype == "float64" else torch.float32    # rmse's result dtype
+        ours, theirs = ewt.rmse, lambda a, b: torch.sqrt(((a.to(wide) - b.to(wide)) ** 2).mean(1))
+    else:
+        _, ts, scalars = inputs(op, dtype, device, (6, 50), requires_grad=True)
+        ours, theirs = getattr(ewt, op), TORCH_OP[op]
+    y = ours(*ts, *scalars)
+    g = torch.randn(y.shape, dtype=y.dtype, device=y.device)
+    got = torch.autograd.grad(y, ts, g)
+    want = torch.autograd.grad(theirs(*ts, *scalars), ts, g)
+    rtol = GRAD_RTOL[dtype]
+    for k, (x, w) in enumerate(zip(got, want)):
+        assert x.dtype == w.dtype and x.shape == w.shape
+        scale = w.double().abs().max().item()
+        torch.testing.assert_close(x.double(), w.double(), rtol=rtol, atol=rtol * scale,
+                                   msg=lambda m: f"{op} {dtype} {device} grad {k}: {m}")
+
+
+def test_out_is_not_differentiable():
+    x = torch.randn(5, requires_grad=True)
+    out = torch.empty(5)
+    with pytest.raises(RuntimeError, match=r"ewkern.torch.gelu\(\): out= is not differentiable"):
+        ewt.gelu(x, out=out)
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        ewt.fill(torch.zeros(3, requires_grad=True), 1.0)
+    with pytest.raises(RuntimeError, match="out= is not differentiable"):
+        ewt.rmse(x.view(1, 5), x.view(1, 5), out=torch.empty(1))
+    with torch.no_grad():
+        ewt.gelu(x, out=out)
+    torch.testing.assert_close(out, torch.nn.functional.gelu(x.detach()))
+
+
+# --- the plain API and requires_grad ----------------------------------------------------------------
+
+@pytest.mark.parametrize("fn,args", [("add", 2), ("gelu", 1), ("rmse", 2)])
+def test_plain_api_refuses_tensors_that_require_grad(fn, args):
+    x = torch.randn(4, 6, requires_grad=True)
+    y = torch.randn(4, 6)
+    f = getattr(ewkern, fn)
+    for ins in ([x, y], [y, x])[: 2 if args == 2 else 1]:
+        with pytest.raises(RuntimeError, match=rf"requires grad.*Use ewkern\.torch\.{fn} "):
+            f(*ins[:args])
+    with torch.no_grad():
+        r = f(*[x, y][:args])
+    with torch.inference_mode():
+        r2 = f(*[x, y][:args])
+    r3 = f(*[x.detach(), y][:args])
+    torch.testing.assert_close(r, r3, rtol=0, atol=0)
+    torch.testing.assert_close(r2, r3, rtol=0, atol=0)
+    assert not r.requires_grad
+
+
+def test_plain_api_out_that_requires_grad():
+    a, b = torch.randn(5), torch.randn(5)
+    leaf = torch.zeros(5, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"add\(\): out requires grad"):
+        ewkern.add(a, b, out=leaf)
+    with pytest.raises(RuntimeError, match=r"fill\(\): out requires grad"):
+        ewkern.fill(leaf, 1.0)
+    with pytest.raises(RuntimeError, match=r"rmse\(\): out requires grad"):
+        ewkern.rmse(a.view(1, 5), b.view(1, 5), out=torch.zeros(1, requires_grad=True))
+    assert bool((leaf == 0).all())
+    with torch.no_grad():
+        assert ewkern.add(a, b, out=leaf) is leaf
+    torch.testing.assert_close(leaf.detach(), a + b)
+    out = torch.empty(5)
+    assert ewkern.add(a, b, out=out) is out      # nothing requires grad: the fast path as before
+
+
+def test_import_ewkern_alone_does_not_import_torch():
+    code = ("import sys, ewkern; assert 'torch' not in sys.modules; m = ewkern.torch; "
+            "assert 'torch' in sys.modules and m.gelu.__module__ == 'ewkern.torch'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+# --- torch.library: opcheck and the fake kernels ---------------------------------------------------
+
+def opcheck_cases(device):
+    dev = torch_device(device)
+    for op in ELEMENTWISE:
+        _, ts, scalars = inputs(op, "float32", device, (3, 4), requires_grad=True)
+        yield getattr(torch.ops.ewkern, op).default, (*ts, *scalars)
+        plain = [t.detach() for t in ts]
+        yield getattr(torch.ops.ewkern, f"{op}_out").default, (*plain, *scalars, torch.empty(3, 4, device=dev))
+    yield torch.ops.ewkern.fill.default, (torch.empty(3, 4, device=dev), 1.5)
+    a, b = torch.randn(2, 3, 4, device=dev, requires_grad=True), torch.randn(2, 3, 4, device=dev, requires_grad=True)
+    yield torch.ops.ewkern.rmse.default, (a, b)
+    yield torch.ops.ewkern.rmse.default, (a, b, [0])
+    yield torch.ops.ewkern.rmse_out.default, (a.detach(), b.detach(), [1, 2], torch.empty(2, device=dev))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_opcheck_every_op(device):
+    cases = list(opcheck_cases(device))
+    assert len(cases) == 2 * len(ELEMENTWISE) + 4
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_fake_kernels_give_shapes_dtypes_and_errors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cases = [((4, 6), None, (4,)), ((4, 6), 0, (6,)), ((2, 3, 5), (1, 2), (2,)), ((7,), None, ()),
+             ((2, 3, 5), [0, 1], (5,))]
+    with FakeTensorMode():
+        for dtype in TORCH_DTYPE.values():
+            x = torch.empty(3, 5, dtype=dtype)
+            assert ewt.gelu(x).shape == (3, 5) and ewt.axpby(x, x, 1.0, 2.0).dtype == dtype
+            want = torch.float64 if dtype == torch.float64 else torch.float32
+            for shape, axis, rshape in cases:
+                r = ewt.rmse(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype), axis)
+                assert r.shape == rshape and r.dtype == want
+    for mode in (FakeTensorMode(), torch.device("cpu")):   # fake and real kernels fail alike
+        with mode:
+            x = torch.empty(3, 5)
+            with pytest.raises(ValueError, match="does not broadcast"):
+                ewt.add(x, torch.empty(5))
+            with pytest.raises(TypeError, match="dtype mismatch"):
+                ewt.mul(x, torch.empty(3, 5, dtype=torch.float64))
+            with pytest.raises(TypeError, match="unsupported dtype"):
+                ewt.exp(torch.empty(3, dtype=torch.int64))
+            with pytest.raises(ValueError, match="contiguous run"):
+                ewt.rmse(torch.empty(2, 3, 4), torch.empty(2, 3, 4), (0, 2))
+            with pytest.raises(ValueError, match="out of bounds"):
+                ewt.rmse(x, x, 2)
+
+
+# --- torch.compile and CUDA graphs ------------------------------------------------------------------
+
+def every_op(x, y, p):
+    """Each differentiable op once, on positive p where the domain needs it."""
+    t = ewt.add(ewt.sub(x, y), ewt.mul(ewt.div(x, p), ewt.maximum(x, y)))
+    t = ewt.axpby(ewt.minimum(t, y), ewt.add_const(ewt.mul_const(x, 0.5), 0.25), 0.75, -1.5)
+    t = ewt.add(ewt.neg(ewt.abs(t)), ewt.mul(ewt.exp(ewt.mul_const(y, 0.1)), ewt.log(p)))
+    t = ewt.add(ewt.sub(ewt.sqrt(p), ewt.rsqrt(p)), ewt.mul(ewt.erf(t), ewt.tanh(x)))
+    t = ewt.add(ewt.sigmoid(t), ewt.add(ewt.relu(ewt.copy(y)), ewt.mul(ewt.gelu(t), ewt.silu(x))))
+    return ewt.rmse(t, y)
+
+
+def compile_inputs(device, dtype=torch.float32, n=(6, 40)):
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(n, generator=g, dtype=dtype).to(device).requires_grad_() for _ in range(2))
+    p = (torch.rand(n, generator=g, dtype=dtype) + 0.5).to(device).requires_grad_()
+    return x, y, p
+
+
+def compare_with_eager(fn, compiled, args, rtol=2e-5):
+    want = fn(*args)
+    want_g = torch.autograd.grad(want.sum(), args)
+    got = compiled(*args)
+    got_g = torch.autograd.grad(got.sum(), args)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=1e-6)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_every_op_fullgraph_aot_eager(dynamic):
+    """Dynamo traces every op without a graph break; AOTAutograd traces the backward formulas."""
+    torch._dynamo.reset()
+    compiled = torch.compile(every_op, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    compare_with_eager(every_op, compiled, compile_inputs("cpu"))
+    if dynamic:   # another shape, the same graph
+        compare_with_eager(every_op, compiled, compile_inputs("cpu", n=(3, 17)))
+
+
+def small_loss(x, y, w):
+    """rmse inside a compiled function, with torch ops around it for Inductor to fuse."""
+    return ewt.rmse(ewt.gelu(x) * w + 1.0, y).mean()
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_compile_inductor_fullgraph(device):
+    torch._dynamo.reset()
+    dev = torch_device(device)
+    args = compile_inputs(dev)
+    compiled = torch.compile(small_loss, fullgraph=True)
+    compare_with_eager(small_loss, compiled, args)
+    explained = torch._dynamo.explain(small_loss)(*args)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    ops = {str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert any("ewkern.rmse" in o for o in ops) and any("ewkern.gelu" in o for o in ops), ops
+
+
+def test_compile_out_variant_under_no_grad():
+    def f(a, b, out):
+        ewt.add(a, b, out=out)
+        return ewt.gelu(out)
+    a, b = torch.randn(33), torch.randn(33)
+    o1, o2 = torch.empty(33), torch.empty(33)
+    with torch.no_grad():
+        want = f(a, b, o1)
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(a, b, o2)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@gpu_torch
+def test_cuda_graph_capture_and_reduce_overhead():
+    x, y, w = compile_inputs("cuda", n=(8, 1 << 14))
+    x, y, w = x.detach(), y.detach(), w.detach()
+    want = small_loss(x, y, w)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        small_loss(x, y, w)               # warm up off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = small_loss(x, y, w)
+    x.mul_(2.0)
+    graph.replay()
+    torch.testing.assert_close(captured, small_loss(x, y, w), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(captured, want)
+    torch._dynamo.reset()
+    compiled = torch.compile(small_loss, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(3):
+            got = compiled(x, y, w)
+    torch.testing.assert_close(got, small_loss(x, y, w), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@gpu_torch
+def test_results_on_a_busy_side_stream():
+    x = torch.randn(1 << 22, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(1_000_000)      # keeps s busy: a launch elsewhere would run first
+        y = ewt.exp(x)
+        z = ewt.rmse(y.view(4, -1), x.view(4, -1))
+    s.synchronize()
+    torch.testing.assert_close(y, torch.exp(x))
+    torch.testing.assert_close(z, torch.sqrt(((torch.exp(x) - x) ** 2).view(4, -1).mean(1)))
