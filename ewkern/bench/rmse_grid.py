@@ -145,10 +145,11 @@ def figures(results, exp):
                                                   ("best torch peer", 1.0, 0.5, 4.0))):
         if not keys:
             break
-        fig, axes = new_figure(4.6 * min(3, len(keys)), 4.2 * math.ceil(len(keys) / 3),
-                               ncols=min(3, len(keys)), nrows=math.ceil(len(keys) / 3))
+        ncols = min(3, len(keys))
+        nrows = math.ceil(len(keys) / ncols)
+        fig, axes = new_figure(4.6 * ncols, 4.2 * nrows, ncols=ncols, nrows=nrows)
         for i, key in enumerate(keys):
-            ax = axes[i // 3][i % 3]
+            ax = axes[i // ncols][i % ncols]
             ns = sorted({k[2] for k in r if k[:2] == key})
             bs = sorted({k[3] for k in r if k[:2] == key})
             grid = np.full((len(bs), len(ns)), np.nan)
@@ -169,8 +170,8 @@ def figures(results, exp):
             ax.set_ylabel("batches")
             ax.set_title(f"{key[0]}, batch-{key[1]}", fontsize=9)
             fig.colorbar(im, ax=ax, shrink=0.7)
-        for j in range(len(keys), 3 * math.ceil(len(keys) / 3)):
-            axes[j // 3][j % 3].axis("off")
+        for j in range(len(keys), ncols * nrows):
+            axes[j // ncols][j % ncols].axis("off")
         name = results.get("device_name") or results.get("device") or "device"
         fig.suptitle(f"{name}: ewkern rmse / {what}, bytes moved per second, back-to-back", fontsize=10)
         figs.append((f"rmse_grid_{'dot' if idx == 0 else 'peers'}", fig))
