@@ -54,7 +54,7 @@ def stream(s: "Stream | None") -> Iterator["Stream | None"]:
         _C._set_stream(prev)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     """``ewkern.torch`` (ewkern's ops as torch custom ops) is imported on first use, so that
     ``import ewkern`` never imports torch."""
     if name == "torch":
