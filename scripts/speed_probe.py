@@ -47,7 +47,6 @@ def variants(op, dtype, names, sizes):
                 t = frameworks.time_calls(cfg, "torch", make_call, set_b, cache)
                 med = sorted(t.samples_s)[len(t.samples_s) // 2]
                 row.append(f"{v} {med_torch / med:.3f}")
-            gbs = set_b / med_torch / 1e9 if cache == "flush" else None
             print(f"{op} {dtype} {size >> 20} MiB {method}: torch {med_torch * 1e6:.2f} us | " + " | ".join(row),
                   flush=True)
             frameworks.release_peer_memory()

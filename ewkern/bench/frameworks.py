@@ -276,31 +276,27 @@ def op_inputs(impl: str, op: str, shape, dtype: str, device: str) -> list:
     distribution: constant inputs would hide data-dependent branches."""
     out = []
     for k in range(_nin(op)):
+        # |x| + shift for inputs that must be positive (and away from 0 for a divisor)
+        shift = 0.05 if op in ("log", "sqrt", "rsqrt") else (0.5 if op == "div" and k == 1 else None)
         if impl.startswith("torch"):
             import torch
             x = torch.randn(tuple(shape), dtype=torch.float32, device=device) * 2.0
-            if op in ("log", "sqrt", "rsqrt"):
-                x = x.abs_().add_(0.05)
-            elif op == "div" and k == 1:
-                x = x.abs_().add_(0.5)
+            if shift is not None:
+                x = x.abs_().add_(shift)
             out.append(x.to(_torch_dtype(dtype)))
             del x
         elif impl == "cupy":
             import cupy
             with cupy.cuda.Device(_index(device)):
                 x = cupy.random.standard_normal(tuple(shape), dtype=cupy.float32) * 2.0
-                if op in ("log", "sqrt", "rsqrt"):
-                    x = cupy.abs(x) + 0.05
-                elif op == "div" and k == 1:
-                    x = cupy.abs(x) + 0.5
+                if shift is not None:
+                    x = cupy.abs(x) + shift
                 out.append(x.astype(_cupy_dtype(dtype)))
         else:
             import numpy
             x = numpy.random.default_rng(k).standard_normal(tuple(shape), dtype=numpy.float32) * 2.0
-            if op in ("log", "sqrt", "rsqrt"):
-                x = numpy.abs(x) + 0.05
-            elif op == "div" and k == 1:
-                x = numpy.abs(x) + 0.5
+            if shift is not None:
+                x = numpy.abs(x) + numpy.float32(shift)
             out.append(x.astype(_numpy_dtype(dtype)))
     return out
 
