@@ -9,6 +9,14 @@
         ewkern.gelu in float32 on N (default 2^24) inputs spread over [-15, 6] plus random bit
         patterns, against a float64 reference (torch.special.erfc on the GPU): the largest error
         in units of eps(float32) x |ref|, against the stated bound 4 + 2 a^2, and where it is.
+    python scripts/speed_probe.py rmse DTYPE LAYOUT BATCHESxN[,BATCHESxN...]
+        ewkern.rmse (auto) against torch.dot over the same elements, back-to-back as
+        `ewkern.bench rmse_grid` times them (LAYOUT first: [batches, n]; last: [n, batches]).
+        Environment knobs (EWKERN_RMSE_SHORT_N, EWKERN_RMSE_SHORT_COLS_N, EWKERN_PDL) apply as set;
+        PROBE_NO_DOT=1 times ewkern only.
+    python scripts/speed_probe.py rmse-overhead
+        host microseconds per call on tiny torch tensors: rmse with and without out=, its
+        versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
 """
 import math
 import sys
@@ -77,11 +85,76 @@ def gelu_accuracy(n):
     print(f"  non-finite references: {int(nonfin.sum())}, NaN positions equal: {same}")
 
 
+def rmse(dtype, layout, shapes):
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    s = ITEMSIZE[dtype]
+    for b, n in shapes:
+        shape = (b, n) if layout == "first" else (n, b)
+        make_e, set_b, rd, wr = frameworks.ewkern_in_torch_call("rmse", dtype, shape, "cuda:0",
+                                                                axis=None if layout == "first" else 0)
+        t_e = frameworks.time_calls(cfg, "torch", make_e, set_b, "rotate")
+        med_e = sorted(t_e.samples_s)[len(t_e.samples_s) // 2]
+        frameworks.release_peer_memory()
+        ge = (rd + wr) / med_e / 1e9
+        if os.environ.get("PROBE_NO_DOT"):
+            print(f"rmse {dtype} {layout} {b}x{n} {2 * n * b * s >> 20} MiB: ewkern {med_e * 1e6:.2f} us {ge:.0f} GB/s",
+                  flush=True)
+            continue
+
+        def make_dot():
+            x = torch.rand((n * b,), device="cuda:0").to(frameworks._torch_dtype(dtype))
+            y = torch.rand((n * b,), device="cuda:0").to(frameworks._torch_dtype(dtype))
+            return lambda: torch.dot(x, y)
+        t_d = frameworks.time_calls(cfg, "torch", make_dot, 2 * n * b * s, "rotate")
+        med_d = sorted(t_d.samples_s)[len(t_d.samples_s) // 2]
+        frameworks.release_peer_memory()
+        gd = 2 * n * b * s / med_d / 1e9
+        print(f"rmse {dtype} {layout} {b}x{n} {2 * n * b * s >> 20} MiB: ewkern {med_e * 1e6:.2f} us {ge:.0f} GB/s, "
+              f"dot {gd:.0f} GB/s, ratio {ge / gd:.3f}", flush=True)
+
+
+def rmse_overhead(calls=20000, repeats=7):
+    import time
+    dev = "cuda:0"
+    ta, tb = torch.rand(16, device=dev), torch.rand(16, device=dev)
+    t2a, t2b = torch.rand(4, 4, device=dev), torch.rand(4, 4, device=dev)
+    out0, out4, tc = torch.empty((), device=dev), torch.empty(4, device=dev), torch.empty(16, device=dev)
+    ea, eb = ewkern.asarray(ta), ewkern.asarray(tb)
+    eo = ewkern.empty((), dtype="float32", device=dev)
+    cases = [("add(out=) torch", lambda: ewkern.add(ta, tb, out=tc)),
+             ("add() torch", lambda: ewkern.add(ta, tb)),
+             ("rmse(out=) torch 1-D", lambda: ewkern.rmse(ta, tb, out=out0)),
+             ("rmse() torch 1-D", lambda: ewkern.rmse(ta, tb)),
+             ("rmse(out=) torch 4x4", lambda: ewkern.rmse(t2a, t2b, out=out4)),
+             ("rmse(out=) torch 4x4 axis=0", lambda: ewkern.rmse(t2a, t2b, axis=0, out=out4)),
+             ("rmse(out=, variant=block) torch 1-D", lambda: ewkern.rmse(ta, tb, out=out0, variant="block")),
+             ("rmse(out=) ewkern arrays", lambda: ewkern.rmse(ea, eb, out=eo)),
+             ("torch sqrt(mean((a-b)^2))", lambda: torch.sqrt(torch.mean((ta - tb) ** 2)))]
+    for label, fn in cases:
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        per = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+        per.sort()
+        print(f"{label}: {per[len(per) // 2]:.2f} us (min {per[0]:.2f}, max {per[-1]:.2f})", flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
         variants(sys.argv[2], sys.argv[3], sys.argv[4].split(","), [parse_bytes(s) for s in sys.argv[5].split(",")])
     elif cmd == "gelu-accuracy":
         gelu_accuracy(int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 24)
+    elif cmd == "rmse":
+        rmse(sys.argv[2], sys.argv[3], [tuple(int(v) for v in c.split("x")) for c in sys.argv[4].split(",")])
+    elif cmd == "rmse-overhead":
+        rmse_overhead()
     else:
         sys.exit(__doc__)

@@ -1,6 +1,7 @@
 """Hand-made DLPack capsules: malformed ones for the error tests, and views at an element
 offset (misaligned starts) of any ewkern array, on the CPU or a GPU, without torch."""
 import ctypes
+import math
 
 ctypes.pythonapi.PyCapsule_GetName.restype = ctypes.c_char_p
 ctypes.pythonapi.PyCapsule_GetName.argtypes = [ctypes.py_object]
@@ -61,13 +62,15 @@ def make_capsule(ptr, owner=None, code=2, bits=32, device_type=1, device_id=0, n
     return ctypes.pythonapi.PyCapsule_New(ctypes.addressof(mt), name, None)
 
 
-def offset_view(arr, offset, n):
-    """A 1-D ewkern.Array of n elements starting `offset` elements into ewkern array arr (so its
-    start is aligned to the element size only)."""
+def offset_view(arr, offset, n, shape=None):
+    """An ewkern.Array of n elements starting `offset` elements into ewkern array arr (so its
+    start is aligned to the element size only), 1-D or of C-contiguous `shape`."""
     import ewkern
     assert offset + n <= arr.size
+    shape = (n,) if shape is None else tuple(shape)
+    assert math.prod(shape) == n
     code, bits = DL_CODES[arr.dtype]
     dev_type, dev_id = arr.__dlpack_device__()
     cap = make_capsule(arr.data_ptr + offset * arr.itemsize, owner=arr, code=code, bits=bits,
-                       device_type=dev_type, device_id=dev_id, ndim=1, shape=(n,))
+                       device_type=dev_type, device_id=dev_id, ndim=len(shape), shape=shape)
     return ewkern.from_dlpack(cap)

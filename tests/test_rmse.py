@@ -5,6 +5,7 @@ import pytest
 
 import ewkern
 from conftest import HAS_CUDA, device_params
+from dlpack_util import offset_view
 from reference import DTYPES, np_dtype, random_input, rmse_reference
 
 RTOL = {"float32": 2e-6, "float16": 2e-6, "bfloat16": 2e-6, "float64": 1e-12}
@@ -117,6 +118,76 @@ def test_auto_same_bits_with_pdl_on_and_off(shape):
             ewkern.set_pdl(prev)
         check(got[pdl], a, b, None, "float32", f"{shape} pdl={pdl}")
     assert np.array_equal(got[True].view(np.uint32), got[False].view(np.uint32)), shape
+
+
+SHORT_NS = [1, 2, 3, 5, 8, 16, 31, 32]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_short_rows(device, dtype):
+    """Rows of up to 32 elements (auto's short kernel on a GPU when a and b are 16-byte aligned, a
+    tile of whole rows per block): batch counts around a tile's (the 16-byte multiple of rows that
+    fits 1024 vectors), 16-byte aligned and misaligned starts (the group kernel then), and the
+    same bits on a second call."""
+    rng = np.random.default_rng(31)
+    W = 16 // np.dtype(np_dtype(dtype)).itemsize
+    for n in SHORT_NS:
+        tb = 1024 * W // n
+        for batches in (1, 7, tb - 1, tb, tb + 1, 3 * tb + 5):
+            flat_a = random_input(rng, (batches * n + 1,), dtype)
+            flat_b = random_input(rng, (batches * n + 1,), dtype)
+            for start in (0, 1):
+                a = flat_a[start:start + batches * n].reshape(batches, n)
+                b = flat_b[start:start + batches * n].reshape(batches, n)
+                A, B = (offset_view(ewkern.asarray(f, device=device), start, batches * n, (batches, n))
+                        for f in (flat_a, flat_b))
+                r = ewkern.rmse(A, B).numpy()
+                check(r, a, b, None, dtype, f"{dtype} {device} {batches}x{n} start {start}")
+                again = ewkern.rmse(A, B).numpy()
+                assert np.array_equal(r.view(np.uint8), again.view(np.uint8)), (dtype, n, batches, start)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_columns(device, dtype):
+    """Batch-last shapes across auto's column-kernel splits: narrow and wide column tiles, one
+    row chunk or several (with the combine), rows fewer than a thread's unrolled step, and
+    column counts that are not whole 16-byte vectors."""
+    rng = np.random.default_rng(32)
+    for n, batches in ((1, 4096), (3, 100003), (4, 1 << 18), (7, 2048), (32, 65536), (64, 8192), (1000, 1024),
+                       (4096, 1024), (4099, 136), (65, 3), (20000, 16), (5, 6)):
+        a = random_input(rng, (n, batches), dtype)
+        b = random_input(rng, (n, batches), dtype)
+        A, B = ewkern.asarray(a, device=device), ewkern.asarray(b, device=device)
+        r = ewkern.rmse(A, B, axis=0).numpy()
+        check(r, a, b, 0, dtype, f"{dtype} {device} [{n}, {batches}] axis=0")
+        assert np.array_equal(r.view(np.uint8), ewkern.rmse(A, B, axis=0).numpy().view(np.uint8)), (dtype, n, batches)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("layout", ["first", "last"])
+def test_auto_past_2_31_elements(layout):
+    """float16 rows of 3 with 2^31 + 4 elements in each input (64-bit offsets in the short and
+    column kernels): the first and last batches against the float64 reference."""
+    torch = pytest.importorskip("torch")
+    batches = (2**31 + 4) // 3 + 1
+    need = 2 * batches * 3 * 2 + (1 << 30)
+    if torch.cuda.mem_get_info()[0] < need:
+        pytest.skip("not enough GPU memory for two float16 arrays of 2^31 + 4 elements")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    shape = (batches, 3) if layout == "first" else (3, batches)
+    a = (torch.randn(shape, device="cuda", generator=g) * 3).half()
+    b = (torch.randn(shape, device="cuda", generator=g) * 3).half()
+    r = torch.from_dlpack(ewkern.rmse(a, b, axis=None if layout == "first" else 0))
+    assert r.shape == (batches,) and r.dtype == torch.float32
+    for sl in (slice(0, 1000), slice(batches - 1000, batches)):
+        x, y = (a[sl], b[sl]) if layout == "first" else (a[:, sl].T, b[:, sl].T)
+        want = ((x.double() - y.double()) ** 2).mean(1).sqrt()
+        np.testing.assert_allclose(r[sl].double().cpu().numpy(), want.cpu().numpy(), rtol=RTOL["float16"], atol=0)
+    del a, b, r
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("device", device_params())

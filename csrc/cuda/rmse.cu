@@ -49,6 +49,7 @@
 #include <atomic>
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "ewkern_kernels.h"
 #include "device_cache.cuh"
@@ -387,7 +388,10 @@ enum {
     AUTO_TINY_UNITS = 16,      /* group kernel: batches of at most this many units take about 2 units
                                   per lane instead of AUTO_UNROLL (65536 x 64 f32: 2425 vs 2230 GB/s) */
     AUTO_TARGET_CHUNKS = 2048, /* cols kernel: split rows until about this many blocks of work */
-    AUTO_COL_ROWS = 16         /* cols kernel: at least this many rows per thread in a chunk */
+    AUTO_COL_ROWS = 16,        /* cols kernel: at least this many rows per thread in a chunk */
+    AUTO_COL_MIN_WC = 8,       /* cols kernel: at least this many column units per block */
+    AUTO_SHORT_N = 64,         /* rows: batches of at most this many elements take the short kernel */
+    AUTO_SHORT_COLS_N = 8      /* columns: at most this many rows take the shortcols kernel */
 };
 
 /* __launch_bounds__(256, 1): the explicit minimum of one block lets ptxas keep more loads in
@@ -576,6 +580,77 @@ rmse_auto_small_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, i
     }
 }
 
+/* Contiguous batches, short rows (n <= the host's short limit), a and b 16-byte aligned: tile k is
+ * tb whole batches (tb * n elements, a multiple of 16 bytes, so every tile starts aligned). The
+ * block reads its tile with AUTO_UNROLL 16-byte loads of each input per thread, all in flight at
+ * once and coalesced whatever n is, and stores the squared differences in shared memory (one pad
+ * word per 32, so rows of 2^k elements do not fall on one bank); then G = 2^glog lanes per batch
+ * add its n squares (lane l: l, l + G, ... in order, then xor shuffles) and write out coalesced.
+ * The group and rows kernels give each batch its own loads, which short rows make tiny and
+ * many; here the loads are as wide and as many as the rows kernel's, for any n. */
+__device__ __forceinline__ int short_pad(int i) { return i + (i >> 5); }
+
+template <typename T>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_short_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int n, int tb, int glog,
+                       int64_t tiles, int64_t prefetch_blocks)
+{
+    typedef unit_io<T, true> io;
+    typedef acc_t<T> A;
+    enum { W = io::W, ELEMS = AUTO_BLOCK * AUTO_UNROLL * W };
+    __shared__ A sq[ELEMS + ELEMS / 32];
+    const int tid = threadIdx.x;
+    const int G = 1 << glog, lane = tid & (G - 1), grp = tid >> glog, per_pass = AUTO_BLOCK >> glog;
+    int64_t k = blockIdx.x;
+    if ((int64_t)blockIdx.x < prefetch_blocks && (int64_t)tid * W < (batches - k * tb) * n) {
+        /* the line of the thread's first load of each input */
+        prefetch_unit<T, true>(a + k * tb * n, tid, tid == 0);
+        prefetch_unit<T, true>(b + k * tb * n, tid, tid == 0);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (; k < tiles; k += gridDim.x) {
+        const int64_t b0 = k * tb;
+        const int nb = batches - b0 < tb ? (int)(batches - b0) : tb;
+        const int ne = nb * n, nfv = ne / W;
+        const T *ta = a + b0 * n, *tbp = b + b0 * n;
+        uint4 x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+        for (int r = 0; r < AUTO_UNROLL; ++r) {
+            const int v = tid + r * AUTO_BLOCK;
+            x[r] = v < nfv ? io::load(ta, v) : io::zero();
+            y[r] = v < nfv ? io::load(tbp, v) : io::zero();
+        }
+#pragma unroll
+        for (int r = 0; r < AUTO_UNROLL; ++r) {
+            const int v = tid + r * AUTO_BLOCK;
+            if (v < nfv) {
+                A d[W];
+                io::diffs(x[r], y[r], d);
+#pragma unroll
+                for (int e = 0; e < W; ++e) sq[short_pad(v * W + e)] = d[e] * d[e];
+            }
+        }
+        /* the array's last elements after its last whole vector (the last tile only) */
+        if (tid < ne - nfv * W) {
+            const int i = nfv * W + tid;
+            sq[short_pad(i)] = sq1(ta[i], tbp[i]);
+        }
+        __syncthreads();
+        for (int p = 0; p * per_pass < nb; ++p) {
+            const int bl = p * per_pass + grp;
+            A s = A(0);
+            if (bl < nb) {
+                const int base = bl * n;
+                for (int e = lane; e < n; e += G) s += sq[short_pad(base + e)];
+            }
+            for (int off = G >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (bl < nb && lane == 0) out[b0 + bl] = finish_o(s, n);
+        }
+        __syncthreads(); /* sq is read before the next tile overwrites it */
+    }
+}
+
 /* inner > 1: batch (o, j) is column j of the [n][inner] slab o. A block covers wc column units
  * (16-byte vectors of W consecutive j, or single j) by rthreads = 256 / wc rows: thread
  * (r, cv) reads rows r, r + rthreads, ... of its column unit, so a warp reads consecutive memory.
@@ -635,17 +710,42 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
                 pa += AUTO_UNROLL * step;
                 pb += AUTO_UNROLL * step;
             }
-            for (; k < cnt; ++k) {
-                A d[W];
-                io::diffs(io::load(pa, 0), io::load(pb, 0), d);
+            if (k < cnt) {
+                /* the last rows, fewer than AUTO_UNROLL: their loads issued at once, absent ones zero */
+                raw x[AUTO_UNROLL], y[AUTO_UNROLL];
 #pragma unroll
-                for (int e = 0; e < W; ++e) acc[e] += (double)(d[e] * d[e]);
-                pa += step;
-                pb += step;
+                for (int q = 0; q < AUTO_UNROLL; ++q) {
+                    const bool in = k + q < cnt;
+                    x[q] = in ? io::load(pa + q * step, 0) : io::zero();
+                    y[q] = in ? io::load(pb + q * step, 0) : io::zero();
+                }
+                A d[AUTO_UNROLL][W];
+#pragma unroll
+                for (int q = 0; q < AUTO_UNROLL; ++q) io::diffs(x[q], y[q], d[q]);
+#pragma unroll
+                for (int e = 0; e < W; ++e)
+                    acc[e] += (double)((d[0][e] * d[0][e] + d[1][e] * d[1][e]) +
+                                       (d[2][e] * d[2][e] + d[3][e] * d[3][e]));
             }
         }
-        /* sum the rthreads rows of each column unit in a fixed order */
-        double tot[W];
+        /* sum the rthreads rows of each column unit in a fixed order, then write one result per
+         * (column unit, element): thread q of the block takes q = cv * W + e, so the writes of
+         * consecutive threads are consecutive batches */
+        const int64_t first = o * inner + t * wc * W; /* the tile's first batch */
+        const int64_t left = (ncu - t * wc) * W;      /* batches from there to the slab's last unit */
+        if (rthreads == 1) {
+            if (r == 0 && gcu < ncu) {
+#pragma unroll
+                for (int e = 0; e < W; ++e) {
+                    const int64_t batch = first + cv * W + e;
+                    if (chunks == 1)
+                        out[batch] = finish_double<out_t<T>>(acc[e], n);
+                    else
+                        partial[batch * chunks + c] = acc[e];
+                }
+            }
+            continue;
+        }
         if (shuffle_rows) {
             /* wc divides 32: lanes l, l + wc, ... of a warp hold the same column unit */
             for (int off = 16; off >= wc; off >>= 1) {
@@ -658,14 +758,6 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
                 for (int e = 0; e < W; ++e) sh[(warp * wc + lane) * W + e] = acc[e];
             }
             __syncthreads();
-            if (r == 0) {
-#pragma unroll
-                for (int e = 0; e < W; ++e) {
-                    double v = sh[cv * W + e];
-                    for (int w = 1; w < AUTO_BLOCK / 32; ++w) v += sh[(w * wc + cv) * W + e];
-                    tot[e] = v;
-                }
-            }
         } else {
             __syncthreads(); /* the previous unit's readers of sh are done */
             if (r < rthreads) {
@@ -680,17 +772,82 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
                 }
                 __syncthreads();
             }
-#pragma unroll
-            for (int e = 0; e < W; ++e) tot[e] = sh[cv * W + e];
         }
-        if (r == 0 && gcu < ncu) {
+        for (int q = threadIdx.x; q < wc * W && q < left; q += AUTO_BLOCK) {
+            double v = sh[q];
+            if (shuffle_rows) {
+                for (int w = 1; w < AUTO_BLOCK / 32; ++w) v += sh[w * wc * W + q];
+            }
+            if (chunks == 1)
+                out[first + q] = finish_double<out_t<T>>(v, n);
+            else
+                partial[(first + q) * chunks + c] = v;
+        }
+    }
+}
+
+/* inner > 1 with few rows (n <= AUTO_SHORT_COLS_N), 16-byte column units, a, b and out
+ * 16-byte aligned: each thread takes AUTO_UNROLL column units 256 apart (unit U of all
+ * outer x ncu, so consecutive threads read consecutive memory) and reads every row of each, all
+ * AUTO_UNROLL loads of a row in flight, adding the n squares per element in the arithmetic type in
+ * row order; its W results per unit go out as 16-byte stores. The cols kernel would give each
+ * thread one unit, so n loads of each input, too few in flight for these shapes. */
+template <typename T>
+__global__ void __launch_bounds__(AUTO_BLOCK)
+rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
+                           int64_t ncu, int64_t prefetch_blocks)
+{
+    typedef unit_io<T, true> io;
+    typedef acc_t<T> A;
+    typedef out_t<T> O;
+    enum { W = io::W, SPAN = AUTO_BLOCK * AUTO_UNROLL };
+    const int64_t units = outer * ncu;
+    int64_t base = (int64_t)blockIdx.x * SPAN + threadIdx.x;
+    if ((int64_t)blockIdx.x < prefetch_blocks && base < units) {
+        const int64_t o = outer == 1 ? 0 : base / ncu, off = (o * n) * inner + (base - o * ncu) * W;
+        prefetch_unit<T, true>(a + off, 0, true);
+        prefetch_unit<T, true>(b + off, 0, true);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    for (; base < units; base += (int64_t)gridDim.x * SPAN) {
+        int64_t off[AUTO_UNROLL];
+        A acc[AUTO_UNROLL][W];
 #pragma unroll
-            for (int e = 0; e < W; ++e) {
-                const int64_t batch = o * inner + gcu * W + e;
-                if (chunks == 1)
-                    out[batch] = finish_double<out_t<T>>(tot[e], n);
-                else
-                    partial[batch * chunks + c] = tot[e];
+        for (int r = 0; r < AUTO_UNROLL; ++r) {
+            const int64_t u = base + r * AUTO_BLOCK;
+            const int64_t o = outer == 1 || u >= units ? 0 : u / ncu;
+            off[r] = (o * n) * inner + (u - o * ncu) * W;
+#pragma unroll
+            for (int e = 0; e < W; ++e) acc[r][e] = A(0);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            uint4 x[AUTO_UNROLL], y[AUTO_UNROLL];
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) {
+                const bool in = base + r * AUTO_BLOCK < units;
+                x[r] = in ? io::load(a + off[r] + i * inner, 0) : io::zero();
+                y[r] = in ? io::load(b + off[r] + i * inner, 0) : io::zero();
+            }
+#pragma unroll
+            for (int r = 0; r < AUTO_UNROLL; ++r) {
+                A d[W];
+                io::diffs(x[r], y[r], d);
+#pragma unroll
+                for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < AUTO_UNROLL; ++r) {
+            const int64_t u = base + r * AUTO_BLOCK;
+            if (u < units) {
+                const int64_t o = outer == 1 ? 0 : u / ncu;
+                __align__(16) O res[W];
+#pragma unroll
+                for (int e = 0; e < W; ++e) res[e] = finish_o(acc[r][e], n);
+                uint4 *dst = reinterpret_cast<uint4 *>(out + o * inner + (u - o * ncu) * W);
+#pragma unroll
+                for (int h = 0; h < (int)(W * sizeof(O) / 16); ++h) dst[h] = reinterpret_cast<const uint4 *>(res)[h];
             }
         }
     }
@@ -949,11 +1106,54 @@ static int launch_combine(const double *partial, O *out, int64_t batches, int64_
                               partial, out, batches, chunks, n, glog);
 }
 
+/* Rows of at most this many elements take the short kernel when a and b are 16-byte aligned.
+ * EWKERN_RMSE_SHORT_N=<n> in the environment (read once) moves the limit: a knob for measuring
+ * the rule, not for users (0 turns the short kernel off). */
+static int64_t short_limit()
+{
+    static const int64_t v = [] {
+        const char *e = getenv("EWKERN_RMSE_SHORT_N");
+        return e ? (int64_t)atoll(e) : (int64_t)AUTO_SHORT_N;
+    }();
+    return v;
+}
+
+static inline int64_t gcd64(int64_t x, int64_t y)
+{
+    while (y) {
+        const int64_t t = x % y;
+        x = y;
+        y = t;
+    }
+    return x;
+}
+
+template <typename T>
+static int auto_short(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int dev, cudaStream_t s)
+{
+    enum { W = vec16<T>::W, ELEMS = AUTO_BLOCK * AUTO_UNROLL * W };
+    /* whole batches per tile, a multiple of q so that tb * n * sizeof(T) is a multiple of 16 */
+    const int64_t q = 16 / gcd64(n * (int64_t)sizeof(T), 16);
+    const int64_t tb = ELEMS / n / q * q;
+    /* lanes per batch: the fewest powers of two that leave each at most 8 squares to add */
+    const int glog = ilog2_ceil(min64(32, max64(1, cdiv(n, 8))));
+    const int64_t tiles = cdiv(batches, tb);
+    const bool pdl = ewcuda_pdl_active(dev);
+    static std::atomic<int> occ[kMaxCachedDevices];
+    const int64_t wave = int64_t(device_shape(dev).sms) *
+                         blocks_per_sm(occ, (const void *)rmse_auto_short_kernel<T>, AUTO_BLOCK, dev);
+    return launch_auto_kernel(rmse_auto_short_kernel<T>, min64(tiles, GRID_CAP), pdl, s, a, b, out, batches, (int)n,
+                              (int)tb, glog, tiles, pdl ? wave : (int64_t)0);
+}
+
 template <typename T, bool VEC>
 static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int dev,
                      cudaStream_t s)
 {
     enum { W = unit_io<T, VEC>::W };
+    /* (a tile holds at least 16 rows of up to 64 * W elements) */
+    if (VEC && n <= min64(short_limit(), 64 * W) && (((uintptr_t)a | (uintptr_t)b) & 15u) == 0)
+        return auto_short<T>(a, b, out, batches, n, dev, s);
     const int64_t units_per_batch = n / W;
     if (units_per_batch <= AUTO_SMALL_UNITS) {
         /* about AUTO_UNROLL vectors per lane (one unrolled step), 2 for tiny batches: more lanes
@@ -1006,7 +1206,15 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
 {
     enum { W = unit_io<T, VEC>::W };
     const int64_t ncu = inner / W;                         /* column units of a row */
-    const int wc = (int)min64(ncu, AUTO_BLOCK);            /* column units per block */
+    int wc = (int)min64(ncu, AUTO_BLOCK);                  /* column units per block */
+    /* Fewer columns per block, more rows, while there are fewer than AUTO_TARGET_CHUNKS blocks and
+     * each thread keeps AUTO_UNROLL rows: blocks then add more rows before writing partials, so a
+     * shape needs fewer row chunks, fewer partials and often no combine launch. A block keeps at
+     * least 128 bytes of each row it reads (and AUTO_COL_MIN_WC units). */
+    const int min_wc = (int)max64(AUTO_COL_MIN_WC, 128 / (W * (int64_t)sizeof(T)));
+    while ((wc & (wc - 1)) == 0 && wc > min_wc && outer * cdiv(ncu, wc) < AUTO_TARGET_CHUNKS &&
+           n >= (int64_t)(AUTO_BLOCK / (wc / 2)) * AUTO_UNROLL)
+        wc /= 2;
     const int64_t rthreads = AUTO_BLOCK / wc;              /* rows read at once per block */
     const int64_t tiles = cdiv(ncu, wc);
     const int64_t base = outer * tiles;                    /* blocks of work before splitting rows */
@@ -1019,15 +1227,41 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
     double *partial = NULL;
     if (chunks > 1)
         RMSE_TRY(cudaMallocAsync((void **)&partial, (size_t)(outer * inner * chunks) * sizeof(double), s));
-    int err = launch_auto_kernel(rmse_auto_cols_kernel<T, VEC>, min64(units, GRID_CAP),
-                                 chunks == 1 && ewcuda_pdl_active(dev), s, a, b, out, partial, n, inner, ncu, wc,
-                                 tiles, chunks, rows_per_chunk, units);
+    const bool pdl = chunks == 1 && ewcuda_pdl_active(dev);
+    int err = launch_auto_kernel(rmse_auto_cols_kernel<T, VEC>, min64(units, GRID_CAP), pdl, s, a, b, out, partial,
+                                 n, inner, ncu, wc, tiles, chunks, rows_per_chunk, units);
     if (chunks > 1) {
         if (!err) err = launch_combine<out_t<T>>(partial, out, outer * inner, chunks, n, dev, s);
         cudaError_t ferr = cudaFreeAsync(partial, s);
         if (!err) err = (int)ferr;
     }
     return err;
+}
+
+/* Batch-last shapes with at most this many rows take the shortcols kernel (16-byte units, out
+ * aligned). EWKERN_RMSE_SHORT_COLS_N=<n> (read once) moves the limit: a knob for measuring the
+ * rule, not for users (0 turns the kernel off). */
+static int64_t short_cols_limit()
+{
+    static const int64_t v = [] {
+        const char *e = getenv("EWKERN_RMSE_SHORT_COLS_N");
+        return e ? (int64_t)atoll(e) : (int64_t)AUTO_SHORT_COLS_N;
+    }();
+    return v;
+}
+
+template <typename T>
+static int auto_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner, int dev,
+                          cudaStream_t s)
+{
+    const int64_t ncu = inner / vec16<T>::W;
+    const int64_t blocks = cdiv(outer * ncu, AUTO_BLOCK * AUTO_UNROLL);
+    const bool pdl = ewcuda_pdl_active(dev);
+    static std::atomic<int> occ[kMaxCachedDevices];
+    const int64_t wave = int64_t(device_shape(dev).sms) *
+                         blocks_per_sm(occ, (const void *)rmse_auto_shortcols_kernel<T>, AUTO_BLOCK, dev);
+    return launch_auto_kernel(rmse_auto_shortcols_kernel<T>, min64(blocks, GRID_CAP), pdl, s, a, b, out, outer, n,
+                              inner, ncu, pdl ? wave : (int64_t)0);
 }
 
 template <typename T>
@@ -1047,8 +1281,11 @@ static int launch_auto(const void *p)
         return auto_rows<T, false>(a, b, out, v.batches, v.n, args->device, v.s);
     }
     /* 16-byte column units need both bases aligned and whole vectors per row */
-    if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0)
+    if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
+        if (v.n <= short_cols_limit() && ((uintptr_t)out & 15u) == 0)
+            return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
+    }
     return auto_cols<T, false>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
 }
 
