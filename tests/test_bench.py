@@ -15,6 +15,7 @@ import pytest
 import ewkern
 from ewkern import bench
 from ewkern.bench import claims, registry
+from ewkern.bench import results as bench_results
 
 
 # tiny, fast settings shared by every run
@@ -415,3 +416,28 @@ def test_sass_loop_counting():
     assert one["instructions"] == 9 and one["load_bytes"] == 4 and one["store_bytes"] == 4   # the paper's 9
     four = loop_stats(funcs["_Z9copy_vec4PKfPfj"])
     assert four["instructions"] == 4 and four["load_bytes"] == 16 and four["load_ops"] == ["LDG.E.128"]
+
+
+def test_merge_runs_made_in_parts(tmp_path, capsys):
+    """Two runs on one device merge into one folder with both experiments, each part's metadata,
+    and claims, CSVs, figures and summary made again; runs from different devices are refused."""
+    from ewkern.bench import merge
+    code1, p1 = run_main(tmp_path, "e2", out=tmp_path / "p1")
+    code2, p2 = run_main(tmp_path, "overhead", out=tmp_path / "p2")
+    assert code1 == 0 and code2 == 0
+    assert merge.main([str(tmp_path / "m"), str(p1), str(p2)]) == 0
+    m = tmp_path / "m"
+    res = json.loads((m / "results.json").read_text())
+    assert set(res["experiments"]) == {"e2", "overhead"}
+    assert [p["experiments"] for p in res["parts"]] == [["e2"], ["overhead"]]
+    assert res["claims"] and res["figures"]
+    assert (m / "e2.csv").exists() and (m / "overhead.csv").exists() and (m / "summary.md").exists()
+    again = merge.merge([bench_results.load(p1), bench_results.load(p1)])
+    assert any("replaces" in n for n in again["notes"])
+    other = bench_results.load(p2)
+    other["device_name"] = "another GPU"
+    with pytest.raises(ValueError, match="different devices"):
+        merge.merge([bench_results.load(p1), other])
+    capsys.readouterr()
+    assert merge.main([str(tmp_path / "m2"), str(tmp_path / "absent")]) == 2
+    assert "no results.json" in capsys.readouterr().err

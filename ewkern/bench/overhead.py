@@ -2,7 +2,8 @@
 
 ewkern.add(a, b, out=c) (and without out=) on ewkern arrays, torch tensors and NumPy arrays,
 ewkern.copy on ewkern arrays, against torch.add(a, b, out=c), cupy.add(a, b, out=c) and
-numpy.add. Host wall clock (time.perf_counter) around many calls, including one synchronize at
+numpy.add; ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
+torch tensors, against torch's sqrt(mean((a - b)**2)). Host wall clock (time.perf_counter) around many calls, including one synchronize at
 the end of each repeat; the median of the repeats is reported, with the timer's resolution.
 """
 
@@ -17,7 +18,8 @@ from .timing import ew, summarize
 
 NAME = "overhead"
 TITLE = "Per-call overhead on tiny inputs"
-DESCRIPTION = "microseconds per Python call: ewkern on ewkern/torch/numpy arrays vs torch.add(out=) and cupy.add"
+DESCRIPTION = ("microseconds per Python call: ewkern add/copy/rmse on ewkern/torch/numpy arrays vs torch.add(out=), "
+               "cupy.add and torch's rmse expression")
 PAPER = "(foundation issue)"
 NEEDS_REFERENCE = False
 ARGS = [("--overhead-calls", dict(type=int, metavar="N", help="calls per repeat (default 20000, quick 2000)")),
@@ -54,6 +56,8 @@ def _cases(ctx, n):
     cases.append(("ewkern.add(out=) on ewkern arrays", "ewkern", lambda: E.add(a, b, out=c), sync_ew))
     cases.append(("ewkern.add() on ewkern arrays", "ewkern", lambda: E.add(a, b), sync_ew))
     cases.append(("ewkern.copy(out=) on ewkern arrays", "ewkern", lambda: E.copy(a, out=c), sync_ew))
+    r0 = E.empty((), dtype="float32", device=dev)
+    cases.append(("ewkern.rmse(out=) on ewkern arrays", "ewkern", lambda: E.rmse(a, b, out=r0), sync_ew))
     na, nb, nc = (numpy.full(n, 1.0, numpy.float32), numpy.full(n, 2.0, numpy.float32), numpy.empty(n, numpy.float32))
     cases.append(("ewkern.add(out=) on numpy arrays (host)", "ewkern", lambda: E.add(na, nb, out=nc), lambda: None))
     cases.append(("numpy.add(out=) (host)", "numpy", lambda: numpy.add(na, nb, out=nc), lambda: None))
@@ -66,6 +70,10 @@ def _cases(ctx, n):
         cases.append(("ewkern.add(out=) on torch tensors", "ewkern", lambda: E.add(ta, tb, out=tc), tsync))
         cases.append(("ewkern.add() on torch tensors", "ewkern", lambda: E.add(ta, tb), tsync))
         cases.append(("torch.add(out=)", "torch", lambda: torch.add(ta, tb, out=tc), tsync))
+        tr = torch.empty((), device=dev)
+        cases.append(("ewkern.rmse(out=) on torch tensors", "ewkern", lambda: E.rmse(ta, tb, out=tr), tsync))
+        cases.append(("ewkern.rmse() on torch tensors", "ewkern", lambda: E.rmse(ta, tb), tsync))
+        cases.append(("torch sqrt(mean((a - b)**2))", "torch", lambda: torch.sqrt(torch.mean((ta - tb) ** 2)), tsync))
     if ctx.is_gpu and available("cupy", dev) is None:
         import cupy
         with cupy.cuda.Device(int(dev.split(":")[1])):
@@ -106,7 +114,8 @@ def run(ctx, xr):
             xr.error(label, exc)
             continue
         st = summarize(per_call)
-        xr.add({"series": label, "impl": impl, "op": "add" if "add" in label else "copy", "dtype": "float32", "n": n,
+        op = "rmse" if "rmse" in label or "sqrt(mean" in label else "add" if "add" in label else "copy"
+        xr.add({"series": label, "impl": impl, "op": op, "dtype": "float32", "n": n,
                 "calls": calls, "samples_s": per_call, "stats_s": st, "time_s": st["median"],
                 "us_per_call": st["median"] * 1e6, "method": "host wall clock, median of repeats",
                 "cache": "hot"})

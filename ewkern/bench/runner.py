@@ -394,27 +394,33 @@ def run(ctx: Context, names: list[str], argv) -> int:
 
 
 def _finish_outputs(ctx: Context):
-    from . import claims, plots, summary
-    res = ctx.results
+    finish_outputs(ctx.results, ctx.out, plots=not getattr(ctx.args, "no_plots", False))
+
+
+def finish_outputs(res: dict, out: Path, *, plots: bool = True):
+    """Claims, results.json, the CSVs, the figures and summary.md of a results dict, into out."""
+    from . import claims, summary
+    from . import plots as _plots
+    out = Path(out)
     try:
         res["claims"] = claims.evaluate(res)
     except Exception as exc:   # never lose the measurements over the claims table
         res["claims"] = [{"claim": "claims evaluation failed", "status": "not measured",
                           "evidence": f"{type(exc).__name__}: {exc}"}]
-    _results.write_json(res, ctx.out)
-    _results.write_csvs(res, ctx.out)
+    _results.write_json(res, out)
+    _results.write_csvs(res, out)
     figures = []
-    if not getattr(ctx.args, "no_plots", False):
+    if plots:
         try:
-            figures = plots.save_all(res, ctx.out)
+            figures = _plots.save_all(res, out)
         except Exception as exc:
             print(f"plotting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     res["figures"] = figures
-    _results.write_json(res, ctx.out)
+    _results.write_json(res, out)
     text = summary.markdown(res)
-    (ctx.out / "summary.md").write_text(text)
+    (out / "summary.md").write_text(text)
     print(text)
-    print(f"\nresults: {ctx.out}{' (PARTIAL)' if res.get('partial') else ''}", file=sys.stderr)
+    print(f"\nresults: {out}{' (PARTIAL)' if res.get('partial') else ''}", file=sys.stderr)
 
 
 def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: str) -> Context:
