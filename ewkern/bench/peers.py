@@ -360,6 +360,26 @@ def figures(results, exp):
     return figs
 
 
+def method_cells(exp, impl="ewkern", below=1.0):
+    """Per timing method, the impl / peer ratios of the elementwise cells and what stands out.
+
+    Returns ({method: {"ratios": {(op, dtype, size): ratio}, "worst": {op: (op, dtype, size)},
+    "below": [(op, dtype, size), ...]}}, peer): the worst cell of each op (ops in name order) and
+    every cell whose ratio is under below, lowest first. ({}, peer) when nothing was compared.
+    """
+    r, peer = ratios(exp, impl)
+    out = {}
+    for method in dict.fromkeys(k[0] for k in r):
+        cells = {k[1:]: v for k, v in r.items() if k[0] == method}
+        worst = {}
+        for k, v in cells.items():
+            if k[0] not in worst or v < cells[worst[k[0]]]:
+                worst[k[0]] = k
+        out[method] = {"ratios": cells, "worst": dict(sorted(worst.items())),
+                       "below": sorted((k for k in cells if cells[k] < below), key=cells.get)}
+    return out, peer
+
+
 def elementwise_summary(exp) -> str:
     """Per method: the ewkern / peer ratio of every (op, dtype, size) cell, the worst ratio per op,
     and the cells below 1.00 (ewkern slower)."""
@@ -368,30 +388,24 @@ def elementwise_summary(exp) -> str:
         return ""
     out = []
     for impl in ("ewkern", EWKERN_NOPDL):
-        r, _ = ratios(exp, impl)
-        if not r:
-            continue
-        for method in dict.fromkeys(k[0] for k in r):
-            keys = [k for k in r if k[0] == method]
-            sizes = sorted({k[3] for k in keys})
+        per_method, _ = method_cells(exp, impl)
+        for method, mc in per_method.items():
+            r = mc["ratios"]
+            sizes = sorted({k[2] for k in r})
             title = METHOD_LABEL.get(method, str(method))
             out.append(f"**{impl} / {peer}, {title}** (GB/s ratio; above 1: {impl} faster)")
             out.append("")
             rows = []
-            for op, dtype in dict.fromkeys((k[1], k[2]) for k in sorted(keys, key=lambda k: (k[2], k[1]))):
-                rows.append([op, dtype] + [f"{r[(method, op, dtype, sz)]:.3f}" if (method, op, dtype, sz) in r else "-"
+            for op, dtype in dict.fromkeys((k[0], k[1]) for k in sorted(r, key=lambda k: (k[1], k[0]))):
+                rows.append([op, dtype] + [f"{r[(op, dtype, sz)]:.3f}" if (op, dtype, sz) in r else "-"
                                            for sz in sizes])
             out.append(md_table(["op", "dtype"] + [fmt_bytes(sz) for sz in sizes], rows))
             out.append("")
-            worst = {}
-            for k in keys:
-                if k[1] not in worst or r[k] < r[worst[k[1]]]:
-                    worst[k[1]] = k
             out.append(f"Worst cell per op ({impl}, {method}): " + "; ".join(
-                f"{op} {r[k]:.3f} ({k[2]} {fmt_bytes(k[3])})" for op, k in sorted(worst.items())))
-            below = sorted((k for k in keys if r[k] < 1.0), key=lambda k: r[k])
-            out.append(f"Cells below 1.00 ({impl}, {method}): {len(below)} of {len(keys)}" +
-                       (": " + "; ".join(f"{k[1]} {k[2]} {fmt_bytes(k[3])} {r[k]:.3f}" for k in below)
+                f"{op} {r[k]:.3f} ({k[1]} {fmt_bytes(k[2])})" for op, k in mc["worst"].items()))
+            below = mc["below"]
+            out.append(f"Cells below 1.00 ({impl}, {method}): {len(below)} of {len(r)}" +
+                       (": " + "; ".join(f"{k[0]} {k[1]} {fmt_bytes(k[2])} {r[k]:.3f}" for k in below)
                         if below else ""))
             out.append("")
     return "\n".join(out)
