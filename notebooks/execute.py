@@ -1,6 +1,7 @@
 """Execute the notebooks with nbclient, in place (what gets committed) or into another folder.
 
-    .venv/bin/python notebooks/execute.py                 # all four, "results" mode, outputs saved in place
+    .venv/bin/python notebooks/execute.py                 # all four, "results" mode (every GPU under
+                                                          # results/, side by side), outputs saved in place
     .venv/bin/python notebooks/execute.py --mode run      # measure here instead (quick sizes)
     .venv/bin/python notebooks/execute.py batched_rmse    # one notebook (name or path)
 
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Execute ewkern's notebooks with nbclient and save the outputs.")
     ap.add_argument("notebooks", nargs="*", help=f"names or paths (default: {', '.join(NOTEBOOKS)})")
     ap.add_argument("--mode", choices=["results", "run"], default="results",
-                    help="results: show the newest results/ folder (default); run: measure here")
+                    help="results: show each GPU's folder under results/ (default); run: measure here")
     ap.add_argument("--full", action="store_true", help="run mode: the full sizes (EWKERN_NOTEBOOK_QUICK=0)")
     ap.add_argument("--out-dir", type=Path, help="save the executed notebooks here instead of in place")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")

@@ -1,14 +1,21 @@
 """What the notebooks in notebooks/ share: their settings, finding or making results, showing them.
 
-Each notebook shows one paper's experiments from a results dict and ends with that paper's rows
-of ``claims.evaluate``. The dict comes from one of two places (``MODE``):
+Each notebook shows one paper's experiments from a list of results dicts, one per GPU, and ends
+with that paper's rows of ``claims.evaluate`` judged on each. The list comes from one of two
+places (``MODE``):
 
-  "results"  the best results folder under <repo>/results/ (the committed GPU run): a GPU run
-             before a CPU one, then the one holding more of the notebook's experiments, then a
-             complete run before a partial one, then the newest (its "started" time). With none,
-             the notebook says so and runs instead.
+  "results"  every GPU's results folder under <repo>/results/ (the committed GPU runs), ordered
+             by the GPU's name: for each GPU (its device_name) the run holding more of the
+             notebook's experiments, then a complete run before a partial one, then the newest
+             (its "started" time). CPU runs only where there is no GPU run. With none, the
+             notebook says so and runs instead.
   "run"      ``ewkern.bench.main`` runs the experiments here: on cuda:0 when ewkern sees a GPU,
              else on the CPU with its small sizes (GPU-only experiments are reported as skipped).
+             The list holds that one run.
+
+Several runs are shown side by side: each experiment's figure once per GPU in one image (beside
+each other while they fit ROW_INCHES, else one above the other), its tables one GPU after the
+other, and the claims in one table with a column per GPU.
 
 Environment variables (the parameter cell of each notebook reads the first two):
 
@@ -19,7 +26,7 @@ Environment variables (the parameter cell of each notebook reads the first two):
   EWKERN_RESULTS_DIR     a results folder (or a folder to search) instead of <repo>/results
   EWKERN_NOTEBOOK_OUT    where run mode writes its results folder (default: a new temporary folder)
 
-Nothing here measures by itself; ``results_for(paper, mode="run")`` calls the harness.
+Nothing here measures by itself; ``runs_for(paper, mode="run")`` calls the harness.
 """
 
 from __future__ import annotations
@@ -33,33 +40,41 @@ import tempfile
 from pathlib import Path
 
 from . import claims as _claims
+from . import peers as _peers
 from . import plots as _plots
 from . import registry
 from .results import load
 from .summary import md_table
+from .units import fmt_bytes
 
-__all__ = ["PAPERS", "settings", "find_results", "run_experiments", "results_for", "show", "show_figures",
-           "claims_rows", "show_claims", "v1_table", "v1_details", "v1_claims", "r1_paper_comparison", "peers_rmse",
-           "a1_tables", "a1_highlights", "markdown", "status_line", "describe", "DPI"]
+__all__ = ["PAPERS", "settings", "find_runs", "run_experiments", "run_arguments", "runs_for", "label", "show",
+           "show_figures", "each", "conventions", "claims_rows", "show_claims", "v1_table", "v1_details", "v1_claims",
+           "r1_paper_comparison", "peers_rmse", "peers_elementwise", "is_peers_heatmap", "a1_tables",
+           "a1_highlights", "markdown", "status_line", "describe", "DPI", "ROW_INCHES", "PEERS_BELOW"]
 
 REPO = Path(__file__).resolve().parents[2]
 DPI = 72   # figures are embedded as PNG at this resolution (the notebooks stay small)
+ROW_INCHES = 22.0   # one GPU's figure beside the next while the row stays this wide, else below it
+PEERS_BELOW = 0.99  # peers: a cell counts as behind its peer below this ratio (the README's count)
 
 PAPERS = {
     "elementwise": {"file": "elementwise-ops-on-gpus.md", "title": "Elementwise operations on GPUs",
-                    "experiments": ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9"],
+                    "experiments": ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "peers"],
                     "claim_sources": r"elementwise-ops-on-gpus\.md|\bE[1-9]\b"},
     "f16x8": {"file": "cuda-vectorization-f16x8.md", "title": "CUDA vectorisation (f16x8)",
               "experiments": ["v1"], "claim_sources": r"cuda-vectorization-f16x8\.md|\bV1\b"},
     "rmse": {"file": "batched-rmse-kernel-analysis.txt", "title": "Batched RMSE kernel analysis",
-             "experiments": ["r1", "peers"], "claim_sources": r"batched-rmse-kernel-analysis\.txt|\bR1\b"},
+             "experiments": ["r1", "peers", "rmse_grid"], "claim_sources": r"batched-rmse-kernel-analysis\.txt|\bR1\b"},
     "add": {"file": "add-kernel-experiments.md", "title": "Add kernel experiments",
             "experiments": ["a1"], "claim_sources": r"add-kernel-experiments\.md|\bA1\b"},
 }
 
 # Run mode: options that keep what a notebook does not show small (the R1 notebook shows only the
-# rmse part of peers), and the smallest sizes for EWKERN_NOTEBOOK_TINY (the tests).
-_EXTRA = {"rmse": ["--peers-ops", "copy", "--peers-dtypes", "float32", "--peers-no-compile"]}
+# rmse part of peers and float32 of rmse_grid; the elementwise one only peers' elementwise part, in
+# the paper's two dtypes, PDL on), and the smallest sizes for EWKERN_NOTEBOOK_TINY (the tests).
+_EXTRA = {"rmse": ["--peers-ops", "copy", "--peers-dtypes", "float32", "--peers-no-compile",
+                   "--grid-dtypes", "float32"],
+          "elementwise": ["--peers-dtypes", "float32,bfloat16", "--peers-no-pdl-off", "--peers-rmse-shapes", ""]}
 _EXTRA_CPU = {"rmse": ["--peers-sizes", "4MiB"]}
 _EXTRA_GPU = {"rmse": ["--peers-sizes", "64MiB"]}
 _TINY = ["--cache-bytes", "1MiB", "--samples", "3", "--min-sample-ms", "0.05",
@@ -88,7 +103,7 @@ def settings() -> dict:
             "TINY": _flag("EWKERN_NOTEBOOK_TINY", False)}
 
 
-# --- finding a results folder -----------------------------------------------------------------
+# --- finding the results folders --------------------------------------------------------------
 
 def _candidates(root: Path) -> list[Path]:
     if (root / "results.json").is_file():
@@ -99,7 +114,7 @@ def _candidates(root: Path) -> list[Path]:
     return found
 
 
-def _describe(folder: Path, wanted) -> dict | None:
+def _describe(folder: Path, wanted, root: Path) -> dict | None:
     try:
         with open(folder / "results.json") as f:
             res = json.load(f)
@@ -107,21 +122,33 @@ def _describe(folder: Path, wanted) -> dict | None:
         return None
     exps = res.get("experiments") or {}
     have = sum(1 for e in wanted if (exps.get(e) or {}).get("status") == "ok")
-    return {"folder": folder, "gpu": res.get("device", "cpu") != "cpu", "have": have,
+    # the GPU: its name as the run recorded it, else the first folder below root (results/<GPU>/...)
+    parts = folder.relative_to(root).parts
+    name = res.get("device_name") or (parts[0] if parts else folder.name)
+    return {"folder": folder, "name": name, "gpu": res.get("device", "cpu") != "cpu", "have": have,
             "complete": not res.get("partial"), "started": res.get("started") or ""}
 
 
-def find_results(experiments=(), root=None) -> Path | None:
-    """The results folder to show: see the module docstring for the order. None if there is none."""
+def find_runs(experiments=(), root=None) -> dict[str, Path]:
+    """The results folders to show, one per GPU: {GPU name: folder}, ordered by name.
+
+    root: a results folder itself, or a folder to search three levels deep (default:
+    EWKERN_RESULTS_DIR, else <repo>/results). GPU runs only, CPU runs where there is none; for
+    each GPU the run holding more of experiments, then a complete one, then the newest. {} if
+    there is none.
+    """
     env = os.environ.get("EWKERN_RESULTS_DIR")
     root = Path(root or env or REPO / "results")
     if not root.exists():
-        return None
-    rows = [d for d in (_describe(p, experiments) for p in _candidates(root)) if d]
-    if not rows:
-        return None
-    best = max(rows, key=lambda d: (d["gpu"], d["have"], d["complete"], d["started"]))
-    return best["folder"]
+        return {}
+    rows = [d for d in (_describe(p, experiments, root) for p in _candidates(root)) if d]
+    rows = [d for d in rows if d["gpu"]] or rows
+    best = {}
+    for d in rows:
+        rank = (d["have"], d["complete"], d["started"], str(d["folder"]))
+        if d["name"] not in best or rank > best[d["name"]][0]:
+            best[d["name"]] = (rank, d["folder"])
+    return {name: best[name][1] for name in sorted(best)}
 
 
 def _rel(p: Path) -> str:
@@ -170,8 +197,13 @@ def run_experiments(experiments, *, quick=True, tiny=False, extra=(), out=None, 
     return load(out)
 
 
-def results_for(paper: str, mode=None, quick=None, tiny=None) -> dict:
-    """The results dict a notebook shows, with a line saying where it comes from."""
+def run_arguments(paper: str, device: str) -> list[str]:
+    """The options run mode adds for a paper's notebook on device (besides --quick and the tiny sizes)."""
+    return list(_EXTRA.get(paper, [])) + (_EXTRA_CPU if device == "cpu" else _EXTRA_GPU).get(paper, [])
+
+
+def runs_for(paper: str, mode=None, quick=None, tiny=None) -> list[dict]:
+    """The results dicts a notebook shows, one per GPU, each saying where it comes from."""
     spec = PAPERS[paper]
     s = settings()
     mode = (mode or s["MODE"]).lower()
@@ -179,22 +211,33 @@ def results_for(paper: str, mode=None, quick=None, tiny=None) -> dict:
     tiny = s["TINY"] if tiny is None else tiny
     if mode not in ("results", "run"):
         raise ValueError(f"MODE must be 'results' or 'run', not {mode!r}")
-    res = None
+    runs = []
     if mode == "results":
-        folder = find_results(spec["experiments"])
-        if folder is None:
+        found = find_runs(spec["experiments"])
+        if not found:
             where = os.environ.get("EWKERN_RESULTS_DIR") or _rel(REPO / "results")
             print(f"no results folder (results.json) under {where}: running the experiments here instead")
-        else:
+        for name, folder in found.items():
             res = load(folder)
             res["_source"] = f"results folder {_rel(folder)}"
-    if res is None:
+            res["_label"] = name
+            runs.append(res)
+    if not runs:
         device = _device()
-        extra = list(_EXTRA.get(paper, [])) + (_EXTRA_CPU if device == "cpu" else _EXTRA_GPU).get(paper, [])
-        res = run_experiments(spec["experiments"], quick=quick, tiny=tiny, extra=extra, device=device)
+        res = run_experiments(spec["experiments"], quick=quick, tiny=tiny, extra=run_arguments(paper, device),
+                              device=device)
         res["_source"] = f"a run made by this notebook ({res['_path']})"
-    print(describe(res))
-    return res
+        runs.append(res)
+    if len(runs) > 1:
+        print(f"{len(runs)} GPUs, shown in this order (figures left to right, tables one after the other): "
+              + ", ".join(label(r) for r in runs) + "\n")
+    print("\n\n".join(describe(r) for r in runs))
+    return runs
+
+
+def label(res: dict) -> str:
+    """The name a run is shown under: its GPU's (the device's) name."""
+    return res.get("_label") or res.get("device_name") or res.get("device") or "device"
 
 
 def describe(res: dict) -> str:
@@ -219,6 +262,11 @@ def describe(res: dict) -> str:
 
 # --- showing ----------------------------------------------------------------------------------
 
+def _runs(runs) -> list[dict]:
+    """A list of results dicts from a list or one results dict."""
+    return [runs] if isinstance(runs, dict) else list(runs)
+
+
 def _display(obj):
     try:
         from IPython.display import display
@@ -236,14 +284,49 @@ def markdown(text):
         print(text)
 
 
-def _png(fig, dpi=DPI):
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+def _show_png(data: bytes):
     try:
         from IPython.display import Image
-        _display(Image(data=buf.getvalue(), format="png"))
+        _display(Image(data=data, format="png"))
     except ImportError:
-        print(f"[figure, {len(buf.getvalue())} bytes of PNG]")
+        print(f"[figure, {len(data)} bytes of PNG]")
+
+
+def _render(fig, dpi):
+    """A figure as an RGB Pillow image."""
+    from PIL import Image
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def _compose(panels, gap=12) -> bytes:
+    """[(RGB image, width in inches)] -> one PNG: beside each other while a row fits ROW_INCHES,
+    rows one below the other; 256 colours (figures hold few), so the notebooks stay small."""
+    from PIL import Image
+    per_row = max(1, min(len(panels), int(ROW_INCHES // max(w for _, w in panels))))
+    rows = [[im for im, _ in panels[i:i + per_row]] for i in range(0, len(panels), per_row)]
+    width = max(sum(im.width for im in row) + gap * (len(row) - 1) for row in rows)
+    height = sum(max(im.height for im in row) for row in rows) + gap * (len(rows) - 1)
+    sheet = Image.new("RGB", (width, height), "white")
+    y = 0
+    for row in rows:
+        x = 0
+        for im in row:
+            sheet.paste(im, (x, y))
+            x += im.width + gap
+        y += max(im.height for im in row) + gap
+    out = io.BytesIO()
+    sheet.quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, format="PNG",
+                                                                                        optimize=True)
+    return out.getvalue()
+
+
+def _name_figure(fig, name):
+    """Put the GPU's name on a figure whose titles do not say it (E8's SASS plot)."""
+    from matplotlib.text import Text
+    if not any(name in t.get_text() for t in fig.findobj(Text)):
+        fig.suptitle(name, fontsize=10)
 
 
 def status_line(res: dict, name: str) -> str | None:
@@ -259,47 +342,104 @@ def status_line(res: dict, name: str) -> str | None:
     return None
 
 
-def show_figures(res: dict, name: str, only=None, dpi=DPI):
-    """The experiment's figures (plots.figures), as PNG; only: a predicate on the file stem."""
-    try:
-        figs = _plots.figures(res, name)
-    except Exception as exc:
-        print(f"{name}: plotting failed: {type(exc).__name__}: {exc}")
-        return
-    for stem, fig in figs:
-        if only is None or only(stem):
-            _png(fig, dpi)
+def _status(res: dict, line: str, many: bool):
+    print(f"{label(res)}: {line}" if many else line)
 
 
-def show(res: dict, name: str, *, table=True, figures=True):
-    """One experiment: its status, notes, the harness's summary table and its figures."""
-    line = status_line(res, name)
-    if line:
-        print(line)
-        return
-    exp = res["experiments"][name]
-    head = [f"**{name}: {exp.get('title')}**"] + [f"- {n}" for n in exp.get("notes") or []]
-    skipped = exp.get("skipped") or []
-    if skipped:
-        reasons = {}
-        for s in skipped:
-            reasons.setdefault(s["reason"], []).append(s["what"])
-        head += [f"- skipped: {', '.join(w[:3])}{' and %d more' % (len(w) - 3) if len(w) > 3 else ''} ({r})"
-                 for r, w in reasons.items()]
-    head += [f"- ERROR in {e['what']}: {e['error']}" for e in exp.get("errors") or []]
-    markdown("\n".join(head))
-    if table:
+def show_figures(runs, name: str, only=None, dpi=DPI):
+    """The experiment's figures (plots.figures) for each run, as PNG: each figure once, with the
+    runs' versions of it side by side in one image. only: a predicate on the file stem."""
+    runs = _runs(runs)
+    per_run = []
+    for res in runs:
         try:
-            text = registry.get(name).summary(res, exp)
+            figs = [(stem, fig) for stem, fig in _plots.figures(res, name) if only is None or only(stem)]
         except Exception as exc:
-            text = f"(summary failed: {type(exc).__name__}: {exc})"
-        if text:
-            markdown(text)
-    if figures:
-        show_figures(res, name)
+            _status(res, f"{name}: plotting failed: {type(exc).__name__}: {exc}", len(runs) > 1)
+            continue
+        if len(runs) > 1:
+            for _, fig in figs:
+                _name_figure(fig, label(res))
+        per_run.append(dict(figs))
+    for stem in dict.fromkeys(s for figs in per_run for s in figs):
+        panels = [(_render(figs[stem], dpi), figs[stem].get_size_inches()[0]) for figs in per_run if stem in figs]
+        _show_png(_compose(panels))
+
+
+def _lines(exp) -> list[str]:
+    """An experiment's notes, skips (grouped by reason) and errors as markdown list items."""
+    reasons = {}
+    for s in exp.get("skipped") or []:
+        reasons.setdefault(s["reason"], []).append(s["what"])
+    return ([f"- {n}" for n in exp.get("notes") or []]
+            + [f"- skipped: {', '.join(w[:3])}{' and %d more' % (len(w) - 3) if len(w) > 3 else ''} ({r})"
+               for r, w in reasons.items()]
+            + [f"- ERROR in {e['what']}: {e['error']}" for e in exp.get("errors") or []])
+
+
+def show(runs, name: str, *, table=True, figures=True):
+    """One experiment on each run: its title and the notes and skips the runs share, then per run
+    what is its own (other notes, skips and errors, the harness's summary table), then its figures."""
+    runs = _runs(runs)
+    many = len(runs) > 1
+    live = [res for res in runs if status_line(res, name) is None]
+    common = []
+    if live:
+        per_run = [_lines(res["experiments"][name]) for res in live]
+        common = [line for line in per_run[0] if all(line in lines for lines in per_run)]
+        markdown("\n".join([f"**{name}: {live[0]['experiments'][name].get('title')}**"] + common))
+    for res in runs:
+        line = status_line(res, name)
+        if line:
+            _status(res, line, many)
+            continue
+        exp = res["experiments"][name]
+        lines = [line for line in _lines(exp) if line not in common]
+        text = ""
+        if table:
+            try:
+                text = registry.get(name).summary(res, exp)
+            except Exception as exc:
+                text = f"(summary failed: {type(exc).__name__}: {exc})"
+        if many and (lines or text):
+            lines.insert(0, f"**{label(res)}**")
+        body = "\n".join(lines) + ("\n\n" if lines and text else "") + (text or "")
+        if body:
+            markdown(body)
+    if figures and live:
+        show_figures(live, name)
+
+
+def each(runs, fn, name: str, *, code=False):
+    """Show fn(run) for each run (markdown; code: printed as it is), under the GPU's name when
+    there are several; the experiment's status line where fn has nothing."""
+    runs = _runs(runs)
+    many = len(runs) > 1
+    for res in runs:
+        text = fn(res)
+        if not text:
+            _status(res, status_line(res, name) or f"{name}: no measurements", many)
+        elif code:
+            print(f"{label(res)}\n{text}" if many else text)
+        else:
+            markdown(f"**{label(res)}**\n\n{text}" if many else text)
+
+
+def conventions(runs, name: str):
+    """Print the convention the runs state for an experiment (once where they agree)."""
+    seen = {}
+    for res in _runs(runs):
+        conv = (res.get("conventions") or {}).get(name)
+        if conv and ((res.get("experiments") or {}).get(name) or {}).get("measurements"):
+            seen.setdefault(conv, []).append(label(res))
+    for conv, names in seen.items():
+        print(f"convention{'' if len(seen) == 1 else ' (' + ', '.join(names) + ')'}: {conv}")
 
 
 # --- claims -----------------------------------------------------------------------------------
+
+_MARKS = {"holds": "**holds**", "does not hold": "**does not hold**", "not measured": "not measured"}
+
 
 def claims_rows(res: dict, paper: str) -> list[dict]:
     """The rows of claims.evaluate whose source names this paper or one of its experiments."""
@@ -308,22 +448,44 @@ def claims_rows(res: dict, paper: str) -> list[dict]:
 
 
 def claims_markdown(rows) -> str:
-    marks = {"holds": "**holds**", "does not hold": "**does not hold**", "not measured": "not measured"}
     return md_table(["claim", "verdict", "evidence (numbers from this run)", "source"],
-                    [[r["claim"], marks.get(r["status"], r["status"]), r["evidence"], r["source"]] for r in rows])
+                    [[r["claim"], _MARKS.get(r["status"], r["status"]), r["evidence"], r["source"]] for r in rows])
 
 
-def show_claims(res: dict, paper: str, extra_rows=()):
-    rows = claims_rows(res, paper) + list(extra_rows)
-    if not rows:
+def claims_by_gpu_markdown(per_gpu: dict) -> str:
+    """{GPU name: rows} -> one table, a column per GPU holding its verdict and evidence."""
+    claims = {}
+    for rows in per_gpu.values():
+        for r in rows:
+            claims.setdefault((r["key"], r["claim"]), r["source"])
+    index = {name: {(r["key"], r["claim"]): r for r in rows} for name, rows in per_gpu.items()}
+    table = []
+    for (key, claim), source in claims.items():
+        cells = []
+        for name in per_gpu:
+            r = index[name].get((key, claim))
+            cells.append(f"{_MARKS.get(r['status'], r['status'])}: {r['evidence']}" if r else "-")
+        table.append([claim] + cells + [source])
+    return md_table(["claim"] + [f"{name}: verdict, evidence" for name in per_gpu] + ["source"], table)
+
+
+def show_claims(runs, paper: str, extra=None) -> dict:
+    """The paper's claims judged on each run: one table (a column per GPU when there are several)
+    and a count per run. extra: a function of a run giving more rows (V1's). {GPU name: rows}."""
+    runs = _runs(runs)
+    per_gpu = {label(res): claims_rows(res, paper) + list(extra(res) if extra else []) for res in runs}
+    if not any(per_gpu.values()):
         print(f"claims.evaluate has no claim for {PAPERS[paper]['file']}")
-        return rows
-    markdown(claims_markdown(rows))
-    counts = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    print(", ".join(f"{v} {k}" for k, v in counts.items()) + f" (device: {res.get('device_name') or res.get('device')})")
-    return rows
+        return per_gpu
+    rows = next(iter(per_gpu.values()))
+    markdown(claims_markdown(rows) if len(per_gpu) == 1 else claims_by_gpu_markdown(per_gpu))
+    for res in runs:
+        counts = {}
+        for r in per_gpu[label(res)]:
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+        print(", ".join(f"{v} {k}" for k, v in counts.items())
+              + f" (device: {res.get('device_name') or res.get('device')})")
+    return per_gpu
 
 
 # --- V1 ---------------------------------------------------------------------------------------
@@ -431,16 +593,78 @@ def r1_paper_comparison(res: dict) -> str | None:
               "ewkern.kernel_info's num_regs of the CUDA kernel.")
 
 
-def peers_rmse(res: dict) -> dict | None:
-    """A copy of the peers experiment with only its rmse rows and its copy/dot references."""
-    exp = (res.get("experiments") or {}).get("peers")
-    if not exp or exp.get("status") != "ok":
+def peers_rmse(runs) -> list[dict]:
+    """The runs with the peers experiment cut to its rmse rows, their skips and the copy/dot
+    references (a run whose peers timed no rmse shape says so)."""
+    out = []
+    for res in _runs(runs):
+        exp = (res.get("experiments") or {}).get("peers")
+        if exp and exp.get("status") == "ok":
+            ms = [m for m in exp.get("measurements", []) if m.get("op") == "rmse" or m.get("reference")]
+            skipped = [s for s in exp.get("skipped") or [] if " rmse " in s.get("what", "")]
+            sub = (dict(exp, measurements=ms, skipped=skipped) if any(m.get("op") == "rmse" for m in ms) else
+                   dict(exp, status="not measured", reason="this run's peers timed no rmse shape"))
+            res = dict(res, experiments=dict(res.get("experiments") or {}, peers=sub))
+        out.append(res)
+    return out
+
+
+# --- peers (elementwise) ----------------------------------------------------------------------
+
+def is_peers_heatmap(stem: str) -> bool:
+    """peers' heat maps of ewkern (PDL on) / peer, one per timing method: not the PDL-off ones or rmse."""
+    return stem.startswith("peers_") and stem != "peers_rmse" and not stem.endswith("_pdl_off")
+
+
+def peers_elementwise(runs, below=PEERS_BELOW, impl="ewkern") -> str | None:
+    """peers' elementwise cells, impl / peer, per timing method: a table of the worst cell of each
+    op with a column per GPU, the count of cells under below per GPU, and those cells (lowest
+    first). Displays it as markdown and returns it (None when no run compared any cell)."""
+    runs = _runs(runs)
+    many = len(runs) > 1
+    stats = {}
+    for res in runs:
+        line = status_line(res, "peers")
+        if line:
+            _status(res, line, many)
+            continue
+        per_method, peer = _peers.method_cells(res["experiments"]["peers"], impl, below)
+        if not per_method:
+            _status(res, f"peers: no elementwise cell timed for both {impl} and a peer", many)
+            continue
+        stats[label(res)] = (per_method, peer)
+    if not stats:
         return None
-    ms = [m for m in exp.get("measurements", []) if m.get("op") == "rmse" or m.get("reference")]
-    if not any(m.get("op") == "rmse" for m in ms):
-        return None
-    sub = dict(exp, measurements=ms)
-    return dict(res, experiments=dict(res.get("experiments") or {}, peers=sub))
+    names = list(stats)
+    peer = " / ".join(dict.fromkeys(p for _, p in stats.values()))
+    out = []
+    for method in dict.fromkeys(m for per_method, _ in stats.values() for m in per_method):
+        got = {n: stats[n][0][method] for n in names if method in stats[n][0]}
+        out.append(f"**{impl} / {peer}, {_peers.METHOD_LABEL.get(method, method)}**: the worst cell of each op "
+                   f"(GB/s ratio; above 1: {impl} faster)\n")
+        rows = []
+        for op in sorted({op for mc in got.values() for op in mc["worst"]}):
+            row = [op]
+            for mc in got.values():
+                k = mc["worst"].get(op)
+                row.append(f"{mc['ratios'][k]:.3f} ({k[1]} {fmt_bytes(k[2])})" if k else "-")
+            rows.append(row)
+        out.append(md_table(["op"] + list(got), rows) + "\n")
+        rows = []
+        for n, mc in got.items():
+            by_dtype = {}
+            for k in mc["below"]:
+                by_dtype[k[1]] = by_dtype.get(k[1], 0) + 1
+            rows.append([n, f"{len(mc['below'])} of {len(mc['ratios'])}",
+                         ", ".join(f"{d} {c}" for d, c in sorted(by_dtype.items())) or "-"])
+        out.append(md_table(["GPU" if many else "device", f"cells below {below:g}", "by dtype"], rows) + "\n")
+        for n, mc in got.items():
+            if mc["below"]:
+                out.append(f"{n}, cells below {below:g} (lowest first): " + "; ".join(
+                    f"{k[0]} {k[1]} {fmt_bytes(k[2])} {mc['ratios'][k]:.3f}" for k in mc["below"]) + "\n")
+    text = "\n".join(out)
+    markdown(text)
+    return text
 
 
 # --- A1 ---------------------------------------------------------------------------------------
