@@ -252,7 +252,7 @@ void ew_raise_cuda(int err, const char *what)
 #endif
 }
 
-int ew_use_device(ew_device dev)
+int ew_device_check(ew_device dev)
 {
     if (dev.type == EW_CPU)
         return 0;
@@ -269,14 +269,37 @@ int ew_use_device(ew_device dev)
                      dev.id, count, count == 1 ? " is" : "s are");
         return -1;
     }
+    return 0;
+}
+
+int ew_device_enter(ew_device_guard *g, ew_device dev)
+{
+    if (dev.type == EW_CPU)
+        return 0;
+    if (ew_device_check(dev) < 0)
+        return -1;
 #if EWKERN_WITH_CUDA
-    int err = ewcuda_set_device(dev.id);
+    int prev;
+    int err = ewcuda_device_enter(dev.id, &prev);
     if (err) {
         ew_raise_cuda(err, "selecting the CUDA device");
         return -1;
     }
+    if (g->prev < 0)   /* the first switch of the call: prev is the caller's device */
+        g->prev = prev;
 #endif
     return 0;
+}
+
+void ew_device_exit(ew_device_guard *g)
+{
+#if EWKERN_WITH_CUDA
+    /* a failure to switch back to a device that was current a moment ago has no remedy here
+     * (and runtime.cu clears it): the call's own result or exception stands */
+    if (g->prev >= 0)
+        (void)ewcuda_device_exit(g->prev);
+#endif
+    g->prev = -1;
 }
 
 /* ---- the Array type ---------------------------------------------------------------------- */
@@ -370,11 +393,13 @@ PyObject *ew_array_new(ew_state *st, ew_device dev, ew_dtype dt, int ndim, const
         }
     } else {
 #if EWKERN_WITH_CUDA
-        if (ew_use_device(dev) < 0) {
+        ew_device_guard g = EW_DEVICE_GUARD_INIT;
+        if (ew_device_enter(&g, dev) < 0) {
             Py_DECREF(a);
             return NULL;
         }
         int err = ewcuda_malloc_async(&a->alloc, nbytes, stream);
+        ew_device_exit(&g);
         if (err) {
             Py_DECREF(a);
             PyErr_Format(PyExc_MemoryError, "cannot allocate %zu bytes on cuda:%d: %s", nbytes,
@@ -388,7 +413,7 @@ PyObject *ew_array_new(ew_state *st, ew_device dev, ew_dtype dt, int ndim, const
         (void)stream;
         (void)stream_ref;
         Py_DECREF(a);
-        ew_use_device(dev);
+        ew_device_check(dev);
         return NULL;
 #endif
     }
@@ -430,8 +455,11 @@ static void array_dealloc(ArrayObject *self)
         else {
             /* stream-ordered: the memory returns to the pool after the work queued on it;
              * at interpreter exit the runtime may be gone already, which is harmless */
-            if (ewcuda_set_device(self->device.id) == 0)
+            int prev;
+            if (ewcuda_device_enter(self->device.id, &prev) == 0) {
                 ewcuda_free_async(self->alloc, self->alloc_stream);
+                ewcuda_device_exit(prev);
+            }
             (void)ewcuda_last_error();
         }
 #endif
@@ -585,7 +613,8 @@ static PyObject *to_numpy(ArrayObject *self, int copy)
         return arr;
     }
 #if EWKERN_WITH_CUDA
-    if (ew_use_device(self->device) < 0) {
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_device_enter(&g, self->device) < 0) {
         Py_DECREF(arr);
         return NULL;
     }
@@ -594,6 +623,7 @@ static PyObject *to_numpy(ArrayObject *self, int copy)
     Py_BEGIN_ALLOW_THREADS
     err = ewcuda_memcpy_sync(dst, self->data, nbytes, EWCUDA_D2H, stream);
     Py_END_ALLOW_THREADS
+    ew_device_exit(&g);
     if (err) {
         Py_DECREF(arr);
         ew_raise_cuda(err, "copying an array to the host");

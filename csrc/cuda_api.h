@@ -42,7 +42,17 @@ typedef struct ew_func_attrs {
 enum { EWCUDA_H2D = 1, EWCUDA_D2H = 2, EWCUDA_D2D = 3 };
 
 int ewcuda_device_count(int *count);
-int ewcuda_set_device(int device);
+/* Make device the calling thread's current device. *prev gets the device that was current when
+ * this switched away from it, or -1 when device was current already (nothing to put back): one
+ * cudaGetDevice, and a cudaSetDevice only for another device. */
+int ewcuda_device_enter(int device, int *prev);
+/* Make prev current again (prev from ewcuda_device_enter; nothing for -1). cudaSetDevice creates
+ * a device's context (CUDA 12+): a caller whose current device was never used, as a fresh thread's
+ * device 0, gets that context here, once. torch avoids that with bookkeeping of its own that other
+ * libraries cannot see, and then leaves the runtime's device switched. */
+int ewcuda_device_exit(int prev);
+/* The calling thread's current device (cudaGetDevice). */
+int ewcuda_get_device(int *device);
 int ewcuda_malloc_async(void **ptr, size_t nbytes, void *stream);
 int ewcuda_free_async(void *ptr, void *stream);
 int ewcuda_memset_async(void *ptr, int value, size_t nbytes, void *stream);

@@ -685,7 +685,12 @@ PyObject *ew_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
 #if EWKERN_WITH_CUDA
         void *ours = ew_current_stream(st, self->device.id, NULL);
         if (!skip && ours != consumer) {
+            /* the event and the legacy default stream (handle NULL) are the current device's */
+            ew_device_guard g = EW_DEVICE_GUARD_INIT;
+            if (ew_device_enter(&g, self->device) < 0)
+                return NULL;
             int err = ewcuda_stream_order(ours, consumer);
+            ew_device_exit(&g);
             if (err) {
                 ew_raise_cuda(err, "__dlpack__ stream handshake");
                 return NULL;

@@ -50,7 +50,7 @@ static PyObject *stream_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "Stream: streams exist only on CUDA devices");
         return NULL;
     }
-    if (ew_use_device(dev) < 0)
+    if (ew_device_check(dev) < 0)
         return NULL;
     StreamObject *s = (StreamObject *)tp->tp_alloc(tp, 0);
     if (s == NULL)
@@ -66,7 +66,14 @@ static PyObject *stream_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
         return (PyObject *)s;
     }
 #if EWKERN_WITH_CUDA
+    /* a stream belongs to the device current when it is created */
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_device_enter(&g, dev) < 0) {
+        Py_DECREF(s);
+        return NULL;
+    }
     int err = ewcuda_stream_create(&s->handle);
+    ew_device_exit(&g);
     if (err) {
         Py_DECREF(s);
         ew_raise_cuda(err, "creating a stream");
@@ -81,8 +88,11 @@ static void stream_dealloc(StreamObject *s)
 {
     PyTypeObject *tp = Py_TYPE(s);
 #if EWKERN_WITH_CUDA
-    if (s->owned && s->handle && ewcuda_set_device(s->device) == 0)
+    int prev;
+    if (s->owned && s->handle && ewcuda_device_enter(s->device, &prev) == 0) {
         ewcuda_stream_destroy(s->handle);
+        ewcuda_device_exit(prev);
+    }
 #endif
     tp->tp_free((PyObject *)s);
     Py_DECREF(tp);
@@ -91,11 +101,12 @@ static void stream_dealloc(StreamObject *s)
 static PyObject *stream_synchronize(StreamObject *s, PyObject *unused)
 {
 #if EWKERN_WITH_CUDA
-    int err;
-    if ((err = ewcuda_set_device(s->device)) == 0) {
+    int err, prev;
+    if ((err = ewcuda_device_enter(s->device, &prev)) == 0) {
         Py_BEGIN_ALLOW_THREADS
         err = ewcuda_stream_synchronize(s->handle);
         Py_END_ALLOW_THREADS
+        ewcuda_device_exit(prev);
     }
     if (err) {
         ew_raise_cuda(err, "Stream.synchronize");
@@ -240,14 +251,15 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwds, int mo
     int64_t shape[EW_MAXDIM];
     ew_dtype dt;
     ew_device dev;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
     if (parse_shape(shape_obj, &ndim, shape) < 0 || ew_dtype_from_py(st, dtype_obj, &dt) < 0 ||
-        ew_device_from_py(dev_obj, &dev) < 0 || ew_use_device(dev) < 0)
+        ew_device_from_py(dev_obj, &dev) < 0 || ew_device_enter(&g, dev) < 0)
         return NULL;
     PyObject *ref = NULL;
     void *stream = dev.type == EW_CUDA ? ew_current_stream(st, dev.id, &ref) : NULL;
     PyObject *arr = ew_array_new(st, dev, dt, ndim, shape, stream, ref);
     if (arr == NULL || mode == 0)
-        return arr;
+        goto done;
     ArrayObject *a = (ArrayObject *)arr;
     size_t nbytes = (size_t)a->size * ew_dtype_size(dt);
     if (mode == 1) {
@@ -261,19 +273,20 @@ static PyObject *create(PyObject *module, PyObject *args, PyObject *kwds, int mo
         else {
             int err = ewcuda_memset_async(a->data, 0, nbytes, stream);
             if (err) {
-                Py_DECREF(arr);
+                Py_CLEAR(arr);
                 ew_raise_cuda(err, "zeros");
-                return NULL;
             }
         }
 #endif
-        return arr;
+        goto done;
     }
     PyObject *fill = PyObject_GetAttrString(module, "fill");
     PyObject *res = fill ? PyObject_CallFunctionObjArgs(fill, arr, value, NULL) : NULL;
     Py_XDECREF(fill);
-    Py_DECREF(arr);
-    return res;
+    Py_SETREF(arr, res);
+done:
+    ew_device_exit(&g);
+    return arr;
 }
 
 static PyObject *m_empty(PyObject *m, PyObject *a, PyObject *k) { return create(m, a, k, 0); }
@@ -317,6 +330,7 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
     ew_view v;
     memset(&v, 0, sizeof v);
     PyObject *res = NULL;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
     if (ew_view_from_object(st, src, &v, "asarray", NULL, 0) < 0)
         goto done;
     ew_dtype dt = dtype_obj == Py_None ? v.dtype : want_dt;
@@ -330,7 +344,7 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         }
         goto done;
     }
-    if (ew_use_device(dev) < 0)
+    if (ew_device_enter(&g, dev) < 0)
         goto done;
     if (dt != v.dtype) {
         /* dtype conversion happens on the host through NumPy */
@@ -365,7 +379,7 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         size_t nbytes = (size_t)v.size * ew_dtype_size(dt);
 #if EWKERN_WITH_CUDA
         int kind = dev.type == EW_CPU ? EWCUDA_D2H : v.device.type == EW_CPU ? EWCUDA_H2D : EWCUDA_D2D;
-        if (v.device.type == EW_CUDA && ew_use_device(v.device) < 0) {
+        if (ew_device_enter(&g, v.device) < 0) {   /* the copy runs from the source's device */
             Py_CLEAR(res);
             goto done;
         }
@@ -381,10 +395,12 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
 #else
         (void)nbytes;
         Py_CLEAR(res);
-        ew_use_device(dev);
+        if (ew_device_check(dev) == 0)   /* one of the two is CUDA: say so */
+            ew_device_check(v.device);
 #endif
     }
 done:
+    ew_device_exit(&g);
     ew_view_release(&v);
     Py_DECREF(src);
     return res;
@@ -395,6 +411,18 @@ done:
 static PyObject *m_cuda_available(PyObject *m, PyObject *u) { return PyBool_FromLong(ew_cuda_device_count() > 0); }
 static PyObject *m_device_count(PyObject *m, PyObject *u) { return PyLong_FromLong(ew_cuda_device_count()); }
 
+/* The calling thread's current CUDA device (cudaGetDevice), which every ewkern call leaves as it
+ * found it; None without CUDA. For the tests, and for callers without torch or CuPy to ask. */
+static PyObject *m_current_device(PyObject *m, PyObject *u)
+{
+#if EWKERN_WITH_CUDA
+    int dev;
+    if (ew_cuda_device_count() > 0 && ewcuda_get_device(&dev) == 0)
+        return PyLong_FromLong(dev);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_synchronize(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     ew_device dev;
@@ -402,13 +430,15 @@ static PyObject *m_synchronize(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     if (dev.type == EW_CPU)
         Py_RETURN_NONE;
-    if (ew_use_device(dev) < 0)
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_device_enter(&g, dev) < 0)
         return NULL;
 #if EWKERN_WITH_CUDA
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = ewcuda_device_synchronize();
     Py_END_ALLOW_THREADS
+    ew_device_exit(&g);
     if (err) {
         ew_raise_cuda(err, "synchronize");
         return NULL;
@@ -478,7 +508,7 @@ static PyObject *m_device_info(PyObject *module, PyObject *args, PyObject *kwds)
         return NULL;
     if (dev.type == EW_CPU)
         return cpu_info();
-    if (ew_use_device(dev) < 0)
+    if (ew_device_check(dev) < 0)   /* the queries name the device: no switch */
         return NULL;
 #if EWKERN_WITH_CUDA
     ew_device_info di;
@@ -573,12 +603,14 @@ static PyObject *m_kernel_info(PyObject *module, PyObject *args, PyObject *kwds)
         return d;
 #if EWKERN_WITH_CUDA
     ew_device dev = {EW_CUDA, 0};
-    if (ew_use_device(dev) < 0) {
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_device_enter(&g, dev) < 0) {
         Py_DECREF(d);
         return NULL;
     }
     ew_func_attrs fa;
     int err = ewcuda_func_attrs(k->kernel, &fa);
+    ew_device_exit(&g);
     if (err) {
         Py_DECREF(d);
         ew_raise_cuda(err, "kernel_info");
@@ -654,6 +686,9 @@ static PyMethodDef module_methods[] = {
     {"build_info", (PyCFunction)m_build_info, METH_NOARGS, "build_info()\n--\n\nHow this extension was built."},
     {"_set_stream", (PyCFunction)set_stream, METH_O, "Set the current Stream (or None); returns the previous."},
     {"_get_stream", (PyCFunction)get_stream, METH_NOARGS, "The current Stream or None."},
+    {"_current_device", (PyCFunction)m_current_device, METH_NOARGS,
+     "_current_device()\n--\n\nThe CUDA runtime's current device of this thread (cudaGetDevice), or None "
+     "without CUDA. ewkern calls switch devices for their own work and put this one back before they return."},
     {"set_pdl", (PyCFunction)m_set_pdl, METH_O,
      "set_pdl(enabled)\n--\n\nTurn programmatic dependent launch of the default CUDA kernels on or off; returns "
      "the previous setting.\nWith it on (the default unless the environment has EWKERN_PDL=0), on compute "

@@ -408,11 +408,14 @@ static PyObject *plan_get(PlanObject *p, void *which)
 
 static PyObject *plan_call(PlanObject *p, PyObject *args, PyObject *kwds)
 {
-    if (ew_use_device(p->device) < 0)
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_device_enter(&g, p->device) < 0)
         return NULL;
     const int64_t work = p->is_rmse ? p->rm.outer * p->rm.n * p->rm.inner : p->ew.n;
-    if (report_launch_error(launch(p->k, p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew, p->device,
-                                   work), p->k->op, p->k, p->device) < 0)
+    int rc = report_launch_error(launch(p->k, p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew, p->device,
+                                        work), p->k->op, p->k, p->device);
+    ew_device_exit(&g);
+    if (rc < 0)
         return NULL;
     Py_INCREF(p->out);
     return p->out;
@@ -539,6 +542,7 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     void *stream = NULL;
     const ew_kernel *k = NULL;
     int have_stream = 0;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
     for (int i = 0; i < op->inputs; i++) {
         if (ew_view_from_object(st, in_objs[i], &v[nv], cs.names[i], stream, have_stream) < 0)
             goto fail;
@@ -568,7 +572,7 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     const ew_view *ref = &v[0];
     k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(opi, ref->dtype, ref->device.type)
                                         : ew_find_kernel(op->name, lo.variant, ref->dtype, ref->device.type);
-    if (k == NULL || check_launch_params(cs.fname, k, &lo, ref->device) < 0 || ew_use_device(ref->device) < 0)
+    if (k == NULL || check_launch_params(cs.fname, k, &lo, ref->device) < 0 || ew_device_enter(&g, ref->device) < 0)
         goto fail;
     if (out_obj) {
         result = out_obj;
@@ -588,12 +592,15 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     ea.stream = stream;
     ea.device = ref->device.id;
     int64_t item = ew_dtype_size(ref->dtype);
-    return finish_call(cs.fname, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
-                       ea.n * item, ea.n, plan);
+    result = finish_call(cs.fname, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
+                         ea.n * item, ea.n, plan);
+    ew_device_exit(&g);
+    return result;
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
     Py_XDECREF(result);
+    ew_device_exit(&g);
     return NULL;
 }
 
@@ -704,6 +711,7 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
     PyObject *result = NULL;
     void *stream = NULL;
     const ew_kernel *k;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
     if (ew_view_from_object(st, vals[0], &v[0], "a", NULL, 0) < 0)
         return NULL;
     nv = 1;
@@ -730,7 +738,7 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
                      "trailing axes); use variant='auto' for this layout", k->variant);
         goto fail;
     }
-    if (ew_use_device(v[0].device) < 0)
+    if (ew_device_enter(&g, v[0].device) < 0)
         goto fail;
     if (out_obj) {
         if (ew_view_from_object(st, out_obj, &v[2], "out", stream, 1) < 0)
@@ -761,11 +769,14 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
     ra.device = v[0].device.id;
     int64_t rd = 2 * v[0].size * ew_dtype_size(v[0].dtype);
     int64_t wr = ra.outer * ra.inner * ew_dtype_size(out_dt);
-    return finish_call("rmse", k, 1, &ra, v[0].device, stream, v, nv, result, rd, wr, v[0].size, plan);
+    result = finish_call("rmse", k, 1, &ra, v[0].device, stream, v, nv, result, rd, wr, v[0].size, plan);
+    ew_device_exit(&g);
+    return result;
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
     Py_XDECREF(result);
+    ew_device_exit(&g);
     return NULL;
 }
 

@@ -182,6 +182,7 @@ PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t narg
     double *times = NULL;
     ew_view fv;
     int have_flush = 0;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
     if (np == 0 || np > 1 << 20) {
         PyErr_SetString(PyExc_ValueError, "time_plans(): plans must hold at least one Plan");
         goto done;
@@ -221,7 +222,7 @@ PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_NoMemory();
         goto done;
     }
-    if (ew_use_device(dev) < 0)
+    if (ew_device_enter(&g, dev) < 0)
         goto done;
     void *fptr = have_flush ? fv.data : NULL;
     size_t fbytes = have_flush ? (size_t)fv.size * ew_dtype_size(fv.dtype) : 0;
@@ -250,6 +251,7 @@ PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t narg
             PyList_SET_ITEM(result, s, f);
     }
 done:
+    ew_device_exit(&g);
     if (have_flush)
         ew_view_release(&fv);
     PyMem_RawFree(times);

@@ -9,6 +9,10 @@ Streams: with inputs from a framework that exposes the DLPack C exchange API (to
 launches on that framework's current stream. Otherwise it launches on ewkern's current stream:
 the legacy default stream unless a ``with ewkern.stream(s):`` block is active, and passes that
 stream to producers' ``__dlpack__`` so their pending work is ordered before ewkern's.
+
+Devices: a call runs on its arrays' device (or ``device=``). When that is not the CUDA runtime's
+current device, ewkern switches for the call's own work and switches back before it returns, on
+success and on error, so ``torch.cuda.current_device()`` and CuPy's current device stay the caller's.
 """
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -3,7 +3,7 @@
 Times ewkern.add(a, b, out=c) on 4-element float32 arrays through several paths, each as the
 median over repeats of 20000 back-to-back calls (host wall clock, the device synchronised after
 each repeat):
-  plan            a prepared Plan called again: only the launch (ew_use_device + cudaLaunchKernel)
+  plan            a prepared Plan called again: only the launch (ew_device_enter + cudaLaunchKernel)
   array legacy    ewkern arrays, ewkern's default (legacy) stream
   array stream    the same inside `with ewkern.stream(ewkern.Stream())` (a non-blocking stream)
   array per-thread  the same on the per-thread default stream (handle 2)

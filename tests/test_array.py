@@ -121,6 +121,20 @@ def test_bad_dtype_and_device():
             ewkern.empty(3, device="cuda:%d" % ewkern.device_count())
 
 
+def test_current_device():
+    """ewkern._C._current_device(): the CUDA runtime's current device of this thread, None without
+    CUDA; calls leave it as they found it (on two GPUs, tests/test_multigpu.py checks every kind)."""
+    cur = ewkern._C._current_device()
+    if not ewkern.cuda_available():
+        assert cur is None
+        return
+    assert 0 <= cur < ewkern.device_count()
+    with pytest.raises(ValueError, match="does not exist"):
+        ewkern.empty(3, device="cuda:%d" % ewkern.device_count())
+    ewkern.add(ewkern.full(3, 1.0, device="cuda:0"), ewkern.zeros(3, device="cuda:0"))
+    assert ewkern._C._current_device() == cur
+
+
 def test_device_info_cpu():
     info = ewkern.device_info("cpu")
     assert info["device"] == "cpu" and info["cores"] >= 1

@@ -31,14 +31,18 @@ int ewcuda_device_count(int *count)
  * makes the next cudaMallocAsync a driver allocation. */
 static int pool_ready[64];
 
-int ewcuda_set_device(int device)
+int ewcuda_device_enter(int device, int *prev)
 {
     int cur = -1;
+    *prev = -1;
     cudaError_t err = cudaGetDevice(&cur);
     if (err != cudaSuccess)
         return (int)err;
-    if (cur != device && (err = cudaSetDevice(device)) != cudaSuccess)
-        return (int)err;
+    if (cur != device) {
+        if ((err = cudaSetDevice(device)) != cudaSuccess)
+            return (int)err;
+        *prev = cur;
+    }
     if (device >= 0 && device < 64 && !pool_ready[device]) {
         cudaMemPool_t pool;
         if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
@@ -49,6 +53,25 @@ int ewcuda_set_device(int device)
         pool_ready[device] = 1;
     }
     return 0;
+}
+
+int ewcuda_device_exit(int prev)
+{
+    if (prev < 0)
+        return 0;
+    cudaError_t err = cudaSetDevice(prev);
+    if (err != cudaSuccess)
+        (void)cudaGetLastError(); /* leave nothing behind for the caller's next error check */
+    return (int)err;
+}
+
+int ewcuda_get_device(int *device)
+{
+    *device = -1;
+    cudaError_t err = cudaGetDevice(device);
+    if (err != cudaSuccess)
+        (void)cudaGetLastError();
+    return (int)err;
 }
 
 int ewcuda_malloc_async(void **ptr, size_t nbytes, void *stream)
