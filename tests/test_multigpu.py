@@ -1,6 +1,7 @@
 """A second GPU: ewkern, torch and CuPy arrays on cuda:1 (whatever the frameworks' current device),
 streams and out= on cuda:1, rmse and bfloat16 there, alternating devices, the mixed-device error,
-and the benchmark on --device cuda:1. Marked multigpu; skipped below two GPUs."""
+every kind of call leaving the caller's current device as it was, and the benchmark on
+--device cuda:1. Marked multigpu; skipped below two GPUs."""
 import importlib.util
 import json
 import os
@@ -37,6 +38,39 @@ def inputs(op, dtype, k, seed=1):
 
 def call(op, arrays, scalars, **kw):
     return getattr(ewkern, op)(*arrays, *scalars, **kw)
+
+
+def current_devices():
+    """The calling thread's current CUDA device as the CUDA runtime has it (the one every library
+    in the process shares), and as torch and CuPy report it where they are installed."""
+    seen = {"runtime": ewkern._C._current_device()}
+    if HAS_TORCH:
+        import torch
+        seen["torch"] = torch.cuda.current_device()
+    if HAS_CUPY:
+        import cupy
+        seen["cupy"] = cupy.cuda.runtime.getDevice()
+    return seen
+
+
+def select_device(d):
+    """Make d the current device the way a program does: with torch, else CuPy (ewkern has no
+    setter: it never changes the current device for longer than a call)."""
+    if HAS_TORCH:
+        import torch
+        torch.cuda.set_device(d)
+    elif HAS_CUPY:
+        import cupy
+        cupy.cuda.runtime.setDevice(d)
+    else:
+        pytest.skip("needs torch or CuPy to select the current device")
+
+
+def with_contexts():
+    """Both devices get their CUDA context now, so that torch's own guards really switch back (torch
+    leaves the device switched when the one to return to has no context yet)."""
+    ewkern.synchronize("cuda:0")
+    ewkern.synchronize("cuda:1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -125,33 +159,133 @@ def test_ewkern_stream_on_cuda1():
 
 
 @needs_torch
-@pytest.mark.parametrize("current", [pytest.param(0, marks=pytest.mark.xfail(
-    strict=True, reason="found on an nvidia-h200-x2 machine, 2026-11-23: ewkern selects the operands' device "
-    "(cudaSetDevice) and leaves it selected, so torch.cuda.current_device() reads 1 after a call on cuda:1 "
-    "tensors; results, devices and streams were right")), 1])
+@pytest.mark.parametrize("current", [0, 1])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_torch_on_cuda1(current, dtype):
     import torch
     tdt = getattr(torch, dtype)
+    with_contexts()
     torch.cuda.set_device(current)
+
+    def unchanged(what):
+        assert torch.cuda.current_device() == current, "%s left torch's current device switched" % what
+        assert ewkern._C._current_device() == current, "%s left the runtime's current device switched" % what
     try:
         a = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
         b = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
+        unchanged("torch")    # the premise: torch's own work on cuda:1 switches back
         r = ewkern.add(a, b)
+        unchanged("ewkern.add")
         assert isinstance(r, torch.Tensor) and r.device == torch.device("cuda:1") and r.dtype == tdt
         an, bn = (t.double().cpu().numpy().astype(np_dtype(dtype)) for t in (a, b))
         assert_close(r.double().cpu().numpy(), reference("add", an, bn), dtype, ulps=ULPS["add"])
         out = torch.empty_like(a)
         assert ewkern.erf(a, out=out) is out
+        unchanged("ewkern.erf(out=)")
         assert_close(out.double().cpu().numpy(), reference("erf", an), dtype, ulps=ULPS["erf"], what="torch erf")
         m = N - N % 16
         rm = ewkern.rmse(a[:m].view(16, -1), b[:m].view(16, -1))
+        unchanged("ewkern.rmse")
         assert rm.device == torch.device("cuda:1")
         ref = rmse_reference(an[:m].reshape(16, -1), bn[:m].reshape(16, -1), 1)
         np.testing.assert_allclose(rm.double().cpu().numpy(), ref, rtol=1e-5 if dtype != "float64" else 1e-12)
-        assert torch.cuda.current_device() == current     # ewkern leaves torch's device alone
+        plan = ewkern._C.prepare(ewkern.mul_const, a, 2.0, out=out)
+        unchanged("ewkern._C.prepare")
+        plan()
+        unchanged("a Plan")
+        torch.cuda.synchronize(1)
+        assert torch.equal(out, a * 2)
+        e = ewkern.from_dlpack(a)
+        unchanged("ewkern.from_dlpack")
+        assert torch.equal(torch.from_dlpack(e), a)
+        unchanged("torch.from_dlpack(an ewkern.Array)")
+        del e
+        unchanged("freeing an ewkern.Array")
     finally:
         torch.cuda.set_device(0)
+
+
+@pytest.mark.parametrize("current, target", [(0, 1), (1, 0)])
+def test_calls_leave_the_current_device_alone(current, target):
+    """Every kind of ewkern call on the other device, including the ones that fail after they
+    switched: the caller's current device is the same after each (ewkern switches for its own
+    work only, and switches back on every path)."""
+    dev = "cuda:%d" % target
+    other = "cuda:%d" % current
+    with_contexts()
+    select_device(current)
+    try:
+        before = current_devices()
+        assert before["runtime"] == current        # else the test would prove nothing
+        x = np.arange(4096, dtype=np.float32)
+        a = ewkern.asarray(x, device=dev)
+        b = ewkern.full((4096,), 2.0, device=dev)
+        o = ewkern.empty((4096,), device=dev)
+        a2 = ewkern.asarray(x.reshape(16, -1), device=dev)
+        s = ewkern.Stream(device=dev)
+        plan = ewkern._C.prepare(ewkern.add, a, b, out=o)
+        flush = ewkern.empty((1 << 20,), device=dev)
+        calls = [
+            ("empty", lambda: ewkern.empty((8,), device=dev)),
+            ("zeros", lambda: ewkern.zeros((8,), device=dev)),
+            ("full", lambda: ewkern.full((8,), 1.5, device=dev)),
+            ("asarray from numpy", lambda: ewkern.asarray(x, device=dev)),
+            ("asarray to the cpu", lambda: ewkern.asarray(a, device="cpu")),
+            ("asarray with a dtype", lambda: ewkern.asarray(a, dtype="float64")),
+            ("asarray from the other device", lambda: ewkern.asarray(ewkern.full((8,), 1.0, device=other),
+                                                                     device=dev)),
+            ("from_dlpack", lambda: ewkern.from_dlpack(a)),
+            ("Array.numpy", lambda: a.numpy()),
+            ("numpy.asarray", lambda: np.asarray(a)),
+            ("add", lambda: ewkern.add(a, b)),
+            ("add out=", lambda: ewkern.add(a, b, out=o)),
+            ("exp", lambda: ewkern.exp(a)),
+            ("axpby", lambda: ewkern.axpby(a, b, 2.0, 3.0)),
+            ("fill", lambda: ewkern.fill(o, 3.0)),
+            ("rmse", lambda: ewkern.rmse(a2, a2)),
+            ("rmse out=", lambda: ewkern.rmse(a2, a2, out=ewkern.empty((16,), device=dev))),
+            ("Stream", lambda: ewkern.Stream(device=dev)),
+            ("Stream.synchronize", lambda: s.synchronize()),
+            ("an op in a stream block", lambda: _in_stream(s, lambda: ewkern.add(a, b))),
+            ("synchronize", lambda: ewkern.synchronize(dev)),
+            ("device_info", lambda: ewkern.device_info(dev)),
+            ("kernel_info", lambda: ewkern.kernel_info("add")),
+            ("prepare", lambda: ewkern._C.prepare(ewkern.mul, a, b)),
+            ("a Plan", lambda: plan()),
+            ("time_plans", lambda: ewkern._C.time_plans([plan], samples=2, warmup=1)),
+            ("time_plans graph flush=", lambda: ewkern._C.time_plans([plan], launches=4, samples=2, flush=flush)),
+            ("__dlpack__", lambda: a.__dlpack__(stream=s.handle)),
+            ("__dlpack__ versioned", lambda: a.__dlpack__(stream=s.handle, max_version=(1, 0))),
+            ("__dlpack__ in a stream block", lambda: _in_stream(s, lambda: a.__dlpack__(stream=1))),
+            ("__dlpack__ to the cpu", lambda: a.__dlpack__(dl_device=(1, 0), copy=True)),
+        ]
+        failing = [
+            ("empty out of memory", MemoryError, lambda: ewkern.empty((1 << 42,), device=dev)),
+            ("full with a bad value", TypeError, lambda: ewkern.full((8,), "x", device=dev)),
+            ("rmse out= of a wrong shape", ValueError,
+             lambda: ewkern.rmse(a2, a2, out=ewkern.empty((3,), device=dev))),
+            ("ops on both devices", ValueError, lambda: ewkern.add(a, ewkern.empty((4096,), device=other))),
+        ]
+        moved = []
+        for what, fn in calls:
+            fn()    # the result is dropped at once: freeing it (an Array, a Stream) is checked too
+            if current_devices() != before:
+                moved.append("%s -> %s" % (what, current_devices()))
+                select_device(current)
+        for what, exc, fn in failing:
+            with pytest.raises(exc):
+                fn()
+            if current_devices() != before:
+                moved.append("%s (raising) -> %s" % (what, current_devices()))
+                select_device(current)
+        assert not moved, "calls on %s that left the current device switched (was %s): %s" % (dev, before, moved)
+    finally:
+        select_device(0)
+
+
+def _in_stream(s, fn):
+    with ewkern.stream(s):
+        return fn()
 
 
 @needs_torch
@@ -193,6 +327,7 @@ def test_cupy_on_cuda1(current):
         r = ewkern.add(a, b)
         out = ewkern.empty((N,), device="cuda:1")
         ewkern.exp(a, out=out)
+        assert cupy.cuda.runtime.getDevice() == current     # ewkern leaves CuPy's device alone
     assert isinstance(r, ewkern.Array) and r.device == "cuda:1"
     an, bn = cupy.asnumpy(a), cupy.asnumpy(b)
     assert_close(r.numpy(), reference("add", an, bn), "float32", ulps=ULPS["add"])
