@@ -1,6 +1,10 @@
 """The GIL: large CPU work releases it, so another Python thread runs meanwhile; tiny calls keep
 it. The other thread takes the GIL only when it is free (time.sleep(0) in its loop gives it back
-at once), so its counter moves during a call only if that call released the GIL."""
+at once), so its counter moves during a call only if that call released the GIL.
+
+How much work is large enough depends on the CPU: 2^24 float32 elements of rmse take 6 ms on two
+cores and 1.5 ms on a 16-core host, too short for the other thread to be scheduled next to the
+OpenMP team. So each case grows its input until one call takes TARGET_S, up to MAX_N elements."""
 import threading
 import time
 
@@ -9,7 +13,9 @@ import pytest
 
 import ewkern
 
-N = 1 << 24   # 64 MiB of float32: tens of milliseconds on the CPU
+TARGET_S = 0.03       # one call at least this long (the other thread then runs hundreds of times)
+START_N = 1 << 22     # elements per array of the first try
+MAX_N = 1 << 28       # and of the last (1 GiB of float32 per array)
 
 
 class Ticker:
@@ -46,29 +52,52 @@ def ticks_during(fn):
         return t.count - before, took
 
 
-@pytest.fixture(scope="module")
-def big():
-    x = np.linspace(-4, 4, N, dtype=np.float32)
-    return x, np.empty_like(x), x[::-1].copy()
+def large_call(what, n):
+    """The call `what` on inputs of n float32 elements (n a power of two), and its output."""
+    x = np.linspace(-4, 4, n, dtype=np.float32)
+    out = np.empty_like(x)
+    if what == "rmse":
+        y = x[::-1].copy()
+        return (lambda: ewkern.rmse(x.reshape(16, -1), y.reshape(16, -1))), x, out
+    if what == "numpy_copy":
+        arr = ewkern.from_dlpack(x)
+        return (lambda: np.asarray(arr.__array__(copy=True))), x, out
+    if what == "zeros":
+        return (lambda: ewkern.zeros((n,), device="cpu")), x, out
+    plan = ewkern._C.prepare(ewkern.exp, x, out=out)
+    return {"exp": lambda: ewkern.exp(x, out=out),
+            "plan": plan,
+            "time_plans": lambda: ewkern._C.time_plans([plan], samples=2, warmup=0)}[what], x, out
+
+
+def sized_call(what):
+    """large_call(what, n) with n doubled from START_N until one call (after a warm-up call that
+    touches the output's pages) takes TARGET_S, or n reaches MAX_N."""
+    n = START_N
+    while True:
+        fn, x, out = large_call(what, n)
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t0
+        if took >= TARGET_S or n >= MAX_N:
+            return fn, x, out, n
+        n *= 2
 
 
 @pytest.mark.parametrize("what", ["exp", "rmse", "plan", "time_plans", "numpy_copy", "zeros"])
-def test_another_thread_runs_during_large_cpu_work(big, what):
-    x, out, y = big
-    plan = ewkern._C.prepare(ewkern.exp, x, out=out)
-    arr = ewkern.from_dlpack(x)
-    fn = {"exp": lambda: ewkern.exp(x, out=out),
-          "rmse": lambda: ewkern.rmse(x.reshape(16, -1), y.reshape(16, -1)),
-          "plan": plan,
-          "time_plans": lambda: ewkern._C.time_plans([plan], samples=2, warmup=0),
-          "numpy_copy": lambda: np.asarray(arr.__array__(copy=True)),
-          "zeros": lambda: ewkern.zeros((N,), device="cpu")}[what]
+def test_another_thread_runs_during_large_cpu_work(what):
+    fn, x, out, n = sized_call(what)
     ticks, took = ticks_during(fn)
+    # a call too short to see the other thread proves nothing either way: say so, not "held the GIL"
+    assert took >= TARGET_S / 3, "%s on %d elements took %.1f ms, too short to observe another thread (raise " \
+        "MAX_N)" % (what, n, took * 1e3)
     # holding the GIL lets the other thread in once or twice, at the return (measured: 1-2);
     # releasing it, hundreds of times (measured: 127-3791)
-    assert ticks > 5, "%s held the GIL for %.1f ms (the other thread ran %d times)" % (what, took * 1e3, ticks)
-    if what == "exp":
-        np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=2e-6)
+    assert ticks > 5, "%s on %d elements held the GIL for %.1f ms (the other thread ran %d times)" % (
+        what, n, took * 1e3, ticks)
+    if what in ("exp", "plan", "time_plans"):
+        np.testing.assert_allclose(out[::997], np.exp(x[::997].astype(np.float64)), rtol=2e-6)
 
 
 def test_tiny_calls_keep_the_gil():
