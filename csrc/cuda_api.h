@@ -47,9 +47,9 @@ int ewcuda_device_count(int *count);
  * cudaGetDevice, and a cudaSetDevice only for another device. */
 int ewcuda_device_enter(int device, int *prev);
 /* Make prev current again (prev from ewcuda_device_enter; nothing for -1). cudaSetDevice creates
- * a device's context (CUDA 12+): a caller whose current device was never used, as a fresh thread's
- * device 0, gets that context here, once. torch avoids that with bookkeeping of its own that other
- * libraries cannot see, and then leaves the runtime's device switched. */
+ * a device's context (CUDA 12+), so when prev's primary context is not active (nobody in the
+ * process has used that device, as a fresh thread's device 0 that only ever touched cuda:1) the
+ * switch is left in place instead, the rule of torch's device guard (MaybeExchangeDevice). */
 int ewcuda_device_exit(int prev);
 /* The calling thread's current device (cudaGetDevice). */
 int ewcuda_get_device(int *device);

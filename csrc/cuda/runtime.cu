@@ -55,9 +55,49 @@ int ewcuda_device_enter(int device, int *prev)
     return 0;
 }
 
+/* Whether device's primary context is active (1), or not (0): cuDevicePrimaryCtxGetState through
+ * the runtime's driver entry points (no link against libcuda). 1 when that cannot be asked. */
+typedef int (*pctx_state_fn)(int dev, unsigned int *flags, int *active);
+typedef int (*device_get_fn)(int *dev, int ordinal);
+struct DriverFns {
+    pctx_state_fn state;
+    device_get_fn get;
+};
+
+static DriverFns driver_fns()
+{
+    DriverFns f = {NULL, NULL};
+    cudaDriverEntryPointQueryResult q;
+    void *p = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &p, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess && q == cudaDriverEntryPointSuccess)
+        f.state = (pctx_state_fn)p;
+    p = NULL;
+    if (cudaGetDriverEntryPointByVersion("cuDeviceGet", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        f.get = (device_get_fn)p;
+    (void)cudaGetLastError();
+    return f;
+}
+
+static int context_active(int device)
+{
+    static const DriverFns f = driver_fns();
+    int dev = 0, active = 0;
+    unsigned int flags = 0;
+    if (!f.state || !f.get || f.get(&dev, device) != 0 || f.state(dev, &flags, &active) != 0)
+        return 1;
+    return active != 0;
+}
+
 int ewcuda_device_exit(int prev)
 {
     if (prev < 0)
+        return 0;
+    /* a device nobody has used has no context; switching back would create one (hundreds of MB
+     * of its memory) for a caller who never asked for it: leave the switch, as torch's device
+     * guard does (c10::cuda::MaybeExchangeDevice) */
+    if (!context_active(prev))
         return 0;
     cudaError_t err = cudaSetDevice(prev);
     if (err != cudaSuccess)
