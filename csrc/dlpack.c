@@ -344,7 +344,15 @@ static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const cha
         stream_arg = Py_None;
         Py_INCREF(stream_arg);
     }
+    /* a CUDA producer exports with its device current (torch refuses otherwise: "Can't export
+     * tensors on a different CUDA device index"); the caller's device is back right after. A
+     * device that cannot be selected is left to the capsule's checks to name. */
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    ew_device d = {EW_CUDA, dev_id};
+    if (stream_arg != Py_None && ew_device_enter(&g, d) < 0)
+        PyErr_Clear();
     PyObject *cap = call_dlpack(st, obj, stream_arg);
+    ew_device_exit(&g);
     Py_DECREF(stream_arg);
     if (cap == NULL)
         return -1;

@@ -378,16 +378,46 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
             goto done;
         size_t nbytes = (size_t)v.size * ew_dtype_size(dt);
 #if EWKERN_WITH_CUDA
-        int kind = dev.type == EW_CPU ? EWCUDA_D2H : v.device.type == EW_CPU ? EWCUDA_H2D : EWCUDA_D2D;
-        if (ew_device_enter(&g, v.device) < 0) {   /* the copy runs from the source's device */
+        const int kind = dev.type == EW_CPU ? EWCUDA_D2H : v.device.type == EW_CPU ? EWCUDA_H2D : EWCUDA_D2D;
+        const int peer = kind == EWCUDA_D2D && v.device.id != dev.id;
+        int err = 0;
+        void *dst = ((ArrayObject *)res)->data;
+        void *host = NULL;
+        if (peer) {
+            /* between devices: through host memory, from the source's current stream on its device
+             * (which orders the copy after the work that may still be writing the source), then
+             * to the destination's. A direct copy needs peer access to the source's stream-ordered
+             * pool, which ewkern does not grant. */
+            void *src_stream = ew_current_stream(st, v.device.id, NULL);
+            host = nbytes ? PyMem_RawMalloc(nbytes) : NULL;
+            if (nbytes && host == NULL) {
+                Py_CLEAR(res);
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (ew_device_enter(&g, v.device) < 0) {
+                PyMem_RawFree(host);
+                Py_CLEAR(res);
+                goto done;
+            }
+            Py_BEGIN_ALLOW_THREADS
+            err = ewcuda_memcpy_sync(host, v.data, nbytes, EWCUDA_D2H, src_stream);
+            Py_END_ALLOW_THREADS
+        }
+        /* the copy runs on the stream chosen above, from its device: the source's for a copy to
+         * the host, else the destination's */
+        if (ew_device_enter(&g, kind == EWCUDA_D2H ? v.device : dev) < 0) {
+            PyMem_RawFree(host);
             Py_CLEAR(res);
             goto done;
         }
-        int err;
-        void *dst = ((ArrayObject *)res)->data;
-        Py_BEGIN_ALLOW_THREADS
-        err = ewcuda_memcpy_sync(dst, v.data, nbytes, kind, stream);
-        Py_END_ALLOW_THREADS
+        if (!err) {
+            Py_BEGIN_ALLOW_THREADS
+            err = host ? ewcuda_memcpy_sync(dst, host, nbytes, EWCUDA_H2D, stream)
+                       : peer ? 0 : ewcuda_memcpy_sync(dst, v.data, nbytes, kind, stream);
+            Py_END_ALLOW_THREADS
+        }
+        PyMem_RawFree(host);
         if (err) {
             Py_CLEAR(res);
             ew_raise_cuda(err, "asarray copy");
