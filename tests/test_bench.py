@@ -441,3 +441,18 @@ def test_merge_runs_made_in_parts(tmp_path, capsys):
     capsys.readouterr()
     assert merge.main([str(tmp_path / "m2"), str(tmp_path / "absent")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_merge_combines_an_experiment_run_in_parts(tmp_path):
+    """--combine joins one experiment's measurements from two parts instead of the later
+    replacing the earlier."""
+    from ewkern.bench import merge
+    code1, p1 = run_main(tmp_path, "e2", out=tmp_path / "p1")
+    code2, p2 = run_main(tmp_path, "e2", out=tmp_path / "p2")
+    assert code1 == 0 and code2 == 0
+    n1, n2 = (len(bench_results.load(p)["experiments"]["e2"]["measurements"]) for p in (p1, p2))
+    assert merge.main([str(tmp_path / "m"), str(p1), str(p2), "--combine", "e2", "--no-plots"]) == 0
+    res = json.loads((tmp_path / "m" / "results.json").read_text())
+    e2 = res["experiments"]["e2"]
+    assert len(e2["measurements"]) == n1 + n2 and e2["status"] == "ok"
+    assert any("combined" in n for n in res["notes"])

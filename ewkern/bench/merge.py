@@ -8,7 +8,8 @@ minutes a command). Run the experiments in parts, each into its own folder, then
     python -m ewkern.bench.merge results/<gpu> part1 part2
 
 The merged results.json holds every part's experiments (a later part's experiment replaces an
-earlier one's of the same name, and says so), the first part's run metadata, and under "parts"
+earlier one's of the same name, and says so; with --combine NAMES those experiments' measurements
+are joined instead, for one experiment run in parts, such as rmse_grid's dtypes), the first part's run metadata, and under "parts"
 each part's own: folder, command line, start and finish, git commit, ewkern and torch versions.
 Claims, CSVs, figures and summary.md are then made from the merged measurements exactly as a
 single run makes them. Parts measured on different GPUs are refused; parts built from different
@@ -28,8 +29,39 @@ __all__ = ["merge", "main"]
 _PART_KEYS = ("argv", "started", "finished", "git", "versions", "pdl", "cache", "quick", "partial", "elapsed_s")
 
 
-def merge(parts: list) -> dict:
-    """The merged results dict of results dicts (as ``results.load`` returns them), in order."""
+def _union(a, b):
+    """params of two parts of one experiment: dicts merged key by key, lists joined without
+    repeats, other values the later part's."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = _union(a[k], v) if k in a else v
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [x for x in b if x not in a]
+    return b
+
+
+def _combine(a: dict, b: dict) -> dict:
+    """One experiment measured in two parts (for example rmse_grid's dtypes in two runs): the
+    measurements of both, their notes, skips and errors, the union of their parameters."""
+    out = dict(a)
+    out["measurements"] = list(a.get("measurements") or []) + list(b.get("measurements") or [])
+    for k in ("notes", "skipped", "errors"):
+        out[k] = _union(list(a.get(k) or []), list(b.get(k) or []))
+    out["params"] = _union(a.get("params") or {}, b.get("params") or {})
+    out["tables"] = {**(a.get("tables") or {}), **(b.get("tables") or {})}
+    out["elapsed_s"] = round((a.get("elapsed_s") or 0.0) + (b.get("elapsed_s") or 0.0), 3)
+    statuses = [a.get("status"), b.get("status")]
+    out["status"] = "ok" if statuses == ["ok", "ok"] else next(s for s in statuses if s != "ok")
+    out["reason"] = a.get("reason") or b.get("reason")
+    return out
+
+
+def merge(parts: list, combine=()) -> dict:
+    """The merged results dict of results dicts (as ``results.load`` returns them), in order.
+    Experiments named in combine that appear in several parts are combined (_combine); any
+    other experiment of a later part replaces the earlier one's."""
     if not parts:
         raise ValueError("merge needs at least one run")
     names = {p.get("device_name") for p in parts}
@@ -43,7 +75,10 @@ def merge(parts: list) -> dict:
         res["parts"].append({"folder": p.get("_path"), **{k: p.get(k) for k in _PART_KEYS},
                              "experiments": list(p.get("experiments", {}))})
         for name, exp in p.get("experiments", {}).items():
-            if name in res["experiments"]:
+            if name in res["experiments"] and name in combine:
+                notes.append(f"{name}: the run in {p.get('_path')} is combined with the earlier part's")
+                exp = _combine(res["experiments"][name], exp)
+            elif name in res["experiments"]:
                 notes.append(f"{name}: the run in {p.get('_path')} replaces the earlier part's")
             res["experiments"][name] = exp
     commits = {(p.get("git") or {}).get("commit") for p in parts}
@@ -67,11 +102,14 @@ def main(argv=None) -> int:
                                  description="Merge ewkern.bench runs made in parts on one GPU into one folder.")
     ap.add_argument("out", help="the folder to write (made if absent; its results.json is replaced)")
     ap.add_argument("runs", nargs="+", help="run folders (each holding results.json), in order")
+    ap.add_argument("--combine", default="", metavar="NAMES",
+                    help="experiments measured in parts (e.g. rmse_grid's dtypes in two runs) whose "
+                         "measurements are joined instead of the later replacing the earlier")
     ap.add_argument("--no-plots", action="store_true", help="write no PNG files")
     args = ap.parse_args(argv)
     try:
         parts = [load(r) for r in args.runs]
-        res = merge(parts)
+        res = merge(parts, combine=[n for n in args.combine.split(",") if n])
     except (OSError, ValueError) as exc:
         print(f"ewkern.bench.merge: {exc}", file=sys.stderr)
         return 2

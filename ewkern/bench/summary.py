@@ -44,6 +44,17 @@ def markdown(results: dict) -> str:
              ("started", results.get("started")), ("elapsed", f"{results.get('elapsed_s', 0):.1f} s")]
     out.append(md_table(["", ""], facts))
     out.append("")
+    if results.get("parts"):   # a merge of runs made in parts (ewkern.bench.merge)
+        out.append("Merged from runs made in parts (the table above is the first part's):")
+        out.append("")
+        out.append(md_table(["part", "experiments", "git", "started"],
+                            [[str(i + 1), ", ".join(p.get("experiments") or []),
+                              ((p.get("git") or {}).get("commit") or "?")[:12], p.get("started")]
+                             for i, p in enumerate(results["parts"])]))
+        out.append("")
+        for note in results.get("notes") or []:
+            out.append(f"- {note}")
+        out.append("")
     out.append("Bandwidth = (bytes read + bytes written) / median time per launch (A1: 3*n*4 B / t). "
                "Every number names its cache mode.")
     for name, exp in (results.get("experiments") or {}).items():
