@@ -1,17 +1,21 @@
 """peers' timing methods on the CPU: frameworks.time_calls' CUDA-graph paths (back-to-back, single,
-after a foreign kernel) run against a stand-in for torch.cuda (tests/fake_torch_cuda.py) whose
-kernels advance a virtual clock.
+after_torch) run against a stand-in for torch.cuda (tests/fake_torch_cuda.py) whose kernels advance a
+virtual clock, and a whole peers run on that fake GPU: its records, CSV, figures and summary.
 
 The real CUDA graphs run on the GPU machine (python -m ewkern.bench peers --peers-methods ...).
 """
 
+import argparse
+import csv
 import math
 import sys
 
 import pytest
 
-from ewkern.bench import frameworks
-from ewkern.bench.timing import Skip, TimingConfig
+import ewkern
+from ewkern import bench
+from ewkern.bench import cli, frameworks, peers, runner
+from ewkern.bench.timing import BenchError, Skip, TimingConfig
 from ewkern.bench.units import ITEMSIZE
 
 from fake_torch_cuda import FakeTorch
@@ -114,3 +118,139 @@ def test_foreign_call_is_torch_mul_on_the_ops_shape_and_dtype(monkeypatch):
         call = make_call()
         out = call()
         assert out.dtype == getattr(torch, dtype) and out.shape == (1000,)
+
+
+# --- which ops after_torch times ------------------------------------------------------------------
+
+def _ctx(**opts):
+    return argparse.Namespace(opt=lambda name, default=None: opts.get(name, default))
+
+
+def test_after_torch_ops_default_to_a_subset_unless_ops_are_named():
+    every = ["copy", "fill", "add", "mul", "exp", "log", "gelu", "silu"]
+    assert peers._after_torch_ops(_ctx(), every) == ["copy", "add", "mul", "exp", "gelu"]
+    assert peers._after_torch_ops(_ctx(peers_ops=["log", "add"]), ["log", "add"]) == ["log", "add"]
+    assert peers._after_torch_ops(_ctx(peers_after_torch_ops=["all"]), every) == every
+    assert peers._after_torch_ops(_ctx(peers_after_torch_ops=["silu", "copy"]), every) == ["copy", "silu"]
+    with pytest.raises(BenchError, match="nope"):
+        peers._after_torch_ops(_ctx(peers_after_torch_ops=["nope"]), every)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--peers-ops", "add", "--peers-after-torch-ops", "gelu"], "--peers-after-torch-ops: gelu not among the ops"),
+    (["--peers-methods", "back-to-back,after-torch"], "--peers-methods takes back-to-back, single, after_torch; "
+                                                      "got after-torch")])
+def test_bad_peers_options_are_refused_before_running(args, message, tmp_path, capsys):
+    code = bench.main(["peers", "--device", "cpu", *args, "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# --- a whole peers run on the fake GPU --------------------------------------------------------------
+
+def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
+    """peers on 'cuda:0' with the fake torch: ewkern's kernels cost ewkern_cost, torch's TORCH_US,
+    torch.mul FOREIGN_US."""
+    def ewkern_call(op, dtype, shape, device, **kw):
+        n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
+        cost = ewkern_cost(ewkern.pdl_enabled())   # as a launch attribute: fixed when the call is made
+        return (lambda: fake.kernel("ewkern", cost)), (nin + 1) * n * s, nin * n * s, n * s
+
+    def peer_call(impl, op, dtype, shape, device):
+        n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
+        return (lambda: fake.kernel("torch", TORCH_US * US)), (nin + 1) * n * s, nin * n * s, n * s
+
+    def foreign(dtype, shape, device):
+        return (lambda: fake.kernel("mul", FOREIGN_US * US)), 3 * math.prod(shape) * ITEMSIZE[dtype]
+
+    monkeypatch.setattr(peers, "available", lambda impl, device: None if impl == "torch" else "not here")
+    monkeypatch.setattr(peers, "pdl_active", lambda info: True)
+    monkeypatch.setattr(peers, "ewkern_in_torch_call", ewkern_call)
+    monkeypatch.setattr(peers, "elementwise_call", peer_call)
+    monkeypatch.setattr(peers, "foreign_call", foreign)
+    monkeypatch.setattr(peers, "_dot_call", lambda impl, n, device: peer_call(impl, "add", "float32", (n,), device))
+
+    def reference(ctx):
+        ctx.results["reference"] = {"copy_gbs": 100.0, "cache": "rotate"}
+        return 100.0
+    monkeypatch.setattr(runner, "_reference_copy", reference)
+    argv = ["peers", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB", "--no-progress",
+            "--peers-sizes", "64KiB,256KiB", "--peers-dtypes", "float32,bfloat16", "--peers-rmse-shapes", "",
+            "--peers-ref-size", "1MiB", *extra]
+    args = cli.build_parser().parse_args(argv)
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = runner.make_context(args, "cuda:0", info, out, True, "rotate")
+    runner.precheck(ctx, ["peers"])
+    code = runner.run(ctx, ["peers"], argv)
+    return code, out, bench.load(out)
+
+
+def test_peers_after_torch_on_a_fake_gpu(fake, monkeypatch, tmp_path):
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "copy,add,gelu,sub",
+                                                                  "--peers-after-torch-ops", "copy,add,gelu"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok" and not exp["errors"], exp["errors"]
+    assert exp["params"]["methods"] == ["back-to-back", "single", "after_torch"]
+    assert exp["params"]["after_torch_ops"] == ["copy", "add", "gelu"] and exp["params"]["foreign"] == "torch.mul"
+    assert any(n.startswith("after_torch: one CUDA graph") for n in exp["notes"])
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    after = [m for m in ms if m["timing_method"] == "after_torch"]
+    # sub is not among the after_torch ops; ewkern, ewkern with PDL off and torch for each other cell
+    assert {m["op"] for m in after} == {"copy", "add", "gelu"}
+    assert len(after) == 3 * 2 * 2 * 3
+    assert {m["impl"] for m in after} == {"ewkern", "ewkern (PDL off)", "torch"}
+    for m in after:
+        want = {"ewkern": 1.05, "ewkern (PDL off)": 1.0, "torch": TORCH_US}[m["impl"]]
+        assert m["time_s"] == pytest.approx(want * US)
+        assert m["pair_time_s"] == pytest.approx((FOREIGN_US + want) * US)
+        assert m["foreign_time_s"] == pytest.approx(FOREIGN_US * US)
+        assert m["cache"] == "rotate" and m["bytes"] == m["bytes_read"] + m["bytes_written"]
+        assert m["gbs"] == pytest.approx(m["bytes"] / m["time_s"] / 1e9)
+    b2b = [m["time_s"] for m in ms if m["timing_method"] == "back-to-back" and m["impl"] == "ewkern"]
+    assert b2b and all(t == pytest.approx(0.8 * US) for t in b2b)   # ewkern after ewkern there
+
+    # ratios per method, PDL on and off
+    per, peer = peers.method_cells(exp)
+    assert peer == "torch" and list(per) == ["back-to-back", "single", "after_torch"]
+    at = per["after_torch"]
+    assert set(at["worst"]) == {"copy", "add", "gelu"}
+    assert all(v == pytest.approx(1.0 / 1.05) for v in at["ratios"].values())
+    assert len(at["below"]) == len(at["ratios"]) == 3 * 2 * 2
+    off, _ = peers.method_cells(exp, "ewkern (PDL off)")
+    assert all(v == pytest.approx(1.0) for v in off["after_torch"]["ratios"].values())
+    pairs, _ = peers.pair_ratios(exp)
+    assert all(v == pytest.approx((FOREIGN_US + TORCH_US) / (FOREIGN_US + 1.05)) for v in pairs.values())
+
+    # outputs: the CSV labels the method, the figures and the summary have a part for it
+    rows = list(csv.DictReader((out / "peers.csv").open()))
+    assert {r["timing_method"] for r in rows if r["op"] != "d2d copy" and r["op"] != "dot"} == \
+        {"back-to-back", "single", "after_torch"}
+    assert "pair_time_s" in rows[0] and "foreign_time_s" in rows[0] and "pair_samples_s" not in rows[0]
+    for stem in ("peers_back_to_back", "peers_single", "peers_after_torch", "peers_after_torch_pdl_off"):
+        assert (out / f"{stem}.png").exists(), stem
+    fig = dict(bench.plots.figures(res, "peers"))["peers_after_torch"]
+    assert "after a torch kernel" in fig.axes[0].get_title()
+    assert len(fig.axes[0].get_yticklabels()) == 3 * 2      # op x dtype rows: copy, add, gelu only
+    text = (out / "summary.md").read_text()
+    assert "**ewkern / torch, after a torch kernel (torch.mul + op, minus torch.mul alone)**" in text
+    assert "Cells below 1.00 (ewkern, after_torch): 12 of 12" in text
+    assert "Cells below 1.00 (ewkern (PDL off), after_torch): 0 of 12" in text
+    assert "Worst cell per op (ewkern, after_torch): add 0.952" in text
+    assert "Whole pairs (torch.mul + op), torch / ewkern time, what a program of such pairs sees " \
+           "(ewkern, after_torch): median 0.984" in text
+
+
+def test_peers_methods_pick_after_torch_alone(fake, monkeypatch, tmp_path):
+    """--peers-methods after_torch --peers-no-pdl-off: that method only, ewkern and torch only, and the
+    default ops of after_torch are every op --peers-ops names."""
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "add,sub", "--peers-methods",
+                                                                  "after_torch", "--peers-no-pdl-off"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok"
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    assert {m["timing_method"] for m in ms} == {"after_torch"}
+    assert {m["impl"] for m in ms} == {"ewkern", "torch"} and {m["op"] for m in ms} == {"add", "sub"}
+    assert sorted(p.name for p in out.glob("peers_*.png")) == ["peers_after_torch.png"]
