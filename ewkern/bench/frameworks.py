@@ -9,6 +9,11 @@ through distinct buffer sets, ``flush`` reads (GPU; writes on a CPU) a buffer of
 size before each one-launch sample, as ewkern's timing core does. On a CPU (NumPy) the host
 clock times K calls in a loop.
 
+After a foreign kernel (``time_calls(..., before=...)``, torch on a GPU, rotate): one graph of K
+(foreign call, call) pairs and one of the K foreign calls alone, on the same buffers, replayed in
+turns sample by sample; a sample is (pair graph - foreign graph) / K, what the call costs when the
+kernel before it is someone else's (one that never triggers an early launch of the next).
+
 torch and CuPy are imported only when a peer is asked for; a missing one is skipped.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import math
+import statistics
 import sys
 from contextlib import contextmanager
 
@@ -26,7 +32,7 @@ from .units import ITEMSIZE
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
            "op_inputs",
            "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
-           "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory"]
+           "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory", "FOREIGN", "foreign_call"]
 
 EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's method
 EWKERN_NOPDL = "ewkern (PDL off)"       # ewkern's auto kernels with programmatic dependent launch off
@@ -454,26 +460,59 @@ def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
     return make_call, (nin + 1) * n * s, nin * n * s, n * s
 
 
+FOREIGN = "torch.mul"   # the foreign kernel that peers' after_torch puts before each timed call
+
+
+def foreign_call(dtype: str, shape, device: str):
+    """(make_call, set_bytes) of the foreign kernel before each call in peers' after_torch:
+    torch.mul(a, b, out=c) on buffers of the timed op's shape and dtype, a set of its own, random
+    data: a memory-bound elementwise kernel of torch's, which never triggers the early launch of
+    the kernel after it."""
+    make_call, set_bytes, _, _ = elementwise_call("torch", "mul", dtype, shape, device)
+    return make_call, set_bytes
+
+
 # --- timing -------------------------------------------------------------------------------------
 
 def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: str, *,
-               samples: int | None = None) -> Timing:
-    """Time a peer workload; make_call() allocates one buffer set and returns a zero-argument call."""
-    nsets, notes = choose_sets(cfg, cache, set_bytes)
-    cfg.check_fits(nsets * set_bytes, "this measurement")
+               samples: int | None = None, before=None) -> Timing:
+    """Time a peer workload; make_call() allocates one buffer set and returns a zero-argument call.
+
+    before: (make_before, before_bytes) from foreign_call, a foreign call put before each call
+    (torch on a GPU, cache rotate): the samples are then the call's cost after it, (K pairs - K
+    foreign calls alone) / K, with the medians of both graphs in Timing.extra. Every buffer set
+    holds one of each, and there are enough sets that the foreign calls alone rotate through
+    4x the cache, so neither graph finds its inputs in the cache."""
+    if before is not None and (impl != "torch" or cfg.is_cpu or cache != "rotate"):
+        raise ValueError(f"a foreign call before each call is timed for torch on a GPU with cache rotate, "
+                         f"not {impl} on {cfg.device} with cache {cache}")
+    nsets, notes = choose_sets(cfg, cache, set_bytes if before is None else before[1])
+    working = nsets * (set_bytes if before is None else set_bytes + before[1])
+    cfg.check_fits(working, "this measurement")
     calls = [make_call() for _ in range(nsets)]
+    foreign = None if before is None else [before[0]() for _ in range(nsets)]
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
+    extra = {}
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
-        secs, k, method = _time_torch(cfg, calls, cache, n)
+        secs, k, method, alone = _time_torch(cfg, calls, cache, n, foreign)
+        if foreign is not None:
+            extra = {"foreign": FOREIGN, "pair_time_s": statistics.median(secs),
+                     "foreign_time_s": statistics.median(alone), "pair_samples_s": secs,
+                     "foreign_samples_s": alone}
+            secs = [p - a for p, a in zip(secs, alone)]
+            if not statistics.median(secs) > 0:
+                raise Skip(f"the call after {FOREIGN} took no measurable time: the median pair "
+                           f"({extra['pair_time_s'] * 1e6:.2f} us) is not above {FOREIGN} alone "
+                           f"({extra['foreign_time_s'] * 1e6:.2f} us)")
     elif impl == "cupy":
         secs, k, method = _time_cupy(cfg, calls, cache, n)
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
-    return Timing(secs, k, nsets, nsets * set_bytes, cache, method, notes)
+    return Timing(secs, k, nsets, working, cache, method, notes, extra=extra)
 
 
 class _Eager(Exception):
@@ -509,16 +548,22 @@ def _time_host(cfg, calls, cache, n):
     return out, k, "host clock (time.perf_counter)"
 
 
-def _time_torch(cfg, calls, cache, n):
+def _time_torch(cfg, calls, cache, n, foreign=None):
+    """(seconds per step, one per sample; K; method; the foreign calls' own samples or None).
+
+    A step is one call, or with foreign the pair foreign[i], calls[i]; then a graph of the K
+    foreign calls alone, same K and buffers, is replayed in turns with the pairs' graph."""
     import torch
     device = torch.device(cfg.device)
+    steps = [calls] if foreign is None else [foreign, calls]   # what step i calls, in order
     with torch.cuda.device(device):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                for c in calls:
-                    c()
+                for i in range(len(calls)):
+                    for seq in steps:
+                        seq[i]()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         flush = None
@@ -529,33 +574,42 @@ def _time_torch(cfg, calls, cache, n):
                                                          dtype=torch.float32, device=device)
         spin = int(SPIN_US * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
 
-        def capture(k):
+        def capture(k, seqs=steps):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 for i in range(k):
-                    calls[i % len(calls)]()
+                    for seq in seqs:
+                        seq[i % len(seq)]()
             return g
 
-        def timed(queue, k, samples):
-            """Seconds per launch: each sample is [spin] [flush] ev0 queue() ev1, k launches."""
-            pairs = []
+        def timed(queues, k, samples):
+            """Seconds per step of each queue, the queues taking turns: each sample is
+            [spin] [flush] ev0 queue() ev1, k steps."""
+            events = [[] for _ in queues]
             for _ in range(samples):
-                torch.cuda._sleep(spin)
-                if flush is not None:
-                    flush.sum()
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
-                queue()
-                b.record()
-                pairs.append((a, b))
+                for queue, pairs in zip(queues, events):
+                    torch.cuda._sleep(spin)
+                    if flush is not None:
+                        flush.sum()
+                    a = torch.cuda.Event(enable_timing=True)
+                    b = torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    queue()
+                    b.record()
+                    pairs.append((a, b))
             torch.cuda.synchronize()
-            return [a.elapsed_time(b) * 1e-3 / k for a, b in pairs]
+            return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
-        def run(g, k, samples):
-            g.replay()
-            return timed(g.replay, k, samples)
+        def run(graphs, k, samples):
+            for g in graphs:
+                g.replay()
+            return timed([g.replay for g in graphs], k, samples)
 
+        def split(per_queue):
+            """(the calls' or pairs' samples, the foreign calls' alone or None)"""
+            return per_queue[0], (None if foreign is None else per_queue[1])
+
+        what = "" if foreign is None else f"K ({FOREIGN}, call) pairs and K {FOREIGN} alone in turns, "
         reason = None
         try:
             if cache == "flush":
@@ -563,10 +617,11 @@ def _time_torch(cfg, calls, cache, n):
                 # region, so launch eagerly (the spin kernel already hides the host), as time_plans does
                 raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
             g0 = capture(len(calls))
-            k = choose_launches(min(run(g0, len(calls), 2)), len(calls), cfg.min_sample_s)
+            k = choose_launches(min(run([g0], len(calls), 2)[0]), len(calls), cfg.min_sample_s)
             del g0
-            g = capture(k)
-            return run(g, k, n), k, "CUDA events around a replayed CUDA graph (torch.cuda.CUDAGraph)"
+            graphs = [capture(k)] + ([] if foreign is None else [capture(k, [foreign])])
+            secs, alone = split(run(graphs, k, n))
+            return secs, k, f"CUDA events around a replayed CUDA graph ({what}torch.cuda.CUDAGraph)", alone
         except Exception as exc:   # capture refused: time eager launches behind the spin instead
             torch.cuda.synchronize()
             if isinstance(exc, _Eager):
@@ -576,11 +631,15 @@ def _time_torch(cfg, calls, cache, n):
                                                      if str(exc) else type(exc).__name__)
             k = 1 if cache == "flush" else max(len(calls), 8)
 
-            def queue():
-                for i in range(k):
-                    calls[i % len(calls)]()
-            return (timed(queue, k, n), k,
-                    f"CUDA events around eager launches behind a spin kernel ({reason})")
+            def queue(seqs):
+                def launch():
+                    for i in range(k):
+                        for seq in seqs:
+                            seq[i % len(seq)]()
+                return launch
+            queues = [queue(steps)] + ([] if foreign is None else [queue([foreign])])
+            secs, alone = split(timed(queues, k, n))
+            return secs, k, f"CUDA events around eager launches behind a spin kernel ({what}{reason})", alone
 
 
 _CUPY_SPIN = {}

@@ -2,18 +2,31 @@
 
 Elementwise: every op of ewkern (default path, variant auto) x float32, float16, bfloat16, float64
 at 1 MiB - 2 GiB per buffer (4 MiB, 64 MiB, 1 GiB in quick mode) against torch's equivalent op (and
-CuPy's where it has one), in two timing methods on a GPU:
+CuPy's where it has one), in three timing methods on a GPU:
 
 * back-to-back: K calls captured into one CUDA graph and replayed between two events, inputs
   rotated through buffer sets of at least 4x the L2 (the throughput of a stream of calls);
 * single launch: the L2 flushed by reading 2x its size, the stream held by a sleep kernel so the
-  launch is queued, events around one call (what one call costs a program).
+  launch is queued, events around one call (what one call costs a program);
+* after_torch: K pairs (a foreign torch kernel, then the op) in one CUDA graph, and the K foreign
+  kernels alone in another of the same K and buffers, replayed in turns; the op's time is (pair
+  graph - foreign graph) / K. The foreign kernel is torch.mul on buffers of the op's size and dtype
+  (a set of its own); every set holds one of each, rotated as back-to-back's are, and there are
+  enough sets that the foreign kernels alone pass 4x the L2. This is what the op costs after a
+  kernel that never triggers its early launch (programmatic dependent launch, ewkern's own gain
+  back-to-back, has nothing to overlap there). The same graphs are built with torch's op in place
+  of ewkern's. The records keep both graphs' medians per step (pair_time_s, foreign_time_s); torch's
+  pair_time_s over ewkern's is what a program of such pairs sees, and the summary gives it too. By
+  default after_torch times copy, add, mul, exp and gelu (AFTER_TORCH_OPS) in every dtype and size,
+  about 40 s of a full run on an H100 where every op would take about 2.5 minutes;
+  --peers-after-torch-ops all (or naming ops, or --peers-ops) widens it.
 
 On a GPU with torch, ewkern is called on torch tensors and timed by exactly the code that times
 torch (frameworks.time_calls), so the two differ only in the kernel; inputs are random data in
 each op's domain for both. ewkern is also timed with programmatic dependent launch off
-(ewkern.set_pdl(False)) to show what PDL adds in each method. The summary lists the worst
-ewkern / torch ratio per op and method and every cell below 1.00.
+(ewkern.set_pdl(False)) in every method, after_torch too, to show what PDL adds or costs in each
+(--peers-no-pdl-off leaves that series out everywhere). CuPy is timed back-to-back only. The
+summary lists the worst ewkern / torch ratio per op and method and every cell below 1.00.
 
 RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
 (reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
@@ -25,18 +38,19 @@ copy_ / CuPy copy over 1 GiB) and torch.dot's read bandwidth over 2 x 1 GiB.
 from __future__ import annotations
 
 import math
+import statistics
 
 from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
-from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, PEER_STANDINS, RMSE_PEERS, available, elementwise_call,
-                         ewkern_in_torch_call,
+from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
+                         elementwise_call, ewkern_in_torch_call, foreign_call,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
 
 NAME = "peers"
 TITLE = "ewkern against torch and CuPy"
-DESCRIPTION = ("ewkern auto vs torch/CuPy (NumPy on CPU): every op x 4 dtypes x sizes, back-to-back and single "
-               "launch; rmse shapes, D2D copy, dot")
+DESCRIPTION = ("ewkern auto vs torch/CuPy (NumPy on CPU): every op x 4 dtypes x sizes, back-to-back, single "
+               "launch and after a torch kernel; rmse shapes, D2D copy, dot")
 PAPER = "(all)"
 
 
@@ -62,16 +76,23 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer siz
         ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default: every elementwise op)")),
         ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16,float64)")),
         ("--peers-methods", dict(type=list_arg, metavar="METHODS",
-                                 help="GPU timing methods: back-to-back, single (default both)")),
+                                 help="GPU timing methods: back-to-back, single, after_torch (default all three)")),
+        ("--peers-after-torch-ops", dict(type=list_arg, metavar="OPS",
+                                         help="ops timed after_torch, or 'all' (default copy,add,mul,exp,gelu; "
+                                              "with --peers-ops, those)")),
         ("--peers-no-pdl-off", dict(action="store_true", help="leave out the PDL-off series")),
         ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
                                      help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
         ("--peers-ref-size", dict(type=parse_bytes, metavar="BYTES", help="D2D copy / dot size per buffer (default 1GiB)")),
         ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile"))]
 
-METHODS = {"back-to-back": "rotate", "single": "flush"}   # method -> cache mode of frameworks.time_calls
+# method -> cache mode of frameworks.time_calls (after_torch: with frameworks.foreign_call before each call)
+METHODS = {"back-to-back": "rotate", "single": "flush", "after_torch": "rotate"}
 METHOD_LABEL = {"back-to-back": "back-to-back (graph of K calls, inputs rotated)",
-                "single": "single launch (L2 flushed, queued behind a sleep kernel)"}
+                "single": "single launch (L2 flushed, queued behind a sleep kernel)",
+                "after_torch": f"after a torch kernel ({FOREIGN} + op, minus {FOREIGN} alone)"}
+AFTER_TORCH_OPS = ["copy", "add", "mul", "exp", "gelu"]   # after_torch's default ops: copy, binary, unary, costly
+TORCH_ONLY = ("single", "after_torch")                      # methods whose only peer is torch (CuPy: back-to-back)
 GPU_RMSE = [((16, 1 << 20), False), ((16, 3 << 20), False), ((1024, 4096), False), ((8, 1 << 24), False),
             ((65536, 64), False), ((1 << 20, 16), True)]
 CPU_RMSE_QUICK = [((16, 1 << 16), False), ((1024, 256), False), ((1 << 16, 16), True)]
@@ -95,9 +116,41 @@ def _params(ctx):
     return sizes, ops, dtypes, shapes, ref
 
 
+def _after_torch_ops(ctx, ops):
+    """The ops that after_torch times, in the run's order: --peers-after-torch-ops ('all': every op
+    of the run), else every op --peers-ops names, else AFTER_TORCH_OPS. BenchError when the option
+    names an op the run does not time."""
+    named = ctx.opt("peers_after_torch_ops")
+    if named is None:
+        want = ops if ctx.opt("peers_ops") else AFTER_TORCH_OPS
+    elif named == ["all"]:
+        want = ops
+    else:
+        want = named
+        bad = [o for o in named if o not in ops]
+        if bad:
+            from .timing import BenchError
+            raise BenchError(f"--peers-after-torch-ops: {', '.join(bad)} not among the ops this run times "
+                             f"({', '.join(ops)}); name some of those, or 'all'")
+    return [o for o in ops if o in want]
+
+
+def _method_names(ctx):
+    """The --peers-methods (default all); BenchError for a name that is not one."""
+    names = ctx.opt("peers_methods") or list(METHODS)
+    bad = [m for m in names if m not in METHODS]
+    if bad:
+        from .timing import BenchError
+        raise BenchError(f"--peers-methods takes {', '.join(METHODS)}; got {', '.join(bad)}")
+    return names
+
+
 def check(ctx):
     sizes, ops, dtypes, shapes, ref = _params(ctx)
-    check_bytes(ctx, 3 * max(sizes), "peers' largest elementwise size")
+    after_ops = _after_torch_ops(ctx, ops)      # both raise BenchError for a name they do not know
+    after = "after_torch" in _method_names(ctx) and after_ops and ctx.is_gpu
+    # after_torch holds the op's buffers and torch.mul's three at once
+    check_bytes(ctx, (6 if after else 3) * max(sizes), "peers' largest elementwise size")
     check_bytes(ctx, max(2 * 4 * math.prod(s) for s, _ in shapes) if shapes else 0, "peers' largest rmse shape")
     check_bytes(ctx, 2 * ref, "peers' copy/dot reference")
 
@@ -107,15 +160,11 @@ def _shape_label(shape, last):
 
 
 def _methods(ctx, gpu_torch):
-    """(method, cache mode) pairs: both methods on a GPU with torch, else the run's cache mode."""
+    """(method, cache mode) pairs: the --peers-methods (default all) on a GPU with torch, else the
+    run's cache mode."""
     if not gpu_torch:
         return [(None, ctx.cache)]
-    names = ctx.opt("peers_methods") or list(METHODS)
-    bad = [m for m in names if m not in METHODS]
-    if bad:
-        from .timing import BenchError
-        raise BenchError(f"--peers-methods takes {', '.join(METHODS)}; got {', '.join(bad)}")
-    return [(m, METHODS[m]) for m in names]
+    return [(m, METHODS[m]) for m in _method_names(ctx)]
 
 
 def run(ctx, xr):
@@ -153,8 +202,18 @@ def run(ctx, xr):
     xr.param(sizes=sizes, ops=ops, dtypes=dtypes, rmse_shapes=[[list(s), last] for s, last in shapes],
              peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions,
              methods=[m for m, _ in methods if m])
-    ew_impls = 1 + len(live) + nopdl
-    total = (len(sizes) * len(ops) * len(dtypes) * len(methods) * ew_impls
+    after_ops = _after_torch_ops(ctx, ops)
+    method_ops = {m: (after_ops if m == "after_torch" else ops) for m, _ in methods}
+    if "after_torch" in method_ops:
+        xr.note(f"after_torch: one CUDA graph of K pairs ({FOREIGN} on buffers of the op's size and dtype, a set "
+                f"of its own, then the op) and one of the K {FOREIGN} alone, same K and buffers, replayed in turns; "
+                f"a sample is (pair graph - {FOREIGN} graph) / K, for ewkern's op and torch's alike; pair_time_s and "
+                f"foreign_time_s are the two graphs' medians per step; ops: {', '.join(after_ops) or 'none'}")
+        xr.param(after_torch_ops=after_ops, foreign=FOREIGN)
+
+    def impls(method):   # ewkern, its PDL-off series, the peers this method times
+        return 1 + nopdl + len([p for p in live if not (p == "cupy" and method in TORCH_ONLY)])
+    total = (sum(len(sizes) * len(dtypes) * len(method_ops[m]) * impls(m) for m, _ in methods)
              + len(shapes) * (len(rmse_versions) + len(rmse_peers) + graph_too + nopdl) + 2)
     bar = xr.progress(total)
 
@@ -177,19 +236,24 @@ def run(ctx, xr):
             n = size // ITEMSIZE[dtype]
             for op in ops:
                 for method, cache in methods:
+                    if method and op not in method_ops[method]:
+                        continue
                     common = dict(op=op, dtype=dtype, n=n, size_bytes=size, series=f"{op} {dtype}")
                     tag = f"{op} {dtype} {fmt_bytes(size)}" + (f" {method}" if method else "")
                     if method:
                         common["timing_method"] = method
+                    # after_torch: torch.mul on a set of its own before each call, ewkern's and torch's alike
+                    before = ((lambda dtype=dtype, n=n: foreign_call(dtype, (n,), ctx.device))
+                              if method == "after_torch" else None)
                     if gpu_torch:
                         # ewkern on torch tensors, timed by the torch peer's code
                         build = (lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device))
                         xr.measure_peer(what=f"ewkern {tag}", impl="torch", impl_label="ewkern", cache=cache,
-                                        build=build, variant="auto", **common)
+                                        build=build, before=before, variant="auto", **common)
                         if nopdl:
                             with pdl_off():
                                 xr.measure_peer(what=f"{EWKERN_NOPDL} {tag}", impl="torch", impl_label=EWKERN_NOPDL,
-                                                cache=cache, build=build, variant="auto", **common)
+                                                cache=cache, build=build, before=before, variant="auto", **common)
                     else:
                         try:
                             make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
@@ -203,11 +267,11 @@ def run(ctx, xr):
                         except Skip as exc:
                             xr.skip(f"ewkern {tag}", str(exc))
                     for p in live:
-                        if p == "cupy" and method == "single":
-                            continue   # CuPy: back-to-back only (the single-launch comparison is torch's)
+                        if p == "cupy" and method in TORCH_ONLY:
+                            continue   # CuPy: back-to-back only (single launch and after_torch compare with torch)
                         xr.measure_peer(what=f"{p} {tag}", impl=p, cache=cache,
                                         build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
-                                        variant=p, **common)
+                                        before=before, variant=p, **common)
             pool.clear()
             release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
 
@@ -307,6 +371,20 @@ def ratios(exp, impl="ewkern"):
     return out, peer
 
 
+def pair_ratios(exp, impl="ewkern"):
+    """{(op, dtype, size): peer / impl median time of one (foreign kernel, op) pair} of the
+    after_torch cells: what a program of such pairs sees (above 1: impl faster)."""
+    cells, peer = _ew_cells(exp)
+    out = {}
+    for (method, op, dtype, size), c in cells.items():
+        if method != "after_torch" or not peer or impl not in c or peer not in c:
+            continue
+        mine, theirs = c[impl].get("pair_time_s"), c[peer].get("pair_time_s")
+        if mine and theirs:
+            out[(op, dtype, size)] = theirs / mine
+    return out, peer
+
+
 def _ratio_figure(results, exp, impl, method, r, peer):
     import numpy as np
     from .plots import new_figure
@@ -331,7 +409,8 @@ def _ratio_figure(results, exp, impl, method, r, peer):
                         color="black" if 0.9 < grid[i, j] < 1.2 else "white")
     fig.colorbar(im, ax=ax, shrink=0.6, label=f"{impl} / {peer} (GB/s ratio)")
     name = results.get("device_name") or results.get("device") or "device"
-    ax.set_title(f"{name}: {impl} / {peer}, {METHOD_LABEL.get(method, method)}", fontsize=9)
+    # two lines: a GPU's name and the method's label outgrow a map of few sizes on one
+    ax.set_title(f"{name}: {impl} / {peer}\n{METHOD_LABEL.get(method, method)}", fontsize=9)
     return fig
 
 
@@ -407,6 +486,13 @@ def elementwise_summary(exp) -> str:
             out.append(f"Cells below 1.00 ({impl}, {method}): {len(below)} of {len(r)}" +
                        (": " + "; ".join(f"{k[0]} {k[1]} {fmt_bytes(k[2])} {r[k]:.3f}" for k in below)
                         if below else ""))
+            pr = pair_ratios(exp, impl)[0] if method == "after_torch" else {}
+            if pr:
+                lo = min(pr, key=pr.get)
+                out.append(f"Whole pairs ({FOREIGN} + op), {peer} / {impl} time, what a program of such pairs "
+                           f"sees ({impl}, {method}): median {statistics.median(pr.values()):.3f}, lowest "
+                           f"{pr[lo]:.3f} ({lo[0]} {lo[1]} {fmt_bytes(lo[2])}), "
+                           f"{sum(v < 1.0 for v in pr.values())} of {len(pr)} below 1.00")
             out.append("")
     return "\n".join(out)
 

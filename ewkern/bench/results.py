@@ -78,7 +78,8 @@ def _cell(v):
 
 
 def write_csvs(results: dict, out: Path) -> list[str]:
-    """One CSV per experiment with measurements (raw samples stay in the JSON), one per table."""
+    """One CSV per experiment with measurements (raw samples, every *samples_s, stay in the JSON),
+    one per table."""
     written = []
     for name, exp in results.get("experiments", {}).items():
         rows = exp.get("measurements", [])
@@ -86,7 +87,7 @@ def write_csvs(results: dict, out: Path) -> list[str]:
             keys = []
             for r in rows:
                 for k in r:
-                    if k not in keys and k not in ("samples_s", "stats_s", "experiment_data"):
+                    if k not in keys and not k.endswith("samples_s") and k not in ("stats_s", "experiment_data"):
                         keys.append(k)
             cols = [k for k in CSV_FIRST if k in keys] + _STAT_COLS + \
                    [k for k in keys if k not in CSV_FIRST]

@@ -197,12 +197,13 @@ class ExperimentRun:
         return rec
 
     def measure_peer(self, *, what: str, impl: str, build, cache: str, samples: int | None = None,
-                     **fields) -> dict | None:
-        """Time a peer; build() returns (make_call, set_bytes, bytes_read, bytes_written)."""
+                     before=None, **fields) -> dict | None:
+        """Time a peer; build() returns (make_call, set_bytes, bytes_read, bytes_written); before(),
+        when given, a foreign call to time each call after (frameworks.foreign_call)."""
         try:
             make_call, set_bytes, br, bw = build()
             timing = frameworks.time_calls(self.ctx.cfg, impl, make_call, set_bytes, cache,
-                                           samples=samples)
+                                           samples=samples, before=before() if before else None)
         except Skip as exc:
             self.skip(what, str(exc))
             return None

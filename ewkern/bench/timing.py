@@ -160,13 +160,14 @@ class Timing:
     method: str
     notes: list = field(default_factory=list)
     plan: dict = field(default_factory=dict)     # what the first Plan says: bytes, resolved variant
+    extra: dict = field(default_factory=dict)    # what a method adds (after a foreign kernel: both graphs' medians)
 
     def record(self) -> dict:
         st = summarize(self.samples_s)
         return {**self.plan, "cache": self.cache, "launches": self.launches, "sets": self.sets,
                 "working_set_bytes": self.working_set_bytes, "method": self.method,
                 "samples_s": list(self.samples_s), "stats_s": st, "time_s": st["median"],
-                "notes": "; ".join(self.notes)}
+                "notes": "; ".join(self.notes), **self.extra}
 
 
 def choose_sets(cfg: TimingConfig, cache: str, set_bytes: int) -> tuple[int, list]:

@@ -1,0 +1,256 @@
+"""peers' timing methods on the CPU: frameworks.time_calls' CUDA-graph paths (back-to-back, single,
+after_torch) run against a stand-in for torch.cuda (tests/fake_torch_cuda.py) whose kernels advance a
+virtual clock, and a whole peers run on that fake GPU: its records, CSV, figures and summary.
+
+The real CUDA graphs run on the GPU machine (python -m ewkern.bench peers --peers-methods ...).
+"""
+
+import argparse
+import csv
+import math
+import sys
+
+import pytest
+
+import ewkern
+from ewkern import bench
+from ewkern.bench import cli, frameworks, peers, runner
+from ewkern.bench.timing import BenchError, Skip, TimingConfig
+from ewkern.bench.units import ITEMSIZE
+
+from fake_torch_cuda import FakeTorch
+
+US = 1e-6
+FOREIGN_US = 2.0          # the fake torch.mul
+TORCH_US = 1.0            # the fake torch op, whatever ran before it
+
+
+def ewkern_cost(pdl):
+    """The fake ewkern kernel: with PDL, 0.8 us after another ewkern kernel (its early launch
+    overlaps the drain) and 1.05 us after anyone else's; 1.0 us without PDL."""
+    return lambda prev: (0.8 if prev == "ewkern" else 1.05) * US if pdl else 1.0 * US
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", f)
+    return f
+
+
+def cfg(samples=5):
+    return TimingConfig(device="cuda:0", cache_bytes=1 << 20, samples=samples, flush_samples=samples,
+                        min_sample_s=0.2e-3)
+
+
+# --- frameworks.time_calls on the fake GPU ------------------------------------------------------
+
+def test_after_torch_is_the_pair_graph_minus_the_foreign_graph(fake):
+    n = 1 << 14                                      # 64 KiB of float32 per buffer
+    made = {"op": 0, "mul": 0}
+
+    def make(tag, cost):
+        def make_call():                             # each buffer set: kernels named by its index
+            i = made[tag]
+            made[tag] += 1
+            return fake.kernel(f"{tag}{i}", cost)
+        return make_call
+
+    op_cost = lambda prev: (1.05 if prev.startswith("mul") else 0.8) * US
+    t = frameworks.time_calls(cfg(), "torch", make("op", op_cost), 2 * n * 4, "rotate",
+                              before=(make("mul", FOREIGN_US * US), 3 * n * 4))
+    rec = t.record()
+    assert rec["time_s"] == pytest.approx(1.05 * US)
+    assert rec["pair_time_s"] == pytest.approx((FOREIGN_US + 1.05) * US)
+    assert rec["foreign_time_s"] == pytest.approx(FOREIGN_US * US)
+    assert rec["foreign"] == "torch.mul"
+    assert len(rec["samples_s"]) == len(rec["pair_samples_s"]) == len(rec["foreign_samples_s"]) == 5
+    assert rec["samples_s"] == pytest.approx([p - a for p, a in zip(rec["pair_samples_s"], rec["foreign_samples_s"])])
+    # enough sets that torch.mul alone passes 4x the cache; both kinds of buffer counted as working set
+    assert t.sets == made["op"] == made["mul"] == math.ceil(4 * (1 << 20) / (3 * n * 4))
+    assert t.working_set_bytes == t.sets * 5 * n * 4
+    assert t.launches % t.sets == 0 and t.launches * rec["pair_time_s"] >= 0.2e-3
+    assert "pairs" in t.method and "torch.cuda.CUDAGraph" in t.method
+    # each op runs right after the torch.mul of its own set, and the foreign graph holds torch.mul alone
+    ran = fake.ran
+    assert all(ran[i - 1] == "mul" + tag[2:] for i, tag in enumerate(ran) if tag.startswith("op"))
+    assert any(a.startswith("mul") and b.startswith("mul") for a, b in zip(ran, ran[1:]))
+
+
+def test_after_torch_falls_back_to_eager_pairs_when_capture_fails(fake):
+    fake.refuse_capture = True
+    n = 1 << 14
+    t = frameworks.time_calls(cfg(), "torch", lambda: fake.kernel("op", ewkern_cost(True)), 3 * n * 4, "rotate",
+                              before=(lambda: fake.kernel("mul", FOREIGN_US * US), 3 * n * 4))
+    assert "eager launches" in t.method and "capture refused" in t.method and "pairs" in t.method
+    assert t.record()["time_s"] == pytest.approx(1.05 * US)
+    assert t.record()["foreign_time_s"] == pytest.approx(FOREIGN_US * US)
+
+
+def test_back_to_back_and_single_are_unchanged(fake):
+    n = 1 << 14
+    make = lambda: fake.kernel("ewkern", ewkern_cost(True))
+    b2b = frameworks.time_calls(cfg(), "torch", make, 3 * n * 4, "rotate")
+    assert b2b.record()["time_s"] == pytest.approx(0.8 * US)       # every kernel after another of ewkern's
+    assert b2b.method == "CUDA events around a replayed CUDA graph (torch.cuda.CUDAGraph)"
+    assert "pair_time_s" not in b2b.record() and b2b.sets == math.ceil(4 * (1 << 20) / (3 * n * 4))
+    one = frameworks.time_calls(cfg(), "torch", make, 3 * n * 4, "flush")
+    assert one.record()["time_s"] == pytest.approx(1.05 * US)       # after the flush, one of torch's
+    assert one.launches == 1 and one.sets == 1 and "flush mode" in one.method
+
+
+def test_after_torch_refuses_what_it_cannot_time(fake):
+    before = (lambda: fake.kernel("mul", FOREIGN_US * US), 12)
+    with pytest.raises(ValueError, match="rotate"):
+        frameworks.time_calls(cfg(), "torch", lambda: fake.kernel("op", 1e-6), 8, "flush", before=before)
+    with pytest.raises(ValueError, match="cupy"):
+        frameworks.time_calls(cfg(), "cupy", lambda: fake.kernel("op", 1e-6), 8, "rotate", before=before)
+    with pytest.raises(Skip, match="no measurable time"):   # an op that costs nothing after torch.mul
+        frameworks.time_calls(cfg(), "torch", lambda: fake.kernel("op", 0.0), 8, "rotate", before=before)
+
+
+def test_foreign_call_is_torch_mul_on_the_ops_shape_and_dtype(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(frameworks, "available", lambda impl, device: None)   # torch on the CPU, here only
+    for dtype in ("float32", "float16", "bfloat16", "float64"):
+        make_call, set_bytes = frameworks.foreign_call(dtype, (1000,), "cpu")
+        assert set_bytes == 3 * 1000 * ITEMSIZE[dtype]
+        call = make_call()
+        out = call()
+        assert out.dtype == getattr(torch, dtype) and out.shape == (1000,)
+
+
+# --- which ops after_torch times ------------------------------------------------------------------
+
+def _ctx(**opts):
+    return argparse.Namespace(opt=lambda name, default=None: opts.get(name, default))
+
+
+def test_after_torch_ops_default_to_a_subset_unless_ops_are_named():
+    every = ["copy", "fill", "add", "mul", "exp", "log", "gelu", "silu"]
+    assert peers._after_torch_ops(_ctx(), every) == ["copy", "add", "mul", "exp", "gelu"]
+    assert peers._after_torch_ops(_ctx(peers_ops=["log", "add"]), ["log", "add"]) == ["log", "add"]
+    assert peers._after_torch_ops(_ctx(peers_after_torch_ops=["all"]), every) == every
+    assert peers._after_torch_ops(_ctx(peers_after_torch_ops=["silu", "copy"]), every) == ["copy", "silu"]
+    with pytest.raises(BenchError, match="nope"):
+        peers._after_torch_ops(_ctx(peers_after_torch_ops=["nope"]), every)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--peers-ops", "add", "--peers-after-torch-ops", "gelu"], "--peers-after-torch-ops: gelu not among the ops"),
+    (["--peers-methods", "back-to-back,after-torch"], "--peers-methods takes back-to-back, single, after_torch; "
+                                                      "got after-torch")])
+def test_bad_peers_options_are_refused_before_running(args, message, tmp_path, capsys):
+    code = bench.main(["peers", "--device", "cpu", *args, "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# --- a whole peers run on the fake GPU --------------------------------------------------------------
+
+def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
+    """peers on 'cuda:0' with the fake torch: ewkern's kernels cost ewkern_cost, torch's TORCH_US,
+    torch.mul FOREIGN_US."""
+    def ewkern_call(op, dtype, shape, device, **kw):
+        n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
+        cost = ewkern_cost(ewkern.pdl_enabled())   # as a launch attribute: fixed when the call is made
+        return (lambda: fake.kernel("ewkern", cost)), (nin + 1) * n * s, nin * n * s, n * s
+
+    def peer_call(impl, op, dtype, shape, device):
+        n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
+        return (lambda: fake.kernel("torch", TORCH_US * US)), (nin + 1) * n * s, nin * n * s, n * s
+
+    def foreign(dtype, shape, device):
+        return (lambda: fake.kernel("mul", FOREIGN_US * US)), 3 * math.prod(shape) * ITEMSIZE[dtype]
+
+    monkeypatch.setattr(peers, "available", lambda impl, device: None if impl == "torch" else "not here")
+    monkeypatch.setattr(peers, "pdl_active", lambda info: True)
+    monkeypatch.setattr(peers, "ewkern_in_torch_call", ewkern_call)
+    monkeypatch.setattr(peers, "elementwise_call", peer_call)
+    monkeypatch.setattr(peers, "foreign_call", foreign)
+    monkeypatch.setattr(peers, "_dot_call", lambda impl, n, device: peer_call(impl, "add", "float32", (n,), device))
+
+    def reference(ctx):
+        ctx.results["reference"] = {"copy_gbs": 100.0, "cache": "rotate"}
+        return 100.0
+    monkeypatch.setattr(runner, "_reference_copy", reference)
+    argv = ["peers", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB", "--no-progress",
+            "--peers-sizes", "64KiB,256KiB", "--peers-dtypes", "float32,bfloat16", "--peers-rmse-shapes", "",
+            "--peers-ref-size", "1MiB", *extra]
+    args = cli.build_parser().parse_args(argv)
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+    out = tmp_path / "out"
+    out.mkdir()
+    ctx = runner.make_context(args, "cuda:0", info, out, True, "rotate")
+    runner.precheck(ctx, ["peers"])
+    code = runner.run(ctx, ["peers"], argv)
+    return code, out, bench.load(out)
+
+
+def test_peers_after_torch_on_a_fake_gpu(fake, monkeypatch, tmp_path):
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "copy,add,gelu,sub",
+                                                                  "--peers-after-torch-ops", "copy,add,gelu"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok" and not exp["errors"], exp["errors"]
+    assert exp["params"]["methods"] == ["back-to-back", "single", "after_torch"]
+    assert exp["params"]["after_torch_ops"] == ["copy", "add", "gelu"] and exp["params"]["foreign"] == "torch.mul"
+    assert any(n.startswith("after_torch: one CUDA graph") for n in exp["notes"])
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    after = [m for m in ms if m["timing_method"] == "after_torch"]
+    # sub is not among the after_torch ops; ewkern, ewkern with PDL off and torch for each other cell
+    assert {m["op"] for m in after} == {"copy", "add", "gelu"}
+    assert len(after) == 3 * 2 * 2 * 3
+    assert {m["impl"] for m in after} == {"ewkern", "ewkern (PDL off)", "torch"}
+    for m in after:
+        want = {"ewkern": 1.05, "ewkern (PDL off)": 1.0, "torch": TORCH_US}[m["impl"]]
+        assert m["time_s"] == pytest.approx(want * US)
+        assert m["pair_time_s"] == pytest.approx((FOREIGN_US + want) * US)
+        assert m["foreign_time_s"] == pytest.approx(FOREIGN_US * US)
+        assert m["cache"] == "rotate" and m["bytes"] == m["bytes_read"] + m["bytes_written"]
+        assert m["gbs"] == pytest.approx(m["bytes"] / m["time_s"] / 1e9)
+    b2b = [m["time_s"] for m in ms if m["timing_method"] == "back-to-back" and m["impl"] == "ewkern"]
+    assert b2b and all(t == pytest.approx(0.8 * US) for t in b2b)   # ewkern after ewkern there
+
+    # ratios per method, PDL on and off
+    per, peer = peers.method_cells(exp)
+    assert peer == "torch" and list(per) == ["back-to-back", "single", "after_torch"]
+    at = per["after_torch"]
+    assert set(at["worst"]) == {"copy", "add", "gelu"}
+    assert all(v == pytest.approx(1.0 / 1.05) for v in at["ratios"].values())
+    assert len(at["below"]) == len(at["ratios"]) == 3 * 2 * 2
+    off, _ = peers.method_cells(exp, "ewkern (PDL off)")
+    assert all(v == pytest.approx(1.0) for v in off["after_torch"]["ratios"].values())
+    pairs, _ = peers.pair_ratios(exp)
+    assert all(v == pytest.approx((FOREIGN_US + TORCH_US) / (FOREIGN_US + 1.05)) for v in pairs.values())
+
+    # outputs: the CSV labels the method, the figures and the summary have a part for it
+    rows = list(csv.DictReader((out / "peers.csv").open()))
+    assert {r["timing_method"] for r in rows if r["op"] != "d2d copy" and r["op"] != "dot"} == \
+        {"back-to-back", "single", "after_torch"}
+    assert "pair_time_s" in rows[0] and "foreign_time_s" in rows[0] and "pair_samples_s" not in rows[0]
+    for stem in ("peers_back_to_back", "peers_single", "peers_after_torch", "peers_after_torch_pdl_off"):
+        assert (out / f"{stem}.png").exists(), stem
+    fig = dict(bench.plots.figures(res, "peers"))["peers_after_torch"]
+    assert "after a torch kernel" in fig.axes[0].get_title()
+    assert len(fig.axes[0].get_yticklabels()) == 3 * 2      # op x dtype rows: copy, add, gelu only
+    text = (out / "summary.md").read_text()
+    assert "**ewkern / torch, after a torch kernel (torch.mul + op, minus torch.mul alone)**" in text
+    assert "Cells below 1.00 (ewkern, after_torch): 12 of 12" in text
+    assert "Cells below 1.00 (ewkern (PDL off), after_torch): 0 of 12" in text
+    assert "Worst cell per op (ewkern, after_torch): add 0.952" in text
+    assert "Whole pairs (torch.mul + op), torch / ewkern time, what a program of such pairs sees " \
+           "(ewkern, after_torch): median 0.984" in text
+
+
+def test_peers_methods_pick_after_torch_alone(fake, monkeypatch, tmp_path):
+    """--peers-methods after_torch --peers-no-pdl-off: that method only, ewkern and torch only, and the
+    default ops of after_torch are every op --peers-ops names."""
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "add,sub", "--peers-methods",
+                                                                  "after_torch", "--peers-no-pdl-off"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok"
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    assert {m["timing_method"] for m in ms} == {"after_torch"}
+    assert {m["impl"] for m in ms} == {"ewkern", "torch"} and {m["op"] for m in ms} == {"add", "sub"}
+    assert sorted(p.name for p in out.glob("peers_*.png")) == ["peers_after_torch.png"]
