@@ -1420,7 +1420,7 @@ static int run_fast(const ew_args *a)
         vpt = 1; /* the 64-bit instance takes 1 vector per thread */
     } else if (const int forced = forced_vpt()) {
         vpt = forced;
-    } else if (Op::KIND == KIND_FILL) {
+    } else if (int(Op::KIND) == KIND_FILL) {
         /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
         vpt = w.nvec > wave1 ? 2 : 1;
