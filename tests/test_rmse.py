@@ -126,15 +126,15 @@ SHORT_NS = [1, 2, 3, 5, 8, 16, 31, 32]
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_short_rows(device, dtype):
-    """Rows of up to 32 elements (auto's short kernel on a GPU when a and b are 16-byte aligned, a
-    tile of whole rows per block): batch counts around a tile's (the 16-byte multiple of rows that
-    fits 1024 vectors), 16-byte aligned and misaligned starts (the group kernel then), and the
-    same bits on a second call."""
+    """Rows of up to 32 elements (auto's short kernel on a GPU when a and b are 16-byte aligned and
+    there are at least 128 tiles of whole rows, else the group kernel): batch counts around a
+    tile's (the 16-byte multiple of rows that fits 1024 vectors) and around 128 tiles, 16-byte
+    aligned and misaligned starts, and the same bits on a second call."""
     rng = np.random.default_rng(31)
     W = 16 // np.dtype(np_dtype(dtype)).itemsize
     for n in SHORT_NS:
         tb = 1024 * W // n
-        for batches in (1, 7, tb - 1, tb, tb + 1, 3 * tb + 5):
+        for batches in (1, 7, tb - 1, tb, tb + 1, 3 * tb + 5, 127 * tb + 1, 128 * tb + tb // 2 + 3):
             flat_a = random_input(rng, (batches * n + 1,), dtype)
             flat_b = random_input(rng, (batches * n + 1,), dtype)
             for start in (0, 1):
@@ -151,11 +151,13 @@ def test_auto_short_rows(device, dtype):
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_columns(device, dtype):
-    """Batch-last shapes across auto's column-kernel splits: narrow and wide column tiles, one
-    row chunk or several (with the combine), rows fewer than a thread's unrolled step, and
+    """Batch-last shapes across auto's column kernels: the shortcols kernel (at most 8 rows, at
+    least 128 blocks of 1024 column vectors) and the cols kernel's narrow and wide column tiles,
+    one row chunk or several (with the combine), rows fewer than a thread's unrolled step, and
     column counts that are not whole 16-byte vectors."""
     rng = np.random.default_rng(32)
-    for n, batches in ((1, 4096), (3, 100003), (4, 1 << 18), (7, 2048), (32, 65536), (64, 8192), (1000, 1024),
+    for n, batches in ((1, 4096), (3, 100003), (4, 1 << 18), (3, 1 << 19), (5, (1 << 20) + 8), (7, 2048),
+                       (32, 65536), (64, 8192), (1000, 1024),
                        (4096, 1024), (4099, 136), (65, 3), (20000, 16), (5, 6)):
         a = random_input(rng, (n, batches), dtype)
         b = random_input(rng, (n, batches), dtype)

@@ -397,7 +397,12 @@ enum {
     AUTO_COL_ROWS = 16,        /* cols kernel: at least this many rows per thread in a chunk */
     AUTO_COL_MIN_WC = 8,       /* cols kernel: at least this many column units per block */
     AUTO_SHORT_N = 64,         /* rows: batches of at most this many elements take the short kernel */
-    AUTO_SHORT_COLS_N = 8      /* columns: at most this many rows take the shortcols kernel */
+    AUTO_SHORT_COLS_N = 8,     /* columns: at most this many rows take the shortcols kernel */
+    AUTO_SHORT_MIN_BLOCKS = 128 /* short and shortcols kernels: at least this many blocks, else the
+                                   group / cols kernel (the grid of rmse_grid: 2^16-2^18 batches of
+                                   1-8 elements ran at 0.2-0.6 of torch's best with 16-64 blocks);
+                                   a constant, not the SM count, so the kernel and with it the sum
+                                   order depend on the shape only */
 };
 
 /* __launch_bounds__(256, 1): the explicit minimum of one block lets ptxas keep more loads in
@@ -1134,13 +1139,19 @@ static inline int64_t gcd64(int64_t x, int64_t y)
     return x;
 }
 
+/* Whole rows per tile of the short kernel: as many as fit AUTO_BLOCK * AUTO_UNROLL vectors, a
+ * multiple of q so that tb * n * sizeof(T) is a multiple of 16 (at least q when n <= 64 * W). */
+template <typename T>
+static inline int64_t short_tile_rows(int64_t n)
+{
+    const int64_t q = 16 / gcd64(n * (int64_t)sizeof(T), 16);
+    return (int64_t)AUTO_BLOCK * AUTO_UNROLL * vec16<T>::W / n / q * q;
+}
+
 template <typename T>
 static int auto_short(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int dev, cudaStream_t s)
 {
-    enum { W = vec16<T>::W, ELEMS = AUTO_BLOCK * AUTO_UNROLL * W };
-    /* whole batches per tile, a multiple of q so that tb * n * sizeof(T) is a multiple of 16 */
-    const int64_t q = 16 / gcd64(n * (int64_t)sizeof(T), 16);
-    const int64_t tb = ELEMS / n / q * q;
+    const int64_t tb = short_tile_rows<T>(n);
     /* lanes per batch: the fewest powers of two that leave each at most 8 squares to add */
     const int glog = ilog2_ceil(min64(32, max64(1, cdiv(n, 8))));
     const int64_t tiles = cdiv(batches, tb);
@@ -1157,8 +1168,10 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
                      cudaStream_t s)
 {
     enum { W = unit_io<T, VEC>::W };
-    /* (a tile holds at least 16 rows of up to 64 * W elements) */
-    if (VEC && n <= min64(short_limit(), 64 * W) && (((uintptr_t)a | (uintptr_t)b) & 15u) == 0)
+    /* (a tile holds at least 16 rows of up to 64 * W elements); fewer tiles than
+     * AUTO_SHORT_MIN_BLOCKS would leave SMs idle: the group kernel then */
+    if (VEC && n <= min64(short_limit(), 64 * W) && (((uintptr_t)a | (uintptr_t)b) & 15u) == 0 &&
+        cdiv(batches, short_tile_rows<T>(n)) >= AUTO_SHORT_MIN_BLOCKS)
         return auto_short<T>(a, b, out, batches, n, dev, s);
     const int64_t units_per_batch = n / W;
     if (units_per_batch <= AUTO_SMALL_UNITS) {
@@ -1288,7 +1301,8 @@ static int launch_auto(const void *p)
     }
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
-        if (v.n <= short_cols_limit() && ((uintptr_t)out & 15u) == 0)
+        if (v.n <= short_cols_limit() && ((uintptr_t)out & 15u) == 0 &&
+            cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL) >= AUTO_SHORT_MIN_BLOCKS)
             return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
     }
