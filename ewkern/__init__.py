@@ -13,6 +13,9 @@ stream to producers' ``__dlpack__`` so their pending work is ordered before ewke
 Devices: a call runs on its arrays' device (or ``device=``). When that is not the CUDA runtime's
 current device, ewkern switches for the call's own work and switches back before it returns, on
 success and on error, so ``torch.cuda.current_device()`` and CuPy's current device stay the caller's.
+The one exception is torch's own rule: when nothing in the process has used the caller's device yet
+(no CUDA context on it), switching back would create that context (hundreds of MB of its memory),
+so the switch is left in place.
 """
 from collections.abc import Iterator
 from contextlib import contextmanager
