@@ -164,6 +164,14 @@ def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
     def foreign(dtype, shape, device):
         return (lambda: fake.kernel("mul", FOREIGN_US * US)), 3 * math.prod(shape) * ITEMSIZE[dtype]
 
+    # ewkern's PDL switch as on an sm_90 build (a CPU-only build reports it off whatever is set)
+    pdl = {"on": True}
+
+    def set_pdl(on):
+        prev, pdl["on"] = pdl["on"], bool(on)
+        return prev
+    monkeypatch.setattr(ewkern, "pdl_enabled", lambda: pdl["on"])
+    monkeypatch.setattr(ewkern, "set_pdl", set_pdl)
     monkeypatch.setattr(peers, "available", lambda impl, device: None if impl == "torch" else "not here")
     monkeypatch.setattr(peers, "pdl_active", lambda info: True)
     monkeypatch.setattr(peers, "ewkern_in_torch_call", ewkern_call)
