@@ -413,8 +413,7 @@ static PyObject *m_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         }
         if (!err) {
             Py_BEGIN_ALLOW_THREADS
-            err = host ? ewcuda_memcpy_sync(dst, host, nbytes, EWCUDA_H2D, stream)
-                       : peer ? 0 : ewcuda_memcpy_sync(dst, v.data, nbytes, kind, stream);
+            err = ewcuda_memcpy_sync(dst, peer ? host : v.data, nbytes, peer ? EWCUDA_H2D : kind, stream);
             Py_END_ALLOW_THREADS
         }
         PyMem_RawFree(host);

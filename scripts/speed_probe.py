@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ewkern
 from ewkern.bench import frameworks
+from ewkern.bench.rmse_grid import _dot_build
 from ewkern.bench.timing import TimingConfig
 from ewkern.bench.units import ITEMSIZE, parse_bytes
 
@@ -101,12 +102,8 @@ def rmse(dtype, layout, shapes):
             print(f"rmse {dtype} {layout} {b}x{n} {2 * n * b * s >> 20} MiB: ewkern {med_e * 1e6:.2f} us {ge:.0f} GB/s",
                   flush=True)
             continue
-
-        def make_dot():
-            x = torch.rand((n * b,), device="cuda:0").to(frameworks._torch_dtype(dtype))
-            y = torch.rand((n * b,), device="cuda:0").to(frameworks._torch_dtype(dtype))
-            return lambda: torch.dot(x, y)
-        t_d = frameworks.time_calls(cfg, "torch", make_dot, 2 * n * b * s, "rotate")
+        make_dot, dot_bytes, _, _ = _dot_build(dtype, n * b, "cuda:0")
+        t_d = frameworks.time_calls(cfg, "torch", make_dot, dot_bytes, "rotate")
         med_d = sorted(t_d.samples_s)[len(t_d.samples_s) // 2]
         frameworks.release_peer_memory()
         gd = 2 * n * b * s / med_d / 1e9

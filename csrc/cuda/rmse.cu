@@ -1149,9 +1149,9 @@ static inline int64_t short_tile_rows(int64_t n)
 }
 
 template <typename T>
-static int auto_short(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int dev, cudaStream_t s)
+static int auto_short(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n, int64_t tb, int dev,
+                      cudaStream_t s)
 {
-    const int64_t tb = short_tile_rows<T>(n);
     /* lanes per batch: the fewest powers of two that leave each at most 8 squares to add */
     const int glog = ilog2_ceil(min64(32, max64(1, cdiv(n, 8))));
     const int64_t tiles = cdiv(batches, tb);
@@ -1170,9 +1170,11 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
     enum { W = unit_io<T, VEC>::W };
     /* (a tile holds at least 16 rows of up to 64 * W elements); fewer tiles than
      * AUTO_SHORT_MIN_BLOCKS would leave SMs idle: the group kernel then */
-    if (VEC && n <= min64(short_limit(), 64 * W) && (((uintptr_t)a | (uintptr_t)b) & 15u) == 0 &&
-        cdiv(batches, short_tile_rows<T>(n)) >= AUTO_SHORT_MIN_BLOCKS)
-        return auto_short<T>(a, b, out, batches, n, dev, s);
+    if (VEC && n <= min64(short_limit(), 64 * W) && (((uintptr_t)a | (uintptr_t)b) & 15u) == 0) {
+        const int64_t tb = short_tile_rows<T>(n);
+        if (cdiv(batches, tb) >= AUTO_SHORT_MIN_BLOCKS)
+            return auto_short<T>(a, b, out, batches, n, tb, dev, s);
+    }
     const int64_t units_per_batch = n / W;
     if (units_per_batch <= AUTO_SMALL_UNITS) {
         /* about AUTO_UNROLL vectors per lane (one unrolled step), 2 for tiny batches: more lanes
