@@ -309,10 +309,9 @@ static int report_launch_error(int err, const char *fname, const ew_kernel *k, e
 /* Run a kernel, releasing the GIL when the work is large: a CPU loop runs for a while, and a
  * CUDA launch may block the host while the launch queue is full of large kernels. Tiny calls
  * keep it (the release and re-acquire would be most of their cost). */
-static int launch(const ew_kernel *k, const void *args, ew_device dev, int64_t work)
+static int launch(const ew_kernel *k, const void *args, int64_t work)
 {
     int err;
-    (void)dev;
     if (work > EW_GIL_FREE_WORK) {
         Py_BEGIN_ALLOW_THREADS
         err = k->launch(args);
@@ -412,8 +411,8 @@ static PyObject *plan_call(PlanObject *p, PyObject *args, PyObject *kwds)
     if (ew_device_enter(&g, p->device) < 0)
         return NULL;
     const int64_t work = p->is_rmse ? p->rm.outer * p->rm.n * p->rm.inner : p->ew.n;
-    int rc = report_launch_error(launch(p->k, p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew, p->device,
-                                        work), p->k->op, p->k, p->device);
+    const void *kargs = p->is_rmse ? (const void *)&p->rm : (const void *)&p->ew;
+    int rc = report_launch_error(launch(p->k, kargs, work), p->k->op, p->k, p->device);
     ew_device_exit(&g);
     if (rc < 0)
         return NULL;
@@ -467,7 +466,7 @@ static PyObject *finish_call(const char *fname, const ew_kernel *k, int is_rmse,
                              int64_t work, PlanObject *plan)
 {
     int rc = plan ? plan_fill(plan, k, is_rmse, args, dev, stream, v, nv, result, rd, wr)
-                  : report_launch_error(launch(k, args, dev, work), fname, k, dev);
+                  : report_launch_error(launch(k, args, work), fname, k, dev);
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
     if (rc < 0)

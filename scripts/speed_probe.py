@@ -29,8 +29,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ewkern
 from ewkern.bench import frameworks
 from ewkern.bench.rmse_grid import _dot_build
-from ewkern.bench.timing import TimingConfig
+from ewkern.bench.overhead import per_call_seconds
+from ewkern.bench.timing import TimingConfig, summarize
 from ewkern.bench.units import ITEMSIZE, parse_bytes
+
+
+def median_s(t):
+    """The median seconds per launch of a frameworks.Timing, as the harness reports it."""
+    return summarize(t.samples_s)["median"]
 
 
 def variants(op, dtype, names, sizes):
@@ -45,7 +51,7 @@ def variants(op, dtype, names, sizes):
             row = []
             make_t, set_b, _, _ = frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0")
             t_torch = frameworks.time_calls(cfg, "torch", make_t, set_b, cache)
-            med_torch = sorted(t_torch.samples_s)[len(t_torch.samples_s) // 2]
+            med_torch = median_s(t_torch)
             for v in names:
                 def make_call(v=v):
                     ins = frameworks.op_inputs("torch", op, (n,), dtype, "cuda:0")
@@ -54,7 +60,7 @@ def variants(op, dtype, names, sizes):
                         return lambda: fn(out, *scalars, variant=v)
                     return lambda: fn(*ins, *scalars, out=out, variant=v)
                 t = frameworks.time_calls(cfg, "torch", make_call, set_b, cache)
-                med = sorted(t.samples_s)[len(t.samples_s) // 2]
+                med = median_s(t)
                 row.append(f"{v} {med_torch / med:.3f}")
             print(f"{op} {dtype} {size >> 20} MiB {method}: torch {med_torch * 1e6:.2f} us | " + " | ".join(row),
                   flush=True)
@@ -95,7 +101,7 @@ def rmse(dtype, layout, shapes):
         make_e, set_b, rd, wr = frameworks.ewkern_in_torch_call("rmse", dtype, shape, "cuda:0",
                                                                 axis=None if layout == "first" else 0)
         t_e = frameworks.time_calls(cfg, "torch", make_e, set_b, "rotate")
-        med_e = sorted(t_e.samples_s)[len(t_e.samples_s) // 2]
+        med_e = median_s(t_e)
         frameworks.release_peer_memory()
         ge = (rd + wr) / med_e / 1e9
         if os.environ.get("PROBE_NO_DOT"):
@@ -104,7 +110,7 @@ def rmse(dtype, layout, shapes):
             continue
         make_dot, dot_bytes, _, _ = _dot_build(dtype, n * b, "cuda:0")
         t_d = frameworks.time_calls(cfg, "torch", make_dot, dot_bytes, "rotate")
-        med_d = sorted(t_d.samples_s)[len(t_d.samples_s) // 2]
+        med_d = median_s(t_d)
         frameworks.release_peer_memory()
         gd = 2 * n * b * s / med_d / 1e9
         print(f"rmse {dtype} {layout} {b}x{n} {2 * n * b * s >> 20} MiB: ewkern {med_e * 1e6:.2f} us {ge:.0f} GB/s, "
@@ -112,7 +118,6 @@ def rmse(dtype, layout, shapes):
 
 
 def rmse_overhead(calls=20000, repeats=7):
-    import time
     dev = "cuda:0"
     ta, tb = torch.rand(16, device=dev), torch.rand(16, device=dev)
     t2a, t2b = torch.rand(4, 4, device=dev), torch.rand(4, 4, device=dev)
@@ -129,18 +134,9 @@ def rmse_overhead(calls=20000, repeats=7):
              ("rmse(out=) ewkern arrays", lambda: ewkern.rmse(ea, eb, out=eo)),
              ("torch sqrt(mean((a-b)^2))", lambda: torch.sqrt(torch.mean((ta - tb) ** 2)))]
     for label, fn in cases:
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        per = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            per.append((time.perf_counter() - t0) / calls * 1e6)
-        per.sort()
-        print(f"{label}: {per[len(per) // 2]:.2f} us (min {per[0]:.2f}, max {per[-1]:.2f})", flush=True)
+        st = summarize(per_call_seconds(fn, torch.cuda.synchronize, calls, repeats))
+        print(f"{label}: {st['median'] * 1e6:.2f} us (min {st['min'] * 1e6:.2f}, max {st['max'] * 1e6:.2f})",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 
 struct DeviceShape {
     int sms;
@@ -68,6 +69,13 @@ static inline int blocks_per_sm(std::atomic<int> *slots, const void *k, int bloc
     if (cached)
         slots[dev].store(block << 8 | nb, std::memory_order_relaxed);
     return nb;
+}
+
+/* Blocks of kernel k at `block` threads that the device holds at once (one wave): SMs x resident
+ * blocks per SM, slots as for blocks_per_sm. */
+static inline int64_t wave_blocks(std::atomic<int> *slots, const void *k, int block, int dev)
+{
+    return int64_t(device_shape(dev).sms) * blocks_per_sm(slots, k, block, dev);
 }
 
 #endif /* EWKERN_DEVICE_CACHE_CUH */

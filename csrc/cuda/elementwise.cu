@@ -950,6 +950,23 @@ EWK_OP(silu, 1, silu_of(a))
 struct Op_copy {
     enum { NIN = 1, KIND = KIND_COPY };
 };
+/* One PTX approximation on a float, each a single MUFU instruction of the SFU in SASS. Without
+ * .ftz, subnormal inputs and results keep their value (a few more instructions around the MUFU). */
+#define EWK_PTX_F32(NAME, INSN) \
+    EW_DEV float NAME(float x) \
+    { \
+        float r; \
+        asm(INSN " %0, %1;" : "=f"(r) : "f"(x)); \
+        return r; \
+    }
+EWK_PTX_F32(lg2_approx, "lg2.approx.f32")
+EWK_PTX_F32(ex2_approx, "ex2.approx.f32")
+EWK_PTX_F32(ex2_approx_ftz, "ex2.approx.ftz.f32")
+EWK_PTX_F32(rcp_approx_ftz, "rcp.approx.ftz.f32")
+EWK_PTX_F32(tanh_approx, "tanh.approx.f32")
+EWK_PTX_F32(sqrt_approx, "sqrt.approx.f32")
+#undef EWK_PTX_F32
+
 /* log for float16/bfloat16 results: ln a = log2(a) ln 2 from the SFU (lg2.approx.f32, without
  * .ftz so that subnormal bfloat16 inputs keep their value; MUFU.LG2 in SASS). Its error, at most
  * 2^-22 absolute on [0.5, 2] and 2 float ulp elsewhere (CUDA C++ Programming Guide, __log2f),
@@ -958,12 +975,7 @@ struct Op_copy {
  * 16-byte vector made 16-bit log partly issue-bound (ELEMENTWISE_NOTES.md). */
 struct Op_log_sfu {
     enum { NIN = 1, KIND = KIND_COMPUTE };
-    EW_DEV float operator()(float a, float, float, float) const
-    {
-        float l2;
-        asm("lg2.approx.f32 %0, %1;" : "=f"(l2) : "f"(a));
-        return l2 * 0.693147180559945309f;
-    }
+    EW_DEV float operator()(float a, float, float, float) const { return lg2_approx(a) * 0.693147180559945309f; }
 };
 /* gelu for float, float16 and bfloat16 results (float64 keeps gelu_of): x Phi(x) with
  * Phi(x) = erfc(-x / sqrt 2) / 2, from one erfc(z), z = |x| / sqrt 2, for both signs:
@@ -976,25 +988,6 @@ struct Op_log_sfu {
  * which made 16-bit gelu compute-bound at 0.55-0.6 of torch's erff form; ELEMENTWISE_NOTES.md).
  * The rounding of z, z^2 and the exponent costs about a^2 / 2 ulp for a << 0 (the stated bound's
  * 2 a^2 term); the rest stays under 4 ulp. */
-EW_DEV float rcp_approx_ftz(float x)
-{
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-}
-/* 2^x; without .ftz subnormal results keep their value (a few more instructions in SASS) */
-EW_DEV float ex2_approx(float x)
-{
-    float r;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-}
-EW_DEV float ex2_approx_ftz(float x)
-{
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r;
-}
 static const float kLog2e = 1.44269504088896341f;
 static const float kRsqrt2 = 0.707106781186547524f;
 /* float results: degree 10 (fit error 6e-9 relative), t to 0.5 ulp by one Newton step, and z
@@ -1057,21 +1050,11 @@ struct Op_exp_sfu {
 };
 struct Op_tanh_sfu {
     enum { NIN = 1, KIND = KIND_COMPUTE };
-    EW_DEV float operator()(float a, float, float, float) const
-    {
-        float r;
-        asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(a));
-        return r;
-    }
+    EW_DEV float operator()(float a, float, float, float) const { return tanh_approx(a); }
 };
 struct Op_sqrt_sfu {
     enum { NIN = 1, KIND = KIND_COMPUTE };
-    EW_DEV float operator()(float a, float, float, float) const
-    {
-        float r;
-        asm("sqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(a));
-        return r;
-    }
+    EW_DEV float operator()(float a, float, float, float) const { return sqrt_approx(a); }
 };
 /* The arithmetic an op runs for element type T: Op itself except where a cheaper form keeps
  * the op's accuracy bound for that type. */
@@ -1410,9 +1393,8 @@ static int run_fast(const ew_args *a)
     const int block = a->block > 0 ? a->block : kAutoBlock;
     const int dev = a->device;
     const bool pdl = ewcuda_pdl_active(dev);
-    const int64_t sms = device_shape(dev).sms;
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
-    const int64_t wave1 = sms * blocks_per_sm(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
+    const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
     /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     int vpt = 1;
@@ -1431,7 +1413,7 @@ static int run_fast(const ew_args *a)
     } else if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
         vpt = 2;
     } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
-        const int64_t wave4 = sms * blocks_per_sm(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
+        const int64_t wave4 = wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
         if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4 && !pdl)
             vpt = 4;
     }

@@ -1157,8 +1157,7 @@ static int auto_short(const T *a, const T *b, out_t<T> *out, int64_t batches, in
     const int64_t tiles = cdiv(batches, tb);
     const bool pdl = ewcuda_pdl_active(dev);
     static std::atomic<int> occ[kMaxCachedDevices];
-    const int64_t wave = int64_t(device_shape(dev).sms) *
-                         blocks_per_sm(occ, (const void *)rmse_auto_short_kernel<T>, AUTO_BLOCK, dev);
+    const int64_t wave = wave_blocks(occ, (const void *)rmse_auto_short_kernel<T>, AUTO_BLOCK, dev);
     return launch_auto_kernel(rmse_auto_short_kernel<T>, min64(tiles, GRID_CAP), pdl, s, a, b, out, batches, (int)n,
                               (int)tb, glog, tiles, pdl ? wave : (int64_t)0);
 }
@@ -1187,8 +1186,7 @@ static int auto_rows(const T *a, const T *b, out_t<T> *out, int64_t batches, int
          * f32 under PDL: 3086 GB/s against 2770 with 1.94 waves; 3.9 waves kept, 2591 against 2441) */
         static std::atomic<int> occ[kMaxCachedDevices];
         int64_t grid = min64(cdiv(batches, per_block), GRID_CAP);
-        const int64_t wave = int64_t(device_shape(dev).sms) *
-                             blocks_per_sm(occ, (const void *)rmse_auto_small_kernel<T, VEC>, AUTO_BLOCK, dev);
+        const int64_t wave = wave_blocks(occ, (const void *)rmse_auto_small_kernel<T, VEC>, AUTO_BLOCK, dev);
         if (grid > wave && grid <= 2 * wave) grid = wave;
         return launch_auto_kernel(rmse_auto_small_kernel<T, VEC>, grid, pdl, s, a, b, out, batches, n, glog, pdl);
     }
@@ -1279,8 +1277,7 @@ static int auto_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, 
     const int64_t blocks = cdiv(outer * ncu, AUTO_BLOCK * AUTO_UNROLL);
     const bool pdl = ewcuda_pdl_active(dev);
     static std::atomic<int> occ[kMaxCachedDevices];
-    const int64_t wave = int64_t(device_shape(dev).sms) *
-                         blocks_per_sm(occ, (const void *)rmse_auto_shortcols_kernel<T>, AUTO_BLOCK, dev);
+    const int64_t wave = wave_blocks(occ, (const void *)rmse_auto_shortcols_kernel<T>, AUTO_BLOCK, dev);
     return launch_auto_kernel(rmse_auto_shortcols_kernel<T>, min64(blocks, GRID_CAP), pdl, s, a, b, out, outer, n,
                               inner, ncu, pdl ? wave : (int64_t)0);
 }

@@ -41,6 +41,22 @@ def timer_resolution() -> dict:
             "measured_median_tick_ns": statistics.median(deltas)}
 
 
+def per_call_seconds(fn, sync, calls: int, repeats: int) -> list:
+    """Host seconds per call of fn: after min(200, calls) warm-up calls, `repeats` times the wall
+    clock around `calls` calls and one sync() (which waits for the work they queued)."""
+    for _ in range(min(200, calls)):
+        fn()
+    sync()
+    per_call = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((time.perf_counter() - t0) / calls)
+    return per_call
+
+
 def _cases(ctx, n):
     """[(label, impl, fn, sync)] with inputs already made."""
     import numpy
@@ -100,16 +116,7 @@ def run(ctx, xr):
     bar = xr.progress(len(cases))
     for label, impl, fn, sync in cases:
         try:
-            for _ in range(min(200, calls)):
-                fn()
-            sync()
-            per_call = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                sync()
-                per_call.append((time.perf_counter() - t0) / calls)
+            per_call = per_call_seconds(fn, sync, calls, repeats)
         except Exception as exc:
             xr.error(label, exc)
             continue
