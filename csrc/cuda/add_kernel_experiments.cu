@@ -3,7 +3,7 @@
  * thread-block kernels (136 rows, the paper's names and order).
  *
  * Each row of the table at the bottom is one variant of add float32 with its launcher and __global__
- * function. Time any row with the benchmark (ewkern.bench: op "add", dtype "float32", variant; the
+ * function. Time any row with the benchmark (ewkern.bench: op add, dtype float32, variant; the
  * study's own run is `python -m ewkern.bench a1`); registers and SASS notes are in ELEMENTWISE_NOTES.md.
  *
  *  1. naive    add f32: one thread does all the work (grid 1, block 1); C/R plain or __restrict__

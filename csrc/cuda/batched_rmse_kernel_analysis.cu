@@ -11,21 +11,21 @@
  * Versions, in the order of the paper (batched-rmse-kernel-analysis.txt). Time each on the
  * paper's shape, 16 batches of 1024 x 1024 float32, with `python -m ewkern.bench r1`
  * (ewkern.rmse(..., variant=<name>); outer = 16, n = 2^20, inner = 1):
- *   1 atomic      one block per batch, every squared difference atomically added into out[batch],
- *                 then sqrt(out / n) by the same block after a barrier. The paper: ~20 ms, 5x
- *                 slower than 2; an H100: 26 ms, 14x. Contiguous batches only; honours block.
- *   2 block       one block per batch, a private sum per thread over a block-stride loop, one block
- *                 reduction (warp shuffles + shared memory), one write. Contiguous; honours block.
- *   3 multiblock  a 2-D grid (blocks per batch x batches): each block reduces its grid-stride share
- *                 and adds it atomically into out (zeroed first); a second launch takes
- *                 sqrt(out / n). Default 48 blocks per batch x 512 threads (the paper's numbers);
- *                 honours block and grid (grid = blocks per batch). Contiguous only.
- *   4 occupancy   3's kernel with block size and blocks per batch from
- *                 cudaOccupancyMaxPotentialBlockSize (whose grid is SMs x resident blocks per SM),
- *                 clamped to n as the paper does. Contiguous only.
- *   5 int32       4 with 32-bit indices, __restrict__ pointers and an unrolled main loop without
- *                 bounds checks (a separate guarded tail): the paper's register-pressure step.
- *                 Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
+ *   1 "atomic"     one block per batch, every squared difference atomically added into out[batch],
+ *                  then sqrt(out / n) by the same block after a barrier. The paper: ~20 ms, 5x
+ *                  slower than 2; an H100: 26 ms, 14x. Contiguous batches only; honours block.
+ *   2 "block"      one block per batch, a private sum per thread over a block-stride loop, one block
+ *                  reduction (warp shuffles + shared memory), one write. Contiguous; honours block.
+ *   3 "multiblock" a 2-D grid (blocks per batch x batches): each block reduces its grid-stride share
+ *                  and adds it atomically into out (zeroed first); a second launch takes
+ *                  sqrt(out / n). Default 48 blocks per batch x 512 threads (the paper's numbers);
+ *                  honours block and grid (grid = blocks per batch). Contiguous only.
+ *   4 "occupancy"  3's kernel with block size and blocks per batch from
+ *                  cudaOccupancyMaxPotentialBlockSize (whose grid is SMs x resident blocks per SM),
+ *                  clamped to n as the paper does. Contiguous only.
+ *   5 "int32"      4 with 32-bit indices, __restrict__ pointers and an unrolled main loop without
+ *                  bounds checks (a separate guarded tail): the paper's register-pressure step.
+ *                  Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
  */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

@@ -4,7 +4,7 @@
  *
  * Each row of the table at the bottom is one variant of add with its launcher and __global__
  * function. Time them with `python -m ewkern.bench v1` (the tutorial's table, against torch.add) or
- * any row with ewkern.bench (op "add", dtype, variant); SASS notes are in ELEMENTWISE_NOTES.md.
+ * any row with ewkern.bench (op add, dtype, variant); SASS notes are in ELEMENTWISE_NOTES.md.
  *
  *  3. pack     "f32" (one float per thread), "f32x4" (float4); "f16" (one half, __hadd), "f16x2"
  *              (half2 + __hadd2), "f16x8" (4 half2 loads, __hadd each), "f16x8pack" (one 128-bit

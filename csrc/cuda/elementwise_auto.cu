@@ -9,7 +9,7 @@
  * templates in elementwise_kernel.cuh, the op math in elementwise_ops.cuh; this file holds the launch
  * rules and instantiates every kernel it launches.
  *
- *  5. auto     every op x every dtype, the fast default: 16-byte vectors, 1, 2 or 4 per thread
+ *  5. "auto"   every op x every dtype, the fast default: 16-byte vectors, 1, 2 or 4 per thread
  *              (the fewest that let the grid fit one wave of resident blocks, from the device's SM
  *              count and the kernel's occupancy), every load issued before the first store, no
  *              loop, streaming stores (st.global.cs), the scalar head (up to the 16-byte boundary)
@@ -19,7 +19,7 @@
  *              float16/bfloat16 computed in float32 (log through the SFU's log2), float64 in
  *              double. "auto_wb" (fill, copy, add, add_const, log, erf): the same
  *              with write-back stores. (Measured on the H100: see the notes.)
- *  7. bf16_fma add_const bfloat16 as __hfma2(x, 1, c) on bf16x2 pairs, c rounded to bfloat16 first.
+ *  7. "bf16_fma" add_const bfloat16 as __hfma2(x, 1, c) on bf16x2 pairs, c rounded to bfloat16 first.
  *
  * (Families 1-4 and 6 are the reference studies: add_kernel_experiments.cu, cuda_vectorization_f16x8.cu,
  * elementwise_ops_on_gpus.cu; family 6, the study's grid rules on auto's body, launches through run_gs

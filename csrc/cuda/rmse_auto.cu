@@ -9,29 +9,29 @@
  * n == 0 gives NaN for every batch (rmse_fill_nan, made here for both files); outer * inner == 0
  * launches nothing.
  *
- *   6 auto        the default, every layout. Deterministic: no floating-point atomics; per-(batch,
- *                 chunk) partials summed in a fixed order; the split depends on the shape, the
- *                 dtype and the inputs' alignment mod 16 bytes, never on the device or on timing
- *                 (the grid may depend on the device and on PDL; the order of no sum does).
- *                 Squares summed in float per 4 x 16-byte step, in double per thread and beyond
- *                 (rows of at most 64 and columns of at most 8 rows: in float, at most 8 terms
- *                 per lane before a shuffle tree, or the n rows in order).
- *                 16-byte loads with scalar head and tail (a batch may start misaligned).
- *                 inner == 1: rows of at most 64 elements with a and b 16-byte aligned: tiles of
- *                 whole rows (16 KiB of each input for float32) loaded through shared memory, then
- *                 1..8 lanes per row; other short batches (<= 128 vectors): a group of 1..32 lanes
- *                 per batch; longer: one block per 16 KiB chunk of a batch (64, 128 or 256
- *                 threads: the fewest that take 4 vectors each), then a combine launch (a
- *                 programmatic dependent launch on sm_90) when a batch has several chunks.
- *                 Under PDL the kernels prefetch the lines of each thread's first load into L2
- *                 before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
- *                 inner > 1: at most 8 rows, 16-byte units: four column units per thread, every
- *                 row of each (shortcols); else a coalesced column kernel (consecutive threads on
- *                 consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
- *                 row before i is split into chunks, when outer * inner is small.
- *                 Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
- *                 1024 x 4096, 8 x 2^24, 65536 x 64 and batch-last 2^20 x 16, against torch and
- *                 torch.dot over the same elements, cold L2); RMSE_NOTES.md has the measurements.
+ *   6 "auto"       the default, every layout. Deterministic: no floating-point atomics; per-(batch,
+ *                  chunk) partials summed in a fixed order; the split depends on the shape, the
+ *                  dtype and the inputs' alignment mod 16 bytes, never on the device or on timing
+ *                  (the grid may depend on the device and on PDL; the order of no sum does).
+ *                  Squares summed in float per 4 x 16-byte step, in double per thread and beyond
+ *                  (rows of at most 64 and columns of at most 8 rows: in float, at most 8 terms
+ *                  per lane before a shuffle tree, or the n rows in order).
+ *                  16-byte loads with scalar head and tail (a batch may start misaligned).
+ *                  inner == 1: rows of at most 64 elements with a and b 16-byte aligned: tiles of
+ *                  whole rows (16 KiB of each input for float32) loaded through shared memory, then
+ *                  1..8 lanes per row; other short batches (<= 128 vectors): a group of 1..32 lanes
+ *                  per batch; longer: one block per 16 KiB chunk of a batch (64, 128 or 256
+ *                  threads: the fewest that take 4 vectors each), then a combine launch (a
+ *                  programmatic dependent launch on sm_90) when a batch has several chunks.
+ *                  Under PDL the kernels prefetch the lines of each thread's first load into L2
+ *                  before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
+ *                  inner > 1: at most 8 rows, 16-byte units: four column units per thread, every
+ *                  row of each (shortcols); else a coalesced column kernel (consecutive threads on
+ *                  consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
+ *                  row before i is split into chunks, when outer * inner is small.
+ *                  Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
+ *                  1024 x 4096, 8 x 2^24, 65536 x 64 and batch-last 2^20 x 16, against torch and
+ *                  torch.dot over the same elements, cold L2); RMSE_NOTES.md has the measurements.
  */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
