@@ -251,6 +251,7 @@ template <class Op, class T>
 static int launch_auto_wb(const void *args) { return run_fast<Op, T, true>(static_cast<const ew_args *>(args)); }
 
 #define EWK_AUTO_KERNEL(Op, T) ((const void *)ew_fast<Op, T, int, 1, false>)
+
 /* run_gs and its kernel's address for the (op, dtype) pairs of family 6 (elementwise_auto.cuh): made
  * here once, where auto's fallback instantiates the same kernels. */
 template <class Op, class T>

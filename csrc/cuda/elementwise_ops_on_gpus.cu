@@ -152,6 +152,7 @@ static int launch_grid2(const void *args) { return run_gs<Op, T>(static_cast<con
      "grid-stride body, one 16-byte vector per thread: grid1 = ceil(vectors / block)"}, \
     {#NAME, "grid2", DT, launch_grid2<Op_##NAME, T>, gs_kernel<Op_##NAME, T>(), EWK_B, \
      "grid-stride body with grid2 = min(grid1, SMs x threads/SM / block x 32)"},
+
 /* The grid rows' kernel addresses come from elementwise_auto.cu (gs_kernel), so this table is filled
  * when the library loads (dynamic initialisation), before the registry reads it. */
 static const ew_kernel kTable[] = {
