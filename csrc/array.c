@@ -1,11 +1,17 @@
 /*
- * array.c: ewkern.Array (an n-dimensional C-contiguous buffer on cpu or cuda:N), the dtype
- * and device helpers, and the conversions to NumPy.
+ * array.c: floor 2 (see state.h). ewkern.Array, an n-dimensional C-contiguous buffer on cpu or
+ * cuda:N: new arrays of fresh memory (empty/zeros/full), the conversions to NumPy, and its
+ * DLPack export (Array.__dlpack__: versioned and legacy capsules, the stream handshake). An
+ * Array may own an imported producer's managed tensor, so the release of producer memory
+ * (ew_release_managed) lives here too. Calls state, dtype, device and the CUDA runtime surface.
+ * Managed tensors we export are one allocation (struct + shape + strides); their deleter
+ * takes the GIL and does nothing after interpreter shutdown. A capsule's destructor does
+ * nothing once a consumer renamed it "used_...".
  */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include "ewkern.h"
+#include "array.h"
 
 #include <numpy/arrayobject.h>
 #include <structmember.h>
@@ -14,298 +20,54 @@
 
 #include "cuda_api.h"
 
-/* ---- dtypes ---------------------------------------------------------------------------- */
-static const char *const dtype_names[EW_NDTYPES] = {"float32", "float16", "bfloat16", "float64"};
-static const int dtype_sizes[EW_NDTYPES] = {4, 2, 2, 8};
+/* ---- producer memory an Array may own ------------------------------------------------------- */
 
-const char *ew_dtype_name(ew_dtype dt) { return dtype_names[dt]; }
-int ew_dtype_size(ew_dtype dt) { return dtype_sizes[dt]; }
-
-int ew_dtype_from_dl(DLDataType dl, ew_dtype *out)
+static int is_finalizing(void)
 {
-    if (dl.lanes == 1 && dl.code == kDLFloat && dl.bits == 32) *out = EW_FLOAT32;
-    else if (dl.lanes == 1 && dl.code == kDLFloat && dl.bits == 16) *out = EW_FLOAT16;
-    else if (dl.lanes == 1 && dl.code == kDLBfloat && dl.bits == 16) *out = EW_BFLOAT16;
-    else if (dl.lanes == 1 && dl.code == kDLFloat && dl.bits == 64) *out = EW_FLOAT64;
-    else {
-        PyErr_Format(PyExc_TypeError,
-                     "unsupported dtype (DLPack code %d, %d bits, %d lanes): ewkern supports "
-                     "float32, float16, bfloat16 and float64",
-                     (int)dl.code, (int)dl.bits, (int)dl.lanes);
-        return -1;
-    }
-    return 0;
-}
-
-DLDataType ew_dtype_to_dl(ew_dtype dt)
-{
-    DLDataType d;
-    d.code = dt == EW_BFLOAT16 ? kDLBfloat : kDLFloat;
-    d.bits = (uint8_t)(8 * dtype_sizes[dt]);
-    d.lanes = 1;
-    return d;
-}
-
-static int bf16_descr(ew_state *st)
-{
-    if (st->bf16_descr)
-        return 0;
-    PyObject *mod = PyImport_ImportModule("ml_dtypes");
-    if (mod == NULL) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ImportError,
-                        "bfloat16 arrays need the ml_dtypes package to convert to or from NumPy "
-                        "(pip install ml_dtypes)");
-        return -1;
-    }
-    PyObject *type = PyObject_GetAttrString(mod, "bfloat16");
-    Py_DECREF(mod);
-    if (type == NULL)
-        return -1;
-    PyArray_Descr *descr = NULL;
-    int ok = PyArray_DescrConverter(type, &descr);
-    Py_DECREF(type);
-    if (!ok)
-        return -1;
-    st->bf16_descr = (PyObject *)descr;
-    return 0;
-}
-
-PyObject *ew_numpy_descr(ew_state *st, ew_dtype dt)
-{
-    switch (dt) {
-    case EW_FLOAT32: return (PyObject *)PyArray_DescrFromType(NPY_FLOAT32);
-    case EW_FLOAT16: return (PyObject *)PyArray_DescrFromType(NPY_FLOAT16);
-    case EW_FLOAT64: return (PyObject *)PyArray_DescrFromType(NPY_FLOAT64);
-    default:
-        if (bf16_descr(st) < 0)
-            return NULL;
-        Py_INCREF(st->bf16_descr);
-        return st->bf16_descr;
-    }
-}
-
-/* dtype from a numpy descr; -1 with TypeError if unsupported. */
-int ew_dtype_from_descr(ew_state *st, PyArray_Descr *d, ew_dtype *out)
-{
-    switch (d->type_num) {
-    case NPY_FLOAT32: *out = EW_FLOAT32; return 0;
-    case NPY_FLOAT16: *out = EW_FLOAT16; return 0;
-    case NPY_FLOAT64: *out = EW_FLOAT64; return 0;
-    default: break;
-    }
-    if (PyDataType_ELSIZE(d) == 2 && d->type_num >= NPY_USERDEF) {
-        /* a user dtype of 2 bytes: bfloat16 from ml_dtypes? */
-        if (st->bf16_descr == NULL && !st->bf16_lookup_failed && bf16_descr(st) < 0) {
-            PyErr_Clear();
-            st->bf16_lookup_failed = 1;
-        }
-        if (st->bf16_descr && ((PyArray_Descr *)st->bf16_descr)->type_num == d->type_num) {
-            *out = EW_BFLOAT16;
-            return 0;
-        }
-    }
-    PyObject *repr = PyObject_Str((PyObject *)d);
-    PyErr_Format(PyExc_TypeError,
-                 "unsupported dtype %U: ewkern supports float32, float16, bfloat16 and float64",
-                 repr ? repr : Py_None);
-    Py_XDECREF(repr);
-    return -1;
-}
-
-int ew_dtype_from_py(ew_state *st, PyObject *obj, ew_dtype *out)
-{
-    if (obj == NULL || obj == Py_None) {
-        *out = EW_FLOAT32;
-        return 0;
-    }
-    if (PyUnicode_Check(obj)) {
-        for (int i = 0; i < EW_NDTYPES; i++)
-            if (PyUnicode_CompareWithASCIIString(obj, dtype_names[i]) == 0) {
-                *out = (ew_dtype)i;
-                return 0;
-            }
-        if (PyUnicode_CompareWithASCIIString(obj, "half") == 0) { *out = EW_FLOAT16; return 0; }
-        if (PyUnicode_CompareWithASCIIString(obj, "float") == 0) { *out = EW_FLOAT32; return 0; }
-        if (PyUnicode_CompareWithASCIIString(obj, "double") == 0) { *out = EW_FLOAT64; return 0; }
-        PyErr_Format(PyExc_TypeError,
-                     "unknown dtype %R: expected one of 'float32', 'float16', 'bfloat16', 'float64'",
-                     obj);
-        return -1;
-    }
-    /* numpy dtypes, numpy scalar types, ml_dtypes.bfloat16, torch dtypes by name */
-    PyObject *name = PyObject_GetAttrString(obj, "name");
-    if (name == NULL) {
-        PyErr_Clear();
-        name = PyObject_GetAttrString(obj, "__name__");
-    }
-    if (name == NULL || !PyUnicode_Check(name)) {
-        PyErr_Clear();
-        Py_XDECREF(name);
-        /* torch.float32 prints as "torch.float32" */
-        name = PyObject_Str(obj);
-        if (name == NULL)
-            return -1;
-    }
-    const char *s = PyUnicode_AsUTF8(name);
-    if (s == NULL) {
-        Py_DECREF(name);
-        return -1;
-    }
-    if (strncmp(s, "torch.", 6) == 0)
-        s += 6;
-    for (int i = 0; i < EW_NDTYPES; i++)
-        if (strcmp(s, dtype_names[i]) == 0) {
-            Py_DECREF(name);
-            *out = (ew_dtype)i;
-            return 0;
-        }
-    PyErr_Format(PyExc_TypeError,
-                 "unsupported dtype %R: expected one of 'float32', 'float16', 'bfloat16', 'float64'",
-                 obj);
-    Py_DECREF(name);
-    return -1;
-}
-
-/* ---- devices ----------------------------------------------------------------------------- */
-int ew_cuda_device_count(void)
-{
-#if EWKERN_WITH_CUDA
-    static int cached = -1;
-    if (cached < 0) {
-        int n = 0;
-        ewcuda_device_count(&n);
-        cached = n;
-    }
-    return cached;
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
 #else
-    return 0;
+    return _Py_IsFinalizing();
 #endif
 }
 
-int ew_device_from_py(PyObject *obj, ew_device *out)
+void ew_error_save(ew_saved_error *e)
 {
-    if (obj == NULL || obj == Py_None) {
-        out->type = ew_cuda_device_count() > 0 ? EW_CUDA : EW_CPU;
-        out->id = 0;
-        return 0;
-    }
-    PyObject *s = NULL;
-    if (PyUnicode_Check(obj)) {
-        s = obj;
-        Py_INCREF(s);
-    } else {
-        /* torch.device, cupy Device etc.: use their string form */
-        s = PyObject_Str(obj);
-        if (s == NULL)
-            return -1;
-    }
-    const char *c = PyUnicode_AsUTF8(s);
-    if (c == NULL) {
-        Py_DECREF(s);
-        return -1;
-    }
-    int ok = 0;
-    if (strcmp(c, "cpu") == 0) {
-        out->type = EW_CPU;
-        out->id = 0;
-        ok = 1;
-    } else if (strncmp(c, "cuda", 4) == 0) {
-        out->type = EW_CUDA;
-        out->id = 0;
-        if (c[4] == '\0')
-            ok = 1;
-        else if (c[4] == ':' && c[5] >= '0' && c[5] <= '9') {
-            char *end;
-            long id = strtol(c + 5, &end, 10);
-            if (*end == '\0' && id < 1 << 20) {
-                out->id = (int)id;
-                ok = 1;
-            }
-        }
-    } else if (strncmp(c, "<CUDA Device ", 13) == 0) {  /* cupy.cuda.Device */
-        out->type = EW_CUDA;
-        out->id = atoi(c + 13);
-        ok = 1;
-    }
-    if (!ok)
-        PyErr_Format(PyExc_ValueError, "unknown device %R: expected 'cpu', 'cuda' or 'cuda:N'", obj);
-    Py_DECREF(s);
-    return ok ? 0 : -1;
-}
-
-PyObject *ew_device_str(ew_device dev)
-{
-    if (dev.type == EW_CPU)
-        return PyUnicode_FromString("cpu");
-    return PyUnicode_FromFormat("cuda:%d", dev.id);
-}
-
-void ew_raise_cuda(int err, const char *what)
-{
-#if EWKERN_WITH_CUDA
-    PyObject *exc = err == 2 /* cudaErrorMemoryAllocation */ ? PyExc_MemoryError : PyExc_RuntimeError;
-    PyErr_Format(exc, "%s: CUDA error %s (%d): %s", what, ewcuda_error_name(err), err,
-                 ewcuda_error_string(err));
+#if PY_VERSION_HEX >= 0x030C0000
+    e->exc = PyErr_GetRaisedException();
 #else
-    PyErr_Format(PyExc_RuntimeError, "%s: CUDA error %d", what, err);
+    PyErr_Fetch(&e->type, &e->value, &e->tb);
 #endif
 }
 
-int ew_device_check(ew_device dev)
+void ew_error_restore(ew_saved_error *e)
 {
-    if (dev.type == EW_CPU)
-        return 0;
-    int count = ew_cuda_device_count();
-    if (count == 0) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        EWKERN_WITH_CUDA ? "CUDA is not available: no CUDA device or driver was found"
-                                         : "CUDA is not available: ewkern was built without CUDA "
-                                           "(nvcc was not found at build time)");
-        return -1;
-    }
-    if (dev.id < 0 || dev.id >= count) {
-        PyErr_Format(PyExc_ValueError, "device cuda:%d does not exist: %d CUDA device%s present",
-                     dev.id, count, count == 1 ? " is" : "s are");
-        return -1;
-    }
-    return 0;
+    if (PyErr_Occurred())   /* producer code that raised: report it, keep the caller's error */
+        PyErr_WriteUnraisable(NULL);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(e->exc);
+#else
+    PyErr_Restore(e->type, e->value, e->tb);
+#endif
 }
 
-int ew_device_enter(ew_device_guard *g, ew_device dev)
+void ew_release_managed(DLManagedTensor *mt, DLManagedTensorVersioned *mtv)
 {
-    if (dev.type == EW_CPU)
-        return 0;
-    if (ew_device_check(dev) < 0)
-        return -1;
-#if EWKERN_WITH_CUDA
-    int prev;
-    int err = ewcuda_device_enter(dev.id, &prev);
-    if (err) {
-        ew_raise_cuda(err, "selecting the CUDA device");
-        return -1;
-    }
-    if (g->prev < 0)   /* the first switch of the call: prev is the caller's device */
-        g->prev = prev;
-#endif
-    return 0;
-}
-
-void ew_device_exit(ew_device_guard *g)
-{
-#if EWKERN_WITH_CUDA
-    /* a failure to switch back to a device that was current a moment ago has no remedy here
-     * (and runtime.cu clears it): the call's own result or exception stands */
-    if (g->prev >= 0)
-        (void)ewcuda_device_exit(g->prev);
-#endif
-    g->prev = -1;
+    if ((mt == NULL || mt->deleter == NULL) && (mtv == NULL || mtv->deleter == NULL))
+        return;
+    ew_saved_error e;
+    ew_error_save(&e);
+    if (mt && mt->deleter)
+        mt->deleter(mt);
+    if (mtv && mtv->deleter)
+        mtv->deleter(mtv);
+    ew_error_restore(&e);
 }
 
 /* ---- the Array type ---------------------------------------------------------------------- */
 int ew_array_check(ew_state *st, PyObject *obj) { return Py_IS_TYPE(obj, st->Array_Type); }
 
-static ArrayObject *array_alloc(ew_state *st)
+ArrayObject *ew_array_alloc(ew_state *st)
 {
     ArrayObject *a = PyObject_New(ArrayObject, st->Array_Type);
     if (a == NULL)
@@ -327,37 +89,7 @@ static ArrayObject *array_alloc(ew_state *st)
     return a;
 }
 
-/* No 64-bit platform ewkern builds for maps user memory above 2^56 bytes (x86-64 with 5-level
- * paging; arm64 stops at 2^52): a shape or a pointer beyond it is corrupt, not large. */
-const uint64_t ew_address_limit = UINTPTR_MAX > 0xffffffffu ? (uint64_t)1 << 56 : (uint64_t)UINTPTR_MAX;
-
-int ew_shape_size(const char *what, int ndim, const int64_t *shape, ew_dtype dt, int64_t *size)
-{
-    const int64_t limit = (int64_t)(ew_address_limit / (uint64_t)ew_dtype_size(dt));
-    int64_t n = 1, nonzero = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "%s: negative dimension %lld at axis %d", what,
-                         (long long)shape[i], i);
-            return -1;
-        }
-        if (shape[i] == 0) {
-            n = 0;
-            continue;
-        }
-        if (nonzero > limit / shape[i]) {   /* also every product that would overflow int64 */
-            PyErr_Format(PyExc_ValueError, "%s: the shape describes more than 2^56 bytes of %s (an "
-                         "overflowing or corrupt shape)", what, ew_dtype_name(dt));
-            return -1;
-        }
-        nonzero *= shape[i];
-        n *= shape[i];
-    }
-    *size = n;
-    return 0;
-}
-
-static int set_shape(ArrayObject *a, int ndim, const int64_t *shape)
+int ew_array_set_shape(ArrayObject *a, int ndim, const int64_t *shape)
 {
     if (ndim > EW_MAXDIM) {
         PyErr_Format(PyExc_ValueError, "too many dimensions: %d (ewkern supports up to %d)", ndim,
@@ -374,12 +106,12 @@ static int set_shape(ArrayObject *a, int ndim, const int64_t *shape)
 PyObject *ew_array_new(ew_state *st, ew_device dev, ew_dtype dt, int ndim, const int64_t *shape,
                        void *stream, PyObject *stream_ref)
 {
-    ArrayObject *a = array_alloc(st);
+    ArrayObject *a = ew_array_alloc(st);
     if (a == NULL)
         return NULL;
     a->dtype = dt;
     a->device = dev;
-    if (set_shape(a, ndim, shape) < 0) {
+    if (ew_array_set_shape(a, ndim, shape) < 0) {
         Py_DECREF(a);
         return NULL;
     }
@@ -418,28 +150,6 @@ PyObject *ew_array_new(ew_state *st, ew_device dev, ew_dtype dt, int ndim, const
 #endif
     }
     a->data = a->alloc;
-    return (PyObject *)a;
-}
-
-PyObject *ew_array_from_view(ew_state *st, ew_view *v, PyObject *base)
-{
-    ArrayObject *a = array_alloc(st);
-    if (a == NULL)
-        return NULL;
-    a->dtype = v->dtype;
-    if (set_shape(a, v->ndim, v->shape) < 0) {
-        Py_DECREF(a);
-        return NULL;
-    }
-    a->data = v->data;
-    a->device = v->device;
-    a->readonly = v->readonly;
-    a->mt = v->mt;
-    a->mtv = v->mtv;
-    v->mt = NULL;
-    v->mtv = NULL;
-    a->base = base;
-    Py_XINCREF(base);
     return (PyObject *)a;
 }
 
@@ -659,9 +369,268 @@ static PyObject *array_dlpack_device(ArrayObject *self, PyObject *unused)
     return Py_BuildValue("(ii)", self->device.type, self->device.id);
 }
 
-static PyObject *array_dlpack_method(ArrayObject *self, PyObject *args, PyObject *kwds)
+/* ---- export --------------------------------------------------------------------------------- */
+
+typedef struct {
+    DLManagedTensorVersioned m;
+    int64_t dims[2 * EW_MAXDIM];
+} exported_versioned;
+
+typedef struct {
+    DLManagedTensor m;
+    int64_t dims[2 * EW_MAXDIM];
+} exported_legacy;
+
+static void release_owner(void *owner)
 {
-    return ew_array_dlpack(self, args, kwds);
+    if (owner == NULL || !Py_IsInitialized() || is_finalizing())
+        return;   /* at interpreter exit: leak rather than touch a dying interpreter */
+    PyGILState_STATE g = PyGILState_Ensure();
+    Py_DECREF((PyObject *)owner);
+    PyGILState_Release(g);
+}
+
+static void deleter_versioned(DLManagedTensorVersioned *m)
+{
+    release_owner(m->manager_ctx);
+    free(m);
+}
+
+static void deleter_legacy(DLManagedTensor *m)
+{
+    release_owner(m->manager_ctx);
+    free(m);
+}
+
+static void capsule_destructor_versioned(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "used_dltensor_versioned"))
+        return;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+    if (m && m->deleter)
+        m->deleter(m);
+    else
+        PyErr_WriteUnraisable(cap);
+    PyErr_Restore(t, v, tb);
+}
+
+static void capsule_destructor_legacy(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "used_dltensor"))
+        return;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter)
+        m->deleter(m);
+    else
+        PyErr_WriteUnraisable(cap);
+    PyErr_Restore(t, v, tb);
+}
+
+static void fill_dltensor(DLTensor *t, ArrayObject *a, int64_t *dims)
+{
+    t->data = a->data;
+    t->byte_offset = 0;
+    t->device.device_type = a->device.type == EW_CPU ? kDLCPU : kDLCUDA;
+    t->device.device_id = a->device.id;
+    t->ndim = a->ndim;
+    t->dtype = ew_dtype_to_dl(a->dtype);
+    int64_t *shape = dims, *strides = dims + EW_MAXDIM;
+    int64_t s = 1;
+    for (int i = a->ndim - 1; i >= 0; i--) {
+        shape[i] = a->shape[i];
+        strides[i] = s;
+        s *= a->shape[i];
+    }
+    t->shape = shape;
+    t->strides = strides;
+}
+
+/* The consumer's stream argument as a handle; -1 in *skip means "no synchronisation". */
+static int parse_consumer_stream(PyObject *stream, void **handle, int *skip)
+{
+    *skip = 0;
+    *handle = NULL;
+    if (stream == NULL || stream == Py_None)
+        return 0;   /* legacy default stream */
+    if (!PyLong_Check(stream)) {
+        PyErr_Format(PyExc_TypeError, "__dlpack__: stream must be an int or None, got %.200s",
+                     Py_TYPE(stream)->tp_name);
+        return -1;
+    }
+    long long s = PyLong_AsLongLong(stream);
+    if (s == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *handle = PyLong_AsVoidPtr(stream);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (s == -1) {
+        *skip = 1;
+        return 0;
+    }
+    if (s == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__dlpack__: stream=0 is ambiguous for CUDA; use 1 (legacy default stream), "
+                        "2 (per-thread default stream) or a stream handle");
+        return -1;
+    }
+    *handle = s == 1 ? NULL : (void *)(intptr_t)s;
+    return 0;
+}
+
+static PyObject *array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
+        return NULL;
+    ew_state *st = ew_state_from_type(Py_TYPE(self));
+    if (st == NULL)
+        return NULL;
+    int versioned = 0;
+    if (max_version != Py_None) {
+        long major = -1;
+        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2 ||
+            ((major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0))) == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple");
+            return NULL;
+        }
+        versioned = major >= 1;
+    }
+    if (copy != Py_None && copy != Py_True && copy != Py_False) {
+        PyErr_SetString(PyExc_TypeError, "__dlpack__: copy must be True, False or None");
+        return NULL;
+    }
+    ew_device target = self->device;
+    if (dl_device != Py_None) {
+        int t, id;
+        if (!PyArg_ParseTuple(dl_device, "ii;__dlpack__: dl_device must be a (device_type, device_id) "
+                              "tuple", &t, &id))
+            return NULL;
+        if (t == kDLCPU) {
+            target.type = EW_CPU;
+            target.id = 0;
+        } else if (t == kDLCUDA) {
+            target.type = EW_CUDA;
+            target.id = id;
+        } else {
+            PyErr_Format(PyExc_BufferError, "__dlpack__: cannot export to DLPack device type %d", t);
+            return NULL;
+        }
+    }
+    int need_copy = copy == Py_True || target.type != self->device.type || target.id != self->device.id;
+    if (need_copy && copy == Py_False) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: the requested device needs a copy, but copy=False");
+        return NULL;
+    }
+    if (need_copy && target.type == EW_CUDA && self->device.type == EW_CUDA &&
+        target.id != self->device.id) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: copies between CUDA devices are not supported");
+        return NULL;
+    }
+    if (self->device.type == EW_CPU && stream != Py_None && target.type == EW_CPU) {
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: stream must be None for a cpu array");
+        return NULL;
+    }
+    /* stream handshake: make the consumer's stream wait for our queued work */
+    if (self->device.type == EW_CUDA && target.type == EW_CUDA) {
+        void *consumer;
+        int skip;
+        if (parse_consumer_stream(stream, &consumer, &skip) < 0)
+            return NULL;
+#if EWKERN_WITH_CUDA
+        void *ours = ew_current_stream(st, self->device.id, NULL);
+        if (!skip && ours != consumer) {
+            /* the event and the legacy default stream (handle NULL) are the current device's */
+            ew_device_guard g = EW_DEVICE_GUARD_INIT;
+            if (ew_device_enter(&g, self->device) < 0)
+                return NULL;
+            int err = ewcuda_stream_order(ours, consumer);
+            ew_device_exit(&g);
+            if (err) {
+                ew_raise_cuda(err, "__dlpack__ stream handshake");
+                return NULL;
+            }
+        }
+#endif
+    }
+    PyObject *owner = (PyObject *)self;
+    Py_INCREF(owner);
+    if (need_copy) {
+        PyObject *host_or_dev;
+        if (target.type == EW_CPU) {
+            host_or_dev = PyObject_CallMethod((PyObject *)self, "numpy", NULL);
+            if (host_or_dev && self->device.type == EW_CPU) {
+                PyObject *c = PyObject_CallMethod(host_or_dev, "copy", NULL);
+                Py_SETREF(host_or_dev, c);
+            }
+        } else {
+            host_or_dev = NULL;
+            PyObject *mod = PyType_GetModule(Py_TYPE(self));
+            PyObject *dev = ew_device_str(target);
+            if (mod && dev)
+                host_or_dev = PyObject_CallMethod(mod, "asarray", "OsO", (PyObject *)self, NULL, dev);
+            Py_XDECREF(dev);
+            if (host_or_dev && host_or_dev == (PyObject *)self) {
+                /* same device, copy=True: a fresh Array of the same values */
+                Py_DECREF(host_or_dev);
+                host_or_dev = mod ? PyObject_CallMethod(mod, "copy", "O", (PyObject *)self) : NULL;
+            }
+        }
+        Py_DECREF(owner);
+        if (host_or_dev == NULL)
+            return NULL;
+        /* the copy (a NumPy array or an ewkern.Array) as an Array: through the module's
+         * from_dlpack, which lives on a floor above this one (dlpack.c) */
+        PyObject *mod = PyType_GetModule(Py_TYPE(self));
+        owner = mod ? PyObject_CallMethod(mod, "from_dlpack", "O", host_or_dev) : NULL;
+        Py_DECREF(host_or_dev);
+        if (owner == NULL)
+            return NULL;
+        if (!Py_IS_TYPE(owner, Py_TYPE(self))) {
+            PyErr_Format(PyExc_SystemError, "__dlpack__: ewkern._C.from_dlpack returned %.200s, not an "
+                         "ewkern.Array", Py_TYPE(owner)->tp_name);
+            Py_DECREF(owner);
+            return NULL;
+        }
+    }
+    ArrayObject *a = (ArrayObject *)owner;
+    PyObject *cap;
+    if (versioned) {
+        exported_versioned *e = calloc(1, sizeof *e);
+        if (e == NULL) {
+            Py_DECREF(owner);
+            return PyErr_NoMemory();
+        }
+        e->m.version.major = DLPACK_MAJOR_VERSION;
+        e->m.version.minor = DLPACK_MINOR_VERSION;
+        e->m.manager_ctx = owner;
+        e->m.deleter = deleter_versioned;
+        e->m.flags = (a->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
+                     (need_copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+        fill_dltensor(&e->m.dl_tensor, a, e->dims);
+        cap = PyCapsule_New(&e->m, "dltensor_versioned", capsule_destructor_versioned);
+        if (cap == NULL)
+            deleter_versioned(&e->m);
+    } else {
+        exported_legacy *e = calloc(1, sizeof *e);
+        if (e == NULL) {
+            Py_DECREF(owner);
+            return PyErr_NoMemory();
+        }
+        e->m.manager_ctx = owner;
+        e->m.deleter = deleter_legacy;
+        fill_dltensor(&e->m.dl_tensor, a, e->dims);
+        cap = PyCapsule_New(&e->m, "dltensor", capsule_destructor_legacy);
+        if (cap == NULL)
+            deleter_legacy(&e->m);
+    }
+    return cap;
 }
 
 static PyMethodDef array_methods[] = {
@@ -670,7 +639,7 @@ static PyMethodDef array_methods[] = {
      "arrays. bfloat16 arrays come back with ml_dtypes.bfloat16 elements."},
     {"__array__", (PyCFunction)(void (*)(void))array_array, METH_VARARGS | METH_KEYWORDS,
      "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy conversion (numpy.asarray(arr))."},
-    {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack_method, METH_VARARGS | METH_KEYWORDS,
+    {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
      "Export as a DLPack capsule (versioned when max_version >= (1, 0))."},
     {"__dlpack_device__", (PyCFunction)array_dlpack_device, METH_NOARGS,
@@ -726,3 +695,91 @@ PyType_Spec ew_array_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = array_slots,
 };
+
+/* ---- creation ------------------------------------------------------------------------------------ */
+
+static int parse_shape(PyObject *obj, int *ndim, int64_t *shape)
+{
+    PyObject *seq = PyLong_Check(obj) ? PyTuple_Pack(1, obj)
+                                      : PySequence_Tuple(obj);
+    if (seq == NULL) {
+        PyErr_Format(PyExc_TypeError, "shape must be an int or a sequence of ints, got %.200s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    if (n > EW_MAXDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "too many dimensions: %zd (ewkern supports up to %d)", n, EW_MAXDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(seq, i);
+        long long v = PyLong_Check(x) ? PyLong_AsLongLong(x) : -2;
+        if (v == -2 && !PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "shape entries must be ints, got %.200s", Py_TYPE(x)->tp_name);
+        else if (v < 0 && !PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "negative dimension %lld in shape", v);
+        if (PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        shape[i] = v;
+    }
+    *ndim = (int)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+PyObject *ew_create(PyObject *module, PyObject *args, PyObject *kwds, int mode)
+{
+    static char *kw_empty[] = {"shape", "dtype", "device", NULL};
+    static char *kw_full[] = {"shape", "fill_value", "dtype", "device", NULL};
+    PyObject *shape_obj, *dtype_obj = Py_None, *dev_obj = Py_None, *value = NULL;
+    ew_state *st = ew_get_state(module);
+    int ok = mode == 2 ? PyArg_ParseTupleAndKeywords(args, kwds, "OO|OO:full", kw_full, &shape_obj, &value,
+                                                     &dtype_obj, &dev_obj)
+                       : PyArg_ParseTupleAndKeywords(args, kwds, mode ? "O|OO:zeros" : "O|OO:empty", kw_empty,
+                                                     &shape_obj, &dtype_obj, &dev_obj);
+    if (!ok)
+        return NULL;
+    int ndim;
+    int64_t shape[EW_MAXDIM];
+    ew_dtype dt;
+    ew_device dev;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (parse_shape(shape_obj, &ndim, shape) < 0 || ew_dtype_from_py(st, dtype_obj, &dt) < 0 ||
+        ew_device_from_py(dev_obj, &dev) < 0 || ew_device_enter(&g, dev) < 0)
+        return NULL;
+    PyObject *ref = NULL;
+    void *stream = dev.type == EW_CUDA ? ew_current_stream(st, dev.id, &ref) : NULL;
+    PyObject *arr = ew_array_new(st, dev, dt, ndim, shape, stream, ref);
+    if (arr == NULL || mode == 0)
+        goto done;
+    ArrayObject *a = (ArrayObject *)arr;
+    size_t nbytes = (size_t)a->size * ew_dtype_size(dt);
+    if (mode == 1) {
+        if (dev.type == EW_CPU && a->size > EW_GIL_FREE_WORK) {
+            Py_BEGIN_ALLOW_THREADS
+            memset(a->data, 0, nbytes);
+            Py_END_ALLOW_THREADS
+        } else if (dev.type == EW_CPU)
+            memset(a->data, 0, nbytes);
+#if EWKERN_WITH_CUDA
+        else {
+            int err = ewcuda_memset_async(a->data, 0, nbytes, stream);
+            if (err) {
+                Py_CLEAR(arr);
+                ew_raise_cuda(err, "zeros");
+            }
+        }
+#endif
+        goto done;
+    }
+    PyObject *fill = PyObject_GetAttrString(module, "fill");
+    PyObject *res = fill ? PyObject_CallFunctionObjArgs(fill, arr, value, NULL) : NULL;
+    Py_XDECREF(fill);
+    Py_SETREF(arr, res);
+done:
+    ew_device_exit(&g);
+    return arr;
+}

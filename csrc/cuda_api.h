@@ -2,6 +2,7 @@
  * cuda_api.h: the only CUDA runtime surface the C host code uses, implemented in
  * csrc/cuda/runtime.cu (so the .c files need no CUDA headers and a CPU-only build links
  * without the toolkit). Every function returns 0 or a cudaError_t value.
+ * Floor 0 (see state.h): a contract with csrc/cuda, no calls into the C core.
  */
 #ifndef EWKERN_CUDA_API_H
 #define EWKERN_CUDA_API_H

@@ -1,17 +1,17 @@
 /*
- * dlpack.c: DLPack in and out.
+ * dlpack.c: floor 3 (see state.h). DLPack in.
  *  - import: any producer -> ew_view (ewkern.Array and numpy.ndarray directly; types with
  *    the C exchange API through it, cached per type; everything else through __dlpack__),
- *  - export: Array.__dlpack__ (versioned and legacy capsules, the stream handshake),
+ *  - Arrays from views and capsules (from_dlpack), asarray (a copy when the dtype or the
+ *    device differs),
  *  - results that follow the inputs' framework (ew_new_result).
- * Managed tensors we export are one allocation (struct + shape + strides); their deleter
- * takes the GIL and does nothing after interpreter shutdown. A capsule's destructor does
- * nothing once a consumer renamed it "used_...".
+ * The export (Array.__dlpack__) is the Array's own, on floor 2 (array.c). Calls array, dtype,
+ * device, state and the CUDA runtime surface.
  */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include "ewkern.h"
+#include "dlpack.h"
 
 #include <numpy/arrayobject.h>
 #include <stdlib.h>
@@ -22,61 +22,6 @@
 #if DLPACK_MAJOR_VERSION < 1 || (DLPACK_MAJOR_VERSION == 1 && DLPACK_MINOR_VERSION < 2)
 #error "ewkern needs dlpack.h 1.2 or newer (DLPackExchangeAPI); set EWKERN_DLPACK_INCLUDE"
 #endif
-
-int ew_dtype_from_descr(ew_state *st, PyArray_Descr *d, ew_dtype *out);
-
-static int is_finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
-/* The error indicator set aside while producer code runs: a deleter or a capsule destructor
- * may run Python code (a ctypes callback, a framework's release) that must neither see nor
- * swallow an exception on its way to the caller. */
-typedef struct saved_error {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc;
-#else
-    PyObject *type, *value, *tb;
-#endif
-} saved_error;
-
-static void save_error(saved_error *e)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    e->exc = PyErr_GetRaisedException();
-#else
-    PyErr_Fetch(&e->type, &e->value, &e->tb);
-#endif
-}
-
-static void restore_error(saved_error *e)
-{
-    if (PyErr_Occurred())   /* producer code that raised: report it, keep the caller's error */
-        PyErr_WriteUnraisable(NULL);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(e->exc);
-#else
-    PyErr_Restore(e->type, e->value, e->tb);
-#endif
-}
-
-void ew_release_managed(DLManagedTensor *mt, DLManagedTensorVersioned *mtv)
-{
-    if ((mt == NULL || mt->deleter == NULL) && (mtv == NULL || mtv->deleter == NULL))
-        return;
-    saved_error e;
-    save_error(&e);
-    if (mt && mt->deleter)
-        mt->deleter(mt);
-    if (mtv && mtv->deleter)
-        mtv->deleter(mtv);
-    restore_error(&e);
-}
 
 /* ---- import -------------------------------------------------------------------------------- */
 
@@ -363,10 +308,10 @@ static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const cha
         return -1;
     }
     int rc = view_from_capsule(v, cap, what);
-    saved_error e;
-    save_error(&e);
+    ew_saved_error e;
+    ew_error_save(&e);
     Py_DECREF(cap);   /* an unconsumed capsule's destructor is producer code */
-    restore_error(&e);
+    ew_error_restore(&e);
     v->kind = EW_KIND_DLPACK;
     return rc;
 }
@@ -446,6 +391,28 @@ PyObject *ew_from_dlpack(ew_state *st, PyObject *obj)
     return res;
 }
 
+PyObject *ew_array_from_view(ew_state *st, ew_view *v, PyObject *base)
+{
+    ArrayObject *a = ew_array_alloc(st);
+    if (a == NULL)
+        return NULL;
+    a->dtype = v->dtype;
+    if (ew_array_set_shape(a, v->ndim, v->shape) < 0) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    a->data = v->data;
+    a->device = v->device;
+    a->readonly = v->readonly;
+    a->mt = v->mt;
+    a->mtv = v->mtv;
+    v->mt = NULL;
+    v->mtv = NULL;
+    a->base = base;
+    Py_XINCREF(base);
+    return (PyObject *)a;
+}
+
 /* ---- results that follow the inputs ------------------------------------------------------- */
 
 static void set_error_cb(void *ctx, const char *kind, const char *message)
@@ -516,257 +483,144 @@ PyObject *ew_new_result(ew_state *st, const ew_view *like, ew_dtype dt, int ndim
     return res;
 }
 
-/* ---- export --------------------------------------------------------------------------------- */
+/* ---- asarray ------------------------------------------------------------------------------------- */
 
-typedef struct {
-    DLManagedTensorVersioned m;
-    int64_t dims[2 * EW_MAXDIM];
-} exported_versioned;
-
-typedef struct {
-    DLManagedTensor m;
-    int64_t dims[2 * EW_MAXDIM];
-} exported_legacy;
-
-static void release_owner(void *owner)
+/* asarray(obj, dtype=None, device=None): zero-copy when dtype and device already match. */
+PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    if (owner == NULL || !Py_IsInitialized() || is_finalizing())
-        return;   /* at interpreter exit: leak rather than touch a dying interpreter */
-    PyGILState_STATE g = PyGILState_Ensure();
-    Py_DECREF((PyObject *)owner);
-    PyGILState_Release(g);
-}
-
-static void deleter_versioned(DLManagedTensorVersioned *m)
-{
-    release_owner(m->manager_ctx);
-    free(m);
-}
-
-static void deleter_legacy(DLManagedTensor *m)
-{
-    release_owner(m->manager_ctx);
-    free(m);
-}
-
-static void capsule_destructor_versioned(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "used_dltensor_versioned"))
-        return;
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-    if (m && m->deleter)
-        m->deleter(m);
-    else
-        PyErr_WriteUnraisable(cap);
-    PyErr_Restore(t, v, tb);
-}
-
-static void capsule_destructor_legacy(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "used_dltensor"))
-        return;
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-    if (m && m->deleter)
-        m->deleter(m);
-    else
-        PyErr_WriteUnraisable(cap);
-    PyErr_Restore(t, v, tb);
-}
-
-static void fill_dltensor(DLTensor *t, ArrayObject *a, int64_t *dims)
-{
-    t->data = a->data;
-    t->byte_offset = 0;
-    t->device.device_type = a->device.type == EW_CPU ? kDLCPU : kDLCUDA;
-    t->device.device_id = a->device.id;
-    t->ndim = a->ndim;
-    t->dtype = ew_dtype_to_dl(a->dtype);
-    int64_t *shape = dims, *strides = dims + EW_MAXDIM;
-    int64_t s = 1;
-    for (int i = a->ndim - 1; i >= 0; i--) {
-        shape[i] = a->shape[i];
-        strides[i] = s;
-        s *= a->shape[i];
-    }
-    t->shape = shape;
-    t->strides = strides;
-}
-
-/* The consumer's stream argument as a handle; -1 in *skip means "no synchronisation". */
-static int parse_consumer_stream(PyObject *stream, void **handle, int *skip)
-{
-    *skip = 0;
-    *handle = NULL;
-    if (stream == NULL || stream == Py_None)
-        return 0;   /* legacy default stream */
-    if (!PyLong_Check(stream)) {
-        PyErr_Format(PyExc_TypeError, "__dlpack__: stream must be an int or None, got %.200s",
-                     Py_TYPE(stream)->tp_name);
-        return -1;
-    }
-    long long s = PyLong_AsLongLong(stream);
-    if (s == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        *handle = PyLong_AsVoidPtr(stream);
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    if (s == -1) {
-        *skip = 1;
-        return 0;
-    }
-    if (s == 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "__dlpack__: stream=0 is ambiguous for CUDA; use 1 (legacy default stream), "
-                        "2 (per-thread default stream) or a stream handle");
-        return -1;
-    }
-    *handle = s == 1 ? NULL : (void *)(intptr_t)s;
-    return 0;
-}
-
-PyObject *ew_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
-                                     &dl_device, &copy))
+    static char *kwlist[] = {"obj", "dtype", "device", NULL};
+    PyObject *obj, *dtype_obj = Py_None, *dev_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO:asarray", kwlist, &obj, &dtype_obj, &dev_obj))
         return NULL;
-    ew_state *st = ew_state_from_type(Py_TYPE(self));
-    if (st == NULL)
+    ew_state *st = ew_get_state(module);
+    ew_dtype want_dt = EW_FLOAT32;
+    ew_device want_dev = {EW_CPU, 0};
+    if (dtype_obj != Py_None && ew_dtype_from_py(st, dtype_obj, &want_dt) < 0)
         return NULL;
-    int versioned = 0;
-    if (max_version != Py_None) {
-        long major = -1;
-        if (!PyTuple_Check(max_version) || PyTuple_GET_SIZE(max_version) != 2 ||
-            ((major = PyLong_AsLong(PyTuple_GET_ITEM(max_version, 0))) == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_TypeError, "__dlpack__: max_version must be a (major, minor) tuple");
+    if (dev_obj != Py_None && ew_device_from_py(dev_obj, &want_dev) < 0)
+        return NULL;
+    PyObject *src = obj;
+    Py_INCREF(src);
+    int is_array_like = Py_IS_TYPE(obj, st->Array_Type) || PyArray_Check(obj) ||
+                        PyObject_HasAttr(obj, st->str_dlpack);
+    if (!is_array_like) {
+        /* Python sequences and scalars: through NumPy; ints and bools become float64 */
+        PyObject *np = PyArray_FromAny(obj, NULL, 0, 0, NPY_ARRAY_DEFAULT, NULL);
+        Py_DECREF(src);
+        if (np == NULL)
             return NULL;
+        if (dtype_obj == Py_None && !PyArray_ISFLOAT((PyArrayObject *)np)) {
+            PyObject *f = PyArray_Cast((PyArrayObject *)np, NPY_FLOAT64);
+            Py_SETREF(np, f);
+            if (np == NULL)
+                return NULL;
         }
-        versioned = major >= 1;
+        src = np;
     }
-    if (copy != Py_None && copy != Py_True && copy != Py_False) {
-        PyErr_SetString(PyExc_TypeError, "__dlpack__: copy must be True, False or None");
-        return NULL;
-    }
-    ew_device target = self->device;
-    if (dl_device != Py_None) {
-        int t, id;
-        if (!PyArg_ParseTuple(dl_device, "ii;__dlpack__: dl_device must be a (device_type, device_id) "
-                              "tuple", &t, &id))
-            return NULL;
-        if (t == kDLCPU) {
-            target.type = EW_CPU;
-            target.id = 0;
-        } else if (t == kDLCUDA) {
-            target.type = EW_CUDA;
-            target.id = id;
+    ew_view v;
+    memset(&v, 0, sizeof v);
+    PyObject *res = NULL;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_view_from_object(st, src, &v, "asarray", NULL, 0) < 0)
+        goto done;
+    ew_dtype dt = dtype_obj == Py_None ? v.dtype : want_dt;
+    ew_device dev = dev_obj == Py_None ? v.device : want_dev;
+    if (dt == v.dtype && dev.type == v.device.type && dev.id == v.device.id) {
+        if (Py_IS_TYPE(src, st->Array_Type)) {
+            res = src;
+            Py_INCREF(res);
         } else {
-            PyErr_Format(PyExc_BufferError, "__dlpack__: cannot export to DLPack device type %d", t);
-            return NULL;
+            res = ew_array_from_view(st, &v, v.kind == EW_KIND_DLPACK ? NULL : src);
         }
+        goto done;
     }
-    int need_copy = copy == Py_True || target.type != self->device.type || target.id != self->device.id;
-    if (need_copy && copy == Py_False) {
-        PyErr_SetString(PyExc_BufferError, "__dlpack__: the requested device needs a copy, but copy=False");
-        return NULL;
+    if (ew_device_enter(&g, dev) < 0)
+        goto done;
+    if (dt != v.dtype) {
+        /* dtype conversion happens on the host through NumPy */
+        PyObject *host = NULL;
+        if (v.device.type == EW_CPU && v.kind != EW_KIND_API && v.kind != EW_KIND_DLPACK)
+            host = PyArray_CheckExact(src) ? (Py_INCREF(src), src) : PyObject_CallMethod(src, "numpy", NULL);
+        else {
+            PyObject *tmp = ew_array_from_view(st, &v, v.kind == EW_KIND_DLPACK ? NULL : src);
+            host = tmp ? PyObject_CallMethod(tmp, "numpy", NULL) : NULL;
+            Py_XDECREF(tmp);
+        }
+        PyObject *descr = host ? ew_numpy_descr(st, dt) : NULL;
+        PyObject *conv = descr ? PyObject_CallMethod(host, "astype", "O", descr) : NULL;
+        Py_XDECREF(descr);
+        Py_XDECREF(host);
+        if (conv == NULL)
+            goto done;
+        PyObject *devstr = ew_device_str(dev);
+        res = devstr ? PyObject_CallMethod(module, "asarray", "ONO", conv, Py_None, devstr) : NULL;
+        Py_DECREF(conv);
+        goto done;
     }
-    if (need_copy && target.type == EW_CUDA && self->device.type == EW_CUDA &&
-        target.id != self->device.id) {
-        PyErr_SetString(PyExc_BufferError, "__dlpack__: copies between CUDA devices are not supported");
-        return NULL;
-    }
-    if (self->device.type == EW_CPU && stream != Py_None && target.type == EW_CPU) {
-        PyErr_SetString(PyExc_BufferError, "__dlpack__: stream must be None for a cpu array");
-        return NULL;
-    }
-    /* stream handshake: make the consumer's stream wait for our queued work */
-    if (self->device.type == EW_CUDA && target.type == EW_CUDA) {
-        void *consumer;
-        int skip;
-        if (parse_consumer_stream(stream, &consumer, &skip) < 0)
-            return NULL;
+    /* same dtype, another device: one copy */
+    {
+        PyObject *ref = NULL;
+        void *stream = dev.type == EW_CUDA ? ew_current_stream(st, dev.id, &ref) : NULL;
+        if (dev.type == EW_CPU && v.device.type == EW_CUDA)
+            stream = ew_current_stream(st, v.device.id, &ref);
+        res = ew_array_new(st, dev, dt, v.ndim, v.shape, stream, ref);
+        if (res == NULL)
+            goto done;
+        size_t nbytes = (size_t)v.size * ew_dtype_size(dt);
 #if EWKERN_WITH_CUDA
-        void *ours = ew_current_stream(st, self->device.id, NULL);
-        if (!skip && ours != consumer) {
-            /* the event and the legacy default stream (handle NULL) are the current device's */
-            ew_device_guard g = EW_DEVICE_GUARD_INIT;
-            if (ew_device_enter(&g, self->device) < 0)
-                return NULL;
-            int err = ewcuda_stream_order(ours, consumer);
-            ew_device_exit(&g);
-            if (err) {
-                ew_raise_cuda(err, "__dlpack__ stream handshake");
-                return NULL;
+        const int kind = dev.type == EW_CPU ? EWCUDA_D2H : v.device.type == EW_CPU ? EWCUDA_H2D : EWCUDA_D2D;
+        const int peer = kind == EWCUDA_D2D && v.device.id != dev.id;
+        int err = 0;
+        void *dst = ((ArrayObject *)res)->data;
+        void *host = NULL;
+        if (peer) {
+            /* between devices: through host memory, from the source's current stream on its device
+             * (which orders the copy after the work that may still be writing the source), then
+             * to the destination's. A direct copy needs peer access to the source's stream-ordered
+             * pool, which ewkern does not grant. */
+            void *src_stream = ew_current_stream(st, v.device.id, NULL);
+            host = nbytes ? PyMem_RawMalloc(nbytes) : NULL;
+            if (nbytes && host == NULL) {
+                Py_CLEAR(res);
+                PyErr_NoMemory();
+                goto done;
             }
+            if (ew_device_enter(&g, v.device) < 0) {
+                PyMem_RawFree(host);
+                Py_CLEAR(res);
+                goto done;
+            }
+            Py_BEGIN_ALLOW_THREADS
+            err = ewcuda_memcpy_sync(host, v.data, nbytes, EWCUDA_D2H, src_stream);
+            Py_END_ALLOW_THREADS
         }
+        /* the copy runs on the stream chosen above, from its device: the source's for a copy to
+         * the host, else the destination's */
+        if (ew_device_enter(&g, kind == EWCUDA_D2H ? v.device : dev) < 0) {
+            PyMem_RawFree(host);
+            Py_CLEAR(res);
+            goto done;
+        }
+        if (!err) {
+            Py_BEGIN_ALLOW_THREADS
+            err = ewcuda_memcpy_sync(dst, peer ? host : v.data, nbytes, peer ? EWCUDA_H2D : kind, stream);
+            Py_END_ALLOW_THREADS
+        }
+        PyMem_RawFree(host);
+        if (err) {
+            Py_CLEAR(res);
+            ew_raise_cuda(err, "asarray copy");
+        }
+#else
+        (void)nbytes;
+        Py_CLEAR(res);
+        if (ew_device_check(dev) == 0)   /* one of the two is CUDA: say so */
+            ew_device_check(v.device);
 #endif
     }
-    PyObject *owner = (PyObject *)self;
-    Py_INCREF(owner);
-    if (need_copy) {
-        PyObject *host_or_dev;
-        if (target.type == EW_CPU) {
-            host_or_dev = PyObject_CallMethod((PyObject *)self, "numpy", NULL);
-            if (host_or_dev && self->device.type == EW_CPU) {
-                PyObject *c = PyObject_CallMethod(host_or_dev, "copy", NULL);
-                Py_SETREF(host_or_dev, c);
-            }
-        } else {
-            host_or_dev = NULL;
-            PyObject *mod = PyType_GetModule(Py_TYPE(self));
-            PyObject *dev = ew_device_str(target);
-            if (mod && dev)
-                host_or_dev = PyObject_CallMethod(mod, "asarray", "OsO", (PyObject *)self, NULL, dev);
-            Py_XDECREF(dev);
-            if (host_or_dev && host_or_dev == (PyObject *)self) {
-                /* same device, copy=True: a fresh Array of the same values */
-                Py_DECREF(host_or_dev);
-                host_or_dev = mod ? PyObject_CallMethod(mod, "copy", "O", (PyObject *)self) : NULL;
-            }
-        }
-        Py_DECREF(owner);
-        if (host_or_dev == NULL)
-            return NULL;
-        owner = ew_from_dlpack(st, host_or_dev);
-        Py_DECREF(host_or_dev);
-        if (owner == NULL)
-            return NULL;
-    }
-    ArrayObject *a = (ArrayObject *)owner;
-    PyObject *cap;
-    if (versioned) {
-        exported_versioned *e = calloc(1, sizeof *e);
-        if (e == NULL) {
-            Py_DECREF(owner);
-            return PyErr_NoMemory();
-        }
-        e->m.version.major = DLPACK_MAJOR_VERSION;
-        e->m.version.minor = DLPACK_MINOR_VERSION;
-        e->m.manager_ctx = owner;
-        e->m.deleter = deleter_versioned;
-        e->m.flags = (a->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
-                     (need_copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
-        fill_dltensor(&e->m.dl_tensor, a, e->dims);
-        cap = PyCapsule_New(&e->m, "dltensor_versioned", capsule_destructor_versioned);
-        if (cap == NULL)
-            deleter_versioned(&e->m);
-    } else {
-        exported_legacy *e = calloc(1, sizeof *e);
-        if (e == NULL) {
-            Py_DECREF(owner);
-            return PyErr_NoMemory();
-        }
-        e->m.manager_ctx = owner;
-        e->m.deleter = deleter_legacy;
-        fill_dltensor(&e->m.dl_tensor, a, e->dims);
-        cap = PyCapsule_New(&e->m, "dltensor", capsule_destructor_legacy);
-        if (cap == NULL)
-            deleter_legacy(&e->m);
-    }
-    return cap;
+done:
+    ew_device_exit(&g);
+    ew_view_release(&v);
+    Py_DECREF(src);
+    return res;
 }

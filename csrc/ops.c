@@ -4,13 +4,20 @@
  *   parse arguments -> import views (dlpack.c) -> check dtypes, shapes, devices, out=
  *   -> registry lookup -> allocate the result like the first input -> launch -> check.
  * ewkern._C.prepare runs the same path but stores the launch in a Plan instead of running it.
+ * Floor 4 (see state.h): calls dlpack, registry, dtype, device and state.
  */
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include "ewkern.h"
+#include "ops.h"
 
 #include <string.h>
+
+#include "device.h"
+#include "dlpack.h"
+#include "dtype.h"
+#include "registry.h"
+#include "state.h"
 
 #include "cuda_api.h"
 

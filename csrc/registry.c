@@ -2,8 +2,9 @@
  * registry.c: the op table (from ops.def) and the one kernel registry, built from the tables
  * that each kernel file exports. Every lookup of (op, variant, dtype, device) goes through
  * ew_find_kernel; an unknown name is an error that lists the valid ones, never a fallback.
+ * Floor 2 (see state.h): calls dtype (floor 1) and the kernel tables of csrc/cpu, csrc/cuda.
  */
-#include "ewkern.h"
+#include "registry.h"
 
 #include <string.h>
 

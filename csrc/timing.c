@@ -10,8 +10,16 @@
  * write the flush buffer.
  * graph (default: when launches > 1) captures a sample's launches into one CUDA graph and times
  * its replays. Returns seconds per launch, one value per sample.
+ * Floor 5 (see state.h): calls ops (the Plans' launches), dlpack (the flush buffer's view),
+ * dtype, device and state.
  */
-#include "ewkern.h"
+#include "timing.h"
+
+#include "device.h"
+#include "dlpack.h"
+#include "dtype.h"
+#include "ops.h"
+#include "state.h"
 
 #include <string.h>
 #include <time.h>
