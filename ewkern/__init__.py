@@ -30,6 +30,9 @@ from ._C import (  # noqa: F401  (the public surface)
     copy, fill, add, sub, mul, div, maximum, minimum, add_const, mul_const, axpby,
     neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu,
     rmse,
+    gelu_backward, silu_backward, sigmoid_backward, tanh_backward, erf_backward, exp_backward,
+    log_backward, sqrt_backward, rsqrt_backward, abs_backward, relu_backward, mul_backward,
+    div_backward, maximum_backward, minimum_backward, axpby_backward, rmse_backward,
 )
 
 __version__ = "0.1.0"
@@ -79,4 +82,7 @@ __all__ = [
     "default_device", "current_stream", "stream", "rmse",
     "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu",
+    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "erf_backward", "exp_backward",
+    "log_backward", "sqrt_backward", "rsqrt_backward", "abs_backward", "relu_backward", "mul_backward",
+    "div_backward", "maximum_backward", "minimum_backward", "axpby_backward", "rmse_backward",
 ]

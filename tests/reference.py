@@ -137,7 +137,7 @@ GRAD_REF = {
     "gelu_backward": lambda g, a: g * sum(_gelu_terms(a)),
     "silu_backward": lambda g, a: g * sum(_silu_terms(a)),
     "sigmoid_backward": lambda g, y: g * y * (1.0 - y),
-    "tanh_backward": lambda g, y: g * (1.0 - y * y),
+    "tanh_backward": lambda g, y: g * ((1.0 - y) * (1.0 + y)),    # no cancellation near |y| = 1
     "erf_backward": lambda g, a: g * 2.0 / math.sqrt(math.pi) * np.exp(-a * a),
     "exp_backward": lambda g, y: g * y,
     "log_backward": lambda g, a: g / a,
@@ -161,8 +161,10 @@ GRAD_SCALE = {
 
 
 def grad_reference(op, *arrays, scalars=()):
-    """float64 gradient(s) of a backward op, as a tuple (one entry per output)."""
-    args = [np.asarray(x).astype(np.float64) for x in arrays]
+    """Gradient(s) of a backward op as float64 arrays, a tuple with one entry per output. The
+    arithmetic runs in long double (80-bit on x86-64), so that a float64 result's bound of one or
+    two ulp is not eaten by the reference's own roundings."""
+    args = [np.asarray(x).astype(np.float64).astype(np.longdouble) for x in arrays]
     with np.errstate(all="ignore"):
         r = GRAD_REF[op](*args, *scalars)
     return tuple(np.asarray(x, dtype=np.float64) for x in (r if isinstance(r, tuple) else (r,)))

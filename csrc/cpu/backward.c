@@ -24,9 +24,12 @@
 #ifdef _OPENMP
 #define EW_BW_PARALLEL _Pragma("omp parallel for simd schedule(static)")
 #define EW_BW_SIMD _Pragma("omp simd")
+#define EW_BW_PRAGMA(x) _Pragma(#x)
+#define EW_BW_PARALLEL_IF(cond) EW_BW_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
 #define EW_BW_PARALLEL
 #define EW_BW_SIMD
+#define EW_BW_PARALLEL_IF(cond)
 #endif
 
 #define EW_BW_M_float(fn) fn##f
@@ -46,7 +49,7 @@
     static inline T ew_bw_gauss_##T(T a, T scale)                                            \
     {                                                                                        \
         const T p = a * a;                                                                   \
-        const T e = EW_BW_M(T, fma)(a, a, -p);                                               \
+        const T e = p < (T)INFINITY ? EW_BW_M(T, fma)(a, a, -p) : (T)0; /* inf - inf: none */ \
         return EW_BW_M(T, exp)(-p * scale) * ((T)1 - e * scale);                             \
     }                                                                                        \
     static inline T ew_bw_sigmoid_##T(T a)                                                   \
@@ -61,10 +64,14 @@
         const T pdf = ew_bw_gauss_##T(a, (T)0.5) * (T)EW_BW_INV_SQRT_2PI;                    \
         return g * EW_BW_M(T, fma)(a, pdf, cdf);                                             \
     }                                                                                        \
+    /* s = sigmoid(a) and 1 - s = sigmoid(-a) each from e = e^-|a| (1 - s from s would cancel for  \
+     * a >> 0, where a (1 - s) still matters)                                               */ \
     static inline T ew_bw_silu_##T(T g, T a)                                                 \
     {                                                                                        \
-        const T s = ew_bw_sigmoid_##T(a);                                                    \
-        return g * (s * EW_BW_M(T, fma)(a, (T)1 - s, (T)1));                                 \
+        const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
+        const T r = (T)1 / ((T)1 + e);                                                       \
+        const T s = a >= 0 ? r : e * r, t = a >= 0 ? e * r : r;                              \
+        return g * (s * EW_BW_M(T, fma)(a, t, (T)1));                                        \
     }                                                                                        \
     static inline T ew_bw_sign_##T(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
 EW_BW_DEFINE_GAUSS(float)
@@ -80,7 +87,7 @@ EW_BW_DEFINE_GAUSS(double)
 #define EWB_exp_backward(T)     O1 = G * A
 #define EWB_log_backward(T)     O1 = G / A
 #define EWB_sqrt_backward(T)    O1 = G / (A + A)
-#define EWB_rsqrt_backward(T)   O1 = ((T)-0.5 * G) * (A * A * A)
+#define EWB_rsqrt_backward(T)   O1 = (((T)-0.5 * G * A) * A) * A  /* each step between -G/2 and the result: no spurious overflow */
 #define EWB_abs_backward(T)     O1 = G * ew_bw_sign_##T(A)
 #define EWB_relu_backward(T)    O1 = A <= (T)0 ? (T)0 : G
 #define EWB_mul_backward(T)     O1 = G * B; O2 = G * A
@@ -179,6 +186,40 @@ EW_BW_DEFINE_GAUSS(double)
 #include "../grads.def"
 #undef EW_GRAD
 
+/* rmse_backward: grad_a = (a - b) s, s = grad / (n r) per batch (in the compute type), grad_b =
+ * -grad_a; batch (o, j) of the [outer][n][inner] view. */
+#define EW_BW_RMSE_LAUNCHER(dt)                                                              \
+    static int ew_cpu_rmse_backward_##dt(const void *argp)                                   \
+    {                                                                                        \
+        const ew_rmse_grad_args *p = (const ew_rmse_grad_args *)argp;                        \
+        typedef EW_BW(dt, ST) st_t;                                                          \
+        typedef EW_BW(dt, CT) ct_t;                                                          \
+        typedef EW_BW(dt, CT) rt_t; /* grad and r: float, or double for float64 */           \
+        const st_t *a = (const st_t *)p->a, *b = (const st_t *)p->b;                         \
+        const rt_t *g = (const rt_t *)p->grad, *r = (const rt_t *)p->r;                      \
+        st_t *o1 = (st_t *)p->out, *o2 = (st_t *)p->out2;                                    \
+        const int64_t outer = p->outer, n = p->n, inner = p->inner;                          \
+        if (outer < 0 || n < 0 || inner < 0 || (!o1 && !o2))                                 \
+            return EINVAL;                                                                   \
+        EW_BW_PARALLEL_IF(outer * n * inner >= EW_BW_PAR_MIN)                                \
+        for (int64_t o = 0; o < outer; o++)                                                  \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                for (int64_t j = 0; j < inner; j++) {                                        \
+                    const int64_t e = (o * n + i) * inner + j, q = o * inner + j;            \
+                    const ct_t s = g[q] / ((ct_t)n * r[q]);                                  \
+                    const ct_t d = (EW_BW(dt, LD)(a[e]) - EW_BW(dt, LD)(b[e])) * s;          \
+                    if (o1)                                                                  \
+                        o1[e] = EW_BW(dt, SV)(d);                                            \
+                    if (o2)                                                                  \
+                        o2[e] = EW_BW(dt, SV)(-d);                                           \
+                }                                                                            \
+        return 0;                                                                            \
+    }
+EW_BW_RMSE_LAUNCHER(f32)
+EW_BW_RMSE_LAUNCHER(f16)
+EW_BW_RMSE_LAUNCHER(bf16)
+EW_BW_RMSE_LAUNCHER(f64)
+
 #define EW_BW_ABOUT "one loop reading each array once and writing each gradient once (OpenMP from 2^14 elements)"
 #define EW_BW_ROW(name, dt) {#name, "auto", EW_BW(dt, ENUM), ew_cpu_##name##_##dt, NULL, 0, EW_BW_ABOUT},
 
@@ -187,6 +228,9 @@ static const ew_kernel ew_cpu_backward_rows[] = {
     EW_BW_ROW(name, f32) EW_BW_ROW(name, f16) EW_BW_ROW(name, bf16) EW_BW_ROW(name, f64)
 #include "../grads.def"
 #undef EW_GRAD
+#define EW_BW_RMSE_ROW(dt) {"rmse_backward", "auto", EW_BW(dt, ENUM), ew_cpu_rmse_backward_##dt, NULL, 0, \
+    "one pass over a and b, the per-batch scale grad / (n r) formed once per element"},
+    EW_BW_RMSE_ROW(f32) EW_BW_RMSE_ROW(f16) EW_BW_RMSE_ROW(bf16) EW_BW_RMSE_ROW(f64)
 };
 
 const ew_kernel *ew_cpu_backward_table(int *count)
