@@ -99,13 +99,18 @@ typedef struct ew_kernel {
     const char *about;       /* one line: what this version adds over the one before */
 } ew_kernel;
 
-/* The tables. */
+/* The tables. CUDA: one per kernel file (csrc/cuda/<file>.cu exports ew_cuda_<file>_table), the
+ * reference studies' files first, then the default paths. */
 const ew_kernel *ew_cpu_elementwise_table(int *count);
 const ew_kernel *ew_cpu_rmse_table(int *count);
-const ew_kernel *ew_cuda_elementwise_table(int *count);
-const ew_kernel *ew_cuda_rmse_table(int *count);
-const ew_kernel *ew_cpu_backward_table(int *count);    /* grads.def's ops and rmse_backward */
-const ew_kernel *ew_cuda_backward_table(int *count);
+const ew_kernel *ew_cuda_add_kernel_experiments_table(int *count);
+const ew_kernel *ew_cuda_cuda_vectorization_f16x8_table(int *count);
+const ew_kernel *ew_cuda_elementwise_ops_on_gpus_table(int *count);
+const ew_kernel *ew_cuda_batched_rmse_kernel_analysis_table(int *count);
+const ew_kernel *ew_cuda_elementwise_auto_table(int *count);
+const ew_kernel *ew_cuda_rmse_auto_table(int *count);
+const ew_kernel *ew_cpu_backward_table(int *count);            /* grads.def's ops and rmse_backward */
+const ew_kernel *ew_cuda_elementwise_backward_table(int *count);  /* the same on CUDA */
 
 #ifdef __cplusplus
 }

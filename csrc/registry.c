@@ -18,13 +18,15 @@ const ew_op_info ew_ops[] = {
 };
 const int ew_nops = (int)(sizeof ew_ops / sizeof ew_ops[0]);
 
+typedef const ew_kernel *(*ew_table_fn)(int *count);
+
 typedef struct {
     const ew_kernel *rows;
     int count;
     int device_type;
 } table;
 
-static table tables[16];
+static table tables[10]; /* 3 CPU + 7 CUDA kernel files */
 static int ntables;
 
 /* "auto" rows by (op, dtype, device), filled once: the per-call lookup is an array index */
@@ -62,12 +64,20 @@ int ew_registry_init(void)
     t = ew_cpu_backward_table(&n);
     add_table(t, n, EW_CPU);
 #if EWKERN_WITH_CUDA
-    t = ew_cuda_elementwise_table(&n);
-    add_table(t, n, EW_CUDA);
-    t = ew_cuda_rmse_table(&n);
-    add_table(t, n, EW_CUDA);
-    t = ew_cuda_backward_table(&n);
-    add_table(t, n, EW_CUDA);
+    /* one table per kernel file: the reference studies, then the default paths ("auto" rows) */
+    static const ew_table_fn cuda_tables[] = {
+        ew_cuda_add_kernel_experiments_table,
+        ew_cuda_cuda_vectorization_f16x8_table,
+        ew_cuda_elementwise_ops_on_gpus_table,
+        ew_cuda_batched_rmse_kernel_analysis_table,
+        ew_cuda_elementwise_auto_table,
+        ew_cuda_rmse_auto_table,
+        ew_cuda_elementwise_backward_table,
+    };
+    for (size_t k = 0; k < sizeof cuda_tables / sizeof cuda_tables[0]; k++) {
+        t = cuda_tables[k](&n);
+        add_table(t, n, EW_CUDA);
+    }
 #endif
     for (int k = 0; k < ntables; k++)
         for (int i = 0; i < tables[k].count; i++) {

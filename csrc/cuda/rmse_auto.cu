@@ -1,52 +1,37 @@
 /*
- * rmse.cu: batched RMSE on the GPU, one ladder of versions (papers/README.md, item R1).
+ * rmse_auto.cu: batched RMSE on the GPU, the default path (version 6 of the ladder whose versions 1-5,
+ * the paper's, are in batched_rmse_kernel_analysis.cu); the shared types and helpers are in
+ * rmse_common.cuh.
  *
  * Inputs a, b are viewed as [outer][n][inner]; batch (o, j) is the n elements at
  * (o * n + i) * inner + j, and out[o * inner + j] = sqrt(sum_i (a - b)^2 / n).
  * out is float32 for float32/float16/bfloat16 inputs, float64 for float64.
- * n == 0 gives NaN for every batch; outer * inner == 0 launches nothing.
+ * n == 0 gives NaN for every batch (rmse_fill_nan, made here for both files); outer * inner == 0
+ * launches nothing.
  *
- * Versions, in the order of the paper (batched-rmse-kernel-analysis.txt). Time each on the
- * paper's shape, 16 batches of 1024 x 1024 float32, with `python -m ewkern.bench r1`
- * (ewkern.rmse(..., variant=<name>); outer = 16, n = 2^20, inner = 1):
- *   1 atomic      one block per batch, every squared difference atomically added into out[batch],
- *                 then sqrt(out / n) by the same block after a barrier. The paper: ~20 ms, 5x
- *                 slower than 2; an H100: 26 ms, 14x. Contiguous batches only; honours block.
- *   2 block       one block per batch, a private sum per thread over a block-stride loop, one block
- *                 reduction (warp shuffles + shared memory), one write. Contiguous; honours block.
- *   3 multiblock  a 2-D grid (blocks per batch x batches): each block reduces its grid-stride share
- *                 and adds it atomically into out (zeroed first); a second launch takes
- *                 sqrt(out / n). Default 48 blocks per batch x 512 threads (the paper's numbers);
- *                 honours block and grid (grid = blocks per batch). Contiguous only.
- *   4 occupancy   3's kernel with block size and blocks per batch from
- *                 cudaOccupancyMaxPotentialBlockSize (whose grid is SMs x resident blocks per SM),
- *                 clamped to n as the paper does. Contiguous only.
- *   5 int32       4 with 32-bit indices, __restrict__ pointers and an unrolled main loop without
- *                 bounds checks (a separate guarded tail): the paper's register-pressure step.
- *                 Falls back to 4 when batches * n does not fit 32 bits. Contiguous only.
- *   6 auto        the default, every layout. Deterministic: no floating-point atomics; per-(batch,
- *                 chunk) partials summed in a fixed order; the split depends on the shape, the
- *                 dtype and the inputs' alignment mod 16 bytes, never on the device or on timing
- *                 (the grid may depend on the device and on PDL; the order of no sum does).
- *                 Squares summed in float per 4 x 16-byte step, in double per thread and beyond
- *                 (rows of at most 64 and columns of at most 8 rows: in float, at most 8 terms
- *                 per lane before a shuffle tree, or the n rows in order).
- *                 16-byte loads with scalar head and tail (a batch may start misaligned).
- *                 inner == 1: rows of at most 64 elements with a and b 16-byte aligned: tiles of
- *                 whole rows (16 KiB of each input for float32) loaded through shared memory, then
- *                 1..8 lanes per row; other short batches (<= 128 vectors): a group of 1..32 lanes
- *                 per batch; longer: one block per 16 KiB chunk of a batch (64, 128 or 256
- *                 threads: the fewest that take 4 vectors each), then a combine launch (a
- *                 programmatic dependent launch on sm_90) when a batch has several chunks.
- *                 Under PDL the kernels prefetch the lines of each thread's first load into L2
- *                 before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
- *                 inner > 1: at most 8 rows, 16-byte units: four column units per thread, every
- *                 row of each (shortcols); else a coalesced column kernel (consecutive threads on
- *                 consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
- *                 row before i is split into chunks, when outer * inner is small.
- *                 Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
- *                 1024 x 4096, 8 x 2^24, 65536 x 64 and batch-last 2^20 x 16, against torch and
- *                 torch.dot over the same elements, cold L2); RMSE_NOTES.md has the measurements.
+ *   6 "auto"       the default, every layout. Deterministic: no floating-point atomics; per-(batch,
+ *                  chunk) partials summed in a fixed order; the split depends on the shape, the
+ *                  dtype and the inputs' alignment mod 16 bytes, never on the device or on timing
+ *                  (the grid may depend on the device and on PDL; the order of no sum does).
+ *                  Squares summed in float per 4 x 16-byte step, in double per thread and beyond
+ *                  (rows of at most 64 and columns of at most 8 rows: in float, at most 8 terms
+ *                  per lane before a shuffle tree, or the n rows in order).
+ *                  16-byte loads with scalar head and tail (a batch may start misaligned).
+ *                  inner == 1: rows of at most 64 elements with a and b 16-byte aligned: tiles of
+ *                  whole rows (16 KiB of each input for float32) loaded through shared memory, then
+ *                  1..8 lanes per row; other short batches (<= 128 vectors): a group of 1..32 lanes
+ *                  per batch; longer: one block per 16 KiB chunk of a batch (64, 128 or 256
+ *                  threads: the fewest that take 4 vectors each), then a combine launch (a
+ *                  programmatic dependent launch on sm_90) when a batch has several chunks.
+ *                  Under PDL the kernels prefetch the lines of each thread's first load into L2
+ *                  before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
+ *                  inner > 1: at most 8 rows, 16-byte units: four column units per thread, every
+ *                  row of each (shortcols); else a coalesced column kernel (consecutive threads on
+ *                  consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
+ *                  row before i is split into chunks, when outer * inner is small.
+ *                  Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
+ *                  1024 x 4096, 8 x 2^24, 65536 x 64 and batch-last 2^20 x 16, against torch and
+ *                  torch.dot over the same elements, cold L2); RMSE_NOTES.md has the measurements.
  */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -60,58 +45,9 @@
 #include "ewkern_kernels.h"
 #include "device_cache.cuh"
 #include "pdl.cuh"
+#include "rmse_common.cuh"
 
 namespace {
-
-/* ---------------------------------------------------------------------------------------------
- * Element types: T is the stored type, acc_t<T> the arithmetic type (float, or double for
- * float64), out_t<T> the output type (the same).
- * ------------------------------------------------------------------------------------------- */
-template <typename T> struct elem;
-template <> struct elem<float> {
-    typedef float acc;
-    static __device__ __forceinline__ float to_acc(float x) { return x; }
-};
-template <> struct elem<__half> {
-    typedef float acc;
-    static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-};
-template <> struct elem<__nv_bfloat16> {
-    typedef float acc;
-    static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-};
-template <> struct elem<double> {
-    typedef double acc;
-    static __device__ __forceinline__ double to_acc(double x) { return x; }
-};
-template <typename T> using acc_t = typename elem<T>::acc;
-template <typename T> using out_t = typename elem<T>::acc;
-
-/* Squared difference of one element pair, in the arithmetic type. */
-template <typename T>
-__device__ __forceinline__ acc_t<T> sq1(T x, T y)
-{
-    acc_t<T> d = elem<T>::to_acc(x) - elem<T>::to_acc(y);
-    return d * d;
-}
-
-/* sqrt(sum / n) in double, rounded once to the output type; NaN for n == 0. */
-template <typename O>
-__device__ __forceinline__ O finish_double(double sum, int64_t n)
-{
-    if (n == 0) return (O)__longlong_as_double(0x7ff8000000000000LL);
-    return (O)sqrt(sum / (double)n);
-}
-
-/* The ladder's finalisation, in the output type as the paper does it. */
-__device__ __forceinline__ float finish_o(float sum, int64_t n)
-{
-    return n == 0 ? __int_as_float(0x7fc00000) : sqrtf(sum / (float)n);
-}
-__device__ __forceinline__ double finish_o(double sum, int64_t n)
-{
-    return n == 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum / (double)n);
-}
 
 /* ---------------------------------------------------------------------------------------------
  * 16-byte vectors: diffs() unpacks one pair of 16-byte vectors into W = 16 / sizeof(T)
@@ -245,134 +181,6 @@ __device__ __forceinline__ int head_elems(const T *p, int64_t n)
     return n < (int64_t)h ? (int)n : h;
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Reductions. Both give the same bits for the same inputs every time (a fixed tree).
- * ------------------------------------------------------------------------------------------- */
-
-/* Sum over the block's threads, any blockDim.x from 1 to 1024 (partial last warps are guarded).
- * The result is valid in thread 0. Ends with no barrier pending: safe to call in a loop.
- * NT > 0: the kernel's block size is NT, fixed at compile time (the masks fold away). */
-template <typename A, int NT = 0>
-__device__ __forceinline__ A block_sum(A v)
-{
-    __shared__ A warp_part[32];
-    const int nt = NT > 0 ? NT : (int)blockDim.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = (nt + 31) >> 5;
-    int width = nt - warp * 32;
-    width = width > 32 ? 32 : width;
-    unsigned mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        A o = __shfl_down_sync(mask, v, off);
-        if (lane + off < width) v += o;
-    }
-    __syncthreads(); /* warp_part may still be read by a previous call */
-    if (lane == 0) warp_part[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < nwarps ? warp_part[lane] : A(0);
-        width = nwarps > 32 ? 32 : nt < 32 ? nt : 32;
-        mask = width == 32 ? 0xffffffffu : ((1u << width) - 1u);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            A o = __shfl_down_sync(mask, v, off);
-            if (lane + off < width) v += o;
-        }
-    }
-    return v;
-}
-
-/* =============================================================================================
- * 1 atomic
- * =========================================================================================== */
-template <typename T>
-__global__ void rmse_atomic_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n)
-{
-    typedef out_t<T> O;
-    for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
-        const T *pa = a + bt * n, *pb = b + bt * n;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(out + bt, (O)sq1(pa[i], pb[i]));
-        __syncthreads(); /* every atomic of this batch is done */
-        if (threadIdx.x == 0) out[bt] = finish_o(atomicAdd(out + bt, (O)0), n);
-    }
-}
-
-/* =============================================================================================
- * 2 block
- * =========================================================================================== */
-template <typename T>
-__global__ void rmse_block_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches, int64_t n)
-{
-    typedef out_t<T> O;
-    for (int64_t bt = blockIdx.x; bt < batches; bt += gridDim.x) {
-        const T *pa = a + bt * n, *pb = b + bt * n;
-        O v = 0;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += (O)sq1(pa[i], pb[i]);
-        v = block_sum(v);
-        if (threadIdx.x == 0) out[bt] = finish_o(v, n);
-    }
-}
-
-/* =============================================================================================
- * 3 multiblock (and 4 occupancy, the same kernel configured at run time)
- * =========================================================================================== */
-template <typename T>
-__global__ void rmse_multiblock_kernel(const T *a, const T *b, out_t<T> *out, int64_t batches,
-                                       int64_t n)
-{
-    typedef out_t<T> O;
-    const int64_t stride = (int64_t)blockDim.x * gridDim.x;
-    for (int64_t bt = blockIdx.y; bt < batches; bt += gridDim.y) {
-        const T *pa = a + bt * n, *pb = b + bt * n;
-        O v = 0;
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-            v += (O)sq1(pa[i], pb[i]);
-        v = block_sum(v);
-        if (threadIdx.x == 0) atomicAdd(out + bt, v);
-    }
-}
-
-/* out[k] = sqrt(out[k] / n): the second launch of 3, 4 and 5. */
-template <typename O>
-__global__ void rmse_finalize_kernel(O *out, int64_t batches, int64_t n)
-{
-    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < batches;
-         k += (int64_t)blockDim.x * gridDim.x)
-        out[k] = finish_o(out[k], n);
-}
-
-/* =============================================================================================
- * 5 int32: 32-bit indices, restrict, an unguarded 4-way unrolled main loop, a guarded tail.
- * The launcher guarantees batches * n + 4 * stride + 65536 <= INT_MAX, so nothing overflows.
- * =========================================================================================== */
-template <typename T>
-__global__ void rmse_int32_kernel(const T *__restrict__ a, const T *__restrict__ b,
-                                  out_t<T> *__restrict__ out, int batches, int n)
-{
-    typedef out_t<T> O;
-    const int stride = blockDim.x * gridDim.x;
-    for (int bt = blockIdx.y; bt < batches; bt += gridDim.y) {
-        const T *__restrict__ pa = a + bt * n;
-        const T *__restrict__ pb = b + bt * n;
-        int i = blockIdx.x * blockDim.x + threadIdx.x;
-        O v = 0;
-        for (; i + 3 * stride < n; i += 4 * stride) {
-            const O s0 = (O)sq1(pa[i], pb[i]);
-            const O s1 = (O)sq1(pa[i + stride], pb[i + stride]);
-            const O s2 = (O)sq1(pa[i + 2 * stride], pb[i + 2 * stride]);
-            const O s3 = (O)sq1(pa[i + 3 * stride], pb[i + 3 * stride]);
-            v += s0;
-            v += s1;
-            v += s2;
-            v += s3;
-        }
-        for (; i < n; i += stride) v += (O)sq1(pa[i], pb[i]);
-        v = block_sum(v);
-        if (threadIdx.x == 0) atomicAdd(out + bt, v);
-    }
-}
-
 /* =============================================================================================
  * 6 auto
  * =========================================================================================== */
@@ -410,15 +218,6 @@ enum {
 #define RMSE_AUTO_BOUNDS __launch_bounds__(AUTO_BLOCK, 1)
 static_assert(AUTO_UNROLL == 4, "the auto kernels' step sums are written out for 4 loads");
 static_assert(AUTO_CHUNK_UNITS % (AUTO_BLOCK * AUTO_UNROLL) == 0, "a chunk is whole unrolled steps");
-
-/* n == 0: NaN everywhere. */
-template <typename O>
-__global__ void rmse_fill_nan_kernel(O *out, int64_t batches)
-{
-    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < batches;
-         k += (int64_t)blockDim.x * gridDim.x)
-        out[k] = finish_double<O>(0.0, 0);
-}
 
 /* Unit u of the rows kernel: batch bt, chunk c, the chunk's first vector (ca, cb) and its
  * vector count m; pure arithmetic (no memory access), so the first unit's is formed before
@@ -910,187 +709,11 @@ rmse_auto_combine_block_kernel(const double *partial, O *out, int64_t batches, i
 /* ---------------------------------------------------------------------------------------------
  * Launchers
  * ------------------------------------------------------------------------------------------- */
-#define RMSE_TRY(call)                                                                         \
-    do {                                                                                       \
-        cudaError_t rmse_err_ = (call);                                                        \
-        if (rmse_err_ != cudaSuccess) return (int)rmse_err_;                                   \
-    } while (0)
-
-static const int64_t GRID_X_MAX = INT_MAX;   /* gridDim.x limit */
-static const int64_t GRID_Y_MAX = 65535;     /* gridDim.y limit */
-static const int64_t GRID_CAP = 1 << 30;     /* grid-stride kernels never need more blocks */
-
-static inline int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
-static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
-static inline int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-static inline int ilog2_ceil(int64_t x)
-{
-    int l = 0;
-    while (((int64_t)1 << l) < x) ++l;
-    return l;
-}
-
-struct rmse_view {
-    const void *a, *b;
-    void *out;
-    int64_t batches, n;
-    cudaStream_t s;
-};
-
-static inline rmse_view view_of(const void *p)
-{
-    const ew_rmse_args *a = (const ew_rmse_args *)p;
-    rmse_view v;
-    v.a = a->a;
-    v.b = a->b;
-    v.out = a->out;
-    v.batches = a->outer * a->inner;
-    v.n = a->n;
-    v.s = (cudaStream_t)a->stream;
-    return v;
-}
-
-/* Versions 1-5 need inner == 1 (once there is work: n == 0 or no batches is the same for every
- * layout); the host checks EW_CONTIGUOUS_BATCHES_ONLY, this is a guard. */
-static inline bool contiguous(const void *p) { return ((const ew_rmse_args *)p)->inner == 1; }
-
 template <typename O>
-static int launch_fill_nan(O *out, int64_t batches, cudaStream_t s)
+static int fill_nan(O *out, int64_t batches, cudaStream_t s)
 {
     rmse_fill_nan_kernel<O><<<(unsigned)min64(cdiv(batches, 256), 65535), 256, 0, s>>>(out, batches);
     return (int)cudaGetLastError();
-}
-
-template <typename O>
-static int launch_finalize(O *out, int64_t batches, int64_t n, cudaStream_t s)
-{
-    rmse_finalize_kernel<O><<<(unsigned)min64(cdiv(batches, 256), 65535), 256, 0, s>>>(out, batches, n);
-    return (int)cudaGetLastError();
-}
-
-/* 1 atomic */
-template <typename T>
-static int launch_atomic(const void *p)
-{
-    const ew_rmse_args *args = (const ew_rmse_args *)p;
-    const rmse_view v = view_of(p);
-    typedef out_t<T> O;
-    if (v.batches == 0) return 0;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    const int block = args->block > 0 ? args->block : 256;
-    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
-    rmse_atomic_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
-        (const T *)v.a, (const T *)v.b, (O *)v.out, v.batches, v.n);
-    return (int)cudaGetLastError();
-}
-
-/* 2 block */
-template <typename T>
-static int launch_block(const void *p)
-{
-    const ew_rmse_args *args = (const ew_rmse_args *)p;
-    const rmse_view v = view_of(p);
-    typedef out_t<T> O;
-    if (v.batches == 0) return 0;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    const int block = args->block > 0 ? args->block : 256;
-    rmse_block_kernel<T><<<(unsigned)min64(v.batches, GRID_CAP), block, 0, v.s>>>(
-        (const T *)v.a, (const T *)v.b, (O *)v.out, v.batches, v.n);
-    return (int)cudaGetLastError();
-}
-
-/* 3 multiblock, also the body of 4: zero out, the 2-D grid, the finalisation. */
-template <typename T>
-static int run_multiblock(const rmse_view &v, int64_t per_batch, int block)
-{
-    typedef out_t<T> O;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
-    const dim3 grid((unsigned)min64(per_batch, GRID_X_MAX), (unsigned)min64(v.batches, GRID_Y_MAX));
-    rmse_multiblock_kernel<T><<<grid, block, 0, v.s>>>((const T *)v.a, (const T *)v.b, (O *)v.out,
-                                                       v.batches, v.n);
-    RMSE_TRY(cudaGetLastError());
-    return launch_finalize<O>((O *)v.out, v.batches, v.n, v.s);
-}
-
-template <typename T>
-static int launch_multiblock(const void *p)
-{
-    const ew_rmse_args *args = (const ew_rmse_args *)p;
-    const rmse_view v = view_of(p);
-    typedef out_t<T> O;
-    if (v.batches == 0) return 0;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    return run_multiblock<T>(v, args->grid > 0 ? args->grid : 48, args->block > 0 ? args->block : 512);
-}
-
-/* 4 occupancy: cudaOccupancyMaxPotentialBlockSize once per (kernel, device), cached. Its grid
- * is the device's resident-block count (SMs x blocks per SM), which the paper (CUDA.jl's
- * launch_configuration) uses as blocks per batch; occupancy_split clamps both to n. */
-struct occ_entry {
-    std::atomic<int> grid, block;
-};
-
-template <typename K>
-static int occupancy_split(occ_entry *cache, K kernel, int device, int64_t n, int64_t *per_batch, int64_t *block)
-{
-    occ_entry *e = device >= 0 && device < kMaxCachedDevices ? &cache[device] : NULL;
-    int g = 0, b = 0;
-    if (e && e->block.load(std::memory_order_acquire) > 0) {
-        g = e->grid.load(std::memory_order_relaxed);
-        b = e->block.load(std::memory_order_relaxed);
-    } else {
-        RMSE_TRY(cudaOccupancyMaxPotentialBlockSize(&g, &b, kernel, 0, 0));
-        if (e) {
-            e->grid.store(g, std::memory_order_relaxed);
-            e->block.store(b, std::memory_order_release);
-        }
-    }
-    *per_batch = max64(1, min64(g, n));
-    *block = max64(1, min64(b, cdiv(n, *per_batch)));
-    return 0;
-}
-
-template <typename T>
-static int launch_occupancy(const void *p)
-{
-    static occ_entry cache[kMaxCachedDevices];
-    const ew_rmse_args *args = (const ew_rmse_args *)p;
-    const rmse_view v = view_of(p);
-    typedef out_t<T> O;
-    if (v.batches == 0) return 0;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    int64_t per_batch, block;
-    RMSE_TRY((cudaError_t)occupancy_split(cache, rmse_multiblock_kernel<T>, args->device, v.n, &per_batch, &block));
-    return run_multiblock<T>(v, per_batch, (int)block);
-}
-
-/* 5 int32 */
-template <typename T>
-static int launch_int32(const void *p)
-{
-    static occ_entry cache[kMaxCachedDevices];
-    const ew_rmse_args *args = (const ew_rmse_args *)p;
-    const rmse_view v = view_of(p);
-    typedef out_t<T> O;
-    if (v.batches == 0) return 0;
-    if (v.n == 0) return launch_fill_nan<O>((O *)v.out, v.batches, v.s);
-    if (!contiguous(p)) return (int)cudaErrorInvalidValue;
-    int64_t per_batch, block;
-    RMSE_TRY((cudaError_t)occupancy_split(cache, rmse_int32_kernel<T>, args->device, v.n, &per_batch, &block));
-    const int64_t stride = per_batch * block;
-    if (v.batches > INT_MAX / v.n || v.batches * v.n + 4 * stride + 65536 > INT_MAX)
-        return launch_occupancy<T>(p); /* too large for 32-bit indices: version 4 */
-    RMSE_TRY(cudaMemsetAsync(v.out, 0, (size_t)v.batches * sizeof(O), v.s));
-    const dim3 grid((unsigned)per_batch, (unsigned)min64(v.batches, GRID_Y_MAX));
-    rmse_int32_kernel<T><<<grid, (int)block, 0, v.s>>>((const T *)v.a, (const T *)v.b, (O *)v.out,
-                                                       (int)v.batches, (int)v.n);
-    RMSE_TRY(cudaGetLastError());
-    return launch_finalize<O>((O *)v.out, v.batches, v.n, v.s);
 }
 
 /* 6 auto */
@@ -1311,38 +934,21 @@ static int launch_auto(const void *p)
 /* ---------------------------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------------------------- */
-#define RMSE_CONTIG EW_CONTIGUOUS_BATCHES_ONLY
-/* KERNEL(T) names the version's main __global__ function for element type T. */
-#define RMSE_ROWS(variant, launch, KERNEL, flags, about)                                               \
-    {"rmse", variant, EW_FLOAT32, launch<float>, (const void *)KERNEL(float), flags, about},            \
-    {"rmse", variant, EW_FLOAT16, launch<__half>, (const void *)KERNEL(__half), flags, about},          \
-    {"rmse", variant, EW_BFLOAT16, launch<__nv_bfloat16>, (const void *)KERNEL(__nv_bfloat16), flags,   \
-     about},                                                                                            \
-    {"rmse", variant, EW_FLOAT64, launch<double>, (const void *)KERNEL(double), flags, about}
-#define K_ATOMIC(T) rmse_atomic_kernel<T>
-#define K_BLOCK(T) rmse_block_kernel<T>
-#define K_MULTIBLOCK(T) rmse_multiblock_kernel<T>
-#define K_INT32(T) rmse_int32_kernel<T>
 #define K_AUTO(T) rmse_auto_rows_kernel<T, true>
 
 static const ew_kernel rmse_table[] = {
-    RMSE_ROWS("atomic", launch_atomic, K_ATOMIC, EW_USES_BLOCK | RMSE_CONTIG,
-              "one block per batch, an atomicAdd into out per element, sqrt after a barrier"),
-    RMSE_ROWS("block", launch_block, K_BLOCK, EW_USES_BLOCK | RMSE_CONTIG,
-              "one block per batch, private sums and one block reduction (shuffles + shared memory)"),
-    RMSE_ROWS("multiblock", launch_multiblock, K_MULTIBLOCK, EW_USES_BLOCK | EW_USES_GRID | RMSE_CONTIG,
-              "blocks per batch x batches grid, one atomicAdd per block, a second launch for sqrt"),
-    RMSE_ROWS("occupancy", launch_occupancy, K_MULTIBLOCK, RMSE_CONTIG,
-              "multiblock with block size and blocks per batch from the occupancy API"),
-    RMSE_ROWS("int32", launch_int32, K_INT32, RMSE_CONTIG,
-              "occupancy with 32-bit indices, restrict and an unguarded unrolled main loop"),
     RMSE_ROWS("auto", launch_auto, K_AUTO, 0u,
               "deterministic fixed-order partials, 16-byte loads, work split per shape, every layout"),
 };
 
 } /* namespace */
 
-extern "C" const ew_kernel *ew_cuda_rmse_table(int *count)
+namespace ewk {
+int rmse_fill_nan(float *out, int64_t batches, cudaStream_t s) { return fill_nan<float>(out, batches, s); }
+int rmse_fill_nan(double *out, int64_t batches, cudaStream_t s) { return fill_nan<double>(out, batches, s); }
+} /* namespace ewk */
+
+extern "C" const ew_kernel *ew_cuda_rmse_auto_table(int *count)
 {
     *count = (int)(sizeof(rmse_table) / sizeof(rmse_table[0]));
     return rmse_table;

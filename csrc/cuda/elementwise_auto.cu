@@ -1,0 +1,314 @@
+/*
+ * elementwise_auto.cu: the default path of every elementwise op, the variant "auto" that ewkern.add,
+ * ewkern.log, ... run, and its two store/arithmetic alternatives.
+ *
+ * Each row of the table at the bottom is one (op, variant, dtype) with its launcher and main __global__
+ * function. Time any row with the benchmark (ewkern.bench: op, dtype, variant; `python -m ewkern.bench
+ * e3` times every op x dtype, `python -m ewkern.bench peers` auto against torch); registers, SASS and the
+ * measurements behind each launch rule are in ELEMENTWISE_NOTES.md. The kernels themselves are device
+ * templates in elementwise_kernel.cuh, the op math in elementwise_ops.cuh; this file holds the launch
+ * rules and instantiates every kernel it launches.
+ *
+ *  5. "auto"   every op x every dtype, the fast default: 16-byte vectors, 1, 2 or 4 per thread
+ *              (the fewest that let the grid fit one wave of resident blocks, from the device's SM
+ *              count and the kernel's occupancy), every load issued before the first store, no
+ *              loop, streaming stores (st.global.cs), the scalar head (up to the 16-byte boundary)
+ *              and tail on otherwise idle threads, 32-bit index unless n is too large,
+ *              programmatic dependent launch on sm_90+ (pdl.cuh) with the first vector's lines
+ *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4);
+ *              float16/bfloat16 computed in float32 (log through the SFU's log2), float64 in
+ *              double. "auto_wb" (fill, copy, add, add_const, log, erf): the same
+ *              with write-back stores. (Measured on the H100: see the notes.)
+ *  7. "bf16_fma" add_const bfloat16 as __hfma2(x, 1, c) on bf16x2 pairs, c rounded to bfloat16 first.
+ *
+ * (Families 1-4 and 6 are the reference studies: add_kernel_experiments.cu, cuda_vectorization_f16x8.cu,
+ * elementwise_ops_on_gpus.cu; family 6, the study's grid rules on auto's body, launches through run_gs
+ * here, declared in elementwise_auto.cuh.)
+ *
+ * Every version is correct for any n >= 0 and any element-aligned pointers (out may equal an input):
+ * the vectors follow a scalar head up to the 16-byte boundary when all pointers share one offset, a
+ * scalar tail ends them, and a one-element-per-thread grid-stride instance takes pointers whose
+ * offsets differ.
+ */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "ewkern_kernels.h"
+#include "device_cache.cuh"
+#include "pdl.cuh"
+#include "elementwise_common.cuh"
+#include "elementwise_ops.cuh"
+#include "elementwise_kernel.cuh"
+#include "elementwise_auto.cuh"
+
+namespace ewk {
+
+#define EW_OP(name, inputs, scalars, definition, accuracy) \
+    static_assert(int(Op_##name::NIN) == (inputs), "ops.def and elementwise_ops.cuh disagree on " #name);
+#include "ops.def"
+#undef EW_OP
+
+static const int kAutoBlock = 256;
+
+template <class T> static T host_round(double x);
+template <> float host_round<float>(double x) { return float(x); }
+template <> double host_round<double>(double x) { return x; }
+template <> half_t host_round<half_t>(double x) { return __double2half(x); }
+template <> bf16_t host_round<bf16_t>(double x) { return __double2bfloat16(x); }
+
+template <class T>
+static OpArgs<T> op_args(const ew_args *a)
+{
+    typedef typename Compute<T>::type C;
+    OpArgs<T> p;
+    p.prefetch = 0;
+    p.s0 = C(a->scalar[0]);
+    p.s1 = C(a->scalar[1]);
+    p.v = host_round<T>(a->scalar[0]);
+    unsigned char bytes[16];
+    for (int k = 0; k < 16; k += int(sizeof(T)))
+        memcpy(bytes + k, &p.v, sizeof(T));
+    memcpy(&p.pattern, bytes, 16);
+    return p;
+}
+
+/* Pointers of an auto-family launch: the head (elements before the common 16-byte boundary, -1
+ * when the offsets differ) and the vector count. */
+template <class Op, class T>
+struct AutoView {
+    const T *x, *y;
+    T *z;
+    int64_t n, head, nvec, nedge;
+    explicit AutoView(const ew_args *a)
+    {
+        n = a->n;
+        x = in_at<T>(a, 0, 0);
+        y = in_at<T>(a, 1, 0);
+        z = out_at<T>(a, 0);
+        const void *ptrs[3] = {z, x, y};
+        head = n > 0 ? common_head(ptrs, 1 + Op::NIN, 16, int(sizeof(T)), n) : 0;
+        nvec = head >= 0 ? (n - head) / Vec16<T>::N : 0;
+        nedge = head >= 0 ? n - nvec * Vec16<T>::N : n;
+    }
+    const T *xh() const { return x ? x + head : nullptr; }
+    const T *yh() const { return y ? y + head : nullptr; }
+};
+
+/* grid1 / grid2 (the study's rules, elementwise_ops_on_gpus.cu) on the grid-stride body; also auto's path
+ * when the offsets differ (GRID_1). units: 16-byte vectors plus edge
+ * elements (or elements, when the offsets differ). GRID_1: ceil(units / block), one unit per
+ * thread; GRID_2: min(GRID_1, SMs x threads_per_SM / block x 32), grid-stride beyond it. */
+template <class Op, class T>
+int run_gs(const ew_args *a, GridRule rule)
+{
+    const AutoView<Op, T> w(a);
+    if (w.n <= 0)
+        return 0;
+    const int64_t units = w.head >= 0 ? w.nvec + w.nedge : w.n;
+    const int block = a->block > 0 ? a->block : kAutoBlock;
+    int64_t grid = ceil_div(units, block);
+    if (rule == GRID_2) {
+        const int64_t cap = wave_grid(a, block, 32);
+        grid = grid < cap ? grid : cap;
+    }
+    grid = clamp_grid(grid);
+    const int64_t nthr = grid * block;
+    /* indices formed stay between -head and n + 2 * nthr */
+    const bool i32 = w.n + 2 * nthr < int64_t(INT_MAX);
+    const OpArgs<T> p = op_args<T>(a);
+    const cudaStream_t s = stream_of(a);
+    const dim3 g{unsigned(grid)}, bl{unsigned(block)};
+    const bool pdl = ewcuda_pdl_active(a->device);
+    cudaError_t err;
+    if (w.head < 0) /* offsets differ: element accesses, 64-bit index (rare path, one instance) */
+        err = pdl_launch(ew_gs<Op, T, int64_t, false>, g, bl, 0, s, pdl, w.x, w.y, w.z, w.n, int64_t(0), p);
+    else if (i32)
+        err = pdl_launch(ew_gs<Op, T, int, true>, g, bl, 0, s, pdl, w.xh(), w.yh(), w.z + w.head,
+                         int(w.n - w.head), int(w.head), p);
+    else
+        err = pdl_launch(ew_gs<Op, T, int64_t, true>, g, bl, 0, s, pdl, w.xh(), w.yh(), w.z + w.head,
+                         w.n - w.head, w.head, p);
+    return err != cudaSuccess ? int(err) : int(cudaGetLastError());
+}
+
+/* auto: VPT, the vectors per thread, from the waves W = vectors / (SMs x resident threads) of the
+ * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
+ * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
+ * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
+ * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * block more than others (measured slower). Under PDL each thread prefetches its first vector
+ * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves.
+ * Measurements: ELEMENTWISE_NOTES.md. */
+/* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
+ * for measuring the rule above, not for users. */
+static int forced_vpt()
+{
+    static const int v = [] {
+        const char *e = getenv("EWKERN_AUTO_VPT");
+        const int x = e ? atoi(e) : 0;
+        return (x == 1 || x == 2 || x == 4) ? x : 0;
+    }();
+    return v;
+}
+
+/* EWKERN_PDL_PREFETCH=none|wave|all (read once): which blocks of a PDL launch prefetch their first
+ * vector's lines before the wait; a knob for measuring the rule in run_fast, not for users. */
+enum PrefetchRule { PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
+static PrefetchRule prefetch_rule()
+{
+    static const PrefetchRule r = [] {
+        const char *e = getenv("EWKERN_PDL_PREFETCH");
+        if (e && !strcmp(e, "none"))
+            return PREFETCH_NONE;
+        if (e && !strcmp(e, "all"))
+            return PREFETCH_ALL;
+        return PREFETCH_WAVE;
+    }();
+    return r;
+}
+
+template <class Op, class T, bool WB>
+static int run_fast(const ew_args *a)
+{
+    const AutoView<Op, T> w(a);
+    if (w.n <= 0)
+        return 0;
+    if (w.head < 0)
+        return run_gs<Op, T>(a, GRID_1);
+    const int block = a->block > 0 ? a->block : kAutoBlock;
+    const int dev = a->device;
+    const bool pdl = ewcuda_pdl_active(dev);
+    static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
+    const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
+    /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
+    const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
+    int vpt = 1;
+    if (!i32) {
+        vpt = 1; /* the 64-bit instance takes 1 vector per thread */
+    } else if (const int forced = forced_vpt()) {
+        vpt = forced;
+    } else if (int(Op::KIND) == KIND_FILL) {
+        /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
+         * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
+        vpt = w.nvec > wave1 ? 2 : 1;
+    } else if (Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2) {
+        /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
+         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
+        vpt = w.nvec > 32 * wave1 ? 2 : 1;
+    } else if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
+        vpt = 2;
+    } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
+        const int64_t wave4 = wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
+        if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4 && !pdl)
+            vpt = 4;
+    }
+    const int64_t per_block = int64_t(vpt) * block;
+    int64_t grid = ceil_div(w.nvec, per_block);
+    if (grid < 1)
+        grid = 1;
+    /* the last block's last nedge threads must own no vector */
+    if ((grid - 1) * per_block + (block - w.nedge) < w.nvec)
+        grid += 1;
+    OpArgs<T> p = op_args<T>(a);
+    if (pdl) {
+        /* only blocks that can be resident before the previous kernel ends have a wait to hide a
+         * prefetch behind: the first wave (later blocks would issue it and load at once) */
+        const PrefetchRule r = prefetch_rule();
+        const int64_t wave_blocks = wave1 / block;
+        p.prefetch = r == PREFETCH_NONE ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
+    }
+    const cudaStream_t s = stream_of(a);
+    const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
+    const T *xh = w.xh(), *yh = w.yh();
+    T *zh = w.z + w.head;
+    cudaError_t err;
+    if (i32) {
+        const int n32 = int(w.n - w.head), h32 = int(w.head);
+        if (vpt == 1)
+            err = pdl_launch(ew_fast<Op, T, int, 1, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
+        else if (vpt == 2)
+            err = pdl_launch(ew_fast<Op, T, int, 2, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
+        else
+            err = pdl_launch(ew_fast<Op, T, int, 4, WB>, g, bl, 0, s, pdl, xh, yh, zh, n32, h32, p);
+    } else {
+        err = pdl_launch(ew_fast<Op, T, int64_t, 1, WB>, g, bl, 0, s, pdl, xh, yh, zh, w.n - w.head, w.head, p);
+    }
+    return err != cudaSuccess ? int(err) : int(cudaGetLastError());
+}
+
+template <class Op, class T>
+static int launch_auto(const void *args) { return run_fast<Op, T, false>(static_cast<const ew_args *>(args)); }
+template <class Op, class T>
+static int launch_auto_wb(const void *args) { return run_fast<Op, T, true>(static_cast<const ew_args *>(args)); }
+
+#define EWK_AUTO_KERNEL(Op, T) ((const void *)ew_fast<Op, T, int, 1, false>)
+/* run_gs and its kernel's address for the (op, dtype) pairs of family 6 (elementwise_auto.cuh): made
+ * here once, where auto's fallback instantiates the same kernels. */
+template <class Op, class T>
+const void *gs_kernel() { return (const void *)ew_gs<Op, T, int, true>; }
+
+#define EWK_GS_INSTANCE(NAME, T, DT) \
+    template int run_gs<Op_##NAME, T>(const ew_args *, GridRule); \
+    template const void *gs_kernel<Op_##NAME, T>();
+EWK_GS_LIST(EWK_GS_INSTANCE)
+
+/* ---------------------------------------------------------------------------------------------
+ * The table.
+ * ------------------------------------------------------------------------------------------- */
+
+#define EWK_B EW_USES_BLOCK
+
+#define EWK_AUTO_ABOUT \
+    "fast default: 16-byte vectors, 1/2/4 per thread so the grid fits one wave of the device when it can, " \
+    "all loads before the first store, streaming stores, head/tail on spare threads (scalar if offsets " \
+    "differ), 32-bit index when n allows, PDL on sm_90+ with an L2 prefetch of the first vector before the wait"
+#define EWK_AUTO_ROW(NAME, T, DT) \
+    {#NAME, "auto", DT, launch_auto<Op_##NAME, T>, EWK_AUTO_KERNEL(Op_##NAME, T), EWK_B, EWK_AUTO_ABOUT},
+#define EW_OP(name, inputs, scalars, definition, accuracy) \
+    EWK_AUTO_ROW(name, float, EW_FLOAT32) \
+    EWK_AUTO_ROW(name, half_t, EW_FLOAT16) \
+    EWK_AUTO_ROW(name, bf16_t, EW_BFLOAT16) \
+    EWK_AUTO_ROW(name, double, EW_FLOAT64)
+
+#define EWK_WB_ROWS(NAME) \
+    {#NAME, "auto_wb", EW_FLOAT32, launch_auto_wb<Op_##NAME, float>, (const void *)ew_fast<Op_##NAME, float, int, 1, true>, \
+     EWK_B, "auto with ordinary write-back stores instead of streaming (st.global.cs) stores"}, \
+    {#NAME, "auto_wb", EW_FLOAT16, launch_auto_wb<Op_##NAME, half_t>, (const void *)ew_fast<Op_##NAME, half_t, int, 1, true>, \
+     EWK_B, "auto with ordinary write-back stores instead of streaming (st.global.cs) stores"}, \
+    {#NAME, "auto_wb", EW_BFLOAT16, launch_auto_wb<Op_##NAME, bf16_t>, (const void *)ew_fast<Op_##NAME, bf16_t, int, 1, true>, \
+     EWK_B, "auto with ordinary write-back stores instead of streaming (st.global.cs) stores"},
+
+static const ew_kernel kTable[] = {
+    /* 5. auto: every op of ops.def x float32, float16, bfloat16, float64 */
+#include "ops.def"
+    /* the store policy of auto, for the five ops of the speed bar and fill (write-only) */
+    EWK_WB_ROWS(fill)
+    EWK_WB_ROWS(copy)
+    EWK_WB_ROWS(add)
+    EWK_WB_ROWS(add_const)
+    EWK_WB_ROWS(log)
+    EWK_WB_ROWS(erf)
+    /* 7. native bfloat16 fma */
+    {"add_const", "bf16_fma", EW_BFLOAT16, launch_auto<Op_add_const_bf16fma, bf16_t>,
+     EWK_AUTO_KERNEL(Op_add_const_bf16fma, bf16_t), EWK_B,
+     "auto with __hfma2(x, 1, c) on bf16x2 pairs; c is rounded to bfloat16 first"},
+};
+#undef EW_OP
+
+} /* namespace ewk */
+
+extern "C" const ew_kernel *ew_cuda_elementwise_auto_table(int *count)
+{
+    if (count)
+        *count = int(sizeof(ewk::kTable) / sizeof(ewk::kTable[0]));
+    return ewk::kTable;
+}

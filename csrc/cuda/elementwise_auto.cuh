@@ -1,0 +1,42 @@
+/*
+ * elementwise_auto.cuh: what elementwise_auto.cu (the default path) makes for another kernel file:
+ * the grid-stride launches of auto's body under the elementwise study's grid rules, for family 6 of
+ * elementwise_ops_on_gpus.cu. run_gs is also auto's path when the pointers' offsets differ, so its
+ * kernels are instantiated in elementwise_auto.cu alone, for the (op, dtype) pairs of EWK_GS_LIST
+ * (explicit instantiations there). The host stub of a __global__ template instance is local to the
+ * file that makes it (nvcc's -static-global-template-stub in whole-program mode), so that file also
+ * hands out the kernel's address (gs_kernel) for the table rows.
+ */
+#ifndef EWKERN_ELEMENTWISE_AUTO_CUH
+#define EWKERN_ELEMENTWISE_AUTO_CUH
+
+#include "ewkern_kernels.h"
+#include "elementwise_types.cuh"
+
+namespace ewk {
+
+/* (op, element type, dtype) of the grid1/grid2 rows */
+#define EWK_GS_LIST(X) \
+    X(log, float, EW_FLOAT32) \
+    X(log, bf16_t, EW_BFLOAT16) \
+    X(erf, float, EW_FLOAT32) \
+    X(erf, bf16_t, EW_BFLOAT16) \
+    X(add_const, float, EW_FLOAT32) \
+    X(add_const, bf16_t, EW_BFLOAT16)
+
+/* the ops' functors (elementwise_ops.cuh); their names are all a caller needs */
+#define EWK_GS_DECLARE(NAME, T, DT) struct Op_##NAME;
+EWK_GS_LIST(EWK_GS_DECLARE)
+#undef EWK_GS_DECLARE
+
+enum GridRule { GRID_1, GRID_2 };
+
+/* Op on element type T over a->n elements on the grid-stride body (ew_gs): GRID_1 = one unit per
+ * thread, GRID_2 = at most SMs x threads_per_SM / block x 32 blocks. 0 or a cudaError_t. */
+template <class Op, class T> int run_gs(const ew_args *a, GridRule rule);
+/* ew_gs<Op, T, int, true>, the kernel of the 16-byte-vector case */
+template <class Op, class T> const void *gs_kernel();
+
+} /* namespace ewk */
+
+#endif /* EWKERN_ELEMENTWISE_AUTO_CUH */

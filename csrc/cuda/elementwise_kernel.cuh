@@ -1,0 +1,266 @@
+/*
+ * elementwise_kernel.cuh: the default path's device templates, for any Op functor shaped like those
+ * of elementwise_ops.cuh (NIN, KIND, and for KIND_COMPUTE operator()(a, b, s0, s1) on the compute
+ * type): element conversions to and from the compute type, 16-byte vector unpack/pack, the kernel
+ * parameters (OpArgs), and the two kernels ew_fast (auto: VPT vectors per thread, no loop) and
+ * ew_gs (the grid-stride body of grid1/grid2 and of differing offsets). Device code only: no host
+ * API here, so that a kernel file (or a run-time compiler) can instantiate these with its own Op.
+ * Every instance is made by the file that launches it (elementwise_auto.cu for ops.def's ops).
+ */
+#ifndef EWKERN_ELEMENTWISE_KERNEL_CUH
+#define EWKERN_ELEMENTWISE_KERNEL_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "elementwise_types.cuh"
+#include "elementwise_ops.cuh"
+#include "pdl.cuh"
+
+namespace ewk {
+
+/* compute type: float for float32/float16/bfloat16, double for float64 */
+template <class T> struct Compute { typedef float type; };
+template <> struct Compute<double> { typedef double type; };
+
+EW_DEV float to_c(float x) { return x; }
+EW_DEV double to_c(double x) { return x; }
+EW_DEV float to_c(half_t x) { return __half2float(x); }
+EW_DEV float to_c(bf16_t x) { return __bfloat162float(x); }
+
+template <class T> EW_DEV T from_c(typename Compute<T>::type x);
+template <> EW_DEV float from_c<float>(float x) { return x; }
+template <> EW_DEV double from_c<double>(double x) { return x; }
+template <> EW_DEV half_t from_c<half_t>(float x) { return __float2half_rn(x); }
+template <> EW_DEV bf16_t from_c<bf16_t>(float x) { return __float2bfloat16_rn(x); }
+
+/* 16-byte vectors <-> compute-type arrays */
+template <class T> struct Vec16;
+template <> struct Vec16<float> {
+    enum { N = 4 };
+    static EW_DEV void unpack(uint4 r, float (&c)[4])
+    {
+        c[0] = __uint_as_float(r.x);
+        c[1] = __uint_as_float(r.y);
+        c[2] = __uint_as_float(r.z);
+        c[3] = __uint_as_float(r.w);
+    }
+    static EW_DEV uint4 pack(const float (&c)[4])
+    {
+        return make_uint4(__float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]),
+                          __float_as_uint(c[3]));
+    }
+};
+template <> struct Vec16<double> {
+    enum { N = 2 };
+    static EW_DEV void unpack(uint4 r, double (&c)[2])
+    {
+        c[0] = __hiloint2double(int(r.y), int(r.x));
+        c[1] = __hiloint2double(int(r.w), int(r.z));
+    }
+    static EW_DEV uint4 pack(const double (&c)[2])
+    {
+        return make_uint4(unsigned(__double2loint(c[0])), unsigned(__double2hiint(c[0])),
+                          unsigned(__double2loint(c[1])), unsigned(__double2hiint(c[1])));
+    }
+};
+EW_DEV void unpack_word(unsigned w, half_t, float &lo, float &hi)
+{
+    const float2 f = __half22float2(bits_as<__half2>(w));
+    lo = f.x;
+    hi = f.y;
+}
+EW_DEV void unpack_word(unsigned w, bf16_t, float &lo, float &hi)
+{
+    lo = __uint_as_float(w << 16); /* exactly __bfloat162float */
+    hi = __uint_as_float(w & 0xffff0000u);
+}
+EW_DEV unsigned pack_word(float lo, float hi, half_t) { return as_bits(__floats2half2_rn(lo, hi)); }
+EW_DEV unsigned pack_word(float lo, float hi, bf16_t) { return as_bits(__floats2bfloat162_rn(lo, hi)); }
+template <class H> struct Vec16Half {
+    enum { N = 8 };
+    static EW_DEV void unpack(uint4 r, float (&c)[8])
+    {
+        unpack_word(r.x, H(), c[0], c[1]);
+        unpack_word(r.y, H(), c[2], c[3]);
+        unpack_word(r.z, H(), c[4], c[5]);
+        unpack_word(r.w, H(), c[6], c[7]);
+    }
+    static EW_DEV uint4 pack(const float (&c)[8])
+    {
+        return make_uint4(pack_word(c[0], c[1], H()), pack_word(c[2], c[3], H()),
+                          pack_word(c[4], c[5], H()), pack_word(c[6], c[7], H()));
+    }
+};
+template <> struct Vec16<half_t> : Vec16Half<half_t> {};
+template <> struct Vec16<bf16_t> : Vec16Half<bf16_t> {};
+
+/* kernel parameters of an auto launch: scalars in the compute type, the fill value / bf16 constant
+ * rounded once from double, and fill's 16-byte pattern */
+template <class T>
+struct OpArgs {
+    typename Compute<T>::type s0, s1;
+    T v;
+    uint4 pattern;
+    int prefetch; /* ew_fast: blocks below this index prefetch their first vector's lines into L2
+                     before pdl_wait (PDL launches; 0: none) */
+};
+
+template <class Op, class T, class Idx>
+EW_DEV T elem(const T *__restrict__ a, const T *__restrict__ b, Idx i, const OpArgs<T> &p)
+{
+    typedef typename Compute<T>::type C;
+    if constexpr (Op::KIND == KIND_FILL) {
+        return p.v;
+    } else if constexpr (Op::KIND == KIND_COPY) {
+        return a[i];
+    } else if constexpr (Op::KIND == KIND_NATIVE) {
+        return __hfma(a[i], __float2bfloat16_rn(1.0f), p.v);
+    } else {
+        const C ca = to_c(a[i]);
+        C cb = C(0);
+        if constexpr (Op::NIN >= 2)
+            cb = to_c(b[i]);
+        return from_c<T>(typename MathOf<Op, T>::type()(ca, cb, p.s0, p.s1));
+    }
+}
+
+template <class Op, class T>
+EW_DEV uint4 vec_op(uint4 ra, uint4 rb, const OpArgs<T> &p)
+{
+    typedef typename Compute<T>::type C;
+    if constexpr (Op::KIND == KIND_FILL) {
+        return p.pattern;
+    } else if constexpr (Op::KIND == KIND_COPY) {
+        return ra;
+    } else if constexpr (Op::KIND == KIND_NATIVE) {
+        const __nv_bfloat162 one = __float2bfloat162_rn(1.0f);
+        const __nv_bfloat162 c2 = __halves2bfloat162(p.v, p.v);
+        uint4 r;
+        r.x = as_bits(__hfma2(bits_as<__nv_bfloat162>(ra.x), one, c2));
+        r.y = as_bits(__hfma2(bits_as<__nv_bfloat162>(ra.y), one, c2));
+        r.z = as_bits(__hfma2(bits_as<__nv_bfloat162>(ra.z), one, c2));
+        r.w = as_bits(__hfma2(bits_as<__nv_bfloat162>(ra.w), one, c2));
+        return r;
+    } else {
+        C ca[Vec16<T>::N], cb[Vec16<T>::N], co[Vec16<T>::N];
+        Vec16<T>::unpack(ra, ca);
+        if constexpr (Op::NIN >= 2)
+            Vec16<T>::unpack(rb, cb);
+#pragma unroll
+        for (int k = 0; k < Vec16<T>::N; ++k)
+            co[k] = typename MathOf<Op, T>::type()(ca[k], Op::NIN >= 2 ? cb[k] : C(0), p.s0, p.s1);
+        return Vec16<T>::pack(co);
+    }
+}
+
+/* Edge element j of a vector launch: j < head is element j - head (before a), the others
+ * tail0 + (j - head), after the last whole vector. */
+template <class Op, class T, class Idx>
+EW_DEV void edge(const T *a, const T *b, T *o, Idx j, Idx head, Idx tail0, const OpArgs<T> &p)
+{
+    const Idx i = j < head ? j - head : tail0 + (j - head);
+    o[i] = elem<Op, T, Idx>(a, b, i, p);
+}
+
+/* grid1/grid2 (the elementwise study's grid rules) and the rare case of differing offsets.
+ * VEC: a, b, o point at the arrays' first element on a 16-byte boundary (the host adds the head),
+ * n counts the elements from there on, and the head elements lie before them, at negative
+ * indices. The vectors go one per thread, grid-stride beyond; the < N head and < N tail elements
+ * are taken by the grid's last threads, which the launcher leaves without a vector so that no
+ * thread waits on two loads in a row. !VEC (the pointers' offsets differ): one element per
+ * thread, head 0. __launch_bounds__(1024) keeps any block size launchable. */
+template <class Op, class T, class Idx, bool VEC>
+__global__ void __launch_bounds__(1024)
+ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n, Idx head, OpArgs<T> p)
+{
+    pdl_wait();
+    pdl_launch_dependents();
+    const Idx tid = Idx(blockIdx.x) * Idx(blockDim.x) + Idx(threadIdx.x);
+    const Idx nthr = Idx(gridDim.x) * Idx(blockDim.x);
+    if constexpr (VEC) {
+        const Idx nvec = n / Idx(Vec16<T>::N);
+        const uint4 *av = reinterpret_cast<const uint4 *>(a);
+        const uint4 *bv = reinterpret_cast<const uint4 *>(b);
+        uint4 *ov = reinterpret_cast<uint4 *>(o);
+        for (Idx v = tid; v < nvec; v += nthr) {
+            uint4 ra = make_uint4(0, 0, 0, 0), rb = ra;
+            if constexpr (Op::NIN >= 1)
+                ra = av[v];
+            if constexpr (Op::NIN >= 2)
+                rb = bv[v];
+            ov[v] = vec_op<Op, T>(ra, rb, p);
+        }
+        const Idx tail0 = nvec * Idx(Vec16<T>::N);
+        const Idx nedge = head + (n - tail0);
+#pragma unroll 1
+        for (Idx j = nthr - 1 - tid; j < nedge; j += nthr)
+            edge<Op, T, Idx>(a, b, o, j, head, tail0, p);
+    } else {
+        for (Idx i = tid; i < n; i += nthr)
+            o[i] = elem<Op, T, Idx>(a, b, i, p);
+    }
+}
+
+/* The default path (auto). Pointers and head as for ew_gs's VEC case. Block k owns the VPT *
+ * blockDim.x vectors from k * VPT * blockDim.x; thread t loads its vectors t, t + blockDim.x, ...
+ * (coalesced), all of them before it computes and stores any, and stores with st.global.cs
+ * (streaming: the written lines are the first the L2 evicts). No loop: the grid covers the array.
+ * The head and tail elements (fewer than 2N) go to the last block's last threads, which the
+ * launcher leaves without a vector. WB: ordinary write-back stores instead (variant "auto_wb").
+ * No __restrict__: out may be an input (add(a, b, out=a)), and with it ptxas moved stores above
+ * later loads when VPT = 4 (to save registers), halving the loads in flight. */
+template <class Op, class T, class Idx, int VPT, bool WB>
+__global__ void __launch_bounds__(1024)
+ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
+{
+    enum { N = Vec16<T>::N };
+    const Idx nvec = n / Idx(N);
+    const Idx base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);
+    const uint4 *av = reinterpret_cast<const uint4 *>(a);
+    const uint4 *bv = reinterpret_cast<const uint4 *>(b);
+    uint4 *ov = reinterpret_cast<uint4 *>(o);
+    if (int(blockIdx.x) < p.prefetch && base < nvec) {
+        /* the inputs' lines of the first vector (thread 0 leads the block's run) */
+        if constexpr (Op::NIN >= 1)
+            prefetch_l2_line(av + base, 16u, threadIdx.x == 0);
+        if constexpr (Op::NIN >= 2)
+            prefetch_l2_line(bv + base, 16u, threadIdx.x == 0);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    uint4 ra[VPT], rb[VPT];
+#pragma unroll
+    for (int r = 0; r < VPT; ++r) {
+        const Idx v = base + Idx(r) * Idx(blockDim.x);
+        ra[r] = rb[r] = make_uint4(0, 0, 0, 0);
+        if (v < nvec) {
+            if constexpr (Op::NIN >= 1)
+                ra[r] = av[v];
+            if constexpr (Op::NIN >= 2)
+                rb[r] = bv[v];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < VPT; ++r) {
+        const Idx v = base + Idx(r) * Idx(blockDim.x);
+        if (v < nvec) {
+            const uint4 res = vec_op<Op, T>(ra[r], rb[r], p);
+            if constexpr (WB)
+                ov[v] = res;
+            else
+                __stcs(ov + v, res);
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1) {
+        const Idx tail0 = nvec * Idx(N);
+        const Idx nedge = head + (n - tail0);
+        const Idx j = Idx(blockDim.x) - 1 - Idx(threadIdx.x);
+        if (j < nedge)
+            edge<Op, T, Idx>(a, b, o, j, head, tail0, p);
+    }
+}
+
+} /* namespace ewk */
+
+#endif /* EWKERN_ELEMENTWISE_KERNEL_CUH */

@@ -1,0 +1,283 @@
+/*
+ * elementwise_ops.cuh: the math of every op of ops.def on the default path (elementwise_auto.cu):
+ * one Op_<name> functor per op (its input count, its kind, its function on the compute type),
+ * the accurate math wrappers m_* they call, the sigmoid/silu/gelu helpers, the cheaper SFU forms
+ * that MathOf picks for float16/bfloat16 (and gelu for float32), and Heavy (which ops' math is a
+ * real share of a vector's time, for auto's launch rule). Device code only.
+ */
+#ifndef EWKERN_ELEMENTWISE_OPS_CUH
+#define EWKERN_ELEMENTWISE_OPS_CUH
+
+#include "elementwise_types.cuh"
+
+namespace ewk {
+
+/* accurate math, overloaded on the compute type (no fast-math intrinsics) */
+EW_DEV float m_exp(float x) { return expf(x); }
+EW_DEV double m_exp(double x) { return exp(x); }
+EW_DEV float m_log(float x) { return logf(x); }
+EW_DEV double m_log(double x) { return log(x); }
+EW_DEV float m_sqrt(float x) { return sqrtf(x); }
+EW_DEV double m_sqrt(double x) { return sqrt(x); }
+EW_DEV float m_erf(float x) { return erff(x); }
+EW_DEV double m_erf(double x) { return erf(x); }
+EW_DEV float m_erfc(float x) { return erfcf(x); }
+EW_DEV double m_erfc(double x) { return erfc(x); }
+EW_DEV float m_tanh(float x) { return tanhf(x); }
+EW_DEV double m_tanh(double x) { return tanh(x); }
+EW_DEV float m_fma(float a, float b, float c) { return fmaf(a, b, c); }
+EW_DEV double m_fma(double a, double b, double c) { return fma(a, b, c); }
+EW_DEV float m_abs(float x) { return fabsf(x); }
+EW_DEV double m_abs(double x) { return fabs(x); }
+EW_DEV float m_rsqrt(float x) { return rsqrtf(x); }   /* 2 ulp (CUDA math), a few instructions */
+EW_DEV double m_rsqrt(double x) { return rsqrt(x); }  /* 1 ulp */
+/* a / b for b in [1, 2]: __fdividef is within 2 ulp there and has no slow path */
+EW_DEV float m_div_1to2(float a, float b) { return __fdividef(a, b); }
+EW_DEV double m_div_1to2(double a, double b) { return a / b; }
+
+/* 1/sqrt(2) split as hi + lo in each compute type */
+template <class C> struct Rsqrt2;
+template <> struct Rsqrt2<float> {
+    static EW_DEV float hi() { return 0.707106769084930419921875f; }
+    static EW_DEV float lo() { return 1.2101617104478970e-08f; }
+};
+template <> struct Rsqrt2<double> {
+    static EW_DEV double hi() { return 0.70710678118654757; }
+    static EW_DEV double lo() { return -4.8336466567264567e-17; /* 1/sqrt(2) - hi */ }
+};
+
+/* 1 / (1 + e^-x) without overflow: e = e^-|x| <= 1, numerator 1 (x >= 0) or e (x < 0), and
+ * the denominator in [1, 2]. */
+template <class C>
+EW_DEV C sigmoid_of(C x)
+{
+    const C e = m_exp(-m_abs(x));
+    return m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
+}
+
+/* e^x for x below `limit()`, where e^x itself would be subnormal or nearly so:
+ * e^x = e^(x + hi) * e^lo * 2^-k, hi + lo = k ln 2, hi a multiple of 2^-7 so that x + hi is exact. */
+template <class C> struct TinyExp;
+template <> struct TinyExp<float> {
+    static EW_DEV float limit() { return -64.0f; }
+    static EW_DEV float hi() { return 44.359375f; }                   /* 5678 / 128 */
+    static EW_DEV float elo() { return 1.00204664736595744366f; }     /* e^(64 ln 2 - hi) */
+    static EW_DEV float scale() { return 5.42101086242752217004e-20f; } /* 2^-64 */
+};
+template <> struct TinyExp<double> {
+    static EW_DEV double limit() { return -256.0; }
+    static EW_DEV double hi() { return 177.4453125; }                 /* 22713 / 128 */
+    static EW_DEV double elo() { return 1.00036579023093566098; }     /* e^(256 ln 2 - hi) */
+    static EW_DEV double scale() { return 8.63616855509444462539e-78; } /* 2^-256 */
+};
+
+/* x * sigmoid(x). Below TinyExp::limit() 1 + e^x rounds to 1 and silu = x e^x, formed from a
+ * normal-range exponential and scaled once, so results near and below the subnormal range keep
+ * their accuracy (x * e^x with a subnormal e^x would lose it). */
+template <class C>
+EW_DEV C silu_of(C x)
+{
+    if (x < TinyExp<C>::limit())
+        return (x * (m_exp(x + TinyExp<C>::hi()) * TinyExp<C>::elo())) * TinyExp<C>::scale();
+    return x * sigmoid_of(x);
+}
+
+/* x/2 * (1 + erf(x / sqrt 2)) = x/2 * erfc(u), u = -x / sqrt 2: erfc for every x, so that there
+ * is no cancellation in 1 + erf for x < 0 and no divergent branch. Where u > 0 (x < 0) erfc falls
+ * fast and u's own rounding (x * hi is rounded, hi != 1/sqrt 2) matters: it is put back to first
+ * order with erfc'(u) / erfc(u) = -h(u), h(u) ~ u + sqrt(u^2 + 1.65) (within a few % for u >= 0;
+ * the correction itself is below 2^-17 relative, so h is formed in float). For u <= 0,
+ * erfc(u) is in [1, 2] and insensitive to that rounding. */
+template <class C>
+EW_DEV C gelu_of(C x)
+{
+    const C hi = Rsqrt2<C>::hi();
+    const C u = -(x * hi);
+    const C ulo = -(m_fma(x, hi, u) + x * Rsqrt2<C>::lo()); /* exact u = u + ulo, to first order */
+    const C e = m_erfc(u);
+    const float uf = float(u < C(64) ? u : C(64)); /* erfc(u) is 0 long before; keeps h finite */
+    const float y = fmaf(uf, uf, 1.65f);
+    const float h = uf + y * rsqrtf(y);
+    const C corr = u > C(0) ? C(h) * ulo : C(0);
+    return C(0.5) * x * m_fma(-e, corr, e);
+}
+
+/* Each op: NIN inputs, KIND, and for KIND_COMPUTE the function on the compute type. */
+enum OpKind { KIND_COMPUTE, KIND_COPY, KIND_FILL, KIND_NATIVE };
+
+#define EWK_OP(NAME, NIN_, EXPR) \
+    struct Op_##NAME { \
+        enum { NIN = NIN_, KIND = KIND_COMPUTE }; \
+        template <class C> EW_DEV C operator()(C a, C b, C s0, C s1) const \
+        { \
+            (void)a; (void)b; (void)s0; (void)s1; \
+            return EXPR; \
+        } \
+    };
+EWK_OP(add, 2, a + b)
+EWK_OP(sub, 2, a - b)
+EWK_OP(mul, 2, a * b)
+EWK_OP(div, 2, a / b)
+EWK_OP(maximum, 2, (a >= b || a != a) ? a : b) /* NaN if either is NaN (a NaN: a; b NaN: b) */
+EWK_OP(minimum, 2, (a <= b || a != a) ? a : b)
+EWK_OP(add_const, 1, a + s0)
+EWK_OP(mul_const, 1, a * s0)
+EWK_OP(axpby, 2, s0 * a + s1 * b)
+EWK_OP(neg, 1, -a)
+EWK_OP(abs, 1, m_abs(a))
+EWK_OP(exp, 1, m_exp(a))
+EWK_OP(log, 1, m_log(a))
+EWK_OP(sqrt, 1, m_sqrt(a))
+EWK_OP(rsqrt, 1, m_rsqrt(a))
+EWK_OP(erf, 1, m_erf(a))
+EWK_OP(tanh, 1, m_tanh(a))
+EWK_OP(sigmoid, 1, sigmoid_of(a))
+EWK_OP(relu, 1, (a > C(0) || a != a) ? a : C(0))
+EWK_OP(gelu, 1, gelu_of(a))
+EWK_OP(silu, 1, silu_of(a))
+struct Op_copy {
+    enum { NIN = 1, KIND = KIND_COPY };
+};
+/* One PTX approximation on a float, each a single MUFU instruction of the SFU in SASS. Without
+ * .ftz, subnormal inputs and results keep their value (a few more instructions around the MUFU). */
+#define EWK_PTX_F32(NAME, INSN) \
+    EW_DEV float NAME(float x) \
+    { \
+        float r; \
+        asm(INSN " %0, %1;" : "=f"(r) : "f"(x)); \
+        return r; \
+    }
+EWK_PTX_F32(lg2_approx, "lg2.approx.f32")
+EWK_PTX_F32(ex2_approx, "ex2.approx.f32")
+EWK_PTX_F32(ex2_approx_ftz, "ex2.approx.ftz.f32")
+EWK_PTX_F32(rcp_approx_ftz, "rcp.approx.ftz.f32")
+EWK_PTX_F32(tanh_approx, "tanh.approx.f32")
+EWK_PTX_F32(sqrt_approx, "sqrt.approx.f32")
+#undef EWK_PTX_F32
+
+/* log for float16/bfloat16 results: ln a = log2(a) ln 2 from the SFU (lg2.approx.f32, without
+ * .ftz so that subnormal bfloat16 inputs keep their value; MUFU.LG2 in SASS). Its error, at most
+ * 2^-22 absolute on [0.5, 2] and 2 float ulp elsewhere (CUDA C++ Programming Guide, __log2f),
+ * stays under 0.4 ulp of a float16 result and far under one of a bfloat16 result, so the op keeps
+ * its 2-ulp bound; it replaces logf's ~20 instructions per element, which with 8 elements per
+ * 16-byte vector made 16-bit log partly issue-bound (ELEMENTWISE_NOTES.md). */
+struct Op_log_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return lg2_approx(a) * 0.693147180559945309f; }
+};
+/* gelu for float, float16 and bfloat16 results (float64 keeps gelu_of): x Phi(x) with
+ * Phi(x) = erfc(-x / sqrt 2) / 2, from one erfc(z), z = |x| / sqrt 2, for both signs:
+ *     x < 0: x erfc(z) / 2,    x >= 0: x (1 - erfc(z) / 2),
+ *     erfc(z) = t 2^(-z^2 log2 e + s Q(s)),  t = 1 / (1 + z / 2),  s = 1 - t,
+ * with Q fitted by scripts/gelu_fit.py (s Q(s) is log2(erfc(z) / t) + z^2 log2 e on z in [0, 10];
+ * it is 0 at z = 0, so Horner's rounding stays relative near x = 0). Branch-free, one reciprocal and
+ * one exp2 on the SFU (rcp.approx, ex2.approx: MUFU.RCP, MUFU.EX2), no cancellation for x << 0
+ * (libdevice erfcf and the u-rounding correction of gelu_of cost about 60 instructions an element,
+ * which made 16-bit gelu compute-bound at 0.55-0.6 of torch's erff form; ELEMENTWISE_NOTES.md).
+ * The rounding of z, z^2 and the exponent costs about a^2 / 2 ulp for a << 0 (the stated bound's
+ * 2 a^2 term); the rest stays under 4 ulp. */
+static const float kLog2e = 1.44269504088896341f;
+static const float kRsqrt2 = 0.707106781186547524f;
+/* float results: degree 10 (fit error 6e-9 relative), t to 0.5 ulp by one Newton step, and z
+ * clamped to 16 (erfc(16) = 1e-113 underflows as erfc(inf) would) so that x = +-inf keeps t finite;
+ * (x erfc) / 2 rounds once into the subnormal range. */
+struct Op_gelu_f32 {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float x, float, float, float) const
+    {
+        const float z = fminf(fabsf(x) * kRsqrt2, 16.0f);
+        const float d = fmaf(z, 0.5f, 1.0f);
+        float t = rcp_approx_ftz(d);
+        t = fmaf(t, fmaf(-d, t, 1.0f), t);
+        const float s = 1.0f - t;
+        float q = -0.20092766f;
+        q = fmaf(q, s, 0.6277097f);
+        q = fmaf(q, s, -0.5815188f);
+        q = fmaf(q, s, 0.11310536f);
+        q = fmaf(q, s, -0.12101603f);
+        q = fmaf(q, s, 0.071952134f);
+        q = fmaf(q, s, 0.28323686f);
+        q = fmaf(q, s, 0.23216939f);
+        q = fmaf(q, s, -0.4374274f);
+        q = fmaf(q, s, -1.8131202f);
+        const float m = t * ex2_approx(fmaf(z * z, -kLog2e, s * q)); /* erfc(z) */
+        return x < 0.0f ? (x * m) * 0.5f : x * (1.0f - 0.5f * m);
+    }
+};
+/* float16/bfloat16 results: degree 5 (fit error 9e-6 relative, far under half a 16-bit ulp), no
+ * Newton step, and the exponent raised by 32 (taken back in one product) so that .ftz flushes
+ * nothing a bfloat16 subnormal result needs. x = +inf: t = 0, m = 0, x (1 - 0) = inf;
+ * x = -inf: -inf * 0 = NaN, as the ops.def formula gives. */
+struct Op_gelu_h16 {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float x, float, float, float) const
+    {
+        const float z = fabsf(x) * kRsqrt2;
+        const float t = rcp_approx_ftz(fmaf(z, 0.5f, 1.0f));
+        const float s = 1.0f - t;
+        float q = -0.32583496f;
+        q = fmaf(q, s, 0.6181457f);
+        q = fmaf(q, s, 0.11428998f);
+        q = fmaf(q, s, -0.4197283f);
+        q = fmaf(q, s, -1.813977f);
+        const float m = t * ex2_approx_ftz(fmaf(z * z, -kLog2e, fmaf(s, q, 32.0f))); /* erfc(z) 2^32 */
+        const float h = m * 0x1p-33f;
+        return x * (x < 0.0f ? h : 1.0f - h);
+    }
+};
+/* exp, tanh and sqrt for float16/bfloat16 results, on the SFU: libm's expf and tanhf (10-20
+ * instructions) and sqrtf's IEEE fix-up made 16-bit exp, tanh and sqrt issue-bound on the H200
+ * (0.95-0.99 of torch at 256 MiB-1 GiB, 8 elements per 16-byte vector). Errors, relative, before
+ * the one rounding to 16 bits (half a 16-bit ulp is 2^-11 or 2^-8): exp 2^-17 (x log2 e rounded,
+ * |x| < 128) + 2^-22 (ex2.approx), tanh 2^-10.99 (tanh.approx, PTX ISA), sqrt 2^-23; all inside
+ * the ops' stated bounds (exp, tanh: 2 ulp; sqrt: 1 ulp), checked on every 16-bit input by
+ * tests/test_elementwise.py. Without .ftz, subnormal inputs and results keep their value. */
+struct Op_exp_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return ex2_approx(a * kLog2e); }
+};
+struct Op_tanh_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return tanh_approx(a); }
+};
+struct Op_sqrt_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return sqrt_approx(a); }
+};
+/* The arithmetic an op runs for element type T: Op itself except where a cheaper form keeps
+ * the op's accuracy bound for that type. */
+template <class Op, class T> struct MathOf { typedef Op type; };
+template <> struct MathOf<Op_log, half_t> { typedef Op_log_sfu type; };
+template <> struct MathOf<Op_log, bf16_t> { typedef Op_log_sfu type; };
+template <> struct MathOf<Op_exp, half_t> { typedef Op_exp_sfu type; };
+template <> struct MathOf<Op_exp, bf16_t> { typedef Op_exp_sfu type; };
+template <> struct MathOf<Op_tanh, half_t> { typedef Op_tanh_sfu type; };
+template <> struct MathOf<Op_tanh, bf16_t> { typedef Op_tanh_sfu type; };
+template <> struct MathOf<Op_sqrt, half_t> { typedef Op_sqrt_sfu type; };
+template <> struct MathOf<Op_sqrt, bf16_t> { typedef Op_sqrt_sfu type; };
+template <> struct MathOf<Op_gelu, float> { typedef Op_gelu_f32 type; };
+template <> struct MathOf<Op_gelu, half_t> { typedef Op_gelu_h16 type; };
+template <> struct MathOf<Op_gelu, bf16_t> { typedef Op_gelu_h16 type; };
+/* ops whose math (a libm-class function per element) is a real share of a 16-byte vector's time;
+ * asked of MathOf<Op, T>, so 16-bit log (Op_log_sfu, 4 instructions) is not one: with 1 vector
+ * per thread past 32 waves it ran 0.4-0.5% faster than with 2 (log float16 256 MiB-2 GiB) */
+template <class Op> struct Heavy { enum { value = 0 }; };
+template <> struct Heavy<Op_exp> { enum { value = 1 }; };
+template <> struct Heavy<Op_log> { enum { value = 1 }; };
+template <> struct Heavy<Op_erf> { enum { value = 1 }; };
+template <> struct Heavy<Op_tanh> { enum { value = 1 }; };
+template <> struct Heavy<Op_sigmoid> { enum { value = 1 }; };
+template <> struct Heavy<Op_gelu> { enum { value = 1 }; };
+template <> struct Heavy<Op_gelu_h16> { enum { value = 1 }; };
+template <> struct Heavy<Op_silu> { enum { value = 1 }; };
+struct Op_fill {
+    enum { NIN = 0, KIND = KIND_FILL };
+};
+/* 7. add_const bfloat16 as a native bf16x2 fma: x * 1 + c with c rounded to bfloat16. */
+struct Op_add_const_bf16fma {
+    enum { NIN = 1, KIND = KIND_NATIVE };
+};
+
+} /* namespace ewk */
+
+#endif /* EWKERN_ELEMENTWISE_OPS_CUH */
