@@ -14,7 +14,6 @@
 #include "dlpack.h"
 
 #include <numpy/arrayobject.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_api.h"
