@@ -1042,7 +1042,7 @@ static PyMethodDef rmse_def = {"rmse", (PyCFunction)(void (*)(void))rmse_call, M
                                rmse_doc};
 
 static const char rmse_backward_doc[] =
-    "rmse_backward(grad, a, b, r, axis=None, *, out=None, output_mask=(True, True), variant='auto', block=None)\n"
+    "rmse_backward(grad, a, b, r, axis=None, out=None, *, output_mask=None, variant='auto', block=None, grid=None)\n"
     "--\n\n"
     "The gradients of r = rmse(a, b, axis) given the incoming gradient grad of r: per batch\n"
     "grad_a = (a - b) * grad / (n * r), n the elements of a batch, and grad_b = -grad_a, computed in\n"
@@ -1051,7 +1051,7 @@ static const char rmse_backward_doc[] =
     "dtype's smallest normal near zero).\n\n"
     "grad and r: rmse's result shape and dtype (float32, float64 for float64 inputs). Returns the\n"
     "pair (grad_a, grad_b), each like a; output_mask=(True, False) computes grad_a only (None in\n"
-    "grad_b's place), and out=(oa, ob) writes into given arrays (None entries allocate).";
+    "grad_b's place; default both), and out=(oa, ob) writes into given arrays (None entries allocate).";
 
 static PyMethodDef rmse_backward_def = {"rmse_backward", (PyCFunction)(void (*)(void))rmse_backward_call,
                                         METH_FASTCALL | METH_KEYWORDS, rmse_backward_doc};
@@ -1082,16 +1082,25 @@ static char *make_doc(int opi)
                       "out; otherwise an ewkern.Array). out= may alias an input exactly.\n"
                       "variant: 'auto' or a name from ewkern.variants('%s'); block/grid: launch parameters\n"
                       "for the variants that take them.";
-    const char *bfmt = "%s(%s, *, output_mask=(True, True), variant='auto', block=None, grid=None)\n--\n\n"
-                       "Backward of %.*s: %s.\n\n"
-                       "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
-                       "smallest normal near zero).\n\n"
-                       "One kernel: it reads each argument once and writes each gradient once (float16/\n"
-                       "bfloat16 computed in float32, rounded once). grad and the saved arrays (the forward's\n"
-                       "inputs a, b or its result y): C-contiguous DLPack arrays of equal shape, dtype and\n"
-                       "device. Two-gradient ops return the pair (grad_a, grad_b); output_mask=(True, False)\n"
-                       "computes only grad_a (None in grad_b's place) and out=(oa, ob) writes into given\n"
-                       "arrays (None entries allocate). A gradient may be written over grad (out=grad).";
+    const char *bfmt = op->outputs == 2
+        ? "%s(%s, *, output_mask=None, variant='auto', block=None, grid=None)\n--\n\n"
+          "Backward of %.*s: %s.\n\n"
+          "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
+          "smallest normal near zero).\n\n"
+          "One kernel: it reads each argument once and writes each gradient once (float16/\n"
+          "bfloat16 computed in float32, rounded once). grad and the saved arrays (the forward's\n"
+          "inputs a, b): C-contiguous DLPack arrays of equal shape, dtype and device. Returns the\n"
+          "pair (grad_a, grad_b); output_mask=(True, False) computes only grad_a (None in grad_b's\n"
+          "place; default both), and out=(oa, ob) writes into given arrays (None entries allocate).\n"
+          "A gradient may be written over grad (out=(grad, None))."
+        : "%s(%s, *, variant='auto', block=None, grid=None)\n--\n\n"
+          "Backward of %.*s: %s.\n\n"
+          "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
+          "smallest normal near zero).\n\n"
+          "One kernel: it reads each argument once and writes the gradient once (float16/bfloat16\n"
+          "computed in float32, rounded once). grad and the saved array (the forward's input a or\n"
+          "its result y): C-contiguous DLPack arrays of equal shape, dtype and device. The result\n"
+          "follows grad's framework; out= may be grad itself (the gradient written over it).";
     if (op->backward) {
         fmt = bfmt;
         sig[0] = '\0';
