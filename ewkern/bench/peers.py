@@ -256,7 +256,8 @@ def run(ctx, xr):
                                                 cache=cache, build=build, before=before, variant="auto", **common)
                     else:
                         try:
-                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
+                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool,
+                                                                    random_inputs=not gpu)
                             xr.measure(what=f"ewkern {tag}", make_plan=make_plan, set_bytes=set_bytes, cache=cache,
                                        variant="auto", **common)
                             if nopdl:
