@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cuda_api.h"
+#include "cpu/cpu_math.h"
 
 ew_state *ew_get_state(PyObject *module) { return (ew_state *)PyModule_GetState(module); }
 
@@ -680,8 +681,8 @@ static PyObject *m_build_info(PyObject *module, PyObject *unused)
 #ifndef EWKERN_CUDA_ARCHS
 #define EWKERN_CUDA_ARCHS ""
 #endif
-    return Py_BuildValue("{s:O,s:s,s:(ii)}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
-                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    return Py_BuildValue("{s:O,s:s,s:(ii),s:s}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
+                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, "cpu_math", ew_cpu_math_library());
 }
 
 static PyMethodDef module_methods[] = {
