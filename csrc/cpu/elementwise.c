@@ -309,7 +309,7 @@ const char *ew_cpu_math_library(void)
         return "glibc libmvec, AVX2 variants (picked at run time on this CPU)";
     return "glibc libmvec, SSE variants (picked at run time on this CPU)";
 #else
-    return "scalar libm (built without libmvec: no vector math library found)";
+    return "scalar libm (this build has no libmvec: not found, or EWKERN_NO_LIBMVEC=1)";
 #endif
 }
 
