@@ -15,6 +15,7 @@
 #include "timing.h"
 
 #include "cuda_api.h"
+#include "cpu/cpu_math.h"
 
 /* ---- streams and PDL ---------------------------------------------------------------------------- */
 
@@ -77,8 +78,8 @@ static PyObject *m_build_info(PyObject *module, PyObject *unused)
 #ifndef EWKERN_CUDA_ARCHS
 #define EWKERN_CUDA_ARCHS ""
 #endif
-    return Py_BuildValue("{s:O,s:s,s:(ii)}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
-                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    return Py_BuildValue("{s:O,s:s,s:(ii),s:s}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
+                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, "cpu_math", ew_cpu_math_library());
 }
 
 static PyMethodDef module_methods[] = {

@@ -309,6 +309,20 @@ def _reference_copy(ctx: Context):
     return gbs
 
 
+def quick_cpu_note(names) -> str:
+    """What --quick leaves out on a CPU and how to run the full CPU set (said at the start)."""
+    from . import e3_elementwise, peers
+    out = ["quick mode on the CPU (a subset, minutes on 2 cores) leaves out:"]
+    if "peers" in names:
+        out.append("  " + peers.CPU_QUICK_LEAVES_OUT)
+    if "e3" in names:
+        out.append(f"  e3: ops {', '.join(e3_elementwise.QUICK_OPS)} only (full: {len(e3_elementwise.FULL_OPS)} ops)")
+    out.append("  e2, r1, c1, overhead: fewer sizes, shapes and calls")
+    out.append("  the full CPU set (tens of minutes on 2 cores): python -m ewkern.bench --all --device cpu "
+               "(make bench BENCH_ARGS='--all --device cpu')")
+    return "\n".join(out)
+
+
 def precheck(ctx: Context, names: list[str]):
     """Each experiment's size checks, before anything is allocated (raises BenchError)."""
     for name in names:
@@ -326,6 +340,8 @@ def run(ctx: Context, names: list[str], argv) -> int:
     specs = [registry.get(n) for n in names]
     code = 0
     t_start = time.perf_counter()
+    if ctx.quick and not ctx.is_gpu:
+        print(quick_cpu_note(names), file=sys.stderr, flush=True)
     try:
         if any(spec.needs_reference and spec.runs_on(ctx.device) is None for spec in specs):
             print(f"measuring the reference copy bandwidth on {ctx.device} ...", file=sys.stderr, flush=True)
