@@ -5,6 +5,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL ewkern_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "ewkern.h"
+#include "rtc.h"
 
 #include <numpy/arrayobject.h>
 #include <stdio.h>
@@ -732,6 +733,7 @@ static PyMethodDef module_methods[] = {
      "Seconds per launch for each sample of back-to-back launches of the plans (cycled), timed with CUDA\n"
      "events (a host clock on the CPU). graph (default: launches > 1) replays the sample's launches as\n"
      "one CUDA graph; flush= reads a buffer larger than the L2 before each sample."},
+    EW_RTC_METHODS
     {NULL}
 };
 
