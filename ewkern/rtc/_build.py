@@ -80,17 +80,13 @@ class CompileError(RuntimeError):
     messages and the line of the user's code they point at."""
 
 
-_LOC = re.compile(r'([^\s:"]+: (?:operation|preamble|loop_prep|after_loop|map_expr|reduce_expr|post_map_expr))'
-                  r'(?:"?)[:(](\d+)')
-
-
 def explain(kernel: str, log: str, parts: dict[str, str], backend: str) -> str:
     """The compile error message: the log, and each user line it points at."""
     shown = []
     for m in re.finditer(r'(\S+): (operation|preamble|loop_prep|after_loop|map_expr|reduce_expr|post_map_expr)"?'
                          r'[:(](\d+)', log):
         what, line = m.group(2), int(m.group(3))
-        code = parts.get(what, "").split("\n")
+        code = parts[what].split("\n") if what in parts else []
         if 1 <= line <= len(code):
             entry = f"  {what}, line {line}: {code[line - 1].strip()}"
             if entry not in shown:

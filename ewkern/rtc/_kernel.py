@@ -103,6 +103,10 @@ def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
         npv = arr.view(_STORAGE_NP.get(dt, arr.dtype)) if dt in _STORAGE_NP else arr
         ptr = arr.__array_interface__["data"][0]
         return _Arr(obj, dt, arr.shape, arr.strides, ptr, npv, "cpu")
+    if type(obj).__module__.split(".")[0] == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16":
+        # NumPy does not take bfloat16: its bits as int16, any strides
+        bits = np.from_dlpack(obj.view(sys.modules["torch"].int16)).view(np.uint16)
+        return _Arr(obj, "bfloat16", bits.shape, bits.strides, bits.__array_interface__["data"][0], bits, "cpu")
     # NumPy does not take it (bfloat16): ewkern's own DLPack import, C-contiguous
     (view,), _ = _C()._rtc_views((obj,), (what,))
     ptr, dt, _dev, shape, _ro = view
