@@ -19,15 +19,15 @@ PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
 
 #define EW_RTC_METHODS \
     {"_rtc_views", (PyCFunction)ew_rtc_views, METH_VARARGS, \
-     "_rtc_views(objs, device)\n--\n\nFor run-time kernels: ((ptr, dtype, device, shape), ...), stream, for " \
+     "_rtc_views(objs, names, /)\n--\n\nFor run-time kernels: ((ptr, dtype, device, shape), ...), stream, for " \
      "C-contiguous DLPack arrays, taken as ewkern's ops take them (the stream of the first array's framework)."}, \
     {"_rtc_result", (PyCFunction)ew_rtc_result, METH_VARARGS, \
-     "_rtc_result(like, dtype, shape)\n--\n\nAn uninitialised result in like's framework and device."}, \
+     "_rtc_result(like, dtype, shape, /)\n--\n\nAn uninitialised result in like's framework and device."}, \
     {"_rtc_load", (PyCFunction)ew_rtc_load, METH_VARARGS, \
-     "_rtc_load(image, name, device)\n--\n\nLoad a CUBIN/PTX image (cudaLibraryLoadData) on device and return " \
+     "_rtc_load(image, name, device, /)\n--\n\nLoad a CUBIN/PTX image (cudaLibraryLoadData) on device and return " \
      "the handle of its kernel `name` (cudaLibraryGetKernel)."}, \
     {"_rtc_launch", (PyCFunction)ew_rtc_launch, METH_VARARGS, \
-     "_rtc_launch(kernel, grid, block, params, device, stream, pdl)\n--\n\nLaunch a loaded kernel whose one " \
+     "_rtc_launch(kernel, grid, block, params, device, stream, pdl, /)\n--\n\nLaunch a loaded kernel whose one " \
      "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."},
 
 #endif /* EWKERN_RTC_H */
