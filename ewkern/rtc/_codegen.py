@@ -150,7 +150,6 @@ struct Ind {
 } /* namespace ewrtc */
 """
 
-MAXDIM = 16
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
 
@@ -209,11 +208,6 @@ def typedefs(type_map, in_params, in_types, out_params, out_types) -> str:
     for k, (p, dt) in enumerate(zip(out_params, out_types)):
         out.append(f"typedef {DTYPES[dt][1]} out{k}_type;")
     return "\n".join(out)
-
-
-def _user(code: str, kernel: str, what: str, resume: str) -> str:
-    """code under a #line naming the kernel and the part, then back to the generated file."""
-    return f'#line 1 "{kernel}: {what}"\n{code}\n#line {resume}'
 
 
 class Source:

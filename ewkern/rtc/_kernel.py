@@ -398,8 +398,6 @@ class ElementwiseKernel:
         self.name = name
         self.in_params = parse_params(in_params, False, name)
         self.out_params = parse_params(out_params, True, name)
-        if not self.out_params and not no_return:
-            pass
         names = [p.name for p in self.in_params + self.out_params]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
