@@ -13,6 +13,7 @@
 #include "state.h"
 #include "stream.h"
 #include "timing.h"
+#include "rtc.h"
 
 #include "cuda_api.h"
 #include "cpu/cpu_math.h"
@@ -130,6 +131,7 @@ static PyMethodDef module_methods[] = {
      "Seconds per launch for each sample of back-to-back launches of the plans (cycled), timed with CUDA\n"
      "events (a host clock on the CPU). graph (default: launches > 1) replays the sample's launches as\n"
      "one CUDA graph; flush= reads a buffer larger than the L2 before each sample."},
+    EW_RTC_METHODS
     {NULL}
 };
 

@@ -28,7 +28,7 @@ FLOORS = {
     "dtype": 1, "device": 1,
     "registry": 2, "stream": 2, "array": 2,
     "dlpack": 3, "listing": 3,
-    "ops": 4,
+    "ops": 4, "rtc": 4,
     "timing": 5,
     "module": 6,
 }

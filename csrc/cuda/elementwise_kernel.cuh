@@ -15,7 +15,7 @@
 
 #include "elementwise_types.cuh"
 #include "elementwise_ops.cuh"
-#include "pdl.cuh"
+#include "pdl_device.cuh"
 
 namespace ewk {
 
