@@ -331,7 +331,7 @@ def _autograd(nin, saves, grads):
     return backward, setup_context
 
 
-def _function(name, nin, saves, grads):
+def _function(name, nin, saves, fast, composed):
     """The same op as a torch.autograd.Function that calls the C functions directly: what eager
     code runs (the custom op's dispatch costs tens of microseconds of host time per call, which a
     single training step pays while the GPU waits)."""
@@ -345,8 +345,10 @@ def _function(name, nin, saves, grads):
         return y
 
     def backward(ctx, grad):
-        g = grads(_Eager, grad, [t.contiguous() for t in ctx.saved_tensors], ctx.scalars,
-                  ctx.needs_input_grad[:nin])
+        # eager only (torch.compile takes the custom op): composed when a graph of the backward is wanted
+        saved, need = ctx.saved_tensors, ctx.needs_input_grad[:nin]
+        g = (composed(grad, saved, ctx.scalars, need) if torch.is_grad_enabled() else
+             fast(_Eager, grad.contiguous(), [t.contiguous() for t in saved], ctx.scalars, need))
         return tuple(g) + (None,) * len(ctx.scalars)
     return type(f"{name}_function", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -408,7 +410,7 @@ def _register_elementwise(name, info):
     grads = _backward_of(name, nin)
     backward, setup_context = _autograd(nin, saves, grads)
     op.register_autograd(backward, setup_context=setup_context)
-    _FUNCTION[name] = _function(name, nin, saves, grads)
+    _FUNCTION[name] = _function(name, nin, saves, FAST[name], GRADS[name][1])
     _define(f"{name}_out", f"({', '.join(args + ['Tensor(a!) out'])}) -> ()", kernel_out, fake_out, ("out",))
     _FUNCTIONAL[name] = getattr(E, name).default
     _MUTATING[name] = getattr(E, f"{name}_out").default
@@ -498,9 +500,6 @@ _register()
 
 # --- the Python face: ewkern's signatures ------------------------------------------------------------
 
-_DEVICES = ("cpu", "cuda")
-
-
 def _eager(tensors):
     """Plain tensors on cpu/cuda outside torch.compile, FakeTensorMode and every other dispatch
     mode: the C function (and an autograd.Function around it) is the op. Otherwise the custom op,
@@ -508,7 +507,7 @@ def _eager(tensors):
     if torch.compiler.is_compiling() or _dispatch_depth():
         return False
     for t in tensors:
-        if type(t) is not torch.Tensor or t.device.type not in _DEVICES:
+        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
             return False
     return True
 

@@ -197,13 +197,16 @@ class ExperimentRun:
         return rec
 
     def measure_peer(self, *, what: str, impl: str, build, cache: str, samples: int | None = None,
-                     before=None, **fields) -> dict | None:
+                     before=None, spin_us: float = frameworks.SPIN_US, **fields) -> dict | None:
         """Time a peer; build() returns (make_call, set_bytes, bytes_read, bytes_written); before(),
-        when given, a foreign call to time each call after (frameworks.foreign_call)."""
+        when given, a foreign call to time each call after (frameworks.foreign_call); spin_us: how
+        long the sleep kernel holds the stream in flush mode (it must outlast the host's queueing of
+        the whole call)."""
         try:
             make_call, set_bytes, br, bw = build()
             timing = frameworks.time_calls(self.ctx.cfg, impl, make_call, set_bytes, cache,
-                                           samples=samples, before=before() if before else None)
+                                           samples=samples, before=before() if before else None,
+                                           spin_us=spin_us)
         except Skip as exc:
             self.skip(what, str(exc))
             return None
