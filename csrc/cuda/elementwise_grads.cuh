@@ -3,8 +3,9 @@
  * Grad_<name> functor per op: NIN arrays in (grad first, then what the forward saved), NOUT
  * gradients out, KIND_GRAD, and operator()(x, y, s0, s1) on the compute type (float for
  * float32/float16/bfloat16, double for float64). The formulas and their rounding order are those of
- * the CPU kernels (csrc/cpu/backward.c), so both backends meet grads.def's bounds the same way;
- * MathOf picks cheaper SFU forms for 16-bit results where the bound allows. Device code only.
+ * the CPU kernels (csrc/cpu/backward.c), so both backends meet grads.def's bounds the same way,
+ * except where MathOf picks a cheaper SFU form inside the same bound (gelu for float, gelu, silu
+ * and erf for 16-bit results). Device code only.
  */
 #ifndef EWKERN_ELEMENTWISE_GRADS_CUH
 #define EWKERN_ELEMENTWISE_GRADS_CUH
@@ -127,6 +128,38 @@ struct Grad_gelu_h16 {
         y[0] = g * (a < 0.0f ? (u * e) * 0x1p-32f : fmaf(u, e * 0x1p-32f, 1.0f));
     }
 };
+/* gelu_backward for float results: the same split with Op_gelu_f32's fit (elementwise_ops.cuh):
+ * degree 10 (6e-9 relative), t to 0.5 ulp by one Newton step, z clamped to 16 (E and erfc
+ * underflow to 0 long before), both exponentials on the SFU (ex2.approx, 2 ulp). libdevice's erfcf
+ * and expf made float32 gelu_backward compute-bound on the H200 (0.94 of torch at 256 MiB, the
+ * train experiment). The rounding of z^2 and the exponent costs about a^2 / 2 ulp for a << 0, inside
+ * grads.def's 4 + 2 a^2. */
+struct Grad_gelu_f32 {
+    enum { NIN = 2, NOUT = 1, KIND = KIND_GRAD };
+    EW_DEV void operator()(const float (&x)[2], float (&y)[1], float, float) const
+    {
+        const float g = x[0], a = x[1];
+        const float z = fminf(fabsf(a) * kRsqrt2, 16.0f);
+        const float d = fmaf(z, 0.5f, 1.0f);
+        float t = rcp_approx_ftz(d);
+        t = fmaf(t, fmaf(-d, t, 1.0f), t);
+        const float s = 1.0f - t;
+        float q = -0.20092766f;
+        q = fmaf(q, s, 0.6277097f);
+        q = fmaf(q, s, -0.5815188f);
+        q = fmaf(q, s, 0.11310536f);
+        q = fmaf(q, s, -0.12101603f);
+        q = fmaf(q, s, 0.071952134f);
+        q = fmaf(q, s, 0.28323686f);
+        q = fmaf(q, s, 0.23216939f);
+        q = fmaf(q, s, -0.4374274f);
+        q = fmaf(q, s, -1.8131202f);
+        const float e = ex2_approx(z * z * -kLog2e);                 /* e^(-a^2 / 2) */
+        const float h = 0.5f * t * ex2_approx(s * q);                /* Phi(-|a|) / e */
+        const float u = fmaf(a, 0.398942280401432678f, a < 0.0f ? h : -h);
+        y[0] = g * (a < 0.0f ? u * e : fmaf(u, e, 1.0f));
+    }
+};
 /* silu_backward and erf_backward for float16/bfloat16 results: e^x on the SFU (ex2.approx, 2^-22
  * relative) and the reciprocal by rcp.approx (1 ulp): errors far under half a 16-bit ulp. */
 struct Grad_silu_h16 {
@@ -148,6 +181,7 @@ struct Grad_erf_h16 {
         y[0] = x[0] * (ex2_approx(-(a * a) * kLog2e) * 1.12837916709551257f);
     }
 };
+template <> struct MathOf<Grad_gelu, float> { typedef Grad_gelu_f32 type; };
 template <> struct MathOf<Grad_gelu, half_t> { typedef Grad_gelu_h16 type; };
 template <> struct MathOf<Grad_gelu, bf16_t> { typedef Grad_gelu_h16 type; };
 template <> struct MathOf<Grad_silu, half_t> { typedef Grad_silu_h16 type; };
@@ -157,6 +191,7 @@ template <> struct MathOf<Grad_erf, bf16_t> { typedef Grad_erf_h16 type; };
 /* libm-class math per element (auto's launch rule for 16-bit types, as for the forward ops) */
 template <> struct Heavy<Grad_gelu> { enum { value = 1 }; };
 template <> struct Heavy<Grad_gelu_h16> { enum { value = 1 }; };
+template <> struct Heavy<Grad_gelu_f32> { enum { value = 1 }; };
 template <> struct Heavy<Grad_silu> { enum { value = 1 }; };
 template <> struct Heavy<Grad_silu_h16> { enum { value = 1 }; };
 template <> struct Heavy<Grad_erf> { enum { value = 1 }; };
