@@ -8,6 +8,8 @@ Environment:
   EWKERN_DLPACK_INCLUDE   a folder holding dlpack/dlpack.h (1.2 or newer); by default the
                           header of the apache-tvm-ffi package is used.
   EWKERN_NVCC_THREADS     nvcc --threads value (default 2).
+  EWKERN_NO_LIBMVEC=1     build the CPU math ops without glibc's libmvec (scalar libm loops),
+                          as on machines that lack it; ewkern.build_info()["cpu_math"] says which.
 """
 import glob
 import importlib.util
@@ -57,6 +59,34 @@ def cuda_lib_dir(nvcc):
     sys.exit(f"libcudart_static.a not found under {home}")
 
 
+def libmvec_flags(compiler):
+    """(define_macros, libraries) for the CPU kernels' vector math: glibc's libmvec on x86_64
+    Linux when a test program that calls one of its vector functions links, else nothing (the
+    kernels then call scalar libm, and build_info says so)."""
+    if os.environ.get("EWKERN_NO_LIBMVEC") == "1":
+        print("ewkern: EWKERN_NO_LIBMVEC=1: CPU math ops use scalar libm", flush=True)
+        return [], []
+    import platform
+    import tempfile
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        print("ewkern: libmvec is glibc's x86_64 library: CPU math ops use scalar libm", flush=True)
+        return [], []
+    src = ("#include <emmintrin.h>\n__m128 _ZGVbN4v_expf(__m128);\n"
+           "int main(void) { volatile float r = _mm_cvtss_f32(_ZGVbN4v_expf(_mm_set1_ps(1.0f)));"
+           " return r > 2.0f ? 0 : 1; }\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        c = os.path.join(tmp, "mvec.c")
+        with open(c, "w") as f:
+            f.write(src)
+        try:
+            objs = compiler.compile([c], output_dir=tmp)
+            compiler.link_executable(objs, "mvec", output_dir=tmp, libraries=["mvec", "m"])
+        except Exception:
+            print("ewkern: libmvec not found (no -lmvec): CPU math ops use scalar libm", flush=True)
+            return [], []
+    return [("EW_CPU_LIBMVEC", "1")], ["mvec", "m"]
+
+
 class BuildExt(build_ext):
     """Compiles csrc/cuda/*.cu with nvcc (in parallel, skipping up-to-date objects) and links
     them into the extension with the static CUDA runtime."""
@@ -67,6 +97,9 @@ class BuildExt(build_ext):
         import numpy
 
         ext.include_dirs += [os.path.join(HERE, "csrc"), dlpack, numpy.get_include()]
+        mvec_macros, mvec_libs = libmvec_flags(self.compiler)
+        ext.define_macros += mvec_macros
+        ext.libraries += mvec_libs
         if nvcc:
             archs = [a.strip() for a in os.environ.get("EWKERN_CUDA_ARCHS", DEFAULT_ARCHS).split(";") if a.strip()]
             ext.define_macros += [("EWKERN_WITH_CUDA", "1"), ("EWKERN_CUDA_ARCHS", '"%s"' % ";".join(archs))]

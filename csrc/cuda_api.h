@@ -96,6 +96,12 @@ int ewcuda_pdl_set(int on);
 int ewcuda_pdl_get(void);
 int ewcuda_pdl_active(int device);
 
+/* Run-time kernels (csrc/rtc.c): load a CUBIN/PTX image (cudaLibraryLoadData) and get its kernel
+ * `name` (cudaLibraryGetKernel; the library stays loaded); launch a kernel handle with
+ * cudaLaunchKernelExC on stream, as a programmatic dependent launch when pdl. */
+int ewcuda_library_load(const void *image, const char *name, void **library, void **kernel);
+int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl);
+
 #ifdef __cplusplus
 }
 #endif

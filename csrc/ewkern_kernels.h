@@ -29,12 +29,14 @@ typedef enum {
 /* Arguments of one elementwise launch.
  * in[k] and out point at element 0 of contiguous buffers of n elements; the pointers are
  * aligned to the element size only (a view starting at element 1 is legal). out may equal
- * in[0] or in[1] (in-place: add(a, b, out=a)); it never partially overlaps them.
+ * any in[k] (in-place: add(a, b, out=a)); it never partially overlaps them.
  * Computation for float16/bfloat16 is in float32 unless the variant says otherwise;
  * float64 computes in double. */
 typedef struct ew_args {
-    const void *in[2];   /* inputs; unused ones are NULL */
+    const void *in[3];   /* inputs; unused ones are NULL (three for the backward ops of grads.def) */
     void *out;
+    void *out2;          /* backward ops of two gradients: the second (b's); NULL when not asked for,
+                            and out may then be NULL too (only b's gradient asked for) */
     int64_t n;           /* element count, may be 0 */
     double scalar[2];    /* add_const/mul_const: c = scalar[0]; axpby: alpha = scalar[0],
                             beta = scalar[1]; fill: value = scalar[0] */
@@ -61,8 +63,22 @@ typedef struct ew_rmse_args {
     int device;
 } ew_rmse_args;
 
+/* Arguments of one rmse_backward launch: a, b and the layout as in ew_rmse_args; grad and r (the
+ * forward's result) hold outer * inner values, float32 (float64 for float64 inputs); out and
+ * out2 receive grad_a = (a - b) grad / (n r) per batch and grad_b = -grad_a, in the inputs'
+ * dtype; either may be NULL (that gradient not asked for), never both. */
+typedef struct ew_rmse_grad_args {
+    const void *grad, *a, *b, *r;
+    void *out, *out2;
+    int64_t outer, n, inner;
+    int block;
+    void *stream;
+    int device;
+} ew_rmse_grad_args;
+
 /* A launcher: 0 on success, otherwise a cudaError_t value (CUDA) or an errno value (CPU).
- * args points at an ew_args (elementwise tables) or an ew_rmse_args (rmse tables).
+ * args points at an ew_args (elementwise and backward tables), an ew_rmse_args (rmse) or an
+ * ew_rmse_grad_args (rmse_backward).
  * A CUDA launcher calls cudaGetLastError() after its launches and returns it. */
 typedef int (*ew_launch_fn)(const void *args);
 
@@ -93,6 +109,8 @@ const ew_kernel *ew_cuda_elementwise_ops_on_gpus_table(int *count);
 const ew_kernel *ew_cuda_batched_rmse_kernel_analysis_table(int *count);
 const ew_kernel *ew_cuda_elementwise_auto_table(int *count);
 const ew_kernel *ew_cuda_rmse_auto_table(int *count);
+const ew_kernel *ew_cpu_backward_table(int *count);            /* grads.def's ops and rmse_backward */
+const ew_kernel *ew_cuda_elementwise_backward_table(int *count);  /* the same on CUDA */
 
 #ifdef __cplusplus
 }

@@ -106,13 +106,28 @@ PyObject *ew_kernel_info(PyObject *module, PyObject *args, PyObject *kwds)
 PyObject *ew_list_ops(PyObject *module, PyObject *unused)
 {
     PyObject *list = PyList_New(0);
-    for (int i = 0; list && i <= ew_nops; i++) {
-        PyObject *d = i < ew_nops
-            ? Py_BuildValue("{s:s,s:i,s:i,s:s,s:s,s:s}", "name", ew_ops[i].name, "inputs", ew_ops[i].inputs,
-                            "scalars", ew_ops[i].scalars, "definition", ew_ops[i].definition, "accuracy",
-                            ew_ops[i].accuracy, "family", "elementwise")
-            : Py_BuildValue("{s:s,s:i,s:i,s:s,s:s}", "name", "rmse", "inputs", 2, "scalars", 0, "definition",
-                            "out[batch] = sqrt(mean((a - b)^2))", "family", "reduction");
+    for (int i = 0; list && i <= ew_nops + 1; i++) {
+        PyObject *d;
+        if (i < ew_nops) {
+            const ew_op_info *op = &ew_ops[i];
+            PyObject *args = PyUnicode_FromString(op->args);
+            PyObject *names = args ? PyUnicode_Split(args, NULL, -1) : NULL;
+            Py_XDECREF(args);
+            d = names ? Py_BuildValue("{s:s,s:i,s:i,s:i,s:N,s:s,s:s,s:s}", "name", op->name, "inputs", op->inputs,
+                                      "scalars", op->scalars, "outputs", op->outputs, "args", names, "definition",
+                                      op->definition, "accuracy", op->accuracy, "family",
+                                      op->backward ? "backward" : "elementwise")
+                      : NULL;
+        } else if (i == ew_nops) {
+            d = Py_BuildValue("{s:s,s:i,s:i,s:i,s:[ss],s:s,s:s}", "name", "rmse", "inputs", 2, "scalars", 0,
+                              "outputs", 1, "args", "a", "b", "definition", "out[batch] = sqrt(mean((a - b)^2))",
+                              "family", "reduction");
+        } else {
+            d = Py_BuildValue("{s:s,s:i,s:i,s:i,s:[ssss],s:s,s:s}", "name", "rmse_backward", "inputs", 4, "scalars",
+                              0, "outputs", 2, "args", "grad", "a", "b", "r", "definition",
+                              "grad_a = (a - b) grad / (n r) per batch, grad_b = -grad_a", "family",
+                              "reduction backward");
+        }
         if (d == NULL || PyList_Append(list, d) < 0)
             Py_CLEAR(list);
         Py_XDECREF(d);

@@ -13,8 +13,10 @@
 #include "state.h"
 #include "stream.h"
 #include "timing.h"
+#include "rtc.h"
 
 #include "cuda_api.h"
+#include "cpu/cpu_math.h"
 
 /* ---- streams and PDL ---------------------------------------------------------------------------- */
 
@@ -77,8 +79,8 @@ static PyObject *m_build_info(PyObject *module, PyObject *unused)
 #ifndef EWKERN_CUDA_ARCHS
 #define EWKERN_CUDA_ARCHS ""
 #endif
-    return Py_BuildValue("{s:O,s:s,s:(ii)}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
-                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    return Py_BuildValue("{s:O,s:s,s:(ii),s:s}", "cuda", EWKERN_WITH_CUDA ? Py_True : Py_False, "cuda_archs",
+                         EWKERN_CUDA_ARCHS, "dlpack_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, "cpu_math", ew_cpu_math_library());
 }
 
 static PyMethodDef module_methods[] = {
@@ -129,6 +131,7 @@ static PyMethodDef module_methods[] = {
      "Seconds per launch for each sample of back-to-back launches of the plans (cycled), timed with CUDA\n"
      "events (a host clock on the CPU). graph (default: launches > 1) replays the sample's launches as\n"
      "one CUDA graph; flush= reads a buffer larger than the L2 before each sample."},
+    EW_RTC_METHODS
     {NULL}
 };
 

@@ -23,8 +23,8 @@
 
 /* ---- argument parsing ------------------------------------------------------------------------ */
 
-enum { P_VARIANT = 0, P_BLOCK = 1, P_GRID = 2, N_KWONLY = 3 };
-static const char *const kwonly_names[N_KWONLY] = {"variant", "block", "grid"};
+enum { P_VARIANT = 0, P_BLOCK = 1, P_GRID = 2, P_MASK = 3, N_KWONLY = 4 };
+static const char *const kwonly_names[N_KWONLY] = {"variant", "block", "grid", "output_mask"};
 #define MAX_PARAMS 8
 
 typedef struct call_spec {
@@ -32,6 +32,7 @@ typedef struct call_spec {
     const char *names[MAX_PARAMS];  /* positional-or-keyword parameters, in order */
     int npos;
     int nrequired;                  /* the first nrequired of them */
+    char buf[64];                   /* the array names of a grads.def row, split */
 } call_spec;
 
 /* Parse FASTCALL arguments into vals[0..npos) (positional-or-keyword) and
@@ -481,12 +482,16 @@ static PyObject *finish_call(const char *fname, const ew_kernel *k, int is_rmse,
     return result;
 }
 
-/* ---- elementwise ops ------------------------------------------------------------------------------ */
+/* ---- elementwise ops ------------------------------------------------------------------------------
+ * ops.def's rows (inputs a, b; one result) and grads.def's (inputs grad and the saved arrays; one
+ * or two gradients, output_mask choosing which of two are computed). */
+
+#define MAX_IN 3
+#define MAX_OUT 2
 
 static void elementwise_spec(int opi, call_spec *cs)
 {
     const ew_op_info *op = &ew_ops[opi];
-    static const char *const in_names[2] = {"a", "b"};
     cs->fname = op->name;
     cs->npos = 0;
     if (op->inputs == 0) {            /* fill(out, value) */
@@ -495,8 +500,14 @@ static void elementwise_spec(int opi, call_spec *cs)
         cs->nrequired = 2;
         return;
     }
-    for (int i = 0; i < op->inputs; i++)
-        cs->names[cs->npos++] = in_names[i];
+    snprintf(cs->buf, sizeof cs->buf, "%s", op->args);
+    for (char *p = cs->buf; *p && cs->npos < MAX_IN;) {
+        cs->names[cs->npos++] = p;
+        while (*p && *p != ' ')
+            p++;
+        if (*p)
+            *p++ = '\0';
+    }
     if (op->scalars == 1)
         cs->names[cs->npos++] = "c";
     else if (op->scalars == 2) {
@@ -505,6 +516,79 @@ static void elementwise_spec(int opi, call_spec *cs)
     }
     cs->nrequired = cs->npos;
     cs->names[cs->npos++] = "out";
+}
+
+/* output_mask= of a two-gradient op: which gradients to compute (default both). */
+static int parse_mask(const char *fname, int nout, PyObject *obj, int *mask)
+{
+    mask[0] = mask[1] = 1;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (nout < 2) {
+        PyErr_Format(PyExc_TypeError, "%s() computes one gradient and takes no output_mask", fname);
+        return -1;
+    }
+    PyObject *seq = PyTuple_Check(obj) || PyList_Check(obj) ? PySequence_Tuple(obj) : NULL;
+    if (seq == NULL || PyTuple_GET_SIZE(seq) != 2) {
+        Py_XDECREF(seq);
+        PyErr_Format(PyExc_TypeError, "%s(): output_mask must be a pair of bools (grad of a, grad of b), got %.200s",
+                     fname, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        int t = PyObject_IsTrue(PyTuple_GET_ITEM(seq, k));
+        if (t < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        mask[k] = t;
+    }
+    Py_DECREF(seq);
+    if (!mask[0] && !mask[1]) {
+        PyErr_Format(PyExc_ValueError, "%s(): output_mask=(False, False) asks for no gradient", fname);
+        return -1;
+    }
+    return 0;
+}
+
+/* out= of an op with nout results: None, an array (nout == 1), or a pair whose entries are arrays
+ * or None (nout == 2). outs[k] NULL where none was given. */
+static int split_out(const char *fname, int nout, PyObject *obj, PyObject **outs)
+{
+    outs[0] = outs[1] = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (nout == 1) {
+        outs[0] = obj;
+        return 0;
+    }
+    if (!(PyTuple_Check(obj) || PyList_Check(obj)) || PySequence_Size(obj) != 2) {
+        PyErr_Format(PyExc_TypeError, "%s(): out must be None or a pair (out for the gradient of a, of b), each "
+                     "an array or None; got %.200s", fname, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(obj, k);   /* tuple or list: no new reference */
+        outs[k] = o == Py_None ? NULL : o;
+    }
+    return 0;
+}
+
+/* The result of an op call: the one result, or the pair with None where a gradient was not asked
+ * for. Steals the references in res. */
+static PyObject *pack_results(int nout, PyObject **res, const int *mask)
+{
+    if (nout == 1)
+        return res[0];
+    PyObject *t = PyTuple_New(2);
+    for (int k = 0; k < 2; k++) {
+        PyObject *x = mask[k] ? res[k] : Py_NewRef(Py_None);
+        if (t)
+            PyTuple_SET_ITEM(t, k, x);
+        else
+            Py_XDECREF(x);
+    }
+    return t;
 }
 
 static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, Py_ssize_t nargs,
@@ -519,60 +603,77 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     launch_opts lo;
     if (parse_opts(cs.fname, vals + cs.npos, &lo) < 0)
         return NULL;
+    const int nin = op->inputs, nout = op->outputs;
+    int mask[MAX_OUT];
+    if (parse_mask(cs.fname, nout, vals[cs.npos + P_MASK], mask) < 0)
+        return NULL;
 
-    int fill = op->inputs == 0;
-    PyObject *in_objs[2] = {NULL, NULL};
+    int fill = nin == 0;
+    PyObject *in_objs[MAX_IN] = {NULL, NULL, NULL};
     PyObject *scal_objs[2] = {NULL, NULL};
-    PyObject *out_obj;
+    PyObject *out_objs[MAX_OUT] = {NULL, NULL};
     if (fill) {
-        out_obj = vals[0];
+        out_objs[0] = vals[0];
         scal_objs[0] = vals[1];
     } else {
-        for (int i = 0; i < op->inputs; i++)
+        for (int i = 0; i < nin; i++)
             in_objs[i] = vals[i];
         for (int i = 0; i < op->scalars; i++)
-            scal_objs[i] = vals[op->inputs + i];
-        out_obj = vals[cs.npos - 1];
-        if (out_obj == Py_None)
-            out_obj = NULL;
+            scal_objs[i] = vals[nin + i];
+        if (split_out(cs.fname, nout, vals[cs.npos - 1], out_objs) < 0)
+            return NULL;
+        for (int k = 0; k < nout; k++)
+            if (!mask[k])
+                out_objs[k] = NULL;     /* a gradient not asked for: its out= is left alone */
     }
     ew_args ea;
     memset(&ea, 0, sizeof ea);
     for (int i = 0; i < op->scalars; i++)
-        if (to_double(cs.fname, cs.names[fill ? 1 : op->inputs + i], scal_objs[i], &ea.scalar[i]) < 0)
+        if (to_double(cs.fname, cs.names[fill ? 1 : nin + i], scal_objs[i], &ea.scalar[i]) < 0)
             return NULL;
 
-    ew_view v[3];          /* inputs, then out */
+    ew_view v[MAX_IN + MAX_OUT];     /* inputs, then the outputs in order */
+    int out_view[MAX_OUT] = {-1, -1};
+    const char *view_names[MAX_IN + MAX_OUT];
+    static const char *const out_names[MAX_OUT] = {"out", "out[1]"};
     int nv = 0;
+    PyObject *res[MAX_OUT] = {NULL, NULL};
     PyObject *result = NULL;
     void *stream = NULL;
     const ew_kernel *k = NULL;
     int have_stream = 0;
     ew_device_guard g = EW_DEVICE_GUARD_INIT;
-    for (int i = 0; i < op->inputs; i++) {
+    for (int i = 0; i < nin; i++) {
         if (ew_view_from_object(st, in_objs[i], &v[nv], cs.names[i], stream, have_stream) < 0)
             goto fail;
-        nv++;
+        view_names[nv++] = cs.names[i];
         if (i == 0) {
             if (pick_stream(st, &v[0], &stream) < 0)
                 goto fail;
             have_stream = 1;
-        } else if (check_pair(cs.fname, &v[0], "a", &v[i], cs.names[i], 1, 1) < 0)
+        } else if (check_pair(cs.fname, &v[0], cs.names[0], &v[i], cs.names[i], 1, 1) < 0)
             goto fail;
     }
-    if (out_obj) {
-        if (ew_view_from_object(st, out_obj, &v[nv], "out", stream, have_stream) < 0)
+    for (int o = 0; o < nout; o++) {
+        if (!out_objs[o])
+            continue;
+        const char *oname = nout == 1 ? "out" : out_names[o];
+        if (ew_view_from_object(st, out_objs[o], &v[nv], oname, stream, have_stream) < 0)
             goto fail;
-        nv++;
+        out_view[o] = nv;
+        view_names[nv++] = oname;
         if (fill) {
             if (pick_stream(st, &v[0], &stream) < 0)
                 goto fail;
-        } else if (check_pair(cs.fname, &v[0], "a", &v[nv - 1], "out", 1, 1) < 0)
+        } else if (check_pair(cs.fname, &v[0], cs.names[0], &v[nv - 1], oname, 1, 1) < 0)
             goto fail;
-        if (check_out(cs.fname, &v[nv - 1], v, op->inputs) < 0)
+        if (check_out(cs.fname, &v[nv - 1], v, nin) < 0)
             goto fail;
+        if (o == 1 && out_view[0] >= 0 && v[out_view[0]].data == v[nv - 1].data && v[nv - 1].size > 0) {
+            PyErr_Format(PyExc_ValueError, "%s(): the two gradients' out= arrays are the same memory", cs.fname);
+            goto fail;
+        }
     }
-    const char *view_names[3] = {cs.names[0], op->inputs > 1 ? cs.names[1] : "out", "out"};
     if (refuse_grad(st, cs.fname, v, view_names, nv) < 0)
         goto fail;
     const ew_view *ref = &v[0];
@@ -580,31 +681,42 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
                                         : ew_find_kernel(op->name, lo.variant, ref->dtype, ref->device.type);
     if (k == NULL || check_launch_params(cs.fname, k, &lo, ref->device) < 0 || ew_device_enter(&g, ref->device) < 0)
         goto fail;
-    if (out_obj) {
-        result = out_obj;
-        Py_INCREF(result);
-    } else {
-        result = ew_new_result(st, ref, ref->dtype, ref->ndim, ref->shape, stream, &v[nv]);
-        if (result == NULL)
-            goto fail;
-        nv++;
+    for (int o = 0; o < nout; o++) {
+        if (!mask[o])
+            continue;
+        if (out_objs[o]) {
+            res[o] = Py_NewRef(out_objs[o]);
+        } else {
+            res[o] = ew_new_result(st, ref, ref->dtype, ref->ndim, ref->shape, stream, &v[nv]);
+            if (res[o] == NULL)
+                goto fail;
+            out_view[o] = nv++;
+        }
     }
-    for (int i = 0; i < op->inputs; i++)
+    result = pack_results(nout, res, mask);
+    res[0] = res[1] = NULL;
+    if (result == NULL)
+        goto fail;
+    for (int i = 0; i < nin; i++)
         ea.in[i] = v[i].data;
-    ea.out = v[nv - 1].data;
-    ea.n = v[nv - 1].size;
+    ea.out = out_view[0] >= 0 ? v[out_view[0]].data : NULL;
+    ea.out2 = out_view[1] >= 0 ? v[out_view[1]].data : NULL;
+    ea.n = ref->size;
     ea.block = lo.block;
     ea.grid = lo.grid;
     ea.stream = stream;
     ea.device = ref->device.id;
     int64_t item = ew_dtype_size(ref->dtype);
-    result = finish_call(cs.fname, k, 0, &ea, ref->device, stream, v, nv, result, op->inputs * ea.n * item,
-                         ea.n * item, ea.n, plan);
+    int64_t written = fill ? 1 : (out_view[0] >= 0) + (out_view[1] >= 0);
+    result = finish_call(cs.fname, k, 0, &ea, ref->device, stream, v, nv, result, nin * ea.n * item,
+                         written * ea.n * item, ea.n, plan);
     ew_device_exit(&g);
     return result;
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
+    Py_XDECREF(res[0]);
+    Py_XDECREF(res[1]);
     Py_XDECREF(result);
     ew_device_exit(&g);
     return NULL;
@@ -711,6 +823,10 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
     launch_opts lo;
     if (parse_opts("rmse", vals + rmse_spec.npos, &lo) < 0)
         return NULL;
+    if (vals[rmse_spec.npos + P_MASK]) {
+        PyErr_SetString(PyExc_TypeError, "rmse() got an unexpected keyword argument 'output_mask'");
+        return NULL;
+    }
     PyObject *out_obj = vals[3] == Py_None ? NULL : vals[3];
     ew_view v[3];
     int nv = 0;
@@ -793,6 +909,124 @@ static PyObject *rmse_call(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return run_rmse(st, args, nargs, kwnames, NULL);
 }
 
+/* rmse_backward(grad, a, b, r, axis=None): the gradients of rmse(a, b, axis) given the incoming
+ * gradient grad and the forward's result r (both of the result's shape and dtype): grad_a =
+ * (a - b) grad / (n r) per batch, grad_b = -grad_a, in one pass over a and b. */
+static const call_spec rmse_grad_spec = {"rmse_backward", {"grad", "a", "b", "r", "axis", "out"}, 6, 4};
+
+static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *vals[MAX_PARAMS + N_KWONLY];
+    if (parse_args(&rmse_grad_spec, args, nargs, kwnames, vals) < 0)
+        return NULL;
+    launch_opts lo;
+    int mask[MAX_OUT];
+    PyObject *out_objs[MAX_OUT];
+    if (parse_opts("rmse_backward", vals + rmse_grad_spec.npos, &lo) < 0 ||
+        parse_mask("rmse_backward", 2, vals[rmse_grad_spec.npos + P_MASK], mask) < 0 ||
+        split_out("rmse_backward", 2, vals[5], out_objs) < 0)
+        return NULL;
+    for (int k = 0; k < 2; k++)
+        if (!mask[k])
+            out_objs[k] = NULL;
+    static const char *const names[6] = {"a", "b", "grad", "r", "out[0]", "out[1]"};
+    ew_view v[6];
+    int nv = 0, out_view[2] = {-1, -1};
+    PyObject *res[2] = {NULL, NULL}, *result = NULL;
+    void *stream = NULL;
+    const ew_kernel *k;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    if (ew_view_from_object(st, vals[1], &v[0], "a", NULL, 0) < 0)
+        return NULL;
+    nv = 1;
+    if (pick_stream(st, &v[0], &stream) < 0)
+        goto fail;
+    PyObject *objs[3] = {vals[2], vals[0], vals[3]};
+    for (int i = 0; i < 3; i++) {
+        if (ew_view_from_object(st, objs[i], &v[nv], names[nv], stream, 1) < 0)
+            goto fail;
+        nv++;
+    }
+    if (check_pair("rmse_backward", &v[0], "a", &v[1], "b", 1, 1) < 0)
+        goto fail;
+    ew_rmse_grad_args ra;
+    memset(&ra, 0, sizeof ra);
+    int red_ndim;
+    int64_t red_shape[EW_MAXDIM];
+    if (rmse_split(&v[0], vals[4] == Py_None ? NULL : vals[4], &ra.outer, &ra.n, &ra.inner, &red_ndim, red_shape) < 0)
+        goto fail;
+    ew_view want = v[0];
+    want.ndim = red_ndim;
+    memcpy(want.shape, red_shape, sizeof(int64_t) * red_ndim);
+    want.dtype = v[0].dtype == EW_FLOAT64 ? EW_FLOAT64 : EW_FLOAT32;
+    if (check_pair("rmse_backward", &want, "rmse's result", &v[2], "grad", 1, 1) < 0 ||
+        check_pair("rmse_backward", &want, "rmse's result", &v[3], "r", 1, 1) < 0)
+        goto fail;
+    for (int o = 0; o < 2; o++) {
+        if (!out_objs[o])
+            continue;
+        if (ew_view_from_object(st, out_objs[o], &v[nv], names[4 + o], stream, 1) < 0)
+            goto fail;
+        out_view[o] = nv++;
+        if (check_pair("rmse_backward", &v[0], "a", &v[nv - 1], names[4 + o], 1, 1) < 0 ||
+            check_out("rmse_backward", &v[nv - 1], v, 4) < 0)
+            goto fail;
+    }
+    if (out_view[0] >= 0 && out_view[1] >= 0 && v[out_view[0]].data == v[out_view[1]].data && v[0].size > 0) {
+        PyErr_SetString(PyExc_ValueError, "rmse_backward(): the two gradients' out= arrays are the same memory");
+        goto fail;
+    }
+    if (refuse_grad(st, "rmse_backward", v, names, nv) < 0)
+        goto fail;
+    k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(EW_OP_RMSE_BACKWARD, v[0].dtype, v[0].device.type)
+                                        : ew_find_kernel("rmse_backward", lo.variant, v[0].dtype, v[0].device.type);
+    if (k == NULL || check_launch_params("rmse_backward", k, &lo, v[0].device) < 0 ||
+        ew_device_enter(&g, v[0].device) < 0)
+        goto fail;
+    for (int o = 0; o < 2; o++) {
+        if (!mask[o])
+            continue;
+        if (out_objs[o]) {
+            res[o] = Py_NewRef(out_objs[o]);
+        } else {
+            if ((res[o] = ew_new_result(st, &v[0], v[0].dtype, v[0].ndim, v[0].shape, stream, &v[nv])) == NULL)
+                goto fail;
+            out_view[o] = nv++;
+        }
+    }
+    result = pack_results(2, res, mask);
+    res[0] = res[1] = NULL;
+    if (result == NULL)
+        goto fail;
+    ra.a = v[0].data;
+    ra.b = v[1].data;
+    ra.grad = v[2].data;
+    ra.r = v[3].data;
+    ra.out = out_view[0] >= 0 ? v[out_view[0]].data : NULL;
+    ra.out2 = out_view[1] >= 0 ? v[out_view[1]].data : NULL;
+    ra.block = lo.block;
+    ra.stream = stream;
+    ra.device = v[0].device.id;
+    result = finish_call("rmse_backward", k, 2, &ra, v[0].device, stream, v, nv, result, 0, 0, v[0].size, NULL);
+    ew_device_exit(&g);
+    return result;
+fail:
+    for (int i = 0; i < nv; i++)
+        ew_view_release(&v[i]);
+    Py_XDECREF(res[0]);
+    Py_XDECREF(res[1]);
+    Py_XDECREF(result);
+    ew_device_exit(&g);
+    return NULL;
+}
+
+static PyObject *rmse_backward_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int opi;
+    ew_state *st = self_state(self, &opi);
+    return run_rmse_backward(st, args, nargs, kwnames);
+}
+
 /* ---- the builtins ----------------------------------------------------------------------------------- */
 
 static const char rmse_doc[] =
@@ -806,6 +1040,21 @@ static const char rmse_doc[] =
 
 static PyMethodDef rmse_def = {"rmse", (PyCFunction)(void (*)(void))rmse_call, METH_FASTCALL | METH_KEYWORDS,
                                rmse_doc};
+
+static const char rmse_backward_doc[] =
+    "rmse_backward(grad, a, b, r, axis=None, out=None, *, output_mask=None, variant='auto', block=None, grid=None)\n"
+    "--\n\n"
+    "The gradients of r = rmse(a, b, axis) given the incoming gradient grad of r: per batch\n"
+    "grad_a = (a - b) * grad / (n * r), n the elements of a batch, and grad_b = -grad_a, computed in\n"
+    "one pass over a and b (one kernel; float16/bfloat16 in float32, rounded once).\n\n"
+    "Accuracy: within 2 ulp of |grad_a|, where 1 ulp is eps(dtype) x |exact result| (plus the\n"
+    "dtype's smallest normal near zero).\n\n"
+    "grad and r: rmse's result shape and dtype (float32, float64 for float64 inputs). Returns the\n"
+    "pair (grad_a, grad_b), each like a; output_mask=(True, False) computes grad_a only (None in\n"
+    "grad_b's place; default both), and out=(oa, ob) writes into given arrays (None entries allocate).";
+
+static PyMethodDef rmse_backward_def = {"rmse_backward", (PyCFunction)(void (*)(void))rmse_backward_call,
+                                        METH_FASTCALL | METH_KEYWORDS, rmse_backward_doc};
 
 /* Docstrings are built once from ops.def and live as long as the process. */
 static PyMethodDef op_defs[64];
@@ -833,9 +1082,41 @@ static char *make_doc(int opi)
                       "out; otherwise an ewkern.Array). out= may alias an input exactly.\n"
                       "variant: 'auto' or a name from ewkern.variants('%s'); block/grid: launch parameters\n"
                       "for the variants that take them.";
+    const char *bfmt = op->outputs == 2
+        ? "%s(%s, *, output_mask=None, variant='auto', block=None, grid=None)\n--\n\n"
+          "Backward of %.*s: %s.\n\n"
+          "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
+          "smallest normal near zero).\n\n"
+          "One kernel: it reads each argument once and writes each gradient once (float16/\n"
+          "bfloat16 computed in float32, rounded once). grad and the saved arrays (the forward's\n"
+          "inputs a, b): C-contiguous DLPack arrays of equal shape, dtype and device. Returns the\n"
+          "pair (grad_a, grad_b); output_mask=(True, False) computes only grad_a (None in grad_b's\n"
+          "place; default both), and out=(oa, ob) writes into given arrays (None entries allocate).\n"
+          "A gradient may be written over grad (out=(grad, None))."
+        : "%s(%s, *, variant='auto', block=None, grid=None)\n--\n\n"
+          "Backward of %.*s: %s.\n\n"
+          "Accuracy: %s, where 1 ulp is eps(dtype) x |exact result| (plus the dtype's\n"
+          "smallest normal near zero).\n\n"
+          "One kernel: it reads each argument once and writes the gradient once (float16/bfloat16\n"
+          "computed in float32, rounded once). grad and the saved array (the forward's input a or\n"
+          "its result y): C-contiguous DLPack arrays of equal shape, dtype and device. The result\n"
+          "follows grad's framework; out= may be grad itself (the gradient written over it).";
+    if (op->backward) {
+        fmt = bfmt;
+        sig[0] = '\0';
+        for (int i = 0; i < cs.npos; i++) {
+            strcat(sig, i ? ", " : "");
+            strcat(sig, cs.names[i]);
+            if (i >= cs.nrequired)
+                strcat(sig, "=None");
+        }
+    }
     size_t len = strlen(fmt) + 3 * strlen(op->name) + strlen(sig) + strlen(op->definition) + strlen(op->accuracy) + 16;
     char *doc = PyMem_RawMalloc(len);
-    if (doc)
+    if (doc && op->backward)
+        snprintf(doc, len, fmt, op->name, sig, (int)(strlen(op->name) - strlen("_backward")), op->name,
+                 op->definition, op->accuracy);
+    else if (doc)
         snprintf(doc, len, fmt, op->name, sig, op->name, op->definition, op->accuracy, op->name);
     return doc;
 }
@@ -845,10 +1126,12 @@ PyObject *ew_make_op_functions(PyObject *module)
     PyObject *dict = PyDict_New();
     if (dict == NULL)
         return NULL;
-    for (int i = 0; i <= ew_nops; i++) {
+    for (int i = 0; i <= ew_nops + 1; i++) {
         PyMethodDef *def;
         if (i == ew_nops)
             def = &rmse_def;
+        else if (i == ew_nops + 1)
+            def = &rmse_backward_def;
         else {
             def = &op_defs[i];
             if (op_docs[i] == NULL && (op_docs[i] = make_doc(i)) == NULL) {
@@ -860,7 +1143,7 @@ PyObject *ew_make_op_functions(PyObject *module)
             def->ml_flags = METH_FASTCALL | METH_KEYWORDS;
             def->ml_doc = op_docs[i];
         }
-        PyObject *self = Py_BuildValue("(Oi)", module, i == ew_nops ? EW_OP_RMSE : i);
+        PyObject *self = Py_BuildValue("(Oi)", module, i == ew_nops ? EW_OP_RMSE : i > ew_nops ? EW_OP_RMSE_BACKWARD : i);
         PyObject *modname = PyUnicode_FromString("ewkern");
         PyObject *fn = self && modname ? PyCFunction_NewEx(def, self, modname) : NULL;
         Py_XDECREF(self);

@@ -22,7 +22,7 @@ typedef struct PlanObject {
     int64_t bytes_read, bytes_written;
     PyObject *keep;     /* tuple of the objects whose memory the plan uses */
     PyObject *out;
-    ew_view views[3];
+    ew_view views[5];
     int nviews;
 } PlanObject;
 

@@ -9,9 +9,12 @@
 #include <string.h>
 
 const ew_op_info ew_ops[] = {
-#define EW_OP(name, inputs, scalars, def, acc) {#name, inputs, scalars, def, acc},
+#define EW_OP(name, inputs, scalars, def, acc) {#name, inputs, scalars, def, acc, 1, inputs == 2 ? "a b" : "a", 0},
 #include "ops.def"
 #undef EW_OP
+#define EW_GRAD(name, args, inputs, outputs, scalars, def, acc) {#name, inputs, scalars, def, acc, outputs, args, 1},
+#include "grads.def"
+#undef EW_GRAD
 };
 const int ew_nops = (int)(sizeof ew_ops / sizeof ew_ops[0]);
 
@@ -23,16 +26,22 @@ typedef struct {
     int device_type;
 } table;
 
-static table tables[8]; /* 2 CPU + 6 CUDA kernel files */
+static table tables[10]; /* 3 CPU + 7 CUDA kernel files */
 static int ntables;
 
 /* "auto" rows by (op, dtype, device), filled once: the per-call lookup is an array index */
 static const ew_kernel *auto_rows[64][EW_NDTYPES][2];
 
+/* auto_rows index of an op index: the reductions after the elementwise rows */
+static int slot_of(int i)
+{
+    return i == EW_OP_RMSE ? ew_nops : i == EW_OP_RMSE_BACKWARD ? ew_nops + 1 : i;
+}
+
 static int op_slot(const char *op)
 {
     int i = ew_op_index(op);
-    return i == EW_OP_RMSE ? ew_nops : i;
+    return i == -2 ? -1 : slot_of(i);
 }
 
 static void add_table(const ew_kernel *rows, int count, int device_type)
@@ -52,6 +61,8 @@ int ew_registry_init(void)
     add_table(t, n, EW_CPU);
     t = ew_cpu_rmse_table(&n);
     add_table(t, n, EW_CPU);
+    t = ew_cpu_backward_table(&n);
+    add_table(t, n, EW_CPU);
 #if EWKERN_WITH_CUDA
     /* one table per kernel file: the reference studies, then the default paths ("auto" rows) */
     static const ew_table_fn cuda_tables[] = {
@@ -61,6 +72,7 @@ int ew_registry_init(void)
         ew_cuda_batched_rmse_kernel_analysis_table,
         ew_cuda_elementwise_auto_table,
         ew_cuda_rmse_auto_table,
+        ew_cuda_elementwise_backward_table,
     };
     for (size_t k = 0; k < sizeof cuda_tables / sizeof cuda_tables[0]; k++) {
         t = cuda_tables[k](&n);
@@ -83,8 +95,9 @@ int ew_registry_init(void)
 
 const ew_kernel *ew_auto_kernel(int op, ew_dtype dt, int device_type)
 {
-    const ew_kernel *k = auto_rows[op == EW_OP_RMSE ? ew_nops : op][dt][device_type == EW_CUDA];
-    return k ? k : ew_find_kernel(op == EW_OP_RMSE ? "rmse" : ew_ops[op].name, "auto", dt, device_type);
+    const ew_kernel *k = auto_rows[slot_of(op)][dt][device_type == EW_CUDA];
+    const char *name = op == EW_OP_RMSE ? "rmse" : op == EW_OP_RMSE_BACKWARD ? "rmse_backward" : ew_ops[op].name;
+    return k ? k : ew_find_kernel(name, "auto", dt, device_type);
 }
 
 int ew_op_index(const char *name)
@@ -92,7 +105,9 @@ int ew_op_index(const char *name)
     for (int i = 0; i < ew_nops; i++)
         if (strcmp(ew_ops[i].name, name) == 0)
             return i;
-    return strcmp(name, "rmse") == 0 ? EW_OP_RMSE : -2;
+    if (strcmp(name, "rmse") == 0)
+        return EW_OP_RMSE;
+    return strcmp(name, "rmse_backward") == 0 ? EW_OP_RMSE_BACKWARD : -2;
 }
 
 PyObject *ew_variant_list(const char *op, int dtype, int device_type)

@@ -15,9 +15,14 @@ typedef struct ew_op_info {
     int scalars;
     const char *definition;
     const char *accuracy; /* the bound the docstring states and the tests assert */
+    int outputs;          /* 1, or 2 for the backward ops of two gradients */
+    const char *args;     /* the array arguments' names, space-separated ("a b", "grad a b") */
+    int backward;         /* a row of grads.def (family "backward") rather than ops.def */
 } ew_op_info;
 
-enum { EW_OP_RMSE = -1 };
+/* the reductions, past ops.def's and grads.def's rows (-2: no such op) */
+enum { EW_OP_RMSE = -1, EW_OP_RMSE_BACKWARD = -3 };
+/* ops.def's rows, then grads.def's */
 extern const ew_op_info ew_ops[];
 extern const int ew_nops;
 int ew_op_index(const char *name);

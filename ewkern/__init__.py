@@ -30,9 +30,14 @@ from ._C import (  # noqa: F401  (the public surface)
     copy, fill, add, sub, mul, div, maximum, minimum, add_const, mul_const, axpby,
     neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu,
     rmse,
+    gelu_backward, silu_backward, sigmoid_backward, tanh_backward, erf_backward, exp_backward,
+    log_backward, sqrt_backward, rsqrt_backward, abs_backward, relu_backward, mul_backward,
+    div_backward, maximum_backward, minimum_backward, axpby_backward, rmse_backward,
 )
 
 __version__ = "0.1.0"
+
+from .rtc import ElementwiseKernel, ReductionKernel  # noqa: E402  (run-time kernels, issue 21)
 
 
 def ops() -> list[dict[str, Any]]:
@@ -76,7 +81,10 @@ __all__ = [
     "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
     "set_pdl", "pdl_enabled",
-    "default_device", "current_stream", "stream", "rmse",
+    "default_device", "current_stream", "stream", "rmse", "ElementwiseKernel", "ReductionKernel",
     "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu",
+    "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "erf_backward", "exp_backward",
+    "log_backward", "sqrt_backward", "rsqrt_backward", "abs_backward", "relu_backward", "mul_backward",
+    "div_backward", "maximum_backward", "minimum_backward", "axpby_backward", "rmse_backward",
 ]

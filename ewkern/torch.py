@@ -41,6 +41,9 @@ _INFO = {d["name"]: d for d in _C.ops() if d["family"] == "elementwise"}
 _SCALARS = {0: (), 1: ("c",), 2: ("alpha", "beta")}
 _FUNCTIONAL = {}    # name -> torch.ops.ewkern.<name>.default
 _MUTATING = {}      # name -> torch.ops.ewkern.<name>_out.default (fill: torch.ops.ewkern.fill)
+_FUNCTION = {}      # name -> the torch.autograd.Function eager calls run through
+_BACKWARD = {d["name"]: d for d in _C.ops() if d["family"] == "backward"}
+_dispatch_depth = torch._C._len_torch_dispatch_stack
 E = torch.ops.ewkern
 
 _OUT_GRAD = ("ewkern.torch.{}(): out= is not differentiable (as with torch's own out= functions), but an "
@@ -139,18 +142,88 @@ def _rmse_result(a, b, axis):
 
 
 # --- autograd formulas ------------------------------------------------------------------------------
-# Each takes (grad, saved tensors, scalars, needs_input_grad) and returns the tensor inputs'
-# gradients. Where a formula takes several steps, 16-bit inputs are widened to float32 for it and
-# the gradient is rounded once at the end (torch's own backward kernels compute in float32 too).
+# Two forms of each op's gradient:
+#   FAST[name]: the backward kernels (csrc/grads.def: one kernel that reads grad and what the forward
+#     saved once and writes each gradient once), or the gradient itself where it is that; called
+#     through `ns`, either the plain C functions (eager: no dispatcher in the way) or the custom ops
+#     (torch.ops.ewkern.*_backward, so torch.compile sees them). Not differentiable itself.
+#   GRADS[name]: the same gradient composed of differentiable ewkern ops, used when a graph of the
+#     backward is wanted (create_graph=True: double backward, gradgradcheck). 16-bit inputs are
+#     widened to float32 for the steps and rounded once at the end.
+# Each takes (grad, saved tensors, scalars, needs_input_grad) and returns the inputs' gradients.
 
 def _wide(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+class _Eager:
+    """The plain C functions: what an eager backward calls."""
+    @staticmethod
+    def f(name, *args):
+        return _as_tensor(getattr(_C, name)(*args))
+
+    @staticmethod
+    def b(name, *args, need=(True, True)):
+        r = getattr(_C, name)(*args, output_mask=tuple(need))
+        return tuple(None if x is None else _as_tensor(x) for x in r)
+
+    @staticmethod
+    def b1(name, *args):
+        return _as_tensor(getattr(_C, name)(*args))
+
+
+class _Ops:
+    """The custom ops: what a backward traced by torch.compile calls."""
+    @staticmethod
+    def f(name, *args):
+        return getattr(E, name)(*args)
+
+    @staticmethod
+    def b(name, *args, need=(True, True)):
+        r = getattr(E, name)(*args)
+        return tuple(x if k else None for x, k in zip(r, need))
+
+    @staticmethod
+    def b1(name, *args):
+        return getattr(E, name)(*args)
+
+
+def _pair(ns, both, only_a, only_b, need):
+    """Two gradients: the one-pass kernel when both are wanted, a single op for one."""
+    if need[0] and need[1]:
+        return both()
+    return (only_a() if need[0] else None, only_b() if need[1] else None)
+
+
+def _unary_fast(bw):
+    return lambda ns, g, s, c, need: (ns.b1(bw, g, s[0]),)
+
+
+FAST = {
+    "copy": lambda ns, g, s, c, need: (g,),
+    "add": lambda ns, g, s, c, need: (g, g),
+    "sub": lambda ns, g, s, c, need: (g, ns.f("neg", g) if need[1] else None),
+    "mul": lambda ns, g, s, c, need: _pair(ns, lambda: ns.b("mul_backward", g, s[0], s[1]),
+                                            lambda: ns.f("mul", g, s[1]), lambda: ns.f("mul", g, s[0]), need),
+    "div": lambda ns, g, s, c, need: (ns.b("div_backward", g, s[0], s[1], need=need) if need[1]
+                                      else (ns.f("div", g, s[1]), None)),
+    "maximum": lambda ns, g, s, c, need: ns.b("maximum_backward", g, s[0], s[1], need=need),
+    "minimum": lambda ns, g, s, c, need: ns.b("minimum_backward", g, s[0], s[1], need=need),
+    "add_const": lambda ns, g, s, c, need: (g,),
+    "mul_const": lambda ns, g, s, c, need: (ns.f("mul_const", g, c[0]),),
+    "axpby": lambda ns, g, s, c, need: _pair(ns, lambda: ns.b("axpby_backward", g, c[0], c[1]),
+                                              lambda: ns.f("mul_const", g, c[0]),
+                                              lambda: ns.f("mul_const", g, c[1]), need),
+    "neg": lambda ns, g, s, c, need: (ns.f("neg", g),),
+}
+for _name in ("abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu"):
+    FAST[_name] = _unary_fast(f"{_name}_backward")
+
+
 def _d_div(g, s, c, need):
-    b, y = s                                        # d(a/b)/db = -y/b
+    a, b = s                                        # d(a/b)/db = -(a/b)/b
     ga = E.div(g, b)
-    return ga, (E.neg(E.mul(ga, y)) if need[1] else None)
+    return ga, (E.neg(E.div(E.mul(ga, a), b)) if need[1] else None)
 
 
 def _d_extreme(loses):
@@ -165,8 +238,8 @@ def _d_extreme(loses):
 
 
 def _d_rsqrt(g, s, c, need):
-    a, y = s                                        # -1/2 a^(-3/2) = -y/(2a)
-    return (E.mul_const(E.mul(_wide(g), E.div(_wide(y), _wide(a))), -0.5).to(g.dtype),)
+    y = _wide(s[0])                                 # -1/2 a^(-3/2) = -y^3 / 2
+    return (E.mul(E.mul_const(_wide(g), -0.5), E.mul(y, E.mul(y, y))).to(g.dtype),)
 
 
 def _d_erf(g, s, c, need):
@@ -203,14 +276,14 @@ def _d_silu(g, s, c, need):
     return (E.mul(_wide(g), d).to(g.dtype),)
 
 
-# name -> (what setup_context saves: a, b inputs, y the result; the formula)
+# name -> (what the forward saves: a, b inputs, y the result; the composed formula)
 GRADS = {
     "copy": ("", lambda g, s, c, need: (g,)),
     "add": ("", lambda g, s, c, need: (g, g)),
     "sub": ("", lambda g, s, c, need: (g, E.neg(g) if need[1] else None)),
     "mul": ("ab", lambda g, s, c, need: (E.mul(g, s[1]) if need[0] else None,
                                          E.mul(g, s[0]) if need[1] else None)),
-    "div": ("by", _d_div),
+    "div": ("ab", _d_div),
     "maximum": ("ab", _d_extreme(lambda a, b: a < b)),
     "minimum": ("ab", _d_extreme(lambda a, b: a > b)),
     "add_const": ("", lambda g, s, c, need: (g,)),
@@ -222,7 +295,7 @@ GRADS = {
     "exp": ("y", lambda g, s, c, need: (E.mul(g, s[0]),)),
     "log": ("a", lambda g, s, c, need: (E.div(g, s[0]),)),
     "sqrt": ("y", lambda g, s, c, need: (E.mul_const(E.div(g, s[0]), 0.5),)),
-    "rsqrt": ("ay", _d_rsqrt),
+    "rsqrt": ("y", _d_rsqrt),
     "erf": ("a", _d_erf),
     "tanh": ("y", _d_tanh),
     "sigmoid": ("y", _d_sigmoid),
@@ -233,16 +306,52 @@ GRADS = {
 DIFFERENTIABLE = tuple(GRADS) + ("rmse",)
 
 
-def _autograd(nin, saves, formula):
+def _backward_of(name, nin):
+    """The gradient of one op: composed when a graph of the backward is wanted (create_graph,
+    outside torch.compile), the backward kernels otherwise."""
+    fast, composed = FAST[name], GRADS[name][1]
+
+    def grads(ns, g, saved, scalars, need):
+        if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return composed(g, saved, scalars, need)
+        return fast(ns, g.contiguous(), saved, scalars, need)
+    return grads
+
+
+def _autograd(nin, saves, grads):
+    """setup_context/backward of the custom op (what torch.compile and torch.ops.ewkern.<op> use)."""
     def setup_context(ctx, inputs, output):
         pick = {"a": inputs[0], "b": inputs[1] if nin > 1 else None, "y": output}
         ctx.save_for_backward(*(pick[k] for k in saves))
         ctx.scalars = tuple(inputs[nin:])
 
     def backward(ctx, grad):
-        grads = formula(grad, ctx.saved_tensors, ctx.scalars, ctx.needs_input_grad)
-        return tuple(grads) + (None,) * len(ctx.scalars)
+        g = grads(_Ops, grad, ctx.saved_tensors, ctx.scalars, ctx.needs_input_grad[:nin])
+        return tuple(g) + (None,) * len(ctx.scalars)
     return backward, setup_context
+
+
+def _function(name, nin, saves, fast, composed):
+    """The same op as a torch.autograd.Function that calls the C functions directly: what eager
+    code runs (the custom op's dispatch costs tens of microseconds of host time per call, which a
+    single training step pays while the GPU waits)."""
+    fn = getattr(_C, name)
+
+    def forward(ctx, *args):
+        y = _as_tensor(fn(*(t.contiguous() for t in args[:nin]), *args[nin:]))
+        pick = {"a": args[0], "b": args[1] if nin > 1 else None, "y": y}
+        ctx.save_for_backward(*(pick[k] for k in saves))
+        ctx.scalars = tuple(args[nin:])
+        return y
+
+    def backward(ctx, grad):
+        # eager only (torch.compile takes the custom op): composed when a graph of the backward is wanted
+        saved, need = ctx.saved_tensors, ctx.needs_input_grad[:nin]
+        g = (composed(grad, saved, ctx.scalars, need) if torch.is_grad_enabled() else
+             fast(_Eager, grad.contiguous(), [t.contiguous() for t in saved], ctx.scalars, need))
+        return tuple(g) + (None,) * len(ctx.scalars)
+    return type(f"{name}_function", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _rmse_setup(ctx, inputs, output):
@@ -251,14 +360,35 @@ def _rmse_setup(ctx, inputs, output):
     ctx.axis = axis
 
 
-def _rmse_backward(ctx, grad):
-    """d sqrt(mean((a-b)^2)) / da = (a - b) / (n r), n the elements per batch; -that for b."""
+def _rmse_grads(ns, ctx, grad):
+    """d sqrt(mean((a-b)^2)) / da = (a - b) / (n r), n the elements per batch; -that for b: one
+    kernel (rmse_backward) for both, or composed for a graph of the backward."""
     a, b, r = ctx.saved_tensors
-    _, keep, red = rmse_split(a.shape, ctx.axis)
-    n = math.prod(a.shape[i] for i in red)
-    scale = (grad / (r * n)).reshape(keep)          # per batch: small, torch ops broadcast it
-    ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
-    return ga, (E.neg(ga) if ctx.needs_input_grad[1] else None), None
+    need = ctx.needs_input_grad[:2]
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        _, keep, red = rmse_split(a.shape, ctx.axis)
+        n = math.prod(a.shape[i] for i in red)
+        scale = (grad / (r * n)).reshape(keep)          # per batch: small, torch ops broadcast it
+        ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
+        return ga, (E.neg(ga) if need[1] else None), None
+    ga, gb = ns.b("rmse_backward", grad.contiguous(), a.contiguous(), b.contiguous(), r, ctx.axis, need=need)
+    return ga, gb, None
+
+
+def _rmse_backward(ctx, grad):
+    return _rmse_grads(_Ops, ctx, grad)
+
+
+class _RmseFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, axis):
+        r = _as_tensor(_C.rmse(a.contiguous(), b.contiguous(), axis))
+        _rmse_setup(ctx, (a, b, axis), r)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _rmse_grads(_Eager, ctx, grad)
 
 
 # --- registration -----------------------------------------------------------------------------------
@@ -276,11 +406,53 @@ def _register_elementwise(name, info):
     kernel, kernel_out = _kernels(getattr(_C, name), nin)
     fake, fake_out = _fakes(name, nin)
     op = _define(name, f"({', '.join(args)}) -> Tensor", kernel, fake)
-    backward, setup_context = _autograd(nin, *GRADS[name])
+    saves = GRADS[name][0]
+    grads = _backward_of(name, nin)
+    backward, setup_context = _autograd(nin, saves, grads)
     op.register_autograd(backward, setup_context=setup_context)
+    _FUNCTION[name] = _function(name, nin, saves, FAST[name], GRADS[name][1])
     _define(f"{name}_out", f"({', '.join(args + ['Tensor(a!) out'])}) -> ()", kernel_out, fake_out, ("out",))
     _FUNCTIONAL[name] = getattr(E, name).default
     _MUTATING[name] = getattr(E, f"{name}_out").default
+
+
+def _grad_fake(name, nin, nout):
+    names = _BACKWARD[name]["args"]
+
+    def fake(*args):
+        _check(name, args[:nin], names)
+        g = args[0]
+        one = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        return one if nout == 1 else (one, torch.empty_like(one))
+    return fake
+
+
+def _register_backward(name, info):
+    """torch.ops.ewkern.<op>_backward: the backward kernel as a custom op (not differentiable),
+    for the backward graphs torch.compile traces. Two-gradient ops return both."""
+    nin, nout = info["inputs"], info["outputs"]
+    args = [f"Tensor {n}" for n in info["args"]] + [f"float {n}" for n in _SCALARS[info["scalars"]]]
+    ret = "Tensor" if nout == 1 else "(Tensor, Tensor)"
+    fn = getattr(_C, name)
+
+    def kernel(*a):
+        r = fn(*(t.contiguous() for t in a[:nin]), *a[nin:])
+        return _as_tensor(r) if nout == 1 else tuple(_as_tensor(x) for x in r)
+    _define(name, f"({', '.join(args)}) -> {ret}", kernel, _grad_fake(name, nin, nout))
+
+
+def _rmse_backward_kernel(grad, a, b, r, axis=None):
+    ga, gb = _C.rmse_backward(grad.contiguous(), a.contiguous(), b.contiguous(), r.contiguous(), axis)
+    return _as_tensor(ga), _as_tensor(gb)
+
+
+def _rmse_backward_fake(grad, a, b, r, axis=None):
+    _check("rmse_backward", (a, b), ("a", "b"))
+    shape, dtype = _rmse_result(a, b, axis)
+    if tuple(grad.shape) != tuple(shape) or grad.dtype != dtype:
+        raise ValueError(f"rmse_backward(): grad must be {dtype} of shape {tuple(shape)}, got {grad.dtype} of "
+                         f"shape {tuple(grad.shape)}")
+    return torch.empty_like(a), torch.empty_like(b)
 
 
 def _rmse_kernel(a, b, axis=None):
@@ -316,6 +488,11 @@ def _register():
             _rmse_out_fake, ("out",))
     _FUNCTIONAL["rmse"] = E.rmse.default
     _MUTATING["rmse"] = E.rmse_out.default
+    _FUNCTION["rmse"] = _RmseFunction
+    for name, info in _BACKWARD.items():
+        _register_backward(name, info)
+    _define("rmse_backward", "(Tensor grad, Tensor a, Tensor b, Tensor r, int[]? axis=None) -> (Tensor, Tensor)",
+            _rmse_backward_kernel, _rmse_backward_fake)
 
 
 _register()
@@ -323,9 +500,27 @@ _register()
 
 # --- the Python face: ewkern's signatures ------------------------------------------------------------
 
+def _eager(tensors):
+    """Plain tensors on cpu/cuda outside torch.compile, FakeTensorMode and every other dispatch
+    mode: the C function (and an autograd.Function around it) is the op. Otherwise the custom op,
+    so modes, subclasses and compilers see torch.ops.ewkern.<op>."""
+    if torch.compiler.is_compiling() or _dispatch_depth():
+        return False
+    for t in tensors:
+        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
+            return False
+    return True
+
+
 def _run(name, tensors, scalars, out):
     if out is None:
-        return _FUNCTIONAL[name](*tensors, *scalars)
+        if not _eager(tensors):
+            return _FUNCTIONAL[name](*tensors, *scalars)
+        if torch.is_grad_enabled():
+            for t in tensors:
+                if t.requires_grad:
+                    return _FUNCTION[name].apply(*tensors, *scalars)
+        return _as_tensor(getattr(_C, name)(*(t.contiguous() for t in tensors), *scalars))
     if torch.is_grad_enabled():
         for t in (*tensors, out):
             if t.requires_grad:

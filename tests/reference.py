@@ -110,3 +110,75 @@ def assert_close(out, ref, dtype, ulps=2.0, what=""):
         raise AssertionError(f"{what}: {bad.sum()} of {fin.sum()} values off by more than {ulps[i]} ulp: "
                              f"got {got[fin][i]}, want {ref[fin][i]} (max err/ulp "
                              f"{np.max(err / (EPS[dtype] * np.maximum(np.abs(ref[fin]), TINY[dtype]))):.2f})")
+
+
+# --- backward ops (csrc/grads.def): float64 formulas on the same rounded arguments ----------------
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _gelu_terms(a):
+    """Phi(a) and a phi(a), gelu's derivative being their sum."""
+    return 0.5 * _erfc(-a / math.sqrt(2.0)), a * np.exp(-0.5 * a * a) * _INV_SQRT_2PI
+
+
+def _silu_terms(a):
+    s = _sigmoid(a)
+    return s, s * a * (1.0 - s)
+
+
+def _extreme_grads(g, a, b, sign):
+    """torch's maximum (sign 1) / minimum (sign -1) backward: a tie splits grad in halves, the
+    losing side gets 0, NaN loses nowhere."""
+    h = np.where(a == b, 0.5 * g, g)
+    return np.where(sign * (b - a) > 0, 0.0, h), np.where(sign * (a - b) > 0, 0.0, h)
+
+
+GRAD_REF = {
+    "gelu_backward": lambda g, a: g * sum(_gelu_terms(a)),
+    "silu_backward": lambda g, a: g * sum(_silu_terms(a)),
+    "sigmoid_backward": lambda g, y: g * y * (1.0 - y),
+    "tanh_backward": lambda g, y: g * ((1.0 - y) * (1.0 + y)),    # no cancellation near |y| = 1
+    "erf_backward": lambda g, a: g * 2.0 / math.sqrt(math.pi) * np.exp(-a * a),
+    "exp_backward": lambda g, y: g * y,
+    "log_backward": lambda g, a: g / a,
+    "sqrt_backward": lambda g, y: g / (2.0 * y),
+    "rsqrt_backward": lambda g, y: -0.5 * g * y ** 3,
+    "abs_backward": lambda g, a: g * np.sign(a),
+    "relu_backward": lambda g, y: np.where(y <= 0, 0.0, g),
+    "mul_backward": lambda g, a, b: (g * b, g * a),
+    "div_backward": lambda g, a, b: (g / b, -g * a / (b * b)),
+    "maximum_backward": lambda g, a, b: _extreme_grads(g, a, b, 1.0),
+    "minimum_backward": lambda g, a, b: _extreme_grads(g, a, b, -1.0),
+    "axpby_backward": lambda g, alpha, beta: (alpha * g, beta * g),
+}
+
+# The size each bound is relative to (grads.def's accuracy column): the result itself, except
+# where the derivative is a sum of terms that cancel near a zero of it.
+GRAD_SCALE = {
+    "gelu_backward": lambda g, a: np.abs(g) * sum(np.abs(t) for t in _gelu_terms(a)),
+    "silu_backward": lambda g, a: np.abs(g) * sum(np.abs(t) for t in _silu_terms(a)),
+}
+
+
+def grad_reference(op, *arrays, scalars=()):
+    """Gradient(s) of a backward op as float64 arrays, a tuple with one entry per output. The
+    arithmetic runs in long double (80-bit on x86-64), so that a float64 result's bound of one or
+    two ulp is not eaten by the reference's own roundings."""
+    args = [np.asarray(x).astype(np.float64).astype(np.longdouble) for x in arrays]
+    with np.errstate(all="ignore"):
+        r = GRAD_REF[op](*args, *scalars)
+    return tuple(np.asarray(x, dtype=np.float64) for x in (r if isinstance(r, tuple) else (r,)))
+
+
+def rmse_grad_reference(g, a, b, r, axis):
+    """d rmse / da and d rmse / db: (a - b) g / (n r) per batch, and its negative."""
+    a = np.asarray(a).astype(np.float64)
+    b = np.asarray(b).astype(np.float64)
+    n = a.size // max(np.asarray(r).size, 1) if np.asarray(r).size else 0
+    keep = list(a.shape)
+    for ax in axis:
+        keep[ax] = 1
+    with np.errstate(all="ignore"):
+        s = (np.asarray(g, dtype=np.float64) / (n * np.asarray(r, dtype=np.float64))).reshape(keep)
+        ga = (a - b) * s
+    return ga, -ga

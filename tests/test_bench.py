@@ -32,6 +32,7 @@ TINY = {
               "--peers-rmse-shapes", "16x1024,1024x16:last", "--peers-ref-size", "1MiB"],
     "overhead": ["--overhead-calls", "200", "--overhead-repeats", "3"],
     "c1": ["--c1-shapes", "4x256", "--c1-backend", "aot_eager"],
+    "train": ["--train-ops", "gelu,mul,rmse", "--train-dtypes", "float32", "--train-sizes", "64KiB"],
 }
 CPU_EXPERIMENTS = ["e2", "e3", "e6", "r1", "a1", "v1", "peers", "overhead", "c1"]
 
@@ -62,7 +63,7 @@ def test_list_names_every_experiment():
     r = run_cli("list")
     assert r.returncode == 0, r.stderr
     names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "rmse_grid", "overhead",
-             "c1"]
+             "c1", "train"]
     for name in names:
         assert f"  {name} " in r.stdout
     assert "[GPU only]" in r.stdout
@@ -166,6 +167,24 @@ def test_c1_compiles_ewkern_rmse_into_the_graph(tmp_path):
     for row in exp["tables"]["graph_breaks"]:
         assert row["graph_count"] == 1 and row["graph_breaks"] == 0 and row["ewkern_ops"] == ["ewkern.rmse.default"]
     assert "| compile + ewkern GB/s |" in (out / "summary.md").read_text()
+
+
+def test_train_times_forward_and_backward(tmp_path):
+    """train on the CPU: every way of every op (torch.compile is GPU only) and the MLP step measured,
+    the declared bytes of one forward + backward, and a summary with the ratio to torch eager."""
+    pytest.importorskip("torch")
+    code, out = run_main(tmp_path, "train")
+    assert code == 0, (out / "summary.md").read_text()
+    exp = bench.load(out)["experiments"]["train"]
+    assert exp["status"] == "ok", exp.get("reason")
+    got = {(m["op"], m["series"]) for m in exp["measurements"]}
+    want = {(op, w) for op in ("gelu", "mul", "rmse", "mlp") for w in ("ewkern.torch", "torch eager")}
+    assert got == want
+    n = (64 << 10) // 4
+    by = {m["op"]: m["bytes"] for m in exp["measurements"] if m["series"] == "ewkern.torch"}
+    assert by["gelu"] == (2 + 3) * n * 4 and by["mul"] == (3 + 5) * n * 4 and by["rmse"] == 6 * n * 4
+    assert all(m["time_s"] > 0 for m in exp["measurements"])
+    assert "below 0.99 of torch eager" in (out / "summary.md").read_text()
 
 
 def test_c1_skips_cleanly_without_torch(tmp_path, monkeypatch):

@@ -29,15 +29,18 @@ FILES = {
     "cuda_vectorization_f16x8.cu": ({"ewkern_kernels.h", "elementwise_common.cuh"}, "elementwise", "study"),
     "elementwise_ops_on_gpus.cu": ({"ewkern_kernels.h", "elementwise_common.cuh", "elementwise_auto.cuh"},
                                    "elementwise", "study"),
-    "elementwise_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "ops.def", "elementwise_common.cuh",
+    "elementwise_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "ops.def", "elementwise_common.cuh", "elementwise_launch.cuh",
                              "elementwise_ops.cuh", "elementwise_kernel.cuh", "elementwise_auto.cuh"},
                             "elementwise", "default"),
     "batched_rmse_kernel_analysis.cu": ({"ewkern_kernels.h", "device_cache.cuh", "rmse_common.cuh"}, "rmse", "study"),
     "rmse_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "rmse_common.cuh"}, "rmse", "default"),
+    "elementwise_backward.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "grads.def", "elementwise_common.cuh",
+                                 "elementwise_grads.cuh", "elementwise_kernel.cuh", "elementwise_launch.cuh"},
+                                "elementwise", "default"),
 }
 NOT_KERNEL_FILES = {"runtime.cu"}  # the CUDA runtime calls of the host code: no table
 DEFAULT_PATH_MATH = {"elementwise_ops.cuh", "elementwise_kernel.cuh"}
-DEVICE_ONLY = ("elementwise_kernel.cuh", "elementwise_ops.cuh", "elementwise_types.cuh")
+DEVICE_ONLY = ("elementwise_kernel.cuh", "elementwise_ops.cuh", "elementwise_types.cuh", "elementwise_grads.cuh")
 HOST_ONLY_HEADERS = {"atomic", "cstdlib", "stdlib.h", "device_cache.cuh", "elementwise_common.cuh",
                      "elementwise_auto.cuh", "rmse_common.cuh"}
 

@@ -348,3 +348,63 @@ def test_bench_peers_on_cuda1(tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["device"] == "cuda:1" and res["device_info"]["device"] == "cuda:1"
     assert (out / "peers.csv").exists() and len((out / "peers.csv").read_text().splitlines()) > 1
+
+
+@needs_torch
+@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_backward_training_and_user_kernels_on_cuda1(current, dtype):
+    """The backward kernels (one- and two-gradient, rmse_backward), an ewkern.torch training step and
+    a run-time compiled kernel on cuda:1, with torch's current device 0 and 1: results on cuda:1,
+    right values, and the caller's current device left as it was."""
+    import torch
+    import ewkern.torch as ewt
+    from reference import grad_reference, rmse_grad_reference
+    tdt = getattr(torch, dtype)
+    with_contexts()
+    torch.cuda.set_device(current)
+
+    def unchanged(what):
+        assert torch.cuda.current_device() == current, "%s left torch's current device switched" % what
+        assert ewkern._C._current_device() == current, "%s left the runtime's current device switched" % what
+    try:
+        g, a, b = (torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt) for _ in range(3))
+        gn, an, bn = (t.double().cpu().numpy().astype(np_dtype(dtype)) for t in (g, a, b))
+        r = ewkern.gelu_backward(g, a)
+        unchanged("ewkern.gelu_backward")
+        assert r.device == torch.device("cuda:1")
+        (want,) = grad_reference("gelu_backward", gn, an)
+        scale = np.abs(gn.astype(np.float64)) * 2.0
+        assert np.all(np.abs(r.double().cpu().numpy() - want) <= 1e-2 * scale + 1e-30), "gelu_backward on cuda:1"
+        ga, gb = ewkern.mul_backward(g, a, b)
+        unchanged("ewkern.mul_backward")
+        wa, wb = grad_reference("mul_backward", gn, an, bn)
+        assert_close(ga.double().cpu().numpy(), wa, dtype, ulps=1, what="mul_backward a")
+        assert_close(gb.double().cpu().numpy(), wb, dtype, ulps=1, what="mul_backward b")
+        m = N - N % 16
+        x, y = a[:m].view(16, -1), b[:m].view(16, -1)
+        rr = ewkern.rmse(x, y)
+        gr = torch.randn_like(rr)
+        ra, rb = ewkern.rmse_backward(gr, x, y, rr)
+        unchanged("ewkern.rmse_backward")
+        wa, wb = rmse_grad_reference(gr.cpu().numpy(), an[:m].reshape(16, -1), bn[:m].reshape(16, -1),
+                                     rr.cpu().numpy(), (1,))
+        assert_close(ra.double().cpu().numpy(), wa, dtype, ulps=2, what="rmse_backward a")
+        # a training step through ewkern.torch
+        w = a.detach().clone().requires_grad_()
+        loss = ewt.rmse(ewt.gelu(w[:m]).view(16, -1), y).mean()
+        (gw,) = torch.autograd.grad(loss, (w,))
+        unchanged("an ewkern.torch training step")
+        w2 = a.detach().clone().double().requires_grad_()
+        loss2 = torch.sqrt(((torch.nn.functional.gelu(w2[:m]).view(16, -1) - y.double()) ** 2).mean(1)).mean()
+        (gw2,) = torch.autograd.grad(loss2, (w2,))
+        tol = 1e-9 if dtype == "float64" else 5e-2
+        torch.testing.assert_close(gw.double(), gw2, rtol=tol, atol=tol * gw2.abs().max().item())
+        # a run-time compiled kernel
+        k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "fma_like")
+        z = k(a, b)
+        unchanged("ewkern.ElementwiseKernel")
+        assert z.device == torch.device("cuda:1")
+        torch.testing.assert_close(z.double(), (a.double() * b.double() + a.double()), rtol=1e-2, atol=1e-2)
+    finally:
+        torch.cuda.set_device(0)

@@ -167,6 +167,32 @@ def test_gradients_match_torch(op, dtype, device):
                                    msg=lambda m: f"{op} {dtype} {device} grad {k}: {m}")
 
 
+@pytest.mark.parametrize("op,need,want", [
+    ("gelu", (True,), ["gelu_backward"]), ("tanh", (True,), ["tanh_backward"]), ("exp", (True,), ["exp_backward"]),
+    ("mul", (True, True), ["mul_backward"]), ("mul", (True, False), ["mul"]), ("div", (True, True), ["div_backward"]),
+    ("div", (True, False), ["div"]), ("maximum", (False, True), ["maximum_backward"]),
+    ("axpby", (True, True), ["axpby_backward"]), ("add", (True, True), []), ("rmse", (True, True), ["rmse_backward"])])
+def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
+    """An eager backward of ewkern.torch calls one C function of ewkern (the backward kernel, or the
+    forward op that is the gradient), not a composition of ops and not the custom ops' dispatch."""
+    calls = []
+    for name, fn in list(vars(ewkern._C).items()):
+        if callable(fn) and not isinstance(fn, type) and not name.startswith("_"):
+            monkeypatch.setattr(ewkern._C, name, lambda *a, _f=fn, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+    shape = (6, 50)
+    xs = [torch.rand(shape, dtype=torch.float64) + 0.5 for _ in range(1 if len(need) == 1 else 2)]
+    ts = [x.requires_grad_(k) for x, k in zip(xs, need)]
+    sc = SCALARS.get(op, ())
+    y = ewt.rmse(*ts) if op == "rmse" else getattr(ewt, op)(*ts, *sc)
+    calls.clear()
+    grads = torch.autograd.grad(y, [t for t in ts if t.requires_grad], torch.ones_like(y))
+    assert calls == want, calls
+    ref_fn = (lambda a, b: torch.sqrt(((a - b) ** 2).mean(1))) if op == "rmse" else TORCH_OP[op]
+    ref = torch.autograd.grad(ref_fn(*ts, *sc), [t for t in ts if t.requires_grad], torch.ones_like(y))
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
 def test_out_is_not_differentiable():
     x = torch.randn(5, requires_grad=True)
     out = torch.empty(5)

@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "../ewkern_kernels.h"
+#include "cpu_math.h"
 #include "half.h"
 
 /* Build with -DEW_CPU_NO_DISPATCH to use only the portable float16/bfloat16 converters. */
@@ -60,6 +61,10 @@
  * matches. Transcendental ops are roughly 10x dearer per element, so they thread sooner. */
 #define EW_PAR_MIN_CHEAP ((int64_t)1 << 15)
 #define EW_PAR_MIN_HEAVY ((int64_t)1 << 12)
+#define EW_PAR_MIN_VEC ((int64_t)1 << 14)
+
+/* float32/float64 math ops run in blocks of this many elements, one block per OpenMP chunk. */
+#define EW_VBLOCK ((int64_t)1 << 13)
 
 #ifdef _OPENMP
 #define EW_SIMD _Pragma("omp simd")
@@ -172,9 +177,11 @@ static float ew_double_to_float_odd(double d)
 #define EWF_gelu(T)      ((T)0.5 * A * EW_M(T, erfc)(-A * (T)EW_SQRT1_2))
 #define EWF_silu(T)      (A * EW_CAT(ew_sigmoid_, T)(A))
 
-/* Kinds: COPY and FILL have their own loops; LIBM ops call libm per element (scalar, dear),
- * so they go parallel sooner than ARITH ones. */
-enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_LIBM };
+/* Kinds: COPY and FILL have their own loops; MATH ops call a math function per element and run
+ * as block functions compiled once per ISA (below), so they use the vector math library
+ * (libmvec) at the widest vectors the CPU has; without libmvec they call scalar libm and go
+ * parallel sooner (EW_PAR_MIN_HEAVY). sqrt and rsqrt are MATH too, for the wider vectors. */
+enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH };
 #define EWK_copy      EW_KIND_COPY
 #define EWK_fill      EW_KIND_FILL
 #define EWK_add       EW_KIND_ARITH
@@ -188,18 +195,123 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_LIBM };
 #define EWK_axpby     EW_KIND_ARITH
 #define EWK_neg       EW_KIND_ARITH
 #define EWK_abs       EW_KIND_ARITH
-#define EWK_exp       EW_KIND_LIBM
-#define EWK_log       EW_KIND_LIBM
-#define EWK_sqrt      EW_KIND_ARITH
-#define EWK_rsqrt     EW_KIND_ARITH
-#define EWK_erf       EW_KIND_LIBM
-#define EWK_tanh      EW_KIND_LIBM
-#define EWK_sigmoid   EW_KIND_LIBM
+#define EWK_exp       EW_KIND_MATH
+#define EWK_log       EW_KIND_MATH
+#define EWK_sqrt      EW_KIND_MATH
+#define EWK_rsqrt     EW_KIND_MATH
+#define EWK_erf       EW_KIND_MATH
+#define EWK_tanh      EW_KIND_MATH
+#define EWK_sigmoid   EW_KIND_MATH
 #define EWK_relu      EW_KIND_ARITH
-#define EWK_gelu      EW_KIND_LIBM
-#define EWK_silu      EW_KIND_LIBM
+#define EWK_gelu      EW_KIND_MATH
+#define EWK_silu      EW_KIND_MATH
 
-#define EW_PAR_MIN(kind) ((kind) == EW_KIND_LIBM ? EW_PAR_MIN_HEAVY : EW_PAR_MIN_CHEAP)
+#if EW_CPU_LIBMVEC
+#define EW_PAR_MIN(kind) ((kind) == EW_KIND_MATH ? EW_PAR_MIN_VEC : EW_PAR_MIN_CHEAP)
+#else
+#define EW_PAR_MIN(kind) ((kind) == EW_KIND_MATH ? EW_PAR_MIN_HEAVY : EW_PAR_MIN_CHEAP)
+#endif
+
+/* ---- math ops: block functions, one per ISA ---------------------------------------------
+ * ew_math_<op>_<T>(a, out, m) computes out[i] = op(a[i]) for i < m (out == a allowed) with the
+ * widest vector ISA this CPU has: AVX-512 (F, DQ, VL, BW), AVX2 + FMA, or the build's baseline
+ * (SSE2 on plain x86-64), chosen at each call (__builtin_cpu_supports reads a table). Each
+ * variant is the same omp simd loop compiled for its ISA; with libmvec (cpu_math.h) the math
+ * calls in it become calls of libmvec's vector functions of that ISA (16 floats per call with
+ * AVX-512), otherwise they stay scalar libm calls. The arithmetic around the calls is the same
+ * in every variant (-std=c11 keeps fp-contract off: no FMA is formed from a * b + c), so
+ * variants differ only where libmvec's ISA variants do, within the bounds in CPU_NOTES.md.
+ * EWV_<op> names the block function of a MATH op (a placeholder for the others, never called). */
+#if EW_X86_DISPATCH
+#define EW_ISA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
+#define EW_ISA_AVX2 __attribute__((target("avx2,fma")))
+#define EW_HAVE_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") \
+                          && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
+#define EW_HAVE_AVX2_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+#else
+#define EW_HAVE_AVX512() 0
+#define EW_HAVE_AVX2_FMA() 0
+#endif
+
+#define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
+    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < m; i++) {                                                    \
+            const T A = a[i];                                                                \
+            out[i] = EWF_##name(T);                                                          \
+        }                                                                                    \
+    }
+
+#if EW_X86_DISPATCH
+#define EW_DEFINE_MATH(name, T)                                                              \
+    EW_DEFINE_MATH_VARIANT(name, T, base, )                                                  \
+    EW_DEFINE_MATH_VARIANT(name, T, avx2, EW_ISA_AVX2)                                       \
+    EW_DEFINE_MATH_VARIANT(name, T, avx512, EW_ISA_AVX512)                                   \
+    static void ew_math_##name##_##T(const T *a, T *out, int64_t m)                          \
+    {                                                                                        \
+        if (EW_HAVE_AVX512())                                                                \
+            ew_math_##name##_##T##_avx512(a, out, m);                                        \
+        else if (EW_HAVE_AVX2_FMA())                                                         \
+            ew_math_##name##_##T##_avx2(a, out, m);                                          \
+        else                                                                                 \
+            ew_math_##name##_##T##_base(a, out, m);                                          \
+    }
+#else
+#define EW_DEFINE_MATH(name, T)                                                              \
+    EW_DEFINE_MATH_VARIANT(name, T, base, )                                                  \
+    static void ew_math_##name##_##T(const T *a, T *out, int64_t m)                          \
+    {                                                                                        \
+        ew_math_##name##_##T##_base(a, out, m);                                              \
+    }
+#endif
+
+#define EW_MATH_OPS(X) X(exp) X(log) X(sqrt) X(rsqrt) X(erf) X(tanh) X(sigmoid) X(gelu) X(silu)
+#define EW_DEFINE_MATH_BOTH(name) EW_DEFINE_MATH(name, float) EW_DEFINE_MATH(name, double)
+EW_MATH_OPS(EW_DEFINE_MATH_BOTH)
+
+static void ew_math_none_float(const float *a, float *out, int64_t m) { (void)a; (void)out; (void)m; }
+static void ew_math_none_double(const double *a, double *out, int64_t m) { (void)a; (void)out; (void)m; }
+#define EWV_MATH(name) ew_math_##name##_
+#define EWV_NONE(name) ew_math_none_
+#define EWV_copy      EWV_NONE
+#define EWV_fill      EWV_NONE
+#define EWV_add       EWV_NONE
+#define EWV_sub       EWV_NONE
+#define EWV_mul       EWV_NONE
+#define EWV_div       EWV_NONE
+#define EWV_maximum   EWV_NONE
+#define EWV_minimum   EWV_NONE
+#define EWV_add_const EWV_NONE
+#define EWV_mul_const EWV_NONE
+#define EWV_axpby     EWV_NONE
+#define EWV_neg       EWV_NONE
+#define EWV_abs       EWV_NONE
+#define EWV_exp       EWV_MATH
+#define EWV_log       EWV_MATH
+#define EWV_sqrt      EWV_MATH
+#define EWV_rsqrt     EWV_MATH
+#define EWV_erf       EWV_MATH
+#define EWV_tanh      EWV_MATH
+#define EWV_sigmoid   EWV_MATH
+#define EWV_relu      EWV_NONE
+#define EWV_gelu      EWV_MATH
+#define EWV_silu      EWV_MATH
+/* the block function of op name for compute type T */
+#define EWV_FN(name, T) EW_CAT(EWV_##name(name), T)
+
+const char *ew_cpu_math_library(void)
+{
+#if EW_CPU_LIBMVEC
+    if (EW_HAVE_AVX512())
+        return "glibc libmvec, AVX-512 variants (picked at run time on this CPU)";
+    if (EW_HAVE_AVX2_FMA())
+        return "glibc libmvec, AVX2 variants (picked at run time on this CPU)";
+    return "glibc libmvec, SSE variants (picked at run time on this CPU)";
+#else
+    return "scalar libm (this build has no libmvec: not found, or EWKERN_NO_LIBMVEC=1)";
+#endif
+}
 
 /* ---- float16/bfloat16 <-> float over a block ----------------------------------------------
  * The portable versions vectorise half.h's converters with whatever ISA the build targets
@@ -369,12 +481,16 @@ static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
         EW_DT(dt, TOF)(a + i0, ta, m);                                                       \
     if ((inputs) >= 2)                                                                       \
         EW_DT(dt, TOF)(b + i0, tb, m);                                                       \
-    EW_SIMD                                                                                  \
-    for (int j = 0; j < m; j++) {                                                            \
-        const float A = (inputs) >= 1 ? ta[j] : 0.0f;                                        \
-        const float B = (inputs) >= 2 ? tb[j] : 0.0f;                                        \
-        (void)A; (void)B;                                                                    \
-        ta[j] = EWF_##name(float);                                                           \
+    if (EWK_##name == EW_KIND_MATH) {                                                        \
+        EWV_FN(name, float)(ta, ta, m);                                                      \
+    } else {                                                                                 \
+        EW_SIMD                                                                              \
+        for (int j = 0; j < m; j++) {                                                        \
+            const float A = (inputs) >= 1 ? ta[j] : 0.0f;                                    \
+            const float B = (inputs) >= 2 ? tb[j] : 0.0f;                                    \
+            (void)A; (void)B;                                                                \
+            ta[j] = EWF_##name(float);                                                       \
+        }                                                                                    \
     }                                                                                        \
     EW_DT(dt, FROMF)(ta, out + i0, m)
 
@@ -400,6 +516,21 @@ static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
         } else if (EWK_##name == EW_KIND_FILL) {                                             \
             const EW_DT(dt, ST) v = EW_DT(dt, SV)(EW_DT(dt, FS)(args->scalar[0]));           \
             EW_FOR(i, n, par_min, out[i] = v);                                               \
+        } else if (!EW_DT(dt, TILED) && EWK_##name == EW_KIND_MATH) {                        \
+            /* ST == CT here; the casts only let the tiled dtypes compile this dead branch */ \
+            const EW_DT(dt, CT) *ac = (const EW_DT(dt, CT) *)(const void *)a;                \
+            EW_DT(dt, CT) *oc = (EW_DT(dt, CT) *)(void *)out;                                \
+            const int64_t nblocks = (n + EW_VBLOCK - 1) / EW_VBLOCK;                         \
+            if (n < par_min) {                                                               \
+                EWV_FN(name, EW_DT(dt, CT))(ac, oc, n);                                      \
+            } else {                                                                         \
+                EW_PARALLEL                                                                  \
+                for (int64_t t = 0; t < nblocks; t++) {                                      \
+                    const int64_t i0 = t * EW_VBLOCK;                                        \
+                    const int64_t m = n - i0 < EW_VBLOCK ? n - i0 : EW_VBLOCK;               \
+                    EWV_FN(name, EW_DT(dt, CT))(ac + i0, oc + i0, m);                        \
+                }                                                                            \
+            }                                                                                \
         } else if (!EW_DT(dt, TILED)) {                                                      \
             EW_FOR(i, n, par_min, EW_DIRECT_BODY(name, inputs, dt));                         \
         } else {                                                                             \

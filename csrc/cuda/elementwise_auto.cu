@@ -48,6 +48,7 @@
 #include "elementwise_ops.cuh"
 #include "elementwise_kernel.cuh"
 #include "elementwise_auto.cuh"
+#include "elementwise_launch.cuh"
 
 namespace ewk {
 
@@ -55,30 +56,6 @@ namespace ewk {
     static_assert(int(Op_##name::NIN) == (inputs), "ops.def and elementwise_ops.cuh disagree on " #name);
 #include "ops.def"
 #undef EW_OP
-
-static const int kAutoBlock = 256;
-
-template <class T> static T host_round(double x);
-template <> float host_round<float>(double x) { return float(x); }
-template <> double host_round<double>(double x) { return x; }
-template <> half_t host_round<half_t>(double x) { return __double2half(x); }
-template <> bf16_t host_round<bf16_t>(double x) { return __double2bfloat16(x); }
-
-template <class T>
-static OpArgs<T> op_args(const ew_args *a)
-{
-    typedef typename Compute<T>::type C;
-    OpArgs<T> p;
-    p.prefetch = 0;
-    p.s0 = C(a->scalar[0]);
-    p.s1 = C(a->scalar[1]);
-    p.v = host_round<T>(a->scalar[0]);
-    unsigned char bytes[16];
-    for (int k = 0; k < 16; k += int(sizeof(T)))
-        memcpy(bytes + k, &p.v, sizeof(T));
-    memcpy(&p.pattern, bytes, 16);
-    return p;
-}
 
 /* Pointers of an auto-family launch: the head (elements before the common 16-byte boundary, -1
  * when the offsets differ) and the vector count. */
@@ -139,43 +116,6 @@ int run_gs(const ew_args *a, GridRule rule)
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }
 
-/* auto: VPT, the vectors per thread, from the waves W = vectors / (SMs x resident threads) of the
- * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
- * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
- * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
- * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
- * block more than others (measured slower). Under PDL each thread prefetches its first vector
- * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
- * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves.
- * Measurements: ELEMENTWISE_NOTES.md. */
-/* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
- * for measuring the rule above, not for users. */
-static int forced_vpt()
-{
-    static const int v = [] {
-        const char *e = getenv("EWKERN_AUTO_VPT");
-        const int x = e ? atoi(e) : 0;
-        return (x == 1 || x == 2 || x == 4) ? x : 0;
-    }();
-    return v;
-}
-
-/* EWKERN_PDL_PREFETCH=none|wave|all (read once): which blocks of a PDL launch prefetch their first
- * vector's lines before the wait; a knob for measuring the rule in run_fast, not for users. */
-enum PrefetchRule { PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
-static PrefetchRule prefetch_rule()
-{
-    static const PrefetchRule r = [] {
-        const char *e = getenv("EWKERN_PDL_PREFETCH");
-        if (e && !strcmp(e, "none"))
-            return PREFETCH_NONE;
-        if (e && !strcmp(e, "all"))
-            return PREFETCH_ALL;
-        return PREFETCH_WAVE;
-    }();
-    return r;
-}
-
 template <class Op, class T, bool WB>
 static int run_fast(const ew_args *a)
 {
@@ -191,41 +131,14 @@ static int run_fast(const ew_args *a)
     const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
     /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
-    int vpt = 1;
-    if (!i32) {
-        vpt = 1; /* the 64-bit instance takes 1 vector per thread */
-    } else if (const int forced = forced_vpt()) {
-        vpt = forced;
-    } else if (int(Op::KIND) == KIND_FILL) {
-        /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
-         * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
-        vpt = w.nvec > wave1 ? 2 : 1;
-    } else if (Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2) {
-        /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
-         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
-        vpt = w.nvec > 32 * wave1 ? 2 : 1;
-    } else if (w.nvec > wave1 && w.nvec <= 2 * wave1) {
-        vpt = 2;
-    } else if (w.nvec > 2 * wave1 && w.nvec <= 4 * wave1) {
-        const int64_t wave4 = wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-        if (w.nvec <= wave4 && 100 * w.nvec >= 85 * wave4 && !pdl)
-            vpt = 4;
-    }
-    const int64_t per_block = int64_t(vpt) * block;
-    int64_t grid = ceil_div(w.nvec, per_block);
-    if (grid < 1)
-        grid = 1;
-    /* the last block's last nedge threads must own no vector */
-    if ((grid - 1) * per_block + (block - w.nedge) < w.nvec)
-        grid += 1;
+    const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL,
+                                    Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
+        return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
+    });
+    const int vpt = plan.vpt;
+    const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
-    if (pdl) {
-        /* only blocks that can be resident before the previous kernel ends have a wait to hide a
-         * prefetch behind: the first wave (later blocks would issue it and load at once) */
-        const PrefetchRule r = prefetch_rule();
-        const int64_t wave_blocks = wave1 / block;
-        p.prefetch = r == PREFETCH_NONE ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
-    }
+    p.prefetch = plan.prefetch;
     const cudaStream_t s = stream_of(a);
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
     const T *xh = w.xh(), *yh = w.yh();

@@ -15,7 +15,7 @@
 
 #include "elementwise_types.cuh"
 #include "elementwise_ops.cuh"
-#include "pdl.cuh"
+#include "pdl_device.cuh"
 
 namespace ewk {
 
@@ -259,6 +259,112 @@ ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
         if (j < nedge)
             edge<Op, T, Idx>(a, b, o, j, head, tail0, p);
     }
+}
+
+/* ---- the backward ops of grads.def (KIND_GRAD): NIN arrays in, NOUT gradients out ---------------
+ * The same default path as ew_fast (16-byte vectors, VPT per thread, all loads before the first
+ * store, streaming stores, head and tail on the last block's spare threads, PDL with the first
+ * vector prefetched), with the arrays in one parameter struct. An output pointer may be NULL (a
+ * gradient not asked for): its stores are skipped, the same branch for every thread. */
+template <class T, int NI, int NO> struct Arrays {
+    const T *in[NI];
+    T *out[NO];
+};
+
+template <class Op, class T>
+EW_DEV void vec_grad(const uint4 (&r)[Op::NIN], uint4 (&o)[Op::NOUT], const OpArgs<T> &p)
+{
+    typedef typename Compute<T>::type C;
+    enum { N = Vec16<T>::N, NI = Op::NIN, NO = Op::NOUT };
+    C c[NI][N], d[NO][N];
+#pragma unroll
+    for (int q = 0; q < NI; ++q)
+        Vec16<T>::unpack(r[q], c[q]);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        C xi[NI], yi[NO];
+#pragma unroll
+        for (int q = 0; q < NI; ++q)
+            xi[q] = c[q][k];
+        typename MathOf<Op, T>::type()(xi, yi, p.s0, p.s1);
+#pragma unroll
+        for (int q = 0; q < NO; ++q)
+            d[q][k] = yi[q];
+    }
+#pragma unroll
+    for (int q = 0; q < NO; ++q)
+        o[q] = Vec16<T>::pack(d[q]);
+}
+
+template <class Op, class T, class Idx>
+EW_DEV void elem_grad(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx i, const OpArgs<T> &p)
+{
+    typedef typename Compute<T>::type C;
+    C xi[Op::NIN], yi[Op::NOUT];
+#pragma unroll
+    for (int q = 0; q < Op::NIN; ++q)
+        xi[q] = to_c(arr.in[q][i]);
+    typename MathOf<Op, T>::type()(xi, yi, p.s0, p.s1);
+#pragma unroll
+    for (int q = 0; q < Op::NOUT; ++q)
+        if (Op::NOUT == 1 || arr.out[q])
+            arr.out[q][i] = from_c<T>(yi[q]);
+}
+
+/* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary) */
+template <class Op, class T, class Idx, int VPT>
+__global__ void __launch_bounds__(1024)
+ew_fast_n(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
+{
+    enum { N = Vec16<T>::N, NI = Op::NIN, NO = Op::NOUT };
+    const Idx nvec = n / Idx(N);
+    const Idx base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);
+    if (int(blockIdx.x) < p.prefetch && base < nvec) {
+#pragma unroll
+        for (int q = 0; q < NI; ++q)
+            prefetch_l2_line(reinterpret_cast<const uint4 *>(arr.in[q]) + base, 16u, threadIdx.x == 0);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    uint4 r[VPT][NI];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const Idx v = base + Idx(k) * Idx(blockDim.x);
+#pragma unroll
+        for (int q = 0; q < NI; ++q)
+            r[k][q] = v < nvec ? reinterpret_cast<const uint4 *>(arr.in[q])[v] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const Idx v = base + Idx(k) * Idx(blockDim.x);
+        if (v < nvec) {
+            uint4 o[NO];
+            vec_grad<Op, T>(r[k], o, p);
+#pragma unroll
+            for (int q = 0; q < NO; ++q)
+                if (NO == 1 || arr.out[q])
+                    __stcs(reinterpret_cast<uint4 *>(arr.out[q]) + v, o[q]);
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1) {
+        const Idx tail0 = nvec * Idx(N);
+        const Idx nedge = head + (n - tail0);
+        const Idx j = Idx(blockDim.x) - 1 - Idx(threadIdx.x);
+        if (j < nedge)
+            elem_grad<Op, T, Idx>(arr, j < head ? j - head : tail0 + (j - head), p);
+    }
+}
+
+/* The arrays' offsets from a 16-byte boundary differ: one element per thread, grid-stride. */
+template <class Op, class T>
+__global__ void __launch_bounds__(1024)
+ew_elem_n(Arrays<T, Op::NIN, Op::NOUT> arr, int64_t n, OpArgs<T> p)
+{
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t nthr = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += nthr)
+        elem_grad<Op, T, int64_t>(arr, i, p);
 }
 
 } /* namespace ewk */

@@ -103,7 +103,8 @@ EW_DEV C gelu_of(C x)
 }
 
 /* Each op: NIN inputs, KIND, and for KIND_COMPUTE the function on the compute type. */
-enum OpKind { KIND_COMPUTE, KIND_COPY, KIND_FILL, KIND_NATIVE };
+/* KIND_GRAD: a backward op of grads.def (elementwise_grads.cuh): NIN arrays in, NOUT gradients out */
+enum OpKind { KIND_COMPUTE, KIND_COPY, KIND_FILL, KIND_NATIVE, KIND_GRAD };
 
 #define EWK_OP(NAME, NIN_, EXPR) \
     struct Op_##NAME { \

@@ -9,7 +9,13 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #ifndef __CUDACC_RTC__
+#include <cstdint>
 #include <cstring> /* memcpy (NVRTC has it built in) */
+#else
+/* NVRTC carries no <cstdint>: the fixed-width types the kernels name */
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned int uint32_t;
 #endif
 
 namespace ewk {

@@ -367,4 +367,42 @@ int ewcuda_pdl_active(int device)
     return k == 1;
 }
 
+int ewcuda_library_load(const void *image, const char *name, void **library, void **kernel)
+{
+    cudaLibrary_t lib = NULL;
+    cudaKernel_t k = NULL;
+    *library = NULL;
+    *kernel = NULL;
+    cudaError_t err = cudaLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    if (err == cudaSuccess && (err = cudaLibraryGetKernel(&k, lib, name)) != cudaSuccess)
+        cudaLibraryUnload(lib);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (int)err;
+    }
+    *library = (void *)lib;
+    *kernel = (void *)k;
+    return 0;
+}
+
+int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = S(stream);
+    cfg.attrs = attr;
+    cfg.numAttrs = 0;
+    if (pdl) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t err = cudaLaunchKernelExC(&cfg, (const void *)kernel, args);
+    if (err != cudaSuccess)
+        (void)cudaGetLastError();
+    return (int)err;
+}
+
 } /* extern "C" */

@@ -475,7 +475,7 @@ def foreign_call(dtype: str, shape, device: str):
 # --- timing -------------------------------------------------------------------------------------
 
 def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: str, *,
-               samples: int | None = None, before=None) -> Timing:
+               samples: int | None = None, before=None, spin_us: float = SPIN_US) -> Timing:
     """Time a peer workload; make_call() allocates one buffer set and returns a zero-argument call.
 
     before: (make_before, before_bytes) from foreign_call, a foreign call put before each call
@@ -496,7 +496,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
-        secs, k, method, alone = _time_torch(cfg, calls, cache, n, foreign)
+        secs, k, method, alone = _time_torch(cfg, calls, cache, n, foreign, spin_us)
         if foreign is not None:
             extra = {"foreign": FOREIGN, "pair_time_s": statistics.median(secs),
                      "foreign_time_s": statistics.median(alone), "pair_samples_s": secs,
@@ -548,7 +548,7 @@ def _time_host(cfg, calls, cache, n):
     return out, k, "host clock (time.perf_counter)"
 
 
-def _time_torch(cfg, calls, cache, n, foreign=None):
+def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
     """(seconds per step, one per sample; K; method; the foreign calls' own samples or None).
 
     A step is one call, or with foreign the pair foreign[i], calls[i]; then a graph of the K
@@ -572,7 +572,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None):
             if flush is None:
                 flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4,
                                                          dtype=torch.float32, device=device)
-        spin = int(SPIN_US * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
+        spin = int(spin_us * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
 
         def capture(k, seqs=steps):
             g = torch.cuda.CUDAGraph()

@@ -116,6 +116,24 @@ def _params(ctx):
     return sizes, ops, dtypes, shapes, ref
 
 
+# what --quick leaves out of peers on a CPU, said at the start of a quick CPU run (runner.run)
+CPU_QUICK_LEAVES_OUT = ("peers: 4 MiB only (the full CPU set adds 64 MiB), 3 rmse shapes (full: 5) without the "
+                        "rmse ladder versions, copy/dot reference at 16 MiB (full: 64 MiB)")
+
+
+def plan(ctx) -> dict:
+    """The elementwise and rmse cells this run of peers would time, before anything is allocated:
+    {"cells": timed cells (ewkern and every peer), "samples": samples per cell, "launches":
+    cells x (samples + warm-up) as a bound on the calls made outside the sample loop}."""
+    sizes, ops, dtypes, shapes, ref = _params(ctx)
+    impls = 2 if not ctx.is_gpu else 3   # ewkern + NumPy on a CPU; ewkern, torch, CuPy on a GPU
+    methods = 1 if not ctx.is_gpu else len(_method_names(ctx))
+    rmse_versions = 1 if ctx.quick else 1 + len([v for v in variants("rmse", "float32", ctx.device) if v != "auto"])
+    cells = len(sizes) * len(ops) * len(dtypes) * impls * methods + len(shapes) * (rmse_versions + 1) + 2
+    return {"cells": cells, "samples": ctx.cfg.samples, "sizes": list(sizes), "ops": len(ops),
+            "dtypes": len(dtypes), "rmse_shapes": len(shapes), "ref_size": ref}
+
+
 def _after_torch_ops(ctx, ops):
     """The ops that after_torch times, in the run's order: --peers-after-torch-ops ('all': every op
     of the run), else every op --peers-ops names, else AFTER_TORCH_OPS. BenchError when the option
@@ -256,7 +274,8 @@ def run(ctx, xr):
                                                 cache=cache, build=build, before=before, variant="auto", **common)
                     else:
                         try:
-                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool)
+                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool,
+                                                                    random_inputs=not gpu)
                             xr.measure(what=f"ewkern {tag}", make_plan=make_plan, set_bytes=set_bytes, cache=cache,
                                        variant="auto", **common)
                             if nopdl:

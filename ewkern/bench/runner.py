@@ -197,13 +197,16 @@ class ExperimentRun:
         return rec
 
     def measure_peer(self, *, what: str, impl: str, build, cache: str, samples: int | None = None,
-                     before=None, **fields) -> dict | None:
+                     before=None, spin_us: float = frameworks.SPIN_US, **fields) -> dict | None:
         """Time a peer; build() returns (make_call, set_bytes, bytes_read, bytes_written); before(),
-        when given, a foreign call to time each call after (frameworks.foreign_call)."""
+        when given, a foreign call to time each call after (frameworks.foreign_call); spin_us: how
+        long the sleep kernel holds the stream in flush mode (it must outlast the host's queueing of
+        the whole call)."""
         try:
             make_call, set_bytes, br, bw = build()
             timing = frameworks.time_calls(self.ctx.cfg, impl, make_call, set_bytes, cache,
-                                           samples=samples, before=before() if before else None)
+                                           samples=samples, before=before() if before else None,
+                                           spin_us=spin_us)
         except Skip as exc:
             self.skip(what, str(exc))
             return None
@@ -309,6 +312,20 @@ def _reference_copy(ctx: Context):
     return gbs
 
 
+def quick_cpu_note(names) -> str:
+    """What --quick leaves out on a CPU and how to run the full CPU set (said at the start)."""
+    from . import e3_elementwise, peers
+    out = ["quick mode on the CPU (a subset, minutes on 2 cores) leaves out:"]
+    if "peers" in names:
+        out.append("  " + peers.CPU_QUICK_LEAVES_OUT)
+    if "e3" in names:
+        out.append(f"  e3: ops {', '.join(e3_elementwise.QUICK_OPS)} only (full: {len(e3_elementwise.FULL_OPS)} ops)")
+    out.append("  e2, r1, c1, overhead: fewer sizes, shapes and calls")
+    out.append("  the full CPU set (tens of minutes on 2 cores): python -m ewkern.bench --all --device cpu "
+               "(make bench BENCH_ARGS='--all --device cpu')")
+    return "\n".join(out)
+
+
 def precheck(ctx: Context, names: list[str]):
     """Each experiment's size checks, before anything is allocated (raises BenchError)."""
     for name in names:
@@ -326,6 +343,8 @@ def run(ctx: Context, names: list[str], argv) -> int:
     specs = [registry.get(n) for n in names]
     code = 0
     t_start = time.perf_counter()
+    if ctx.quick and not ctx.is_gpu:
+        print(quick_cpu_note(names), file=sys.stderr, flush=True)
     try:
         if any(spec.needs_reference and spec.runs_on(ctx.device) is None for spec in specs):
             print(f"measuring the reference copy bandwidth on {ctx.device} ...", file=sys.stderr, flush=True)

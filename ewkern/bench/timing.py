@@ -215,6 +215,12 @@ def time_ewkern(cfg: TimingConfig, make_plan, set_bytes: int, cache: str, *,
             plan[{"nbytes_read": "bytes_read", "nbytes_written": "bytes_written",
                   "variant": "resolved_variant"}.get(key, key)] = value if key != "dtype" else str(value)
     warm = cfg.warmup if warmup is None else warmup
+    if cfg.is_cpu and nsets > 1:
+        # One untimed launch on every buffer set first. A fresh host buffer has no memory behind
+        # it until it is first written, so a sample of few launches through many sets would time
+        # the page faults of untouched outputs (1-8 ms per 4 MiB here, 10-50x the kernel) instead
+        # of the kernel; NumPy's timing (frameworks._time_host) calls every set once too.
+        C.time_plans(plans, launches=nsets, samples=1, warmup=0, blocking=True)
     if cache == "flush":
         n = samples or cfg.flush_samples
         secs = C.time_plans(plans, launches=1, samples=n, warmup=warm,
@@ -307,8 +313,14 @@ def variants(op: str, dtype: str | None, device: str) -> list:
 
 def plan_elementwise(op: str, dtype: str, shape, device: str, *, variant: str = "auto",
                      block: int | None = None, grid: int | None = None, scalars=None,
-                     pool: BufferPool | None = None):
-    """(make_plan, set_bytes) for one elementwise op call; buffers come from pool when given."""
+                     pool: BufferPool | None = None, random_inputs: bool = False):
+    """(make_plan, set_bytes) for one elementwise op call; buffers come from pool when given.
+
+    Inputs are constant fills, or with random_inputs (host only) NumPy's peer inputs
+    (frameworks.op_inputs: the same random data in the op's domain), so that a data-dependent
+    path (a vector math function's fallback for special inputs) is timed as the peer's is."""
+    if random_inputs and device != "cpu":
+        raise ValueError("random_inputs is for the host (device 'cpu')")
     from .units import ITEMSIZE
     fn, nin, nsc = ew_op(op)
     shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -325,20 +337,34 @@ def plan_elementwise(op: str, dtype: str, shape, device: str, *, variant: str = 
     counter = [0]
 
     def make_set():
-        ins = [new_filled(shape, dtype, device, value + 0.25 * k) for k in range(nin)]
+        if random_inputs:
+            from .frameworks import op_inputs
+            ins = [_host_array(x, dtype) for x in op_inputs("numpy", op, shape, dtype, "cpu")]
+        else:
+            ins = [new_filled(shape, dtype, device, value + 0.25 * k) for k in range(nin)]
         return ins, ew().empty(shape, dtype=dtype, device=device)
 
     def make_plan():
         if pool is None:
             ins, out = make_set()
         else:
-            ins, out = pool.get((nin, shape, dtype, value), counter[0], make_set)
+            key = (nin, shape, dtype, ("random", op) if random_inputs else value)
+            ins, out = pool.get(key, counter[0], make_set)
             counter[0] += 1
         if op == "fill":
             return core().prepare(fn, out, *scalars, **kw)
         return core().prepare(fn, *ins, *scalars, out=out, **kw)
 
     return make_plan, (nin + 1) * n * ITEMSIZE[dtype]
+
+
+def _host_array(x, dtype: str):
+    """An ewkern host array holding the NumPy array x of dtype. bfloat16 (ml_dtypes, which DLPack
+    cannot carry) travels as float32, which holds every bfloat16 value exactly."""
+    import numpy
+    if dtype == "bfloat16":
+        return ew().asarray(numpy.asarray(x, dtype=numpy.float32), dtype="bfloat16", device="cpu")
+    return ew().asarray(x, device="cpu")
 
 
 def plan_rmse(shape, dtype: str, device: str, *, axis=None, variant: str = "auto",

@@ -1,0 +1,240 @@
+/*
+ * backward.c: the CPU kernels of the backward ops (csrc/grads.def), one "auto" variant per
+ * (op, dtype).
+ *
+ * Versions:
+ *   auto  one loop per (op, dtype) that reads each array once and writes each gradient once:
+ *         float32/float64 straight from the arrays (compiler-vectorised where the arithmetic
+ *         allows), float16/bfloat16 converted to float per element (half.h, round to nearest
+ *         even on the way back). On the OpenMP team from EW_BW_PAR_MIN elements.
+ *
+ * The arithmetic of each op is written once below (EWB_<op>, for compute type T) and matches
+ * the CUDA kernels' (csrc/cuda/elementwise_backward.cu): the same formulas, the same rounding
+ * order, so both backends meet grads.def's bounds the same way.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../ewkern_kernels.h"
+#include "half.h"
+
+#define EW_BW_PAR_MIN ((int64_t)1 << 14)
+
+#ifdef _OPENMP
+#define EW_BW_PARALLEL _Pragma("omp parallel for simd schedule(static)")
+#define EW_BW_SIMD _Pragma("omp simd")
+#define EW_BW_PRAGMA(x) _Pragma(#x)
+#define EW_BW_PARALLEL_IF(cond) EW_BW_PRAGMA(omp parallel for schedule(static) if(cond))
+#else
+#define EW_BW_PARALLEL
+#define EW_BW_SIMD
+#define EW_BW_PARALLEL_IF(cond)
+#endif
+
+#define EW_BW_M_float(fn) fn##f
+#define EW_BW_M_double(fn) fn
+#define EW_BW_M(T, fn) EW_BW_M_I(T, fn)
+#define EW_BW_M_I(T, fn) EW_BW_M_##T(fn)
+
+/* 1 / sqrt(2), 1 / sqrt(2 pi), 2 / sqrt(pi) */
+#define EW_BW_SQRT1_2 0.707106781186547524400844362104849039
+#define EW_BW_INV_SQRT_2PI 0.398942280401432677939946059934381868
+#define EW_BW_2_SQRTPI 1.12837916709551257389615890312154517
+
+/* e^(-a^2 / 2^k) with a^2 split into p + e exactly (e = fma(a, a, -p)): e^(-(p + e) / 2^k) =
+ * e^(-p / 2^k) (1 - e / 2^k) to first order, so the rounding of a^2 (relative 2^-24 of an
+ * exponent that reaches 100) costs nothing. */
+#define EW_BW_DEFINE_GAUSS(T)                                                                \
+    static inline T ew_bw_gauss_##T(T a, T scale)                                            \
+    {                                                                                        \
+        const T p = a * a;                                                                   \
+        const T e = p < (T)INFINITY ? EW_BW_M(T, fma)(a, a, -p) : (T)0; /* inf - inf: none */ \
+        return EW_BW_M(T, exp)(-p * scale) * ((T)1 - e * scale);                             \
+    }                                                                                        \
+    static inline T ew_bw_sigmoid_##T(T a)                                                   \
+    {                                                                                        \
+        const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
+        const T r = (T)1 / ((T)1 + e);                                                       \
+        return a >= 0 ? r : e * r;                                                           \
+    }                                                                                        \
+    static inline T ew_bw_gelu_##T(T g, T a)                                                 \
+    {                                                                                        \
+        const T cdf = (T)0.5 * EW_BW_M(T, erfc)(-a * (T)EW_BW_SQRT1_2);                      \
+        const T pdf = ew_bw_gauss_##T(a, (T)0.5) * (T)EW_BW_INV_SQRT_2PI;                    \
+        return g * EW_BW_M(T, fma)(a, pdf, cdf);                                             \
+    }                                                                                        \
+    /* s = sigmoid(a) and 1 - s = sigmoid(-a) each from e = e^-|a| (1 - s from s would cancel for  \
+     * a >> 0, where a (1 - s) still matters)                                               */ \
+    static inline T ew_bw_silu_##T(T g, T a)                                                 \
+    {                                                                                        \
+        const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
+        const T r = (T)1 / ((T)1 + e);                                                       \
+        const T s = a >= 0 ? r : e * r, t = a >= 0 ? e * r : r;                              \
+        return g * (s * EW_BW_M(T, fma)(a, t, (T)1));                                        \
+    }                                                                                        \
+    static inline T ew_bw_sign_##T(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+EW_BW_DEFINE_GAUSS(float)
+EW_BW_DEFINE_GAUSS(double)
+
+/* ---- per-op arithmetic: G, A, B the loaded arrays (grad, then the saved ones), S0/S1 the
+ * scalars, all of compute type T; O1 (and O2) the gradients. */
+#define EWB_gelu_backward(T)    O1 = ew_bw_gelu_##T(G, A)
+#define EWB_silu_backward(T)    O1 = ew_bw_silu_##T(G, A)
+#define EWB_sigmoid_backward(T) O1 = G * (A * ((T)1 - A))
+#define EWB_tanh_backward(T)    O1 = G * EW_BW_M(T, fma)(-A, A, (T)1)
+#define EWB_erf_backward(T)     O1 = G * (ew_bw_gauss_##T(A, (T)1) * (T)EW_BW_2_SQRTPI)
+#define EWB_exp_backward(T)     O1 = G * A
+#define EWB_log_backward(T)     O1 = G / A
+#define EWB_sqrt_backward(T)    O1 = G / (A + A)
+#define EWB_rsqrt_backward(T)   O1 = (((T)-0.5 * G * A) * A) * A  /* each step between -G/2 and the result: no spurious overflow */
+#define EWB_abs_backward(T)     O1 = G * ew_bw_sign_##T(A)
+#define EWB_relu_backward(T)    O1 = A <= (T)0 ? (T)0 : G
+#define EWB_mul_backward(T)     O1 = G * B; O2 = G * A
+#define EWB_div_backward(T)                                                                  \
+    do {                                                                                     \
+        const T q = G / B;                                                                   \
+        O1 = q;                                                                              \
+        O2 = -(q * A) / B;                                                                   \
+    } while (0)
+#define EWB_maximum_backward(T)                                                              \
+    do {                                                                                     \
+        const T h = A == B ? G * (T)0.5 : G;                                                 \
+        O1 = A < B ? (T)0 : h;                                                               \
+        O2 = A > B ? (T)0 : h;                                                               \
+    } while (0)
+#define EWB_minimum_backward(T)                                                              \
+    do {                                                                                     \
+        const T h = A == B ? G * (T)0.5 : G;                                                 \
+        O1 = A > B ? (T)0 : h;                                                               \
+        O2 = A < B ? (T)0 : h;                                                               \
+    } while (0)
+#define EWB_axpby_backward(T)   O1 = S0 * G; O2 = S1 * G
+
+/* ---- dtypes: storage type, compute type, load and store of one element ---------------------- */
+#define EW_BW_f32_ST float
+#define EW_BW_f32_CT float
+#define EW_BW_f32_ENUM EW_FLOAT32
+#define EW_BW_f32_LD(x) (x)
+#define EW_BW_f32_SV(x) (x)
+#define EW_BW_f64_ST double
+#define EW_BW_f64_CT double
+#define EW_BW_f64_ENUM EW_FLOAT64
+#define EW_BW_f64_LD(x) (x)
+#define EW_BW_f64_SV(x) (x)
+#define EW_BW_f16_ST uint16_t
+#define EW_BW_f16_CT float
+#define EW_BW_f16_ENUM EW_FLOAT16
+#define EW_BW_f16_LD(x) ew_half_to_float(x)
+#define EW_BW_f16_SV(x) ew_float_to_half(x)
+#define EW_BW_bf16_ST uint16_t
+#define EW_BW_bf16_CT float
+#define EW_BW_bf16_ENUM EW_BFLOAT16
+#define EW_BW_bf16_LD(x) ew_bf16_to_float(x)
+#define EW_BW_bf16_SV(x) ew_float_to_bf16(x)
+#define EW_BW(dt, what) EW_BW_##dt##_##what
+#define EW_BW_CAT(a, b) EW_BW_CAT_I(a, b)
+#define EW_BW_CAT_I(a, b) a##b
+
+/* One element i. An output whose pointer is NULL (a gradient nobody asked for) is computed and
+ * dropped; the branch is the same for every element. */
+#define EW_BW_BODY(name, inputs, outputs, dt, CT)                                            \
+    const CT G = EW_BW(dt, LD)(g[i]);                                                        \
+    const CT A = (inputs) >= 2 ? EW_BW(dt, LD)(a[i]) : (CT)0;                                \
+    const CT B = (inputs) >= 3 ? EW_BW(dt, LD)(b[i]) : (CT)0;                                \
+    CT O1, O2 = (CT)0;                                                                       \
+    (void)A; (void)B; (void)S0; (void)S1;                                                    \
+    EWB_##name(CT);                                                                          \
+    if (o1)                                                                                  \
+        o1[i] = EW_BW(dt, SV)(O1);                                                           \
+    if ((outputs) >= 2 && o2)                                                                \
+        o2[i] = EW_BW(dt, SV)(O2)
+
+#define EW_BW_LAUNCHER(name, inputs, outputs, dt)                                            \
+    static int ew_cpu_##name##_##dt(const void *argp)                                        \
+    {                                                                                        \
+        const ew_args *args = (const ew_args *)argp;                                         \
+        typedef EW_BW(dt, ST) st_t;                                                          \
+        const int64_t n = args->n;                                                           \
+        const st_t *g = (const st_t *)args->in[0];                                           \
+        const st_t *a = (const st_t *)args->in[1];                                           \
+        const st_t *b = (const st_t *)args->in[2];                                           \
+        st_t *o1 = (st_t *)args->out;                                                        \
+        st_t *o2 = (st_t *)args->out2;                                                       \
+        const EW_BW(dt, CT) S0 = (EW_BW(dt, CT))args->scalar[0];                             \
+        const EW_BW(dt, CT) S1 = (EW_BW(dt, CT))args->scalar[1];                             \
+        if (n <= 0)                                                                          \
+            return n == 0 ? 0 : EINVAL;                                                      \
+        if (!g || ((inputs) >= 2 && !a) || ((inputs) >= 3 && !b) || (!o1 && !o2))            \
+            return EINVAL;                                                                   \
+        if (n < EW_BW_PAR_MIN) {                                                             \
+            EW_BW_SIMD                                                                       \
+            for (int64_t i = 0; i < n; i++) { EW_BW_BODY(name, inputs, outputs, dt, EW_BW(dt, CT)); } \
+        } else {                                                                             \
+            EW_BW_PARALLEL                                                                   \
+            for (int64_t i = 0; i < n; i++) { EW_BW_BODY(name, inputs, outputs, dt, EW_BW(dt, CT)); } \
+        }                                                                                    \
+        return 0;                                                                            \
+    }
+
+/* the per-op helpers are named by compute type: ew_bw_gelu_float, ew_bw_gelu_double */
+#define EW_GRAD(name, args, inputs, outputs, scalars, def, acc)                              \
+    EW_BW_LAUNCHER(name, inputs, outputs, f32)                                               \
+    EW_BW_LAUNCHER(name, inputs, outputs, f16)                                               \
+    EW_BW_LAUNCHER(name, inputs, outputs, bf16)                                              \
+    EW_BW_LAUNCHER(name, inputs, outputs, f64)
+#include "../grads.def"
+#undef EW_GRAD
+
+/* rmse_backward: grad_a = (a - b) s, s = grad / (n r) per batch (in the compute type), grad_b =
+ * -grad_a; batch (o, j) of the [outer][n][inner] view. */
+#define EW_BW_RMSE_LAUNCHER(dt)                                                              \
+    static int ew_cpu_rmse_backward_##dt(const void *argp)                                   \
+    {                                                                                        \
+        const ew_rmse_grad_args *p = (const ew_rmse_grad_args *)argp;                        \
+        typedef EW_BW(dt, ST) st_t;                                                          \
+        typedef EW_BW(dt, CT) ct_t;                                                          \
+        typedef EW_BW(dt, CT) rt_t; /* grad and r: float, or double for float64 */           \
+        const st_t *a = (const st_t *)p->a, *b = (const st_t *)p->b;                         \
+        const rt_t *g = (const rt_t *)p->grad, *r = (const rt_t *)p->r;                      \
+        st_t *o1 = (st_t *)p->out, *o2 = (st_t *)p->out2;                                    \
+        const int64_t outer = p->outer, n = p->n, inner = p->inner;                          \
+        if (outer < 0 || n < 0 || inner < 0 || (!o1 && !o2))                                 \
+            return EINVAL;                                                                   \
+        EW_BW_PARALLEL_IF(outer * n * inner >= EW_BW_PAR_MIN)                                \
+        for (int64_t o = 0; o < outer; o++)                                                  \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                for (int64_t j = 0; j < inner; j++) {                                        \
+                    const int64_t e = (o * n + i) * inner + j, q = o * inner + j;            \
+                    const ct_t s = g[q] / ((ct_t)n * r[q]);                                  \
+                    const ct_t d = (EW_BW(dt, LD)(a[e]) - EW_BW(dt, LD)(b[e])) * s;          \
+                    if (o1)                                                                  \
+                        o1[e] = EW_BW(dt, SV)(d);                                            \
+                    if (o2)                                                                  \
+                        o2[e] = EW_BW(dt, SV)(-d);                                           \
+                }                                                                            \
+        return 0;                                                                            \
+    }
+EW_BW_RMSE_LAUNCHER(f32)
+EW_BW_RMSE_LAUNCHER(f16)
+EW_BW_RMSE_LAUNCHER(bf16)
+EW_BW_RMSE_LAUNCHER(f64)
+
+#define EW_BW_ABOUT "one loop reading each array once and writing each gradient once (OpenMP from 2^14 elements)"
+#define EW_BW_ROW(name, dt) {#name, "auto", EW_BW(dt, ENUM), ew_cpu_##name##_##dt, NULL, 0, EW_BW_ABOUT},
+
+static const ew_kernel ew_cpu_backward_rows[] = {
+#define EW_GRAD(name, args, inputs, outputs, scalars, def, acc)                              \
+    EW_BW_ROW(name, f32) EW_BW_ROW(name, f16) EW_BW_ROW(name, bf16) EW_BW_ROW(name, f64)
+#include "../grads.def"
+#undef EW_GRAD
+#define EW_BW_RMSE_ROW(dt) {"rmse_backward", "auto", EW_BW(dt, ENUM), ew_cpu_rmse_backward_##dt, NULL, 0, \
+    "one pass over a and b, the per-batch scale grad / (n r) formed once per element"},
+    EW_BW_RMSE_ROW(f32) EW_BW_RMSE_ROW(f16) EW_BW_RMSE_ROW(bf16) EW_BW_RMSE_ROW(f64)
+};
+
+const ew_kernel *ew_cpu_backward_table(int *count)
+{
+    *count = (int)(sizeof ew_cpu_backward_rows / sizeof ew_cpu_backward_rows[0]);
+    return ew_cpu_backward_rows;
+}

@@ -1,0 +1,139 @@
+/*
+ * elementwise_launch.cuh: the default path's launch rule, host code shared by the kernel files that
+ * launch auto's kernels (elementwise_auto.cu for ops.def's ops, elementwise_backward.cu for
+ * grads.def's): the block size, the kernel parameters of a launch (op_args), and auto_plan, which
+ * picks the vectors per thread, the grid and the PDL prefetch from the device's waves. Each file
+ * instantiates its own kernels; the rule is written once, here.
+ */
+#ifndef EWKERN_ELEMENTWISE_LAUNCH_CUH
+#define EWKERN_ELEMENTWISE_LAUNCH_CUH
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "ewkern_kernels.h"
+#include "elementwise_common.cuh"
+#include "elementwise_kernel.cuh"
+
+namespace ewk {
+
+static const int kAutoBlock = 256;
+
+template <class T> static T host_round(double x);
+template <> inline float host_round<float>(double x) { return float(x); }
+template <> inline double host_round<double>(double x) { return x; }
+template <> inline half_t host_round<half_t>(double x) { return __double2half(x); }
+template <> inline bf16_t host_round<bf16_t>(double x) { return __double2bfloat16(x); }
+
+template <class T>
+static OpArgs<T> op_args(const ew_args *a)
+{
+    typedef typename Compute<T>::type C;
+    OpArgs<T> p;
+    p.prefetch = 0;
+    p.s0 = C(a->scalar[0]);
+    p.s1 = C(a->scalar[1]);
+    p.v = host_round<T>(a->scalar[0]);
+    unsigned char bytes[16];
+    for (int k = 0; k < 16; k += int(sizeof(T)))
+        memcpy(bytes + k, &p.v, sizeof(T));
+    memcpy(&p.pattern, bytes, 16);
+    return p;
+}
+
+/* auto: VPT, the vectors per thread, from the waves W = vectors / (SMs x resident threads) of the
+ * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
+ * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
+ * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
+ * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * block more than others (measured slower). Under PDL each thread prefetches its first vector
+ * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves.
+ * Measurements: ELEMENTWISE_NOTES.md. */
+/* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
+ * for measuring the rule above, not for users. */
+static int forced_vpt()
+{
+    static const int v = [] {
+        const char *e = getenv("EWKERN_AUTO_VPT");
+        const int x = e ? atoi(e) : 0;
+        return (x == 1 || x == 2 || x == 4) ? x : 0;
+    }();
+    return v;
+}
+
+/* EWKERN_PDL_PREFETCH=none|wave|all (read once): which blocks of a PDL launch prefetch their first
+ * vector's lines before the wait; a knob for measuring the rule in run_fast, not for users. */
+enum PrefetchRule { PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
+static PrefetchRule prefetch_rule()
+{
+    static const PrefetchRule r = [] {
+        const char *e = getenv("EWKERN_PDL_PREFETCH");
+        if (e && !strcmp(e, "none"))
+            return PREFETCH_NONE;
+        if (e && !strcmp(e, "all"))
+            return PREFETCH_ALL;
+        return PREFETCH_WAVE;
+    }();
+    return r;
+}
+
+/* The vectors per thread (1, 2 or 4), the grid and the prefetch of one auto launch. */
+struct AutoPlan {
+    int vpt;
+    int64_t grid;
+    int prefetch;
+};
+
+/* nvec 16-byte vectors and nedge head/tail elements; wave1: the threads of one wave of the 1-vector
+ * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
+ * fill: a write-only op; heavy16: libm-class math on 16-bit elements. */
+template <class Wave4>
+static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
+                          bool heavy16, Wave4 wave4)
+{
+    int vpt = 1;
+    if (!i32) {
+        vpt = 1; /* the 64-bit instance takes 1 vector per thread */
+    } else if (const int forced = forced_vpt()) {
+        vpt = forced;
+    } else if (fill) {
+        /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
+         * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
+        vpt = nvec > wave1 ? 2 : 1;
+    } else if (heavy16) {
+        /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
+         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
+        vpt = nvec > 32 * wave1 ? 2 : 1;
+    } else if (nvec > wave1 && nvec <= 2 * wave1) {
+        vpt = 2;
+    } else if (nvec > 2 * wave1 && nvec <= 4 * wave1) {
+        const int64_t w4 = wave4();
+        if (nvec <= w4 && 100 * nvec >= 85 * w4 && !pdl)
+            vpt = 4;
+    }
+    const int64_t per_block = int64_t(vpt) * block;
+    int64_t grid = ceil_div(nvec, per_block);
+    if (grid < 1)
+        grid = 1;
+    /* the last block's last nedge threads must own no vector */
+    if ((grid - 1) * per_block + (block - nedge) < nvec)
+        grid += 1;
+    int prefetch = 0;
+    if (pdl) {
+        /* only blocks that can be resident before the previous kernel ends have a wait to hide a
+         * prefetch behind: the first wave (later blocks would issue it and load at once) */
+        const PrefetchRule r = prefetch_rule();
+        const int64_t wave_blocks = wave1 / block;
+        prefetch = r == PREFETCH_NONE ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
+    }
+    return AutoPlan{vpt, grid, prefetch};
+}
+
+} /* namespace ewk */
+
+#endif /* EWKERN_ELEMENTWISE_LAUNCH_CUH */

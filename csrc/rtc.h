@@ -1,0 +1,36 @@
+/*
+ * rtc.h: the C entries behind ewkern.ElementwiseKernel / ewkern.ReductionKernel (ewkern/rtc/).
+ * The code generation, NVRTC and the C-compiler backend live in Python; these entries give it
+ * what only the C side has: views of DLPack producers (with the stream handshake and the stream
+ * rule of every ewkern op), results allocated in the first input's framework, and, in CUDA builds,
+ * loading a compiled image (CUBIN or PTX) and launching one of its kernels on a stream.
+ *
+ * Floor 4 (see state.h), beside ops: calls dlpack, dtype, device and state. module.c's method table
+ * takes them with one line: EW_RTC_METHODS.
+ */
+#ifndef EWKERN_RTC_H
+#define EWKERN_RTC_H
+
+#include "device.h"
+#include "dlpack.h"
+#include "state.h"
+
+PyObject *ew_rtc_views(PyObject *module, PyObject *args);
+PyObject *ew_rtc_result(PyObject *module, PyObject *args);
+PyObject *ew_rtc_load(PyObject *module, PyObject *args);
+PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
+
+#define EW_RTC_METHODS \
+    {"_rtc_views", (PyCFunction)ew_rtc_views, METH_VARARGS, \
+     "_rtc_views(objs, names, /)\n--\n\nFor run-time kernels: ((ptr, dtype, device, shape), ...), stream, for " \
+     "C-contiguous DLPack arrays, taken as ewkern's ops take them (the stream of the first array's framework)."}, \
+    {"_rtc_result", (PyCFunction)ew_rtc_result, METH_VARARGS, \
+     "_rtc_result(like, dtype, shape, /)\n--\n\nAn uninitialised result in like's framework and device."}, \
+    {"_rtc_load", (PyCFunction)ew_rtc_load, METH_VARARGS, \
+     "_rtc_load(image, name, device, /)\n--\n\nLoad a CUBIN/PTX image (cudaLibraryLoadData) on device and return " \
+     "the handle of its kernel `name` (cudaLibraryGetKernel)."}, \
+    {"_rtc_launch", (PyCFunction)ew_rtc_launch, METH_VARARGS, \
+     "_rtc_launch(kernel, grid, block, params, device, stream, pdl, /)\n--\n\nLaunch a loaded kernel whose one " \
+     "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."},
+
+#endif /* EWKERN_RTC_H */

@@ -1,0 +1,318 @@
+"""T1: training steps. Forward + backward of every differentiable op, ewkern.torch against torch.
+
+One step is what a training loop runs for one op: y = op(inputs); grads = autograd.grad(y,
+inputs, g) with a fresh gradient for every input (no accumulation into .grad). Three ways, on the
+same inputs and incoming gradient g:
+
+  ewkern.torch     ewkern.torch.<op> (eager: its torch.autograd.Function, the forward kernel and
+                   one backward kernel from csrc/grads.def)
+  torch eager      torch's own op (torch.nn.functional.gelu/silu, torch.exp, ...)
+  torch.compile    torch.compile(torch's op), its forward and backward graphs by Inductor
+
+timed as the peers are (frameworks.time_calls) in two methods:
+  back-to-back     K steps captured into one CUDA graph, inputs rotated through >= 4x the L2
+  single           one eager step, L2 flushed, queued behind a sleep kernel
+and, for ewkern.torch and torch eager, the host-visible time of one step (events around one eager
+step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` sees when the GPU
+waits for the host).
+
+Plus one step of a small MLP, Linear(d, 4d) -> gelu -> Linear(4d, d) -> rmse loss against a
+target (mean over the batch), forward + backward of every parameter, with ewkern.torch's gelu and
+rmse and with torch's. Bytes per step (for GB/s) are the traffic of one forward and one backward
+kernel at one read or write per array: forward inputs + output, backward grad + saved + gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from .common import md_table
+from .timing import Skip
+from .units import fmt_bytes
+
+NAME = "train"
+TITLE = "Training steps: forward + backward, ewkern.torch vs torch eager and torch.compile"
+DESCRIPTION = ("forward + backward of every differentiable op x float32/float16/bfloat16 x sizes and an MLP step, "
+               "ewkern.torch vs torch eager and torch.compile, back-to-back and single step")
+PAPER = "(issue 20)"
+NEEDS_REFERENCE = False
+
+
+def _ops_arg(text):
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default every differentiable op)")),
+        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16)")),
+        ("--train-sizes", dict(type=_ops_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
+                                                                    "1MiB-1GiB, quick 4MiB,64MiB; CPU 1MiB)")),
+        ("--train-ways", dict(type=_ops_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
+                                                                  "(default all three)")),
+        ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host "
+                                                                        "(default all three; CPU: host clock)"))]
+
+WAYS = ("ewkern.torch", "torch eager", "torch.compile")
+METHODS = {"back-to-back": "rotate", "single": "flush"}
+METHOD_LABEL = {"back-to-back": "back-to-back (graph of K steps, inputs rotated)",
+                "single": "single step (L2 flushed, queued behind a sleep kernel)",
+                "host": "host-visible step (events around one eager step after a synchronize)"}
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "axpby")
+SCALARS = {"add_const": (0.25,), "mul_const": (1.5,), "axpby": (0.75, -1.25)}
+# what the forward saves for the backward and what the backward writes, in arrays of the op's size
+SAVED = {"copy": 0, "add": 0, "sub": 0, "add_const": 0, "mul_const": 0, "axpby": 0, "neg": 0}
+
+
+def _parse_size(text):
+    from .units import parse_bytes
+    return parse_bytes(text)
+
+
+def _torch_fn(torch, op):
+    F = torch.nn.functional
+    table = {"copy": lambda a: a.clone(), "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+             "maximum": torch.maximum, "minimum": torch.minimum, "add_const": lambda a, c: a + c,
+             "mul_const": lambda a, c: a * c, "axpby": lambda a, b, al, be: al * a + be * b, "neg": torch.neg,
+             "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+             "erf": torch.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": F.gelu,
+             "silu": F.silu,
+             "rmse": lambda a, b: torch.sqrt(((a.float() - b.float()) ** 2).mean(1))}
+    return table[op]
+
+
+def step_bytes(op, n, itemsize):
+    """Declared bytes of one forward + backward: forward reads its inputs and writes y; backward
+    reads g and what was saved and writes one gradient per input."""
+    nin = 2 if op in BINARY or op == "rmse" else 1
+    if op == "rmse":
+        return 2 * n * itemsize + 4 * n * itemsize    # forward reads a, b; backward reads a, b, writes 2
+    saved = SAVED.get(op, 2 if op in ("mul", "div", "maximum", "minimum") else 1)
+    fwd = (nin + 1) * n * itemsize
+    bwd = (1 + saved + nin) * n * itemsize
+    if op in ("copy", "add", "add_const"):
+        bwd = 0                                        # the gradient is g itself
+    return fwd + bwd
+
+
+def _step(torch, fn, ins, scalars, g):
+    def call():
+        y = fn(*ins, *scalars)
+        return torch.autograd.grad(y, ins, g)
+    return call
+
+
+def _make_inputs(torch, op, shape, dtype, device):
+    from .frameworks import op_inputs
+    src = "sub" if op == "rmse" else op
+    ins = [t.requires_grad_() for t in op_inputs("torch", src, shape, dtype, device)]
+    return ins
+
+
+def _ways(ctx, torch, op):
+    import ewkern.torch as ewt
+    want = ctx.opt("train_ways") or list(WAYS)
+    tfn = _torch_fn(torch, op)
+    out = {}
+    if "ewkern.torch" in want:
+        out["ewkern.torch"] = getattr(ewt, op)
+    if "torch eager" in want:
+        out["torch eager"] = tfn
+    if "torch.compile" in want and ctx.is_gpu:
+        # torch's ops compile through one wrapper code object, whose cache would hit the recompile
+        # limit after eight ops: a fresh cache for each op
+        torch._dynamo.reset()
+        out["torch.compile"] = torch.compile(tfn, dynamic=False)
+    return out
+
+
+def _host_visible(torch, call, samples=15):
+    """Median of events around one eager step, started right after a synchronize (no sleep kernel
+    to hide the host's launch work)."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(samples):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3)
+    return out
+
+
+def _params(ctx):
+    from ewkern.torch import DIFFERENTIABLE
+    small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
+    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else list(DIFFERENTIABLE))
+    dtypes = ctx.opt("train_dtypes") or (["float32"] if small else ["float32", "float16", "bfloat16"])
+    sizes = ctx.opt("train_sizes")
+    sizes = [_parse_size(s) for s in sizes] if sizes else ctx.pick(
+        "train_sizes_default", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
+        gpu_quick=[4 << 20, 64 << 20], cpu_full=[1 << 20], cpu_quick=[1 << 20])
+    methods = ctx.opt("train_methods") or (["back-to-back", "single", "host"] if ctx.is_gpu else ["back-to-back"])
+    return ops, dtypes, sizes, methods
+
+
+def _torch_ready(ctx):
+    try:
+        import torch
+    except ImportError:
+        raise Skip("torch is not installed") from None
+    if ctx.is_gpu and not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
+    try:
+        import ewkern.torch  # noqa: F401
+    except Exception as exc:
+        raise Skip(f"ewkern.torch cannot be imported: {type(exc).__name__}: {exc}") from None
+    return torch
+
+
+# A training step queues several kernels from Python (the forward, autograd's engine, the backward):
+# in the single-step method the sleep kernel holds the stream for this long, several times what any
+# of the ways takes to queue a step on the GPU machines (100-300 us measured), so that the step runs
+# as queued work. What the host's queueing costs is the "host" method's measurement.
+STEP_SPIN_US = 3000.0
+
+
+def _measure(ctx, xr, torch, what, build, method, fields):
+    if method == "host":
+        make_call = build()[0]
+        secs = _host_visible(torch, make_call())
+        med = statistics.median(secs)
+        xr.add({"what": what, "impl": "torch", "step_method": method, "method": METHOD_LABEL[method],
+                "time_s": med, "samples_s": secs, "gbs": fields["bytes"] / med / 1e9,
+                "cache": "warm (host-visible)", **fields})
+        return
+    xr.measure_peer(what=what, impl="torch", cache=METHODS[method], build=build, step_method=method,
+                    spin_us=STEP_SPIN_US, **fields)
+
+
+def run(ctx, xr):
+    torch = _torch_ready(ctx)
+    ops, dtypes, sizes, methods = _params(ctx)
+    dev = ctx.device
+    xr.param(ops=ops, dtypes=dtypes, sizes=sizes, methods=methods, torch=torch.__version__,
+             method_labels={m: METHOD_LABEL[m] for m in methods})
+    cells = [(op, dt, sz) for op in ops for dt in dtypes for sz in sizes]
+    bar = xr.progress(len(cells) + 1)
+    for op, dtype, size in cells:
+        itemsize = 2 if dtype in ("float16", "bfloat16") else (8 if dtype == "float64" else 4)
+        n = size // itemsize
+        shape = (n // 1024, 1024) if op == "rmse" else (n,)
+        sc = SCALARS.get(op, ())
+        nbytes = step_bytes(op, n, itemsize)
+        nin = 2 if op in BINARY or op == "rmse" else 1
+        for way, fn in _ways(ctx, torch, op).items():
+            def build(fn=fn):
+                def make_call():
+                    ins = _make_inputs(torch, op, shape, dtype, dev)
+                    y = fn(*ins, *sc)
+                    g = torch.randn_like(y)
+                    return _step(torch, fn, ins, sc, g)
+                return make_call, (nin * 3 + 2) * size, nbytes, 0
+            for method in methods:
+                if method == "host" and (way == "torch.compile" or not ctx.is_gpu):
+                    continue
+                _measure(ctx, xr, torch, f"{op} {dtype} {fmt_bytes(size)} {way} {method}", build, method,
+                         dict(op=op, dtype=dtype, size_bytes=size, n=n, series=way, bytes=nbytes))
+        bar.step(f"{op} {dtype} {fmt_bytes(size)}")
+    _mlp(ctx, xr, torch, methods)
+    bar.close()
+
+
+def _mlp(ctx, xr, torch, methods):
+    """One training step of Linear -> gelu -> Linear -> rmse loss, ewkern.torch's gelu and rmse
+    against torch's, float32 and bfloat16."""
+    import ewkern.torch as ewt
+    F = torch.nn.functional
+    dev = ctx.device
+    batch, d = (4096, 1024) if ctx.is_gpu else (256, 128)
+
+    def loss_ewkern(x, t, w1, w2):
+        return ewt.rmse(ewt.gelu(x @ w1) @ w2, t).mean()
+
+    def loss_torch(x, t, w1, w2):
+        y = F.gelu(x @ w1) @ w2
+        return torch.sqrt(((y.float() - t.float()) ** 2).mean(1)).mean()
+    for dtype in ("float32", "bfloat16"):
+        tdt = getattr(torch, dtype)
+        for way, lf in (("ewkern.torch", loss_ewkern), ("torch eager", loss_torch)):
+            def build(lf=lf):
+                def make_call():
+                    gen = torch.Generator(device=dev).manual_seed(5)
+                    x = torch.randn(batch, d, device=dev, generator=gen).to(tdt)
+                    t = torch.randn(batch, d, device=dev, generator=gen).to(tdt)
+                    w1 = (torch.randn(d, 4 * d, device=dev, generator=gen) / math.sqrt(d)).to(tdt).requires_grad_()
+                    w2 = (torch.randn(4 * d, d, device=dev, generator=gen) / math.sqrt(4 * d)).to(tdt).requires_grad_()
+                    return lambda: torch.autograd.grad(lf(x, t, w1, w2), (w1, w2))
+                return make_call, (2 * batch * d + 8 * d * d) * (2 if dtype == "bfloat16" else 4), 0, 0
+            for method in methods:
+                if method == "host" and not ctx.is_gpu:
+                    continue
+                _measure(ctx, xr, torch, f"mlp {dtype} {way} {method}", build, method,
+                         dict(op="mlp", dtype=dtype, size_bytes=batch * d * 4, n=batch * d, series=way, bytes=0))
+
+
+# --- reading the results --------------------------------------------------------------------------
+
+def ratios(ms, method, base="torch eager"):
+    """{(op, dtype, size): ewkern.torch speed / base speed} for one method."""
+    t = {(m["op"], m["dtype"], m["size_bytes"], m["series"]): m["time_s"] for m in ms
+         if m.get("step_method") == method and m.get("time_s")}
+    out = {}
+    for (op, dt, sz, way), secs in t.items():
+        if way == "ewkern.torch" and (op, dt, sz, base) in t:
+            out[(op, dt, sz)] = t[(op, dt, sz, base)] / secs
+    return out
+
+
+def figures(results, exp):
+    import matplotlib.pyplot as plt
+    ms = exp["measurements"]
+    figs = []
+    methods = list(dict.fromkeys(m.get("step_method") for m in ms))
+    for method in methods:
+        r = ratios(ms, method)
+        if not r:
+            continue
+        ops = list(dict.fromkeys(k[0] for k in r))
+        fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(ops)), 3.6))
+        dts = list(dict.fromkeys(k[1] for k in r))
+        width = 0.8 / max(len(dts), 1)
+        for j, dt in enumerate(dts):
+            worst = [min((v for k, v in r.items() if k[0] == op and k[1] == dt), default=float("nan")) for op in ops]
+            ax.bar([i + j * width for i in range(len(ops))], worst, width, label=dt)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ops))], ops, rotation=60, ha="right")
+        ax.set_ylabel("ewkern.torch / torch eager speed\n(worst size)")
+        ax.set_title(f"{results.get('device_name') or results.get('device')}: forward + backward, "
+                     f"{METHOD_LABEL.get(method, method)}", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs.append((f"train_{method.replace('-', '_')}", fig))
+    return figs
+
+
+def summary(results, exp):
+    ms = exp["measurements"]
+    text = []
+    for method in dict.fromkeys(m.get("step_method") for m in ms):
+        r = ratios(ms, method)
+        rc = ratios(ms, method, base="torch.compile")
+        if not r:
+            continue
+        rows = []
+        for op in dict.fromkeys(k[0] for k in r):
+            for dt in dict.fromkeys(k[1] for k in r if k[0] == op):
+                cells = {k[2]: v for k, v in r.items() if k[0] == op and k[1] == dt}
+                cc = [v for k, v in rc.items() if k[0] == op and k[1] == dt]
+                rows.append([op, dt, f"{min(cells.values()):.2f}", f"{statistics.median(cells.values()):.2f}",
+                             f"{min(cc):.2f}" if cc else "-",
+                             " ".join(f"{fmt_bytes(s)}:{v:.2f}" for s, v in sorted(cells.items()))])
+        below = sum(1 for v in r.values() if v < 0.99)
+        text.append(f"### {METHOD_LABEL.get(method, method)}\n\n{below} of {len(r)} cells below 0.99 of torch eager.\n\n" +
+                    md_table(["op", "dtype", "worst vs eager", "median vs eager", "worst vs compile", "by size"], rows))
+    return "\n\n".join(text)

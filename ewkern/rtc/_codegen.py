@@ -1,0 +1,477 @@
+"""Source generation for run-time kernels: one C++ body, two backends.
+
+The user's operation runs once per loop index ``i`` with every non-raw parameter as a local of
+its compute type (float for float16/bfloat16, loaded and rounded back to nearest even on the
+store), raw parameters as ``ewrtc::Raw`` views (``y[k]``, ``y.size()``, ``y.shape()[d]``) and
+``_ind.size()`` the loop size. The same body is compiled
+
+- for the CPU (``cpu_*``): an ``extern "C"`` function over the whole loop (OpenMP when the
+  compiler has it), built by the system C++ compiler;
+- for CUDA (``cuda_*``): a grid-stride ``extern "C" __global__`` kernel with a 64-bit index that
+  waits for the previous kernel under programmatic dependent launch (the fallback kernel), or,
+  for kernels the default path's template can express, an ``Op_user`` functor for
+  ``ew_fast`` in csrc/cuda/elementwise_kernel.cuh (``cuda_fast_source``).
+
+Each kernel takes one by-value parameter, a struct whose fields ``fields()`` lists once: the
+generator writes it as C++ and ``_kernel.py`` builds the same layout with ctypes.
+User code is placed under ``#line`` directives, so compiler messages name the kernel and the line
+of its operation.
+"""
+from __future__ import annotations
+
+import re
+
+from ._params import DTYPES
+
+PRELUDE = r"""
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define EWRTC_FN __device__ __forceinline__
+#define EWRTC_M __device__ __forceinline__
+#define EWRTC_CUDA 1
+#else
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#define EWRTC_FN static inline
+#define EWRTC_M inline
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define EWRTC_CUDA 0
+using std::exp; using std::log; using std::sqrt; using std::erf; using std::erfc; using std::tanh;
+using std::sin; using std::cos; using std::tan; using std::pow; using std::fabs; using std::abs;
+using std::floor; using std::ceil; using std::round; using std::fmax; using std::fmin; using std::fma;
+using std::exp2; using std::log2; using std::log10; using std::log1p; using std::expm1; using std::isnan;
+using std::isinf; using std::isfinite; using std::atan2; using std::sinh; using std::cosh; using std::asin;
+using std::acos; using std::atan; using std::cbrt; using std::trunc; using std::rint; using std::fmod;
+using std::hypot; using std::copysign;
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+static inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+/* CUDA's max/min: fmax/fmin on floating point (a NaN operand gives the other), < on integers */
+static inline float max(float a, float b) { return std::fmax(a, b); }
+static inline double max(double a, double b) { return std::fmax(a, b); }
+static inline float min(float a, float b) { return std::fmin(a, b); }
+static inline double min(double a, double b) { return std::fmin(a, b); }
+template <class A, class B> static inline auto max(A a, B b) -> decltype(a + b) { return a < b ? b : a; }
+template <class A, class B> static inline auto min(A a, B b) -> decltype(a + b) { return b < a ? b : a; }
+#endif
+typedef long long ptrdiff_t_ewrtc;
+namespace ewrtc {
+struct half_bits { unsigned short v; };
+struct bf16_bits { unsigned short v; };
+EWRTC_FN unsigned fbits(float f)
+{
+#if EWRTC_CUDA
+    return __float_as_uint(f);
+#else
+    unsigned u; std::memcpy(&u, &f, 4); return u;
+#endif
+}
+EWRTC_FN float bitsf(unsigned u)
+{
+#if EWRTC_CUDA
+    return __uint_as_float(u);
+#else
+    float f; std::memcpy(&f, &u, 4); return f;
+#endif
+}
+/* IEEE binary16 <-> float, round to nearest even (the CPU's software form; on the GPU cvt) */
+EWRTC_FN float h2f(unsigned short h)
+{
+#if EWRTC_CUDA
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#else
+    const unsigned sign = (unsigned)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) { const float f = (float)m * (1.0f / 16777216.0f); return sign ? -f : f; }
+    if (e == 31) return bitsf(sign | 0x7f800000u | (m << 13));
+    return bitsf(sign | ((e + 112u) << 23) | (m << 13));
+#endif
+}
+EWRTC_FN unsigned short f2h(float f)
+{
+#if EWRTC_CUDA
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
+    const unsigned x = fbits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (unsigned short)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+    if (ax >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+    if (ax < 0x38800000u) return (unsigned short)(sign | (unsigned)std::nearbyint(bitsf(ax) * 16777216.0f));
+    unsigned hv = ((((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13));
+    const unsigned rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (hv & 1u))) hv++;
+    return (unsigned short)(sign | hv);
+#endif
+}
+EWRTC_FN float b2f(unsigned short b) { return bitsf((unsigned)b << 16); }
+EWRTC_FN unsigned short f2b(float f)
+{
+    const unsigned x = fbits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+EWRTC_FN float ld(const half_bits *p) { return h2f(p->v); }
+EWRTC_FN float ld(const bf16_bits *p) { return b2f(p->v); }
+template <class S> EWRTC_FN S ld(const S *p) { return *p; }
+EWRTC_FN void st(half_bits *p, float v) { p->v = f2h(v); }
+EWRTC_FN void st(bf16_bits *p, float v) { p->v = f2b(v); }
+template <class S, class V> EWRTC_FN void st(S *p, V v) { *p = (S)v; }
+/* an element of a raw 16-bit array: reads convert to float, writes round */
+template <class S, class C> struct Ref {
+    S *p;
+    EWRTC_M operator C() const { return ld(p); }
+    EWRTC_M Ref &operator=(C v) { st(p, v); return *this; }
+    EWRTC_M Ref &operator=(const Ref &o) { st(p, (C)o); return *this; }
+    EWRTC_M Ref &operator+=(C v) { st(p, ld(p) + v); return *this; }
+    EWRTC_M Ref &operator-=(C v) { st(p, ld(p) - v); return *this; }
+    EWRTC_M Ref &operator*=(C v) { st(p, ld(p) * v); return *this; }
+    EWRTC_M Ref &operator/=(C v) { st(p, ld(p) / v); return *this; }
+};
+/* a raw parameter: C-contiguous, indexed by its flat (row-major) element index */
+template <class S, class C> struct Raw {
+    S *p; long long n; int nd; const long long *shp;
+    EWRTC_M long long size() const { return n; }
+    EWRTC_M int ndim() const { return nd; }
+    EWRTC_M const long long *shape() const { return shp; }
+    EWRTC_M Ref<S, C> operator[](long long k) const { return Ref<S, C>{p + k}; }
+};
+template <class S> struct Raw<S, S> {
+    S *p; long long n; int nd; const long long *shp;
+    EWRTC_M long long size() const { return n; }
+    EWRTC_M int ndim() const { return nd; }
+    EWRTC_M const long long *shape() const { return shp; }
+    EWRTC_M S &operator[](long long k) const { return p[k]; }
+};
+struct Ind {
+    long long n;
+    EWRTC_M long long size() const { return n; }
+};
+} /* namespace ewrtc */
+"""
+
+_IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+
+
+def identifiers(code: str) -> set[str]:
+    """The identifiers in code (string and character literals and comments are not removed: a
+    conservative answer for deciding what the code may use)."""
+    return set(_IDENT.findall(code))
+
+
+class Layout:
+    """The argument struct of one compiled instance. mode is 'contig' (every non-raw array is
+    C-contiguous over the whole loop: element i is at i * itemsize) or 'strided' (ndim dims with
+    byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
+    'scalar' | 'raw', raw ndim)."""
+
+    def __init__(self, mode: str, ndim: int, args):
+        self.mode = mode
+        self.ndim = max(ndim, 1)
+        self.args = tuple(args)
+
+    def fields(self):
+        """(C++ type, field name, ctypes code, count): the struct's fields in order; count 0 is a
+        plain field, count >= 1 an array of that many."""
+        f = [("long long", "size", "q", 0), ("long long", "shape", "q", self.ndim)]
+        for p, dt, kind, rnd in self.args:
+            if kind == "scalar":
+                f.append((DTYPES[dt][1], "s_" + p.name, "scalar:" + dt, 0))
+            elif kind == "array":
+                f.append(("char *", "p_" + p.name, "P", 0))
+                if self.mode == "strided":
+                    f.append(("long long", "st_" + p.name, "q", self.ndim))
+            else:
+                f.append(("char *", "p_" + p.name, "P", 0))
+                f.append(("long long", "n_" + p.name, "q", 0))
+                f.append(("long long", "shp_" + p.name, "q", max(rnd, 1)))
+        return f
+
+    def key(self):
+        return (self.mode, self.ndim, tuple((p.name, dt, kind, rnd) for p, dt, kind, rnd in self.args))
+
+
+def struct_source(name: str, layout: Layout) -> str:
+    lines = [f"struct {name} {{"]
+    for ctype, field, _, count in layout.fields():
+        lines.append(f"    {ctype} {field}{'[%d]' % count if count else ''};")
+    lines.append("};")
+    return "\n".join(lines)
+
+
+def typedefs(type_map, in_params, in_types, out_params, out_types) -> str:
+    out = []
+    for letter, dt in type_map:
+        out.append(f"typedef {DTYPES[dt][1]} {letter};")
+    for k, (p, dt) in enumerate(zip(in_params, in_types)):
+        out.append(f"typedef {DTYPES[dt][1]} in{k}_type;")
+    for k, (p, dt) in enumerate(zip(out_params, out_types)):
+        out.append(f"typedef {DTYPES[dt][1]} out{k}_type;")
+    return "\n".join(out)
+
+
+class Source:
+    """Accumulates generated lines; `here()` is the #line value for resuming the generated file."""
+
+    def __init__(self, filename: str):
+        self.lines: list[str] = []
+        self.filename = filename
+
+    def add(self, text: str) -> None:
+        self.lines.extend(text.split("\n"))
+
+    def user(self, code: str, kernel: str, what: str, end: str = "") -> None:
+        """code under `#line 1 "<kernel>: <what>"`, then `end` (CuPy puts ';' after a statement)."""
+        self.lines.append(f'#line 1 "{kernel}: {what}"')
+        self.lines.extend((code + end).split("\n"))
+        self.lines.append(f'#line {len(self.lines) + 2} "{self.filename}"')
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") -> None:
+    """Byte offsets off_<name> of element `index` of each array param."""
+    if layout.mode == "contig":
+        for p, dt, kind, _ in arrays:
+            src.add(f"        const long long off_{p.name}{suffix} = ({index}) * {DTYPES[dt][2]}LL;")
+        return
+    for p, dt, kind, _ in arrays:
+        src.add(f"        long long off_{p.name}{suffix} = 0;")
+    src.add(f"        {{ long long _r = {index};")
+    src.add(f"          for (int _d = {layout.ndim - 1}; _d >= 0; --_d) {{")
+    src.add("            const long long _n = P.shape[_d], _c = _r % _n; _r /= _n;")
+    for p, dt, kind, _ in arrays:
+        src.add(f"            off_{p.name}{suffix} += _c * P.st_{p.name}[_d];")
+    src.add("          } }")
+
+
+def _loads(src: Source, layout: Layout) -> list:
+    """Declare every parameter for the body; returns the outputs to store afterwards."""
+    stores = []
+    for p, dt, kind, rnd in layout.args:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        if kind == "scalar":
+            src.add(f"        const {C} {p.name} = P.s_{p.name};")
+        elif kind == "array":
+            q = "" if p.is_output else "const "
+            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)(P.p_{p.name} + off_{p.name}));")
+            if p.is_output:
+                stores.append((p, S))
+        else:
+            src.add(f"        const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)P.p_{p.name}, P.n_{p.name}, {max(rnd, 1)}, "
+                    f"P.shp_{p.name}}};")
+    return stores
+
+
+def elementwise_source(backend: str, name: str, layout: Layout, operation: str, preamble: str, loop_prep: str,
+                       after_loop: str, tdefs: str) -> tuple[str, str]:
+    """(source, entry symbol) of an elementwise kernel for backend 'cpu' or 'cuda'."""
+    fname = f"{name}.{'cpp' if backend == 'cpu' else 'cu'}"
+    entry = f"ewrtc_{name}"
+    src = Source(fname)
+    src.add(PRELUDE)
+    src.add(tdefs)
+    src.add(struct_source("ewrtc_params", layout))
+    if preamble:
+        src.user(preamble, name, "preamble")
+    arrays = [a for a in layout.args if a[2] == "array"]
+    if backend == "cpu":
+        src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
+        src.add("{")
+        src.add("    const ewrtc_params &P = *P_;")
+        src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+        if loop_prep:
+            src.user(loop_prep, name, "loop_prep", ";")
+        src.add("#ifdef _OPENMP")
+        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+        src.add("#endif")
+        src.add("    for (long long i = 0; i < P.size; ++i) {")
+    else:
+        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
+        src.add("{")
+        src.add("#if __CUDA_ARCH__ >= 900")
+        src.add('    asm volatile("griddepcontrol.wait;" ::: "memory");')
+        src.add('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
+        src.add("#endif")
+        src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+        if loop_prep:
+            src.user(loop_prep, name, "loop_prep", ";")
+        src.add("    const long long _stride = (long long)gridDim.x * blockDim.x;")
+        src.add("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < P.size; i += _stride) {")
+    _offsets(src, layout, "i", arrays)
+    stores = _loads(src, layout)
+    src.add("        {")
+    src.user(operation, name, "operation", ";")
+    src.add("        }")
+    for p, S in stores:
+        src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+    src.add("    }")
+    if after_loop:
+        src.user(after_loop, name, "after_loop", ";")
+    src.add("}")
+    return src.text(), entry
+
+
+def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Layout, red_size_field: bool,
+                     map_expr: str, reduce_expr: str, post_map_expr: str, identity: str | None,
+                     reduce_ctype: str, preamble: str, tdefs: str, block: int = 256) -> tuple[str, str]:
+    """(source, entry) of a reduction. The loop runs over out_size * red_size input elements in
+    the order (output o, reduced r); in_layout is strided over the inputs' broadcast shape with
+    the reduced axes moved last, out_layout over the outputs. The CPU reduces each output
+    sequentially in r order; CUDA gives each output one block whose threads stride over r and
+    combine in a fixed tree, so results are deterministic on both (they may differ in rounding
+    from each other)."""
+    fname = f"{name}.{'cpp' if backend == 'cpu' else 'cu'}"
+    entry = f"ewrtc_{name}"
+    src = Source(fname)
+    src.add(PRELUDE)
+    src.add(tdefs)
+    src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
+    src.add(struct_source("ewrtc_in", in_layout))
+    src.add(struct_source("ewrtc_out", out_layout))
+    src.add("struct ewrtc_params { ewrtc_in in; ewrtc_out out; long long red_size; };")
+    if preamble:
+        src.user(preamble, name, "preamble")
+    arrays = [a for a in in_layout.args if a[2] == "array"]
+    outs = [a for a in out_layout.args if a[2] == "array"]
+
+    def map_step(src, acc, first_flag):
+        src.add("            const ewrtc_in &P = PP.in;")
+        _offsets(src, in_layout, "o * PP.red_size + r", arrays)
+        _loads(src, in_layout)
+        src.add("            type_reduce _m = (type_reduce)(")
+        src.user(map_expr, name, "map_expr")
+        src.add("            );")
+        if first_flag:
+            src.add(f"            if ({first_flag}) {{ {acc} = _m; {first_flag} = false; continue; }}")
+        src.add(f"            {{ const type_reduce a = {acc}, b = _m; {acc} = (type_reduce)(")
+        src.user(reduce_expr, name, "reduce_expr")
+        src.add("            ); }")
+
+    def post(src, acc):
+        src.add("        {")
+        src.add("            const ewrtc_out &P = PP.out;")
+        _offsets(src, out_layout, "o", outs)
+        stores = _loads(src, out_layout)
+        src.add("            const ewrtc::Ind _in_ind = {PP.in.size}, _out_ind = {PP.out.size};")
+        src.add("            (void)_in_ind; (void)_out_ind;")
+        src.add(f"            const type_reduce a = {acc};")
+        src.add("            {")
+        src.user(post_map_expr, name, "post_map_expr", ";")
+        src.add("            }")
+        for p, S in stores:
+            src.add(f"            ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+        src.add("        }")
+
+    if backend == "cpu":
+        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
+        src.add("{")
+        src.add("    const ewrtc_params &PP = *PP_;")
+        src.add("#ifdef _OPENMP")
+        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+        src.add("#endif")
+        src.add("    for (long long o = 0; o < PP.out.size; ++o) {")
+        if identity is None:
+            src.add("        type_reduce _acc = type_reduce(); bool _first = true;")
+        else:
+            src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+        src.add("        for (long long r = 0; r < PP.red_size; ++r) {")
+        map_step(src, "_acc", "_first" if identity is None else None)
+        src.add("        }")
+        post(src, "_acc")
+        src.add("    }")
+        src.add("}")
+        return src.text(), entry
+    if identity is None:
+        raise NotImplementedError(f"{name}: a ReductionKernel without identity has no CUDA version yet")
+    src.add(f'extern "C" __global__ void __launch_bounds__({block}) {entry}(const ewrtc_params PP)')
+    src.add("{")
+    src.add("#if __CUDA_ARCH__ >= 900")
+    src.add('    asm volatile("griddepcontrol.wait;" ::: "memory");')
+    src.add('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
+    src.add("#endif")
+    src.add(f"    __shared__ type_reduce _sh[{block}];")
+    src.add("    for (long long o = blockIdx.x; o < PP.out.size; o += gridDim.x) {")
+    src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+    src.add(f"        for (long long r = threadIdx.x; r < PP.red_size; r += {block}) {{")
+    map_step(src, "_acc", None)
+    src.add("        }")
+    src.add("        _sh[threadIdx.x] = _acc;")
+    src.add("        __syncthreads();")
+    src.add(f"        for (int _w = {block // 2}; _w > 0; _w >>= 1) {{")
+    src.add("            if ((int)threadIdx.x < _w) {")
+    src.add("                const type_reduce a = _sh[threadIdx.x], b = _sh[threadIdx.x + _w];")
+    src.add("                _sh[threadIdx.x] = (type_reduce)(")
+    src.user(reduce_expr, name, "reduce_expr")
+    src.add("                );")
+    src.add("            }")
+    src.add("            __syncthreads();")
+    src.add("        }")
+    src.add("        if (threadIdx.x == 0) {")
+    src.add("            const type_reduce _fin = _sh[0];")
+    post(src, "_fin")
+    src.add("        }")
+    src.add("        __syncthreads();")
+    src.add("    }")
+    src.add("}")
+    return src.text(), entry
+
+
+# ---- the default path's template (csrc/cuda/elementwise_kernel.cuh) --------------------------
+
+FAST_HEADER = "elementwise_kernel.cuh"
+_FAST_T = {"float32": "float", "float64": "double", "float16": "ewk::half_t", "bfloat16": "ewk::bf16_t"}
+
+
+def fast_eligible(in_params, in_kinds, in_types, out_params, out_types, operation: str, broadcast: bool,
+                  contiguous: bool) -> bool:
+    """Whether ew_fast's template can run this kernel: one non-raw output; one or two array
+    inputs and at most two scalars, all of the output's dtype (one of ewkern's four); no
+    broadcasting, every array contiguous, and an operation that does not use the index."""
+    if len(out_params) != 1 or out_params[0].raw or out_types[0] not in _FAST_T:
+        return False
+    arrays = [k for k, kind in enumerate(in_kinds) if kind == "array"]
+    scalars = [k for k, kind in enumerate(in_kinds) if kind == "scalar"]
+    if not 1 <= len(arrays) <= 2 or len(scalars) > 2 or any(kind == "raw" for kind in in_kinds):
+        return False
+    if any(in_types[k] != out_types[0] for k in arrays):
+        return False
+    if broadcast or not contiguous:
+        return False
+    return not (identifiers(operation) & {"i", "_ind"})
+
+
+def cuda_fast_source(name: str, in_params, in_kinds, in_types, out_param, out_type, operation: str,
+                     preamble: str, tdefs: str) -> tuple[str, list[str]]:
+    """Source that plugs the operation into ew_fast as `struct Op_user` and the name expressions
+    of its instances (32-bit index with 1, 2 and 4 vectors per thread, 64-bit index with 1): the
+    launcher picks one by the auto rules. Array inputs map to the functor's a and b, scalars to
+    s0 and s1 (in the compute type)."""
+    arrays = [p for p, k in zip(in_params, in_kinds) if k == "array"]
+    scalars = [p for p, k in zip(in_params, in_kinds) if k == "scalar"]
+    src = Source(f"{name}.cu")
+    src.add(f'#include "{FAST_HEADER}"')
+    src.add(tdefs)
+    if preamble:
+        src.user(preamble, name, "preamble")
+    src.add("struct Op_user {")
+    src.add(f"    enum {{ NIN = {len(arrays)}, KIND = ewk::KIND_COMPUTE }};")
+    src.add("    template <class C> __device__ __forceinline__ C operator()(C _a, C _b, C _s0, C _s1) const")
+    src.add("    {")
+    src.add("        (void)_a; (void)_b; (void)_s0; (void)_s1;")
+    for p, v in zip(arrays, ("_a", "_b")):
+        src.add(f"        const C {p.name} = {v};")
+    for p, v in zip(scalars, ("_s0", "_s1")):
+        src.add(f"        const C {p.name} = {v};")
+    src.add(f"        C {out_param.name} = C(0);")
+    src.add("        {")
+    src.user(operation, name, "operation", ";")
+    src.add("        }")
+    src.add(f"        return {out_param.name};")
+    src.add("    }")
+    src.add("};")
+    T = _FAST_T[out_type]
+    exprs = [f"ewk::ew_fast<Op_user, {T}, int, {v}, false>" for v in (1, 2, 4)]
+    exprs.append(f"ewk::ew_fast<Op_user, {T}, int64_t, 1, false>")
+    return src.text(), exprs

@@ -1,0 +1,674 @@
+"""ewkern.ElementwiseKernel and ewkern.ReductionKernel: CuPy's user-defined kernels on any
+DLPack arrays, compiled at run time (NVRTC for CUDA arrays, the system C++ compiler for CPU
+arrays). See the class docstrings."""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import struct
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _build, _codegen
+from ._params import DTYPES, EWKERN_DTYPES, Param, decide_types, parse_params
+
+_SCALARS = (bool, int, float, np.generic)
+_STORAGE_NP = {"bool": np.bool_, "float16": np.uint16, "bfloat16": np.uint16}
+_CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_bool, "signed char": ctypes.c_byte,
+           "short": ctypes.c_short, "int": ctypes.c_int, "long long": ctypes.c_longlong,
+           "unsigned char": ctypes.c_ubyte, "unsigned short": ctypes.c_ushort, "unsigned int": ctypes.c_uint,
+           "unsigned long long": ctypes.c_ulonglong}
+GIL_FREE_WORK = 1 << 16
+FALLBACK_BLOCK = 256
+
+
+def _C():
+    from .. import _C as c
+    return c
+
+
+# ---- operands ---------------------------------------------------------------------------------
+
+class _Arr:
+    """An array argument: logical dtype, shape, byte strides, data pointer, and for the CPU a
+    NumPy view of its storage (16-bit floats as uint16)."""
+    __slots__ = ("obj", "dtype", "shape", "strides", "ptr", "np", "device")
+
+    def __init__(self, obj, dtype, shape, strides, ptr, npv, device):
+        self.obj, self.dtype, self.shape, self.strides, self.ptr, self.np, self.device = \
+            obj, dtype, tuple(shape), tuple(strides), ptr, npv, device
+
+    def contiguous(self) -> bool:
+        expect = DTYPES[self.dtype][2]
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1 and s != expect:
+                return False
+            expect *= n
+        return True
+
+
+_NP_NAMES: dict = {}
+
+
+def _np_dtype_name(dt: np.dtype) -> str | None:
+    name = _NP_NAMES.get(dt)
+    if name is None:
+        name = dt.name if dt.name in DTYPES and dt.isnative else ""
+        _NP_NAMES[dt] = name
+    return name or None
+
+
+def _device_of(obj, kernel: str, what: str) -> str:
+    if isinstance(obj, np.ndarray):
+        return "cpu"
+    try:
+        t, i = obj.__dlpack_device__()
+    except AttributeError:
+        raise TypeError(f"{kernel}: {what} must be an array (a DLPack producer: numpy, torch, CuPy, ewkern) or a "
+                        f"scalar, got {type(obj).__name__}") from None
+    t = int(t)
+    if t in (1, 3):   # kDLCPU, kDLCUDAHost
+        return "cpu"
+    if t in (2, 13):  # kDLCUDA, kDLCUDAManaged
+        return f"cuda:{int(i)}"
+    raise ValueError(f"{kernel}: {what} is on DLPack device type {t}; ewkern runs kernels on cpu and cuda arrays")
+
+
+def _c_strides(shape, item):
+    st, acc = [], item
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
+    arr = None
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        try:
+            arr = np.from_dlpack(obj)
+        except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
+            arr = None
+    if arr is not None:
+        dt = _np_dtype_name(arr.dtype)
+        if dt is None:
+            raise TypeError(f"{kernel}: {what} has dtype {arr.dtype}, which run-time kernels do not take "
+                            f"(expected one of {', '.join(DTYPES)})")
+        npv = arr.view(_STORAGE_NP.get(dt, arr.dtype)) if dt in _STORAGE_NP else arr
+        ptr = arr.__array_interface__["data"][0]
+        return _Arr(obj, dt, arr.shape, arr.strides, ptr, npv, "cpu")
+    if type(obj).__module__.split(".")[0] == "torch" and str(getattr(obj, "dtype", "")) == "torch.bfloat16":
+        # NumPy does not take bfloat16: its bits as int16, any strides
+        bits = np.from_dlpack(obj.view(sys.modules["torch"].int16)).view(np.uint16)
+        return _Arr(obj, "bfloat16", bits.shape, bits.strides, bits.__array_interface__["data"][0], bits, "cpu")
+    # NumPy does not take it (bfloat16): ewkern's own DLPack import, C-contiguous
+    (view,), _ = _C()._rtc_views((obj,), (what,))
+    ptr, dt, _dev, shape, _ro = view
+    item = DTYPES[dt][2]
+    n = math.prod(shape)
+    npt = _STORAGE_NP.get(dt, np.dtype(DTYPES[dt][4]))
+    if n:
+        buf = (ctypes.c_char * (n * item)).from_address(ptr)
+        npv = np.frombuffer(buf, dtype=npt).reshape(shape)
+    else:
+        npv = np.empty(shape, dtype=npt)
+    return _Arr(obj, dt, shape, _c_strides(shape, item), ptr, npv, "cpu")
+
+
+def _cpu_copy(a: _Arr) -> _Arr:
+    c = np.ascontiguousarray(a.np).copy() if a.np.flags.c_contiguous else np.ascontiguousarray(a.np)
+    return _Arr(c, a.dtype, c.shape, c.strides, c.__array_interface__["data"][0], c, "cpu")
+
+
+def _cuda_arrs(objs, names) -> tuple[list[_Arr], int]:
+    views, stream = _C()._rtc_views(tuple(objs), tuple(names))
+    out = []
+    for obj, (ptr, dt, dev, shape, _ro) in zip(objs, views):
+        out.append(_Arr(obj, dt, shape, _c_strides(shape, DTYPES[dt][2]), ptr, None, dev))
+    return out, stream
+
+
+def _round_bf16(x: float) -> float:
+    (u,) = struct.unpack("<I", struct.pack("<f", x))
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return x
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return struct.unpack("<f", struct.pack("<I", u & 0xFFFFFFFF))[0]
+
+
+def _scalar_value(x, dt: str, kernel: str, name: str):
+    """x converted to parameter type dt (CuPy casts scalars to their parameter's type), as the
+    compute-type value the kernel receives."""
+    if isinstance(x, (complex, np.complexfloating)):
+        raise TypeError(f"{kernel}: {name} is complex; run-time kernels take real scalars")
+    if dt == "bfloat16":
+        return _round_bf16(float(x))
+    with np.errstate(all="ignore"):
+        v = np.array(x).astype(DTYPES[dt][4])
+    if dt == "float16":
+        return float(v.astype(np.float32))
+    return v.item()
+
+
+def _wrap_like(like, arr):
+    """A NumPy (or ewkern) result handed over in like's framework where that is torch."""
+    if like is not None and type(like).__module__.split(".")[0] == "torch":
+        return sys.modules["torch"].from_dlpack(arr)
+    return arr
+
+
+def _alloc_cpu(like, dt: str, shape):
+    if dt in EWKERN_DTYPES:
+        if like is not None:
+            try:
+                return _C()._rtc_result(like, dt, tuple(shape))
+            except ValueError:   # like is not C-contiguous: allocate apart, hand over in its framework
+                pass
+        if like is None or isinstance(like, np.ndarray):
+            return _C()._rtc_result(np.empty(0, np.float32), dt, tuple(shape))
+        from .. import empty
+        return _wrap_like(like, empty(tuple(shape), dt, device="cpu"))
+    return _wrap_like(like, np.empty(shape, dtype=DTYPES[dt][4]))
+
+
+def _overlaps(a: _Arr, b: _Arr) -> bool:
+    if a.np is not None and b.np is not None:
+        return np.may_share_memory(a.np, b.np)
+    return False
+
+
+def _same_view(a: _Arr, b: _Arr) -> bool:
+    return a.ptr == b.ptr and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+
+
+def _broadcast_strides(a: _Arr, shape) -> tuple[int, ...]:
+    nd = len(shape)
+    pad = nd - len(a.shape)
+    st = []
+    for d in range(nd):
+        if d < pad:
+            st.append(0)
+        else:
+            n, s = a.shape[d - pad], a.strides[d - pad]
+            st.append(0 if (n == 1 and shape[d] != 1) else s)
+    return tuple(st)
+
+
+# ---- the argument struct ----------------------------------------------------------------------
+
+_struct_cache: dict[Any, type] = {}
+
+
+def _ctypes_struct(layout: _codegen.Layout):
+    key = layout.key()
+    cls = _struct_cache.get(key)
+    if cls is None:
+        fields = []
+        for ctype, name, code, count in layout.fields():
+            if code == "q":
+                t = ctypes.c_longlong
+            elif code == "P":
+                t = ctypes.c_void_p
+            else:
+                t = _CTYPES[ctype]
+            fields.append((name, t * count if count else t))
+        cls = type("ewrtc_params", (ctypes.Structure,), {"_fields_": fields})
+        _struct_cache[key] = cls
+    return cls
+
+
+def _fill(layout: _codegen.Layout, size: int, shape, values: dict):
+    """values: name -> _Arr (strides already for `shape`), scalar value, or _Arr for raw."""
+    S = _ctypes_struct(layout)()
+    S.size = size
+    shp = tuple(shape) if shape else (1,)
+    for d, n in enumerate(shp):
+        S.shape[d] = n
+    for p, dt, kind, rnd in layout.args:
+        v = values[p.name]
+        if kind == "scalar":
+            setattr(S, "s_" + p.name, v)
+        elif kind == "array":
+            a, strides = v
+            setattr(S, "p_" + p.name, a.ptr)
+            if layout.mode == "strided":
+                st = getattr(S, "st_" + p.name)
+                for d, s in enumerate(strides if strides else (0,)):
+                    st[d] = s
+        else:
+            setattr(S, "p_" + p.name, v.ptr)
+            setattr(S, "n_" + p.name, math.prod(v.shape))
+            shp_f = getattr(S, "shp_" + p.name)
+            for d, n in enumerate(v.shape):
+                shp_f[d] = n
+    return S
+
+
+def _threads(work: int) -> int:
+    return (os.cpu_count() or 1) if work > GIL_FREE_WORK else 1
+
+
+# ---- device facts and loaded GPU kernels ------------------------------------------------------
+
+_dev_lock = threading.Lock()
+_dev_facts: dict[str, tuple[tuple[int, int], int]] = {}
+_gpu_kernels: dict[tuple[int, str, int], int] = {}
+
+
+def _device_facts(device: str) -> tuple[tuple[int, int], int]:
+    with _dev_lock:
+        f = _dev_facts.get(device)
+        if f is None:
+            from .. import device_info
+            info = device_info(device)
+            f = (tuple(info["compute_capability"]), int(info["sm_count"]))
+            _dev_facts[device] = f
+        return f
+
+
+def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, options) -> int:
+    cc, _ = _device_facts(device)
+    image, kind, _ = _build.compile_cuda(kernel, source, cc, parts=parts, options=options)
+    dev = int(device.split(":")[1])
+    key = (id(image), entry, dev)
+    with _dev_lock:
+        h = _gpu_kernels.get(key)
+        if h is None:
+            h = _C()._rtc_load(image, entry, dev)
+            _gpu_kernels[key] = h
+        return h
+
+
+def _launch_gpu(handle: int, grid: int, block: int, params, device: str, stream: int) -> None:
+    from .. import pdl_enabled
+    _C()._rtc_launch(handle, grid, block, bytes(params), int(device.split(":")[1]), stream, pdl_enabled())
+
+
+# ---- shared argument handling ----------------------------------------------------------------
+
+class _Call:
+    """One call's arguments sorted out: device, operands, types."""
+
+    def __init__(self, kernel: str, in_params, out_params, args, outs):
+        self.kernel = kernel
+        objs = list(args) + list(outs)
+        params = list(in_params) + list(out_params)[:len(outs)]
+        self.device = None
+        for p, o in zip(params, objs):
+            if isinstance(o, _SCALARS) or o is None:
+                if p.is_output or p.raw:
+                    raise TypeError(f"{kernel}: {p.name} is {'an output' if p.is_output else 'a raw parameter'} "
+                                    f"and must be an array, got {type(o).__name__}")
+                continue
+            if isinstance(o, (list, tuple, complex, str)):
+                raise TypeError(f"{kernel}: {p.name} must be an array or a scalar, got {type(o).__name__}")
+            dev = _device_of(o, kernel, p.name)
+            if self.device is None:
+                self.device = dev
+            elif dev != self.device:
+                raise ValueError(f"{kernel}: arrays on different devices ({self.device} and {dev} for {p.name})")
+        if self.device is None:
+            self.device = "cpu"
+        self.stream = 0
+        vals: list = []
+        if self.device == "cpu":
+            for p, o in zip(params, objs):
+                vals.append(o if isinstance(o, _SCALARS) else _cpu_arr(o, kernel, p.name))
+        else:
+            idx = [k for k, o in enumerate(objs) if not isinstance(o, _SCALARS)]
+            arrs, self.stream = _cuda_arrs([objs[k] for k in idx], [params[k].name for k in idx])
+            vals = list(objs)
+            for k, a in zip(idx, arrs):
+                vals[k] = a
+        nin = len(in_params)
+        self.ins, self.outs = vals[:nin], vals[nin:]
+        in_dt = tuple(v.dtype if isinstance(v, _Arr) else None for v in self.ins)
+        out_dt = tuple(v.dtype for v in self.outs) + (None,) * (len(out_params) - len(self.outs))
+        self.in_types, self.out_types, self.type_map = decide_types(kernel, in_params, out_params, in_dt, out_dt)
+        self.like = next((o for o, v in zip(args, self.ins) if isinstance(v, _Arr)), None)
+
+    def alloc(self, dt: str, shape, name: str) -> tuple[Any, _Arr]:
+        if self.device == "cpu":
+            res = _alloc_cpu(self.like, dt, shape)
+            return res, _cpu_arr(res, self.kernel, name)
+        if dt not in EWKERN_DTYPES:
+            raise TypeError(f"{self.kernel}: output {name} would be {dt}; on CUDA ewkern allocates "
+                            f"{', '.join(EWKERN_DTYPES)} only (pass an output array)")
+        res = _C()._rtc_result(self.like, dt, tuple(shape))
+        (a,), _ = _cuda_arrs([res], [name])
+        return res, a
+
+
+def _typedefs(call: _Call, in_params, out_params) -> str:
+    return _codegen.typedefs(call.type_map, in_params, call.in_types, out_params, call.out_types)
+
+
+class ElementwiseKernel:
+    """A user-defined elementwise kernel, with CuPy's signature and semantics
+    (``cupy.ElementwiseKernel``), for any DLPack arrays: NumPy, torch, CuPy, ewkern.
+
+    Args:
+        in_params: input parameters, ``'T x, raw T y, float32 alpha'``: ``[raw] TYPE NAME`` with
+            TYPE a one-letter placeholder or a dtype name as NumPy spells it (``float32``,
+            ``float16``, ``float64``, ``int32``, ``bool``..., and ``bfloat16``).
+        out_params: output parameters, the same syntax.
+        operation: the body, C++ (CUDA C++ on the GPU) run once per element index ``i``. Each
+            non-raw parameter is a local of its element's compute type (``float`` for float16 and
+            bfloat16, rounded back to nearest even on the store); raw parameters are indexed by a
+            flat row-major index (``y[_ind.size() - i - 1]``) and have ``size()``/``shape()``;
+            ``_ind.size()`` is the loop size; ``T`` and ``in0_type``/``out0_type`` name the types.
+            The math functions of CUDA (``exp``, ``log``, ``sqrt``, ``erf``, ``tanh``, ``max``,
+            ``min``...) are there on both backends.
+        name: the kernel's name (in compile errors and the generated symbol).
+        reduce_dims: accepted for CuPy compatibility (contiguous arrays already run as one
+            dimension).
+        preamble, loop_prep, after_loop: code before the kernel, before and after the loop.
+        no_return: return None. return_tuple: always return a tuple.
+        options: extra NVRTC options.
+
+    Calling it: ``kernel(*inputs, *outputs, size=None, block_size=None)``. Inputs are arrays or
+    scalars; outputs are optional (allocated otherwise, in the first array input's framework and
+    device: NumPy in, NumPy out; torch in, torch out). Non-raw arrays broadcast as NumPy
+    broadcasts; a placeholder is bound by the arrays passed for it (scalars are converted to it);
+    ``size`` sets the loop size when every array is raw. Returns the output, or a tuple of them.
+
+    Where it runs: CUDA arrays run a kernel compiled by NVRTC for the device's architecture
+    (found at run time; ``pip install ewkern[nvrtc]``) on the caller's stream (torch's current
+    stream for torch inputs, ewkern's current stream otherwise); CPU arrays run the same body
+    compiled by the system C++ compiler (with OpenMP where it has it). Both are cached in memory
+    and on disk (``$EWKERN_CACHE_DIR``, default ``~/.cache/ewkern/kernels``).
+    """
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
+                 reduce_dims: bool = True, preamble: str = "", no_return: bool = False,
+                 return_tuple: bool = False, loop_prep: str = "", after_loop: str = "",
+                 options: tuple[str, ...] = (), **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"ElementwiseKernel: unexpected keyword arguments {sorted(kwargs)}")
+        if not isinstance(name, str) or not _IDENT_OK(name):
+            raise ValueError(f"ElementwiseKernel: name must be a C identifier, got {name!r}")
+        if not isinstance(operation, str):
+            raise TypeError(f"{name}: operation must be a str of C++ code, got {type(operation).__name__}")
+        self.name = name
+        self.in_params = parse_params(in_params, False, name)
+        self.out_params = parse_params(out_params, True, name)
+        names = [p.name for p in self.in_params + self.out_params]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"{name}: parameter name(s) {sorted(dup)} appear among both inputs and outputs")
+        self.nin, self.nout = len(self.in_params), len(self.out_params)
+        self.nargs = self.nin + self.nout
+        self.operation = operation
+        self.preamble, self.loop_prep, self.after_loop = preamble, loop_prep, after_loop
+        self.reduce_dims, self.no_return, self.return_tuple = reduce_dims, no_return, return_tuple
+        self.options = tuple(options)
+        self._compiled: dict = {}   # (device, layout, types) -> compiled function / kernel handle
+
+    def __repr__(self) -> str:
+        return f"<ewkern.ElementwiseKernel {self.name!r}>"
+
+    def _parts(self):
+        return {"operation": self.operation, "preamble": self.preamble, "loop_prep": self.loop_prep,
+                "after_loop": self.after_loop}
+
+    def __call__(self, *args: Any, size: int | None = None, block_size: int | None = None) -> Any:
+        name = self.name
+        if len(args) not in (self.nin, self.nargs):
+            raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs"
+                            f"{f' or {self.nargs} with the outputs' if self.nout else ''}, got {len(args)}")
+        ins, outs = args[:self.nin], args[self.nin:]
+        call = _Call(name, self.in_params, self.out_params, ins, outs)
+        # the loop's shape: broadcast of the non-raw arrays, inputs and given outputs
+        shapes = [v.shape for v, p in zip(call.ins + call.outs, self.in_params + self.out_params)
+                  if isinstance(v, _Arr) and not p.raw]
+        if size is not None:
+            if shapes:
+                raise ValueError(f"{name}: size= can be given only when every array argument is raw")
+            if int(size) < 0:
+                raise ValueError(f"{name}: size must be >= 0, got {size}")
+            shape = (int(size),)
+        elif not shapes:
+            raise ValueError(f"{name}: the loop size is undecided: no non-raw array argument (pass size=)")
+        else:
+            try:
+                shape = np.broadcast_shapes(*shapes)
+            except ValueError:
+                raise ValueError(f"{name}: shapes {', '.join(map(str, shapes))} do not broadcast together") from None
+        for p, v in zip(self.out_params, call.outs):
+            if not p.raw and v.shape != tuple(shape):
+                raise ValueError(f"{name}: output {p.name} has shape {v.shape}; the arguments broadcast to {tuple(shape)}")
+        results = list(outs)
+        for k in range(len(outs), self.nout):
+            p = self.out_params[k]
+            if p.raw and size is None:
+                raise ValueError(f"{name}: the size of raw output {p.name} is undecided: pass it")
+            res, a = call.alloc(call.out_types[k], shape, p.name)
+            results.append(res)
+            call.outs.append(a)
+        ret = None if self.no_return else (results[0] if self.nout == 1 and not self.return_tuple else tuple(results))
+        n = math.prod(shape)
+        if n == 0:
+            return ret
+        # inputs that overlap an output (other than being the very same view) are read from a copy
+        if call.device == "cpu":
+            for k, v in enumerate(call.ins):
+                if isinstance(v, _Arr) and any(_overlaps(v, o) and not _same_view(v, o) for o in call.outs):
+                    call.ins[k] = _cpu_copy(v)
+                elif isinstance(v, _Arr) and self.in_params[k].raw and not v.contiguous():
+                    call.ins[k] = _cpu_copy(v)
+            for p, o in zip(self.out_params, call.outs):
+                if p.raw and not o.contiguous():
+                    raise ValueError(f"{name}: raw output {p.name} must be C-contiguous")
+        # layout: one dimension when every non-raw array is C-contiguous over the loop's shape
+        allp = self.in_params + self.out_params
+        allv = call.ins + call.outs
+        allt = call.in_types + call.out_types
+        contig = all(v.shape == tuple(shape) and v.contiguous()
+                     for v, p in zip(allv, allp) if isinstance(v, _Arr) and not p.raw)
+        mode = "contig" if contig else "strided"
+        largs, values = [], {}
+        for p, v, dt in zip(allp, allv, allt):
+            if not isinstance(v, _Arr):
+                largs.append((p, dt, "scalar", 0))
+                values[p.name] = _scalar_value(v, dt, name, p.name)
+            elif p.raw:
+                largs.append((p, dt, "raw", len(v.shape)))
+                values[p.name] = v
+            else:
+                largs.append((p, dt, "array", 0))
+                values[p.name] = (v, None if contig else _broadcast_strides(v, shape))
+        lshape = (n,) if contig else tuple(shape)
+        layout = _codegen.Layout(mode, len(lshape), largs)
+        params = _fill(layout, n, lshape, values)
+        key = (call.device, layout.key(), call.type_map, call.in_types, call.out_types)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            tdefs = _typedefs(call, self.in_params, self.out_params)
+            backend = "cpu" if call.device == "cpu" else "cuda"
+            src, entry = _codegen.elementwise_source(backend, name, layout, self.operation, self.preamble,
+                                                     self.loop_prep, self.after_loop, tdefs)
+            if backend == "cpu":
+                compiled = _build.build_cpu(name, src, entry, self._parts())
+            else:
+                compiled = _gpu_kernel(name, src, entry, call.device, self._parts(), self.options)
+            self._compiled[key] = compiled
+        if call.device == "cpu":
+            compiled(ctypes.addressof(params), _threads(n))
+        else:
+            h = compiled
+            block = int(block_size) if block_size else FALLBACK_BLOCK
+            _, sms = _device_facts(call.device)
+            grid = max(1, min(-(-n // block), 32 * sms))
+            _launch_gpu(h, grid, block, params, call.device, call.stream)
+        return ret
+
+
+def _IDENT_OK(s: str) -> bool:
+    return s.isidentifier() and s.isascii()
+
+
+class ReductionKernel:
+    """A user-defined reduction, with CuPy's signature and semantics (``cupy.ReductionKernel``),
+    for any DLPack arrays.
+
+    Args:
+        in_params, out_params: as for ElementwiseKernel (no raw parameters).
+        map_expr: an expression of the inputs, mapped over every element (``'x * x'``).
+        reduce_expr: combines two mapped values ``a`` and ``b`` (``'a + b'``, ``'max(a, b)'``).
+        post_map_expr: a statement from the reduced value ``a`` to the outputs (``'y = sqrt(a)'``);
+            ``_in_ind.size()`` and ``_out_ind.size()`` are the input and output sizes.
+        identity: the reduction's start value as C++ code (``'0'``), or None (the first element;
+            CPU only, and an empty reduction is then an error).
+        name: the kernel's name. reduce_type: the C++ type of ``a`` and ``b``
+            (``type_reduce``; default the first output's compute type). preamble, options: as for
+            ElementwiseKernel. reduce_dims: accepted for CuPy compatibility.
+
+    Calling it: ``kernel(*inputs, *outputs, out=None, axis=None, keepdims=False)``. Inputs
+    broadcast together; ``axis`` (None: all) is reduced; the outputs have the remaining shape.
+    The order of combination is fixed: on the CPU each output reduces its elements in row-major
+    order; on CUDA one block per output combines 256 strided partial results in a fixed tree, so
+    a result does not change from call to call (CPU and GPU may differ in rounding).
+    """
+
+    def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, post_map_expr: str,
+                 identity: str | None, name: str = "reduce_kernel", reduce_type: str | None = None,
+                 reduce_dims: bool = True, preamble: str = "", options: tuple[str, ...] = ()) -> None:
+        if not isinstance(name, str) or not _IDENT_OK(name):
+            raise ValueError(f"ReductionKernel: name must be a C identifier, got {name!r}")
+        for what, v in (("map_expr", map_expr), ("reduce_expr", reduce_expr), ("post_map_expr", post_map_expr)):
+            if not isinstance(v, str):
+                raise TypeError(f"{name}: {what} must be a str of C++ code, got {type(v).__name__}")
+        self.name = name
+        self.in_params = parse_params(in_params, False, name)
+        self.out_params = parse_params(out_params, True, name)
+        for p in self.in_params + self.out_params:
+            if p.raw:
+                raise ValueError(f"{name}: raw parameters ({p.name}) are not supported by ReductionKernel")
+        if not self.out_params:
+            raise ValueError(f"{name}: a ReductionKernel needs at least one output parameter")
+        self.nin, self.nout = len(self.in_params), len(self.out_params)
+        self.nargs = self.nin + self.nout
+        self.map_expr, self.reduce_expr, self.post_map_expr = map_expr, reduce_expr, post_map_expr
+        self.identity = None if identity is None else str(identity)
+        self.reduce_type = reduce_type
+        self.reduce_dims = reduce_dims
+        self.preamble = preamble
+        self.options = tuple(options)
+        self._compiled: dict = {}
+
+    def __repr__(self) -> str:
+        return f"<ewkern.ReductionKernel {self.name!r}>"
+
+    def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
+                 stream: Any = None) -> Any:
+        name = self.name
+        if len(args) not in (self.nin, self.nargs):
+            raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs or {self.nargs} "
+                            f"with the outputs, got {len(args)}")
+        ins, outs = args[:self.nin], list(args[self.nin:])
+        if out is not None:
+            if outs:
+                raise ValueError(f"{name}: cannot give the output both as a positional argument and as out=")
+            if self.nout != 1:
+                raise ValueError(f"{name}: out= takes one array; this kernel has {self.nout} outputs (pass them "
+                                 "positionally)")
+            outs = [out]
+        call = _Call(name, self.in_params, self.out_params, ins, outs)
+        shapes = [v.shape for v in call.ins if isinstance(v, _Arr)]
+        try:
+            shape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+        except ValueError:
+            raise ValueError(f"{name}: shapes {', '.join(map(str, shapes))} do not broadcast together") from None
+        nd = len(shape)
+        if axis is None:
+            axes = tuple(range(nd))
+        else:
+            seq = axis if isinstance(axis, (tuple, list)) else (axis,)
+            axes = []
+            for a in seq:
+                if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
+                    raise TypeError(f"{name}: axis must be an int or a tuple of ints, got {a!r}")
+                if not -nd <= a < max(nd, 1) or (nd == 0 and a not in (0, -1)):
+                    raise ValueError(f"{name}: axis {a} is out of bounds for the inputs' {nd} dimensions")
+                a = int(a) % nd if nd else 0
+                if a in axes:
+                    raise ValueError(f"{name}: axis {a} is repeated")
+                axes.append(a)
+            axes = tuple(sorted(axes)) if nd else ()
+        kept = [d for d in range(nd) if d not in axes]
+        out_shape = tuple(1 if (keepdims and d in axes) else shape[d] for d in range(nd) if keepdims or d not in axes)
+        kept_shape = tuple(shape[d] for d in kept)
+        red_size = math.prod(shape[d] for d in axes)
+        out_size = math.prod(kept_shape)
+        for p, v in zip(self.out_params, call.outs):
+            if v.shape != out_shape:
+                raise ValueError(f"{name}: output {p.name} has shape {v.shape}; the reduction gives {out_shape}")
+        results = list(outs)
+        for k in range(len(outs), self.nout):
+            res, a = call.alloc(call.out_types[k], out_shape, self.out_params[k].name)
+            results.append(res)
+            call.outs.append(a)
+        ret = results[0] if self.nout == 1 else tuple(results)
+        if out_size == 0:
+            return ret
+        if red_size == 0 and self.identity is None:
+            raise ValueError(f"{name}: reduction over zero elements and the kernel has no identity")
+        # inputs: the broadcast shape with the reduced axes last
+        perm = kept + list(axes)
+        pshape = tuple(shape[d] for d in perm) or (1,)
+        largs, values = [], {}
+        for p, v, dt in zip(self.in_params, call.ins, call.in_types):
+            if not isinstance(v, _Arr):
+                largs.append((p, dt, "scalar", 0))
+                values[p.name] = _scalar_value(v, dt, name, p.name)
+            else:
+                st = _broadcast_strides(v, shape)
+                largs.append((p, dt, "array", 0))
+                values[p.name] = (v, tuple(st[d] for d in perm) or (0,))
+        in_layout = _codegen.Layout("strided", len(pshape), largs)
+        in_struct = _fill(in_layout, out_size * red_size, pshape, values)
+        # outputs: their strides over the kept axes
+        oargs, ovalues = [], {}
+        oshape = kept_shape or (1,)
+        for p, v, dt in zip(self.out_params, call.outs, call.out_types):
+            if keepdims:
+                st = tuple(v.strides[d] for d in kept)
+            else:
+                st = v.strides
+            oargs.append((p, dt, "array", 0))
+            ovalues[p.name] = (v, st or (0,))
+        out_layout = _codegen.Layout("strided", len(oshape), oargs)
+        out_struct = _fill(out_layout, out_size, oshape, ovalues)
+
+        class Params(ctypes.Structure):
+            _fields_ = [("in_", type(in_struct)), ("out", type(out_struct)), ("red_size", ctypes.c_longlong)]
+        params = Params(in_struct, out_struct, red_size)
+        backend = "cpu" if call.device == "cpu" else "cuda"
+        key = (call.device, in_layout.key(), out_layout.key(), call.type_map, call.in_types, call.out_types)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            tdefs = _typedefs(call, self.in_params, self.out_params)
+            rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
+            parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
+                     "post_map_expr": self.post_map_expr, "preamble": self.preamble}
+            src, entry = _codegen.reduction_source(backend, name, in_layout, out_layout, True, self.map_expr,
+                                                   self.reduce_expr, self.post_map_expr, self.identity, rtype,
+                                                   self.preamble, tdefs)
+            if backend == "cpu":
+                compiled = _build.build_cpu(name, src, entry, parts)
+            else:
+                compiled = _gpu_kernel(name, src, entry, call.device, parts, self.options)
+            self._compiled[key] = compiled
+        if backend == "cpu":
+            compiled(ctypes.addressof(params), _threads(out_size * red_size) if out_size > 1 else 1)
+        else:
+            h = compiled
+            _, sms = _device_facts(call.device)
+            _launch_gpu(h, max(1, min(out_size, 32 * sms)), 256, params, call.device, call.stream)
+        return ret

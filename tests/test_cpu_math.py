@@ -1,0 +1,196 @@
+"""The CPU math ops (exp, log, sqrt, rsqrt, erf, tanh, sigmoid, gelu, silu) on awkward inputs.
+
+With glibc's libmvec (ewkern.build_info()["cpu_math"]) they run libmvec's vector functions of the
+widest ISA the CPU has (AVX-512, AVX2 or SSE), so results may differ between machines, within the
+bounds below (csrc/cpu/CPU_NOTES.md lists the measured maxima). The tests assert the bounds, not
+bits. Errors are in the convention of ops.def: 1 ulp = eps(dtype) x |exact| (+ the smallest normal,
+so results near or below it are compared absolutely). float32 results are checked against a
+float64 reference (exact enough for float32), float64 results against mpmath at 60 digits.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import ewkern
+
+mpmath = pytest.importorskip("mpmath")
+
+MATH_OPS = ["exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "gelu", "silu"]
+
+# ulp bounds on the CPU (ops.def's accuracy column); gelu adds 2 a^2 for a < 0 (its condition)
+CPU_ULPS = {"exp": 2, "log": 4, "sqrt": 1, "rsqrt": 2, "erf": 4, "tanh": 4, "sigmoid": 4, "gelu": 4, "silu": 5}
+EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+TINY = {"float32": 2.0**-126, "float64": 2.0**-1022, "float16": 2.0**-14, "bfloat16": 2.0**-126}
+
+
+def _mp(op, x):
+    """op(x) in mpmath (x a Python float), as a float64 (inf/nan where the limit is)."""
+    if math.isnan(x):
+        return math.nan
+    if math.isinf(x):
+        lim = {"exp": (math.inf, 0.0), "log": (math.inf, math.nan), "sqrt": (math.inf, math.nan),
+               "rsqrt": (0.0, math.nan), "erf": (1.0, -1.0), "tanh": (1.0, -1.0), "sigmoid": (1.0, 0.0),
+               "gelu": (math.inf, math.nan), "silu": (math.inf, math.nan)}[op]
+        # gelu(-inf), silu(-inf): -inf x 0 in their formulas (ops.def), NaN as in tests/reference.py
+        return lim[0] if x > 0 else lim[1]
+    if x == 0 and op in ("erf", "tanh", "sqrt", "gelu", "silu"):
+        return x   # odd functions keep the zero's sign
+    with mpmath.workdps(60):
+        a = mpmath.mpf(x)
+        if op == "exp":
+            r = mpmath.exp(a)
+        elif op == "log":
+            if x < 0:
+                return math.nan
+            if x == 0:
+                return -math.inf
+            r = mpmath.log(a)
+        elif op == "sqrt":
+            if x < 0:
+                return math.nan
+            if x == 0:
+                return x
+            r = mpmath.sqrt(a)
+        elif op == "rsqrt":
+            if x < 0:
+                return math.nan
+            if x == 0:
+                return math.copysign(math.inf, x)
+            r = 1 / mpmath.sqrt(a)
+        elif op == "erf":
+            r = mpmath.erf(a)
+        elif op == "tanh":
+            r = mpmath.tanh(a)
+        elif op == "sigmoid":
+            r = 1 / (1 + mpmath.exp(-a))
+        elif op == "silu":
+            r = a / (1 + mpmath.exp(-a))
+        elif abs(x) > 60:      # mpmath's erfc overflows for huge arguments; gelu is a or -0 there
+            return x if x > 0 else -0.0
+        else:
+            r = a / 2 * mpmath.erfc(-a / mpmath.sqrt(2))
+        try:
+            return float(r)
+        except OverflowError:
+            return math.copysign(math.inf, float(mpmath.sign(r)))
+
+
+def _awkward(op, dtype):
+    """Subnormals, zeros, infinities, NaN, the domain's edges, and a spread of ordinary values."""
+    f = np.finfo(dtype)
+    tiny, sub, big = float(f.tiny), float(f.smallest_subnormal), float(f.max)
+    vals = [0.0, -0.0, math.inf, -math.inf, math.nan, sub, -sub, tiny, -tiny, tiny / 3, -tiny / 3,
+            2 * sub, big, -big, 1.0, -1.0, 0.5, 2.0, 1e-3, -1e-3]
+    if dtype == "float32":
+        edges = [88.72283, 88.7228, 88.72284, 89.0, -87.33655, -103.27893, -103.97208, -104.0, -150.0,
+                 9.0, 9.01, 10.0, -9.0, 3.9192059, 3.92, 4.0, -3.92, -10.0, -14.0, -13.0, 15.0,
+                 1.0000001, 0.99999994, 1e38, 1e-38, 0.6931472]
+    else:
+        edges = [709.782712893384, 709.78, 709.79, -708.3964, -744.44, -745.1332191019411, -745.2, -800.0,
+                 19.0, 19.1, 22.0, -19.0, 5.9, 5.92, 6.0, -5.92, -27.0, -30.0, -37.0, 40.0,
+                 1.0000000000000002, 0.9999999999999999, 1e308, 1e-308, 0.6931471805599453]
+    rng = np.random.default_rng(hash(op) % 2**32)
+    spread = np.concatenate([rng.standard_normal(600) * 4, rng.uniform(-60, 60, 300),
+                             np.exp(rng.uniform(-80, 80, 300))]).astype(dtype).astype(float).tolist()
+    return np.array(vals + edges + [-e for e in edges] + spread, dtype=dtype)
+
+
+def _check(op, dtype, x, got, want):
+    nan_w, nan_g = np.isnan(want), np.isnan(got)
+    assert (nan_w == nan_g).all(), (op, dtype, x[nan_w != nan_g], got[nan_w != nan_g], want[nan_w != nan_g])
+    big = float(np.finfo(dtype).max)
+    # where the exact result overflows the dtype, inf (or the largest finite, for values within
+    # the bound of the edge) is right; compare the rest in ulp
+    over = ~nan_w & (np.abs(want) > big)
+    assert np.all(np.abs(got[over]) >= big) and np.all(np.sign(got[over]) == np.sign(want[over])), \
+        (op, dtype, x[over], got[over])
+    fin = ~nan_w & ~over
+    g, w, xs = got[fin].astype(np.float64), want[fin], x[fin].astype(np.float64)
+    bound = np.full(w.shape, float(CPU_ULPS[op]))
+    if op == "gelu":
+        bound += np.minimum(2 * np.where(xs < 0, xs, 0.0) ** 2, 1e30)   # capped: no inf x 0
+    tol = bound * EPS[dtype] * np.abs(w) + TINY[dtype]
+    err = np.abs(g - w)
+    bad = ~(err <= tol)
+    assert not bad.any(), (f"{op} {dtype}: {bad.sum()} values beyond {CPU_ULPS[op]} ulp: x={xs[bad][:5]}, "
+                           f"got {g[bad][:5]}, want {w[bad][:5]}")
+    # the sign of a zero result where the exact one is a signed zero (sqrt(-0) = -0, ...)
+    z = fin & (want == 0)
+    assert np.all(np.signbit(got[z]) == np.signbit(want[z])), (op, dtype, x[z], got[z])
+
+
+def test_build_info_names_the_math_library():
+    lib = ewkern.build_info()["cpu_math"]
+    assert isinstance(lib, str)
+    assert lib.startswith("glibc libmvec") or lib.startswith("scalar libm"), lib
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", MATH_OPS)
+def test_math_op_ulp_bound(op, dtype):
+    x = _awkward(op, dtype)
+    want = np.array([_mp(op, float(v)) for v in x])
+    if dtype == "float32":   # the exact result rounded to float64 is exact enough here
+        want = want.astype(np.float64)
+    # each value alone (scalar tails) and all together (the vector loop), and multi-threaded
+    together = np.asarray(getattr(ewkern, op)(ewkern.asarray(x)))
+    _check(op, dtype, x, together, want)
+    for v, w in zip(x[:40], want[:40]):
+        one = np.asarray(getattr(ewkern, op)(ewkern.asarray(np.array([v], dtype=dtype))))
+        _check(op, dtype, np.array([v]), one, np.array([w]))
+    big = np.tile(x, 40)      # past the threshold where the OpenMP team runs it
+    _check(op, dtype, big, np.asarray(getattr(ewkern, op)(ewkern.asarray(big))), np.tile(want, 40))
+
+
+@pytest.mark.parametrize("op", MATH_OPS)
+def test_float32_dense(op):
+    """A million float32 values spread over every exponent of the op's domain, against float64."""
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x)]
+    import torch
+    t = torch.from_numpy(x.astype(np.float64))
+    ref = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+           "erf": torch.special.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+           "silu": lambda t: t * torch.sigmoid(t),
+           "gelu": lambda t: 0.5 * t * torch.special.erfc(-t / math.sqrt(2))}[op](t).numpy()
+    got = np.asarray(getattr(ewkern, op)(ewkern.asarray(x)))
+    # torch's float64 silu/gelu/sigmoid lose accuracy where the result underflows float64's
+    # range relative to float32's: keep the values whose reference is far from that edge
+    keep = np.isnan(ref) | (np.abs(ref) > 1e-300) | (ref == 0)
+    _check(op, "float32", x[keep], got[keep], ref[keep])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", MATH_OPS)
+def test_16bit_every_value(op, dtype):
+    """Every float16/bfloat16 bit pattern: computed in float32, rounded once to the dtype (to
+    nearest even; NaN stays NaN). The result is within the float32 bound plus half an ulp."""
+    ml = pytest.importorskip("ml_dtypes")
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    npdt = np.float16 if dtype == "float16" else ml.bfloat16
+    x = bits.view(npdt)
+    x32 = x.astype(np.float32)
+    got = np.asarray(ewkern.asarray(getattr(ewkern, op)(ewkern.asarray(x32, dtype=dtype)), dtype="float32"))
+    want = np.array([_mp(op, float(v)) for v in x32]) if op in ("gelu",) else None
+    if want is None:
+        import torch
+        t = torch.from_numpy(x32.astype(np.float64))
+        want = {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+                "erf": torch.special.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+                "silu": lambda t: t * torch.sigmoid(t)}[op](t).numpy()
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all(), op
+    big = float(np.finfo(np.float16).max) if dtype == "float16" else 3.3895313892515355e38
+    fin = ~nan & (np.abs(want) <= big)
+    w = want[fin]
+    err = np.abs(got[fin].astype(np.float64) - w)
+    bound = 0.5 + CPU_ULPS[op] * 2.0**-23 / EPS[dtype]
+    tol = bound * EPS[dtype] * np.abs(w) + TINY[dtype]
+    if op == "gelu":
+        tol += 2 * np.minimum(x32[fin], 0).astype(np.float64) ** 2 * 2.0**-23 * np.abs(w)
+    bad = ~(err <= tol)
+    assert not bad.any(), (op, dtype, x32[fin][bad][:5], got[fin][bad][:5], w[bad][:5])

@@ -1,0 +1,446 @@
+"""ewkern.ElementwiseKernel / ReductionKernel (issue 21): CuPy's documented examples, its type and
+broadcasting rules, the CPU backend against float64 NumPy references, the disk cache, errors,
+and the CUDA sources compiled by NVRTC to PTX (no GPU needed; skipped without NVRTC). The GPU runs
+are marked gpu."""
+import ctypes
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import ewkern
+from ewkern.rtc import _build, _codegen
+from ewkern.rtc._params import parse_params
+from conftest import gpu
+from reference import BF16, EPS, np_dtype
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+FLOATS = ["float32", "float16", "bfloat16", "float64"]
+HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "cuda", _codegen.FAST_HEADER)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "kernels"
+    monkeypatch.setenv("EWKERN_CACHE_DIR", str(d))
+    return d
+
+
+def close(out, ref, dtype, ulps=1.0, scale=None):
+    """|out - ref| <= ulps x eps(dtype) x scale (scale: |ref|, or the size of the terms where a
+    sum cancels)."""
+    out = np.asarray(out).astype(np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert out.shape == ref.shape
+    tol = 1e-300 + (np.abs(ref) if scale is None else scale) * EPS[dtype] * ulps
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    assert np.all(np.abs(out[ok] - ref[ok]) <= tol[ok]), np.max(np.abs(out[ok] - ref[ok]) - tol[ok])
+
+
+# ---- CuPy's documentation examples ------------------------------------------------------------
+
+squared_diff = ewkern.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = (x - y) * (x - y)",
+                                        "squared_diff")
+squared_diff_generic = ewkern.ElementwiseKernel("T x, T y", "T z", "z = (x - y) * (x - y)",
+                                                "squared_diff_generic")
+squared_diff_super_generic = ewkern.ElementwiseKernel("X x, Y y", "Z z", "z = (x - y) * (x - y)",
+                                                      "squared_diff_super_generic")
+add_reverse = ewkern.ElementwiseKernel("T x, raw T y", "T z", "z = x + y[_ind.size() - i - 1]", "add_reverse")
+l2norm = ewkern.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "l2norm")
+
+
+def test_cupy_squared_diff_broadcast_and_scalar():
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    y = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(squared_diff(x, y), (x - y) ** 2)
+    np.testing.assert_array_equal(squared_diff(x, 5), (x - 5) ** 2)
+    z = np.empty((2, 5), np.float32)
+    assert squared_diff(x, y, z) is z
+    np.testing.assert_array_equal(z, (x - y) ** 2)
+
+
+def test_cupy_generic_and_super_generic():
+    x = np.arange(10, dtype=np.float64).reshape(2, 5) * 1.5
+    y = np.arange(5, dtype=np.float64)
+    r = squared_diff_generic(x, y)
+    assert r.dtype == np.float64
+    np.testing.assert_array_equal(r, (x - y) ** 2)
+    z = np.empty((2, 5), np.float32)
+    squared_diff_super_generic(x, y.astype(np.float32), z)
+    np.testing.assert_allclose(z, (x - y) ** 2, rtol=1e-6)
+    with pytest.raises(TypeError, match="cannot determine the type Z"):
+        squared_diff_super_generic(x, y)
+
+
+def test_cupy_raw_add_reverse():
+    x = np.arange(7, dtype=np.float32)
+    y = np.arange(7, dtype=np.float32) * 10
+    np.testing.assert_array_equal(add_reverse(x, y), x + y[::-1])
+    # raw input that is not contiguous is read as a contiguous copy
+    y2 = (np.arange(14, dtype=np.float32) * 3)[::2]
+    np.testing.assert_array_equal(add_reverse(x, y2), x + y2[::-1])
+
+
+def test_cupy_l2norm():
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    close(l2norm(x, axis=1), np.sqrt((x.astype(np.float64) ** 2).sum(1)), "float32", 4)
+    close(l2norm(x), np.sqrt((x.astype(np.float64) ** 2).sum()), "float32", 4)
+    r = l2norm(x, axis=0, keepdims=True)
+    assert r.shape == (1, 5)
+    close(r, np.sqrt((x.astype(np.float64) ** 2).sum(0, keepdims=True)), "float32", 4)
+
+
+def test_multiple_outputs_and_return_tuple():
+    k = ewkern.ElementwiseKernel("T x, T y", "T s, T d", "s = x + y; d = x - y", "sumdiff")
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal(33), rng.standard_normal(33)
+    s, d = k(x, y)
+    np.testing.assert_array_equal(s, x + y)
+    np.testing.assert_array_equal(d, x - y)
+    one = ewkern.ElementwiseKernel("T x", "T y", "y = x * 2", "twice", return_tuple=True)
+    (r,) = one(x)
+    np.testing.assert_array_equal(r, 2 * x)
+    assert ewkern.ElementwiseKernel("T x", "T y", "y = x", "nor", no_return=True)(x) is None
+
+
+# ---- sizes, layouts, dtypes -------------------------------------------------------------------
+
+axpy = ewkern.ElementwiseKernel("T x, T y, T a", "T z", "z = a * x + y", "axpy")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [0, 1, 7, 255, 1025, 70001])
+def test_axpy_sizes_dtypes(dtype, n):
+    rng = np.random.default_rng(n)
+    dt = np_dtype(dtype)
+    x = rng.standard_normal(n + 1).astype(dt)[1:]   # misaligned start
+    y = rng.standard_normal(n).astype(dt)
+    r = axpy(x, y, 0.75)
+    assert r.dtype == dt and r.shape == (n,)
+    ref = 0.75 * x.astype(np.float64) + y.astype(np.float64)
+    # 16-bit: computed in float32, rounded once on the store; float32/64: two roundings of the terms
+    if dtype in ("float16", "bfloat16"):
+        close(r, ref, dtype, 1.0)
+    else:
+        close(r, ref, dtype, 2.0, scale=np.abs(0.75 * x.astype(np.float64)) + np.abs(y.astype(np.float64)))
+
+
+def test_noncontiguous_and_broadcast_layouts():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((6, 8))
+    col = rng.standard_normal((6, 1))
+    np.testing.assert_array_equal(axpy(a.T, col.T, 2.0), 2.0 * a.T + col.T)
+    np.testing.assert_array_equal(axpy(a[:, ::3], a[:, 1::3], -1.0), -a[:, ::3] + a[:, 1::3])
+    np.testing.assert_array_equal(axpy(a[::-1], 1.5, 3.0), 3.0 * a[::-1] + 1.5)
+    # a 0-d array and a scalar
+    np.testing.assert_array_equal(axpy(np.float64(2.0) * np.ones(()), a, 0.5), 0.5 * 2.0 + a)
+    with pytest.raises(ValueError, match="do not broadcast"):
+        axpy(a, rng.standard_normal(5), 1.0)
+
+
+def test_output_overlapping_an_input():
+    x = np.arange(10.0)
+    k = ewkern.ElementwiseKernel("T x", "T y", "y = x * 2", "twice_inplace")
+    k(x, x)   # the same view: in place
+    np.testing.assert_array_equal(x, np.arange(10.0) * 2)
+    x = np.arange(10.0)
+    k(x[:-1], x[1:])   # shifted views: the input is read as it was
+    np.testing.assert_array_equal(x, np.concatenate([[0.0], np.arange(9.0) * 2]))
+
+
+def _bits16(a):
+    return np.asarray(a).view(np.uint16)
+
+
+def test_float16_bfloat16_round_to_nearest_even():
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, 200000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    # also ties, subnormals, overflow edges
+    x = np.concatenate([x, np.float32([65504, 65519.99, 65520, 2**-24, 2**-25, 3 * 2**-26, 1 + 2**-11,
+                                       1 + 3 * 2**-11, -0.0, np.inf, -np.inf, 1e-45, 3.4e38])])
+    h = ewkern.ElementwiseKernel("float32 x", "float16 z", "z = x", "to_half")(x)
+    with np.errstate(all="ignore"):
+        ref = x.astype(np.float16)
+    ok = ~np.isnan(ref)
+    np.testing.assert_array_equal(_bits16(h)[ok], _bits16(ref)[ok])
+    assert np.all(np.isnan(h[~ok]))
+    if BF16 is not None:
+        b = ewkern.ElementwiseKernel("float32 x", "bfloat16 z", "z = x", "to_bf16")(x)
+        with np.errstate(all="ignore"):
+            refb = x.astype(BF16)
+        okb = ~np.isnan(refb.astype(np.float32))
+        np.testing.assert_array_equal(_bits16(b)[okb], _bits16(refb)[okb])
+        # and back: 16-bit -> float32 exactly
+        back = ewkern.ElementwiseKernel("bfloat16 x", "float32 z", "z = x", "from_bf16")(refb)
+        np.testing.assert_array_equal(back[okb], refb.astype(np.float32)[okb])
+    backh = ewkern.ElementwiseKernel("float16 x", "float32 z", "z = x", "from_half")(ref)
+    np.testing.assert_array_equal(backh[ok], ref.astype(np.float32)[ok])
+
+
+def test_math_names_and_integers():
+    k = ewkern.ElementwiseKernel("T x", "T y", "y = max(exp(x) - 1, tanh(x)) + min(erf(x), sqrt(fabs(x)))",
+                                 "mathy")
+    x = np.linspace(-3, 3, 101)
+    from math import erf
+    ref = np.maximum(np.exp(x) - 1, np.tanh(x)) + np.minimum(np.vectorize(erf)(x), np.sqrt(np.abs(x)))
+    close(k(x), ref, "float64", 8)
+    ki = ewkern.ElementwiseKernel("int32 a, int32 b", "int64 c", "c = (long long)a * b + i", "imul")
+    a = np.arange(-5, 5, dtype=np.int32)
+    np.testing.assert_array_equal(ki(a, 3), a.astype(np.int64) * 3 + np.arange(10))
+
+
+def test_size_with_raw_only_and_loop_prep():
+    k = ewkern.ElementwiseKernel("raw T x", "raw T y", "y[i] = x[i] * 2 + x.size()", "rawonly")
+    x = np.arange(6.0)
+    y = np.zeros(6)
+    k(x, y, size=6)
+    np.testing.assert_array_equal(y, x * 2 + 6)
+    with pytest.raises(ValueError, match="undecided"):
+        k(x, y)
+    with pytest.raises(ValueError, match="size= can be given only"):
+        axpy(x, x, 1.0, size=3)
+
+
+# ---- frameworks -------------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_torch_in_torch_out(dtype):
+    t = torch.randn(3, 17, dtype=getattr(torch, dtype))
+    row = torch.randn(17, dtype=getattr(torch, dtype))
+    r = squared_diff_generic(t, row)
+    assert isinstance(r, torch.Tensor) and r.dtype == t.dtype and r.shape == (3, 17)
+    ref = (t.double() - row.double()) ** 2
+    close(r.double().numpy(), ref.numpy(), dtype, 2)
+    # non-contiguous torch input
+    r2 = squared_diff_generic(t.T, t.T)
+    assert isinstance(r2, torch.Tensor)
+    assert float(r2.abs().max()) == 0.0 and r2.shape == (17, 3)
+    s = l2norm(t.float(), axis=1)
+    assert isinstance(s, torch.Tensor)
+    close(s.numpy(), torch.linalg.vector_norm(t.double(), dim=1).numpy(), "float32", 8)
+
+
+def test_ewkern_array_in_array_out():
+    a = ewkern.asarray(np.arange(12, dtype=np.float32).reshape(3, 4), device="cpu")
+    r = squared_diff_generic(a, 1.0)
+    assert isinstance(r, ewkern.Array) and r.dtype == "float32"
+    np.testing.assert_array_equal(r.numpy(), (np.arange(12, dtype=np.float32).reshape(3, 4) - 1) ** 2)
+
+
+# ---- reductions -------------------------------------------------------------------------------
+
+def test_reduction_axes_identity_and_determinism():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 6, 7))
+    ssum = ewkern.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "ssum")
+    for axis in [None, 0, 1, 2, -1, (0, 2), (1,)]:
+        close(ssum(x, axis=axis), x.sum(axis=axis), "float64", 64)
+        assert ssum(x, axis=axis, keepdims=True).shape == x.sum(axis=axis, keepdims=True).shape
+    big = rng.standard_normal(100003).astype(np.float32)
+    r1, r2 = ssum(big), ssum(big)
+    assert r1.tobytes() == r2.tobytes()
+    close(r1, big.astype(np.float64).sum(), "float32", 2000)
+    vmax = ewkern.ReductionKernel("T x", "T y", "x", "max(a, b)", "y = a", None, "vmax")
+    np.testing.assert_array_equal(vmax(x, axis=1), x.max(axis=1))
+    with pytest.raises(ValueError, match="zero elements"):
+        vmax(np.zeros((0, 3)), axis=0)
+    np.testing.assert_array_equal(ssum(np.zeros((0, 3)), axis=0), np.zeros(3))
+    # mean with the index sizes, scalar input broadcast, float16 input reduced in float
+    mean = ewkern.ReductionKernel("T x, T w", "T y", "x * w", "a + b", "y = a / (_in_ind.size() / _out_ind.size())",
+                                  "0", "wmean")
+    close(mean(x, 2.0, axis=2), 2.0 * x.mean(axis=2), "float64", 64)
+    h = rng.standard_normal((4, 300)).astype(np.float16)
+    close(ssum(h, axis=1), h.astype(np.float64).sum(1), "float16", 4)
+    out = np.empty(5)
+    assert ssum(x, axis=(1, 2), out=out) is out
+    np.testing.assert_allclose(out, x.sum((1, 2)))
+    with pytest.raises(ValueError, match="out of bounds"):
+        ssum(x, axis=3)
+    with pytest.raises(ValueError, match="has shape"):
+        ssum(x, axis=0, out=np.empty(3))
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def test_bad_params_and_arguments():
+    with pytest.raises(ValueError, match="wrong type 'float'"):
+        ewkern.ElementwiseKernel("float x", "float y", "y = x", "k")
+    with pytest.raises(ValueError, match="wrong type 'half'"):
+        ewkern.ElementwiseKernel("half x", "T y", "y = x", "k")
+    with pytest.raises(ValueError, match="syntax error"):
+        ewkern.ElementwiseKernel("x", "T y", "y = x", "k")
+    with pytest.raises(ValueError, match="unknown keyword 'const'"):
+        ewkern.ElementwiseKernel("const T x", "T y", "y = x", "k")
+    with pytest.raises(ValueError, match="used twice"):
+        ewkern.ElementwiseKernel("T x, T x", "T y", "y = x", "k")
+    with pytest.raises(ValueError, match="C identifier"):
+        ewkern.ElementwiseKernel("T x", "T y", "y = x", "my kernel")
+    x32, x64 = np.ones(3, np.float32), np.ones(3)
+    with pytest.raises(TypeError, match="wrong number of arguments: expected 2 inputs or 3"):
+        squared_diff(x32)
+    with pytest.raises(TypeError, match="type is mismatched: x is float32"):
+        squared_diff(x64, x32)
+    with pytest.raises(TypeError, match="T is already float64"):
+        squared_diff_generic(x64, x32)
+    with pytest.raises(TypeError, match="cannot determine the type T"):
+        squared_diff_generic(1.0, 2.0)
+    with pytest.raises(TypeError, match="must be an array or a scalar"):
+        squared_diff(x32, [1, 2, 3])
+    with pytest.raises(ValueError, match="output z has shape"):
+        squared_diff(x32, x32, np.empty(1, np.float32))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        squared_diff(x32, x32, np.empty(4, np.float32))
+    with pytest.raises(TypeError, match="run-time kernels do not take"):
+        squared_diff_generic(np.ones(3, np.complex64), np.ones(3, np.complex64))
+    assert [p.name for p in parse_params("T x, raw float32 y", False, "k")] == ["x", "y"]
+
+
+def test_compile_error_names_kernel_and_line():
+    k = ewkern.ElementwiseKernel("T x", "T y", "T t = x * 2;\ny = t + undefined_name", "broken")
+    with pytest.raises(ewkern.rtc.CompileError) as e:
+        k(np.ones(3))
+    msg = str(e.value)
+    assert "'broken'" in msg and "operation, line 2: y = t + undefined_name" in msg
+
+
+# ---- the caches -------------------------------------------------------------------------------
+
+def test_disk_cache_written_reused_and_damaged_entry_recompiled(cache_dir):
+    src = "y = x * 3 + 1"
+    k = ewkern.ElementwiseKernel("T x", "T y", src, "cached")
+    x = np.arange(5.0)
+    np.testing.assert_array_equal(k(x), x * 3 + 1)
+    files = [f for f in os.listdir(cache_dir) if f.endswith(".so")]
+    assert len(files) == 1
+    path = os.path.join(cache_dir, files[0])
+    good = open(path, "rb").read()
+    assert good.startswith(b"EWRTC1 ")
+    key = files[0][:-3]
+    assert _build.disk_get(key, ".so") == good[good.index(b"\n") + 1:]
+    # damage it: the next process (memory cache cleared) must not load it, and rewrites it
+    with open(path, "r+b") as f:
+        f.seek(len(good) // 2)
+        f.write(b"\xff" * 64)
+    assert _build.disk_get(key, ".so") is None
+    _build._loaded.clear()
+    k2 = ewkern.ElementwiseKernel("T x", "T y", src, "cached")
+    np.testing.assert_array_equal(k2(x), x * 3 + 1)
+    assert open(path, "rb").read() == good
+    # truncated to nothing
+    open(path, "wb").close()
+    _build._loaded.clear()
+    np.testing.assert_array_equal(ewkern.ElementwiseKernel("T x", "T y", src, "cached")(x), x * 3 + 1)
+    assert open(path, "rb").read() == good
+    assert not [f for f in os.listdir(cache_dir) if f.startswith(".tmp-")]
+
+
+def test_warm_call_skips_generation(monkeypatch):
+    k = ewkern.ElementwiseKernel("T x", "T y", "y = x + 1", "warm")
+    x = np.arange(4.0)
+    k(x)
+
+    def boom(*a, **kw):
+        raise AssertionError("regenerated")
+    monkeypatch.setattr(_codegen, "elementwise_source", boom)
+    np.testing.assert_array_equal(k(x), x + 1)
+
+
+# ---- CUDA sources through NVRTC (no GPU needed) -----------------------------------------------
+
+def _nvrtc():
+    try:
+        return _build.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def _layout(mode, ndim, specs):
+    """specs: (param string, dtype, kind, raw ndim)"""
+    args = []
+    for ps, dt, kind, rnd in specs:
+        (p,) = parse_params(ps, ps.endswith("_out"), "k")
+        args.append((p, dt, kind, rnd))
+    return _codegen.Layout(mode, ndim, args)
+
+
+def test_nvrtc_missing_message(monkeypatch):
+    monkeypatch.setattr(_build, "_nvrtc", None)
+    monkeypatch.setenv("EWKERN_NVRTC", "/nonexistent/libnvrtc.so.13")
+    with pytest.raises(RuntimeError, match=r"pip install ewkern\[nvrtc\]"):
+        _build.nvrtc()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("mode", ["contig", "strided"])
+def test_nvrtc_compiles_elementwise_to_ptx(dtype, mode):
+    nv = _nvrtc()
+    lay = _layout(mode, 2, [("T x", dtype, "array", 0), ("raw T y", dtype, "raw", 1), ("T a", dtype, "scalar", 0),
+                            ("T z_out", dtype, "array", 0)])
+    tdefs = _codegen.typedefs((("T", dtype),), (), (), (), ())
+    src, entry = _codegen.elementwise_source("cuda", "ewtest", lay, "z_out = a * exp(x) + y[_ind.size() - i - 1]",
+                                             "", "", "", tdefs)
+    ptx, kind, _ = _build.compile_cuda("ewtest", src, (9, 0), ptx_only=True)
+    assert kind == "ptx"
+    text = ptx.decode(errors="replace")
+    assert f".entry {entry}" in text and "griddepcontrol.wait" in text
+    if nv.has_cubin:
+        cubin, kind, _ = _build.compile_cuda("ewtest", src, (9, 0))
+        assert kind == "cubin" and cubin[:4] == b"\x7fELF"
+
+
+def test_nvrtc_compiles_reduction_and_reports_user_line():
+    _nvrtc()
+    inl = _layout("strided", 2, [("T x", "float16", "array", 0)])
+    outl = _layout("strided", 1, [("T y_out", "float16", "array", 0)])
+    tdefs = _codegen.typedefs((("T", "float16"),), (), (), (), ())
+    src, entry = _codegen.reduction_source("cuda", "l2n", inl, outl, True, "x * x", "a + b", "y_out = sqrt(a)", "0",
+                                           "float", "", tdefs)
+    ptx, _, _ = _build.compile_cuda("l2n", src, (8, 0), ptx_only=True)
+    assert f".entry {entry}" in ptx.decode(errors="replace")
+    bad, _ = _codegen.elementwise_source("cuda", "bad", _layout("contig", 1, [("T x", "float32", "array", 0)]),
+                                         "x +* 2", "", "", "", "typedef float T;")
+    with pytest.raises(ewkern.rtc.CompileError, match=r"(?s)'bad'.*operation, line 1: x \+\* 2"):
+        _build.compile_cuda("bad", bad, (9, 0), parts={"operation": "x +* 2"}, ptx_only=True)
+
+
+@pytest.mark.skipif(not os.path.exists(HEADER), reason="csrc/cuda/elementwise_kernel.cuh does not exist yet")
+def test_nvrtc_compiles_fast_path_template():
+    _nvrtc()
+    ps = parse_params("T x, T y, T alpha", False, "k")
+    (zo,) = parse_params("T z", True, "k")
+    src, exprs = _codegen.cuda_fast_source("fastaxpy", ps, ("array", "array", "scalar"),
+                                           ("float32",) * 3, zo, "float32", "z = alpha * x + y", "",
+                                           "typedef float T;")
+    ptx, _, lowered = _build.compile_cuda("fastaxpy", src, (9, 0), name_exprs=exprs, ptx_only=True)
+    assert all(lowered[e] in ptx.decode(errors="replace") for e in exprs)
+
+
+# ---- the GPU (skipped without one) ------------------------------------------------------------
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gpu_elementwise_and_reduction(dtype):
+    tdt = getattr(torch, dtype)
+    x = torch.randn(3, 1001, dtype=tdt, device="cuda")
+    row = torch.randn(1001, dtype=tdt, device="cuda")
+    r = squared_diff_generic(x, row)
+    assert r.is_cuda and r.dtype == tdt
+    close(r.double().cpu().numpy(), ((x.double() - row.double()) ** 2).cpu().numpy(), dtype, 2)
+    r = axpy(x[:, 1:].contiguous(), x[:, 1:].contiguous(), 2.0)
+    close(r.double().cpu().numpy(), (3 * x[:, 1:].double()).cpu().numpy(), dtype, 2)
+    s = l2norm(x.float(), axis=1)
+    close(s.cpu().numpy(), torch.linalg.vector_norm(x.double(), dim=1).cpu().numpy(), "float32", 64)
+    a = ewkern.asarray(np.arange(9.0, dtype=np.float32), device="cuda:0")
+    y = add_reverse(a, a)
+    assert isinstance(y, ewkern.Array)
+    np.testing.assert_array_equal(y.numpy(), np.full(9, 8.0, np.float32))
