@@ -591,6 +591,30 @@ static PyObject *pack_results(int nout, PyObject **res, const int *mask)
     return t;
 }
 
+/* The results of a call with nout outputs: each asked-for output is the given out= array or a new
+ * array like `like` (its view appended to v[*nv], its index in out_view). NULL on failure (the new
+ * views taken stay in v for the caller to release). */
+static PyObject *make_results(ew_state *st, const ew_view *like, void *stream, int nout, const int *mask,
+                              PyObject *const *out_objs, ew_view *v, int *nv, int *out_view)
+{
+    PyObject *res[MAX_OUT] = {NULL, NULL};
+    for (int o = 0; o < nout; o++) {
+        if (!mask[o])
+            continue;
+        if (out_objs[o]) {
+            res[o] = Py_NewRef(out_objs[o]);
+            continue;
+        }
+        res[o] = ew_new_result(st, like, like->dtype, like->ndim, like->shape, stream, &v[*nv]);
+        if (res[o] == NULL) {
+            Py_XDECREF(res[0]);
+            return NULL;
+        }
+        out_view[o] = (*nv)++;
+    }
+    return pack_results(nout, res, mask);
+}
+
 static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames, PlanObject *plan)
 {
@@ -637,7 +661,6 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
     const char *view_names[MAX_IN + MAX_OUT];
     static const char *const out_names[MAX_OUT] = {"out", "out[1]"};
     int nv = 0;
-    PyObject *res[MAX_OUT] = {NULL, NULL};
     PyObject *result = NULL;
     void *stream = NULL;
     const ew_kernel *k = NULL;
@@ -681,21 +704,7 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
                                         : ew_find_kernel(op->name, lo.variant, ref->dtype, ref->device.type);
     if (k == NULL || check_launch_params(cs.fname, k, &lo, ref->device) < 0 || ew_device_enter(&g, ref->device) < 0)
         goto fail;
-    for (int o = 0; o < nout; o++) {
-        if (!mask[o])
-            continue;
-        if (out_objs[o]) {
-            res[o] = Py_NewRef(out_objs[o]);
-        } else {
-            res[o] = ew_new_result(st, ref, ref->dtype, ref->ndim, ref->shape, stream, &v[nv]);
-            if (res[o] == NULL)
-                goto fail;
-            out_view[o] = nv++;
-        }
-    }
-    result = pack_results(nout, res, mask);
-    res[0] = res[1] = NULL;
-    if (result == NULL)
+    if ((result = make_results(st, ref, stream, nout, mask, out_objs, v, &nv, out_view)) == NULL)
         goto fail;
     for (int i = 0; i < nin; i++)
         ea.in[i] = v[i].data;
@@ -715,8 +724,6 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
-    Py_XDECREF(res[0]);
-    Py_XDECREF(res[1]);
     Py_XDECREF(result);
     ew_device_exit(&g);
     return NULL;
@@ -932,7 +939,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
     static const char *const names[6] = {"a", "b", "grad", "r", "out[0]", "out[1]"};
     ew_view v[6];
     int nv = 0, out_view[2] = {-1, -1};
-    PyObject *res[2] = {NULL, NULL}, *result = NULL;
+    PyObject *result = NULL;
     void *stream = NULL;
     const ew_kernel *k;
     ew_device_guard g = EW_DEVICE_GUARD_INIT;
@@ -983,20 +990,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
     if (k == NULL || check_launch_params("rmse_backward", k, &lo, v[0].device) < 0 ||
         ew_device_enter(&g, v[0].device) < 0)
         goto fail;
-    for (int o = 0; o < 2; o++) {
-        if (!mask[o])
-            continue;
-        if (out_objs[o]) {
-            res[o] = Py_NewRef(out_objs[o]);
-        } else {
-            if ((res[o] = ew_new_result(st, &v[0], v[0].dtype, v[0].ndim, v[0].shape, stream, &v[nv])) == NULL)
-                goto fail;
-            out_view[o] = nv++;
-        }
-    }
-    result = pack_results(2, res, mask);
-    res[0] = res[1] = NULL;
-    if (result == NULL)
+    if ((result = make_results(st, &v[0], stream, 2, mask, out_objs, v, &nv, out_view)) == NULL)
         goto fail;
     ra.a = v[0].data;
     ra.b = v[1].data;
@@ -1013,8 +1007,6 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
 fail:
     for (int i = 0; i < nv; i++)
         ew_view_release(&v[i]);
-    Py_XDECREF(res[0]);
-    Py_XDECREF(res[1]);
     Py_XDECREF(result);
     ew_device_exit(&g);
     return NULL;

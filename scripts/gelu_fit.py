@@ -1,4 +1,4 @@
-"""Fit the polynomials of the CUDA gelu (csrc/cuda/elementwise_ops.cuh, Op_gelu_f32 and Op_gelu_h16).
+"""Fit the polynomials of the CUDA gelu (csrc/cuda/elementwise_ops.cuh, erfc_fit_f32 and erfc_fit_h16, used by gelu and its backward).
 
 gelu(x) = x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2. The kernels evaluate one erfc(z), z = |x| / sqrt 2,
 for both signs of x as

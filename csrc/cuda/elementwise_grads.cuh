@@ -115,13 +115,8 @@ struct Grad_gelu_h16 {
     {
         const float g = x[0], a = x[1];
         const float z = fabsf(a) * kRsqrt2;
-        const float t = rcp_approx_ftz(fmaf(z, 0.5f, 1.0f));
-        const float s = 1.0f - t;
-        float q = -0.32583496f;
-        q = fmaf(q, s, 0.6181457f);
-        q = fmaf(q, s, 0.11428998f);
-        q = fmaf(q, s, -0.4197283f);
-        q = fmaf(q, s, -1.813977f);
+        float t, s;
+        const float q = erfc_fit_h16(z, t, s);
         const float e = ex2_approx_ftz(fmaf(z * z, -kLog2e, 32.0f));
         const float h = 0.5f * t * ex2_approx_ftz(s * q);
         const float u = fmaf(a, 0.398942280401432678f, a < 0.0f ? h : -h);
@@ -140,20 +135,8 @@ struct Grad_gelu_f32 {
     {
         const float g = x[0], a = x[1];
         const float z = fminf(fabsf(a) * kRsqrt2, 16.0f);
-        const float d = fmaf(z, 0.5f, 1.0f);
-        float t = rcp_approx_ftz(d);
-        t = fmaf(t, fmaf(-d, t, 1.0f), t);
-        const float s = 1.0f - t;
-        float q = -0.20092766f;
-        q = fmaf(q, s, 0.6277097f);
-        q = fmaf(q, s, -0.5815188f);
-        q = fmaf(q, s, 0.11310536f);
-        q = fmaf(q, s, -0.12101603f);
-        q = fmaf(q, s, 0.071952134f);
-        q = fmaf(q, s, 0.28323686f);
-        q = fmaf(q, s, 0.23216939f);
-        q = fmaf(q, s, -0.4374274f);
-        q = fmaf(q, s, -1.8131202f);
+        float t, s;
+        const float q = erfc_fit_f32(z, t, s);
         const float e = ex2_approx(z * z * -kLog2e);                 /* e^(-a^2 / 2) */
         const float h = 0.5f * t * ex2_approx(s * q);                /* Phi(-|a|) / e */
         const float u = fmaf(a, 0.398942280401432678f, a < 0.0f ? h : -h);

@@ -179,6 +179,36 @@ struct Op_log_sfu {
  * 2 a^2 term); the rest stays under 4 ulp. */
 static const float kLog2e = 1.44269504088896341f;
 static const float kRsqrt2 = 0.707106781186547524f;
+/* The fit (scripts/gelu_fit.py) for z >= 0: erfc(z) = t 2^(-z^2 log2 e + s Q(s)), t = 1 / (1 + z / 2),
+ * s = 1 - t; each returns Q(s) and sets t and s. erfc_fit_f32: degree 10, t to 0.5 ulp by one Newton
+ * step; erfc_fit_h16: degree 5, t from the SFU alone. gelu and its backward share them. */
+EW_DEV float erfc_fit_f32(float z, float &t, float &s)
+{
+    const float d = fmaf(z, 0.5f, 1.0f);
+    t = rcp_approx_ftz(d);
+    t = fmaf(t, fmaf(-d, t, 1.0f), t);
+    s = 1.0f - t;
+    float q = -0.20092766f;
+    q = fmaf(q, s, 0.6277097f);
+    q = fmaf(q, s, -0.5815188f);
+    q = fmaf(q, s, 0.11310536f);
+    q = fmaf(q, s, -0.12101603f);
+    q = fmaf(q, s, 0.071952134f);
+    q = fmaf(q, s, 0.28323686f);
+    q = fmaf(q, s, 0.23216939f);
+    q = fmaf(q, s, -0.4374274f);
+    return fmaf(q, s, -1.8131202f);
+}
+EW_DEV float erfc_fit_h16(float z, float &t, float &s)
+{
+    t = rcp_approx_ftz(fmaf(z, 0.5f, 1.0f));
+    s = 1.0f - t;
+    float q = -0.32583496f;
+    q = fmaf(q, s, 0.6181457f);
+    q = fmaf(q, s, 0.11428998f);
+    q = fmaf(q, s, -0.4197283f);
+    return fmaf(q, s, -1.813977f);
+}
 /* float results: degree 10 (fit error 6e-9 relative), t to 0.5 ulp by one Newton step, and z
  * clamped to 16 (erfc(16) = 1e-113 underflows as erfc(inf) would) so that x = +-inf keeps t finite;
  * (x erfc) / 2 rounds once into the subnormal range. */
@@ -187,20 +217,8 @@ struct Op_gelu_f32 {
     EW_DEV float operator()(float x, float, float, float) const
     {
         const float z = fminf(fabsf(x) * kRsqrt2, 16.0f);
-        const float d = fmaf(z, 0.5f, 1.0f);
-        float t = rcp_approx_ftz(d);
-        t = fmaf(t, fmaf(-d, t, 1.0f), t);
-        const float s = 1.0f - t;
-        float q = -0.20092766f;
-        q = fmaf(q, s, 0.6277097f);
-        q = fmaf(q, s, -0.5815188f);
-        q = fmaf(q, s, 0.11310536f);
-        q = fmaf(q, s, -0.12101603f);
-        q = fmaf(q, s, 0.071952134f);
-        q = fmaf(q, s, 0.28323686f);
-        q = fmaf(q, s, 0.23216939f);
-        q = fmaf(q, s, -0.4374274f);
-        q = fmaf(q, s, -1.8131202f);
+        float t, s;
+        const float q = erfc_fit_f32(z, t, s);
         const float m = t * ex2_approx(fmaf(z * z, -kLog2e, s * q)); /* erfc(z) */
         return x < 0.0f ? (x * m) * 0.5f : x * (1.0f - 0.5f * m);
     }
@@ -214,13 +232,8 @@ struct Op_gelu_h16 {
     EW_DEV float operator()(float x, float, float, float) const
     {
         const float z = fabsf(x) * kRsqrt2;
-        const float t = rcp_approx_ftz(fmaf(z, 0.5f, 1.0f));
-        const float s = 1.0f - t;
-        float q = -0.32583496f;
-        q = fmaf(q, s, 0.6181457f);
-        q = fmaf(q, s, 0.11428998f);
-        q = fmaf(q, s, -0.4197283f);
-        q = fmaf(q, s, -1.813977f);
+        float t, s;
+        const float q = erfc_fit_h16(z, t, s);
         const float m = t * ex2_approx_ftz(fmaf(z * z, -kLog2e, fmaf(s, q, 32.0f))); /* erfc(z) 2^32 */
         const float h = m * 0x1p-33f;
         return x * (x < 0.0f ? h : 1.0f - h);
