@@ -188,7 +188,7 @@ class _Ops:
         return getattr(E, name)(*args)
 
 
-def _pair(ns, both, only_a, only_b, need):
+def _pair(both, only_a, only_b, need):
     """Two gradients: the one-pass kernel when both are wanted, a single op for one."""
     if need[0] and need[1]:
         return both()
@@ -203,7 +203,7 @@ FAST = {
     "copy": lambda ns, g, s, c, need: (g,),
     "add": lambda ns, g, s, c, need: (g, g),
     "sub": lambda ns, g, s, c, need: (g, ns.f("neg", g) if need[1] else None),
-    "mul": lambda ns, g, s, c, need: _pair(ns, lambda: ns.b("mul_backward", g, s[0], s[1]),
+    "mul": lambda ns, g, s, c, need: _pair(lambda: ns.b("mul_backward", g, s[0], s[1]),
                                             lambda: ns.f("mul", g, s[1]), lambda: ns.f("mul", g, s[0]), need),
     "div": lambda ns, g, s, c, need: (ns.b("div_backward", g, s[0], s[1], need=need) if need[1]
                                       else (ns.f("div", g, s[1]), None)),
@@ -211,7 +211,7 @@ FAST = {
     "minimum": lambda ns, g, s, c, need: ns.b("minimum_backward", g, s[0], s[1], need=need),
     "add_const": lambda ns, g, s, c, need: (g,),
     "mul_const": lambda ns, g, s, c, need: (ns.f("mul_const", g, c[0]),),
-    "axpby": lambda ns, g, s, c, need: _pair(ns, lambda: ns.b("axpby_backward", g, c[0], c[1]),
+    "axpby": lambda ns, g, s, c, need: _pair(lambda: ns.b("axpby_backward", g, c[0], c[1]),
                                               lambda: ns.f("mul_const", g, c[0]),
                                               lambda: ns.f("mul_const", g, c[1]), need),
     "neg": lambda ns, g, s, c, need: (ns.f("neg", g),),
