@@ -410,3 +410,21 @@ def test_results_on_a_busy_side_stream():
     s.synchronize()
     torch.testing.assert_close(y, torch.exp(x))
     torch.testing.assert_close(z, torch.sqrt(((torch.exp(x) - x) ** 2).view(4, -1).mean(1)))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_opcheck_backward_ops(device):
+    """torch.ops.ewkern.<op>_backward (the custom ops a compiled backward calls): schema, fake
+    kernel and real kernel agree (torch.library.opcheck)."""
+    dev = torch_device(device)
+    infos = [d for d in ewkern.ops() if d["family"] == "backward"]
+    assert len(infos) == 16
+    for info in infos:
+        args = [torch.rand(3, 4, device=dev, dtype=torch.float64) + 0.5 for _ in info["args"]]
+        scalars = [1.5, -0.25][: info["scalars"]]
+        torch.library.opcheck(getattr(torch.ops.ewkern, info["name"]).default, (*args, *scalars))
+    a, b = torch.rand(2, 3, 4, device=dev) + 0.5, torch.rand(2, 3, 4, device=dev)
+    r = ewkern.rmse(a, b)
+    torch.library.opcheck(torch.ops.ewkern.rmse_backward.default, (torch.rand_like(r), a, b, r))
+    torch.library.opcheck(torch.ops.ewkern.rmse_backward.default, (torch.rand(4, device=dev), a, b,
+                                                                   ewkern.rmse(a, b, (0, 1)), [0, 1]))
