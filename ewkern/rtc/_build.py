@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib
 import os
 import re
 import shutil
@@ -268,7 +269,7 @@ class NVRTC:
             for e in name_exprs:
                 p = ctypes.c_char_p()
                 self._check(L.nvrtcGetLoweredName(prog, e.encode(), ctypes.byref(p)), "nvrtcGetLoweredName")
-                lowered[e] = p.value.decode()
+                lowered[e] = (p.value or b"").decode()
             return out.raw, lowered
         finally:
             L.nvrtcDestroyProgram(ctypes.byref(prog))
@@ -296,8 +297,8 @@ def include_dirs() -> list[str]:
         if os.environ.get(var):
             cands.append(os.path.join(os.environ[var], "include"))
     cands.append("/usr/local/cuda/include")
-    try:
-        import nvidia.cuda_runtime as _rt   # the nvidia-cuda-runtime wheel, beside the nvrtc one
+    try:   # the nvidia-cuda-runtime wheel, beside the nvrtc one (imported by name: it has no type hints)
+        _rt = importlib.import_module("nvidia.cuda_runtime")
         cands += [os.path.join(p, "include") for p in _rt.__path__]
     except ImportError:
         pass

@@ -211,6 +211,7 @@ def _ctypes_struct(layout: _codegen.Layout):
     if cls is None:
         fields = []
         for ctype, name, code, count in layout.fields():
+            t: Any
             if code == "q":
                 t = ctypes.c_longlong
             elif code == "P":
@@ -487,7 +488,7 @@ class ElementwiseKernel:
         layout = _codegen.Layout(mode, len(lshape), largs)
         params = _fill(layout, n, lshape, values)
         key = (call.device, layout.key(), call.type_map, call.in_types, call.out_types)
-        compiled = self._compiled.get(key)
+        compiled: Any = self._compiled.get(key)
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             backend = "cpu" if call.device == "cpu" else "cuda"
@@ -496,11 +497,13 @@ class ElementwiseKernel:
             if backend == "cpu":
                 compiled = _build.build_cpu(name, src, entry, self._parts())
             else:
+                assert call.device is not None
                 compiled = _gpu_kernel(name, src, entry, call.device, self._parts(), self.options)
             self._compiled[key] = compiled
         if call.device == "cpu":
             compiled(ctypes.addressof(params), _threads(n))
         else:
+            assert call.device is not None
             h = compiled
             block = int(block_size) if block_size else FALLBACK_BLOCK
             _, sms = _device_facts(call.device)
@@ -590,17 +593,17 @@ class ReductionKernel:
             axes = tuple(range(nd))
         else:
             seq = axis if isinstance(axis, (tuple, list)) else (axis,)
-            axes = []
+            picked: list[int] = []
             for a in seq:
                 if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
                     raise TypeError(f"{name}: axis must be an int or a tuple of ints, got {a!r}")
                 if not -nd <= a < max(nd, 1) or (nd == 0 and a not in (0, -1)):
                     raise ValueError(f"{name}: axis {a} is out of bounds for the inputs' {nd} dimensions")
                 a = int(a) % nd if nd else 0
-                if a in axes:
+                if a in picked:
                     raise ValueError(f"{name}: axis {a} is repeated")
-                axes.append(a)
-            axes = tuple(sorted(axes)) if nd else ()
+                picked.append(a)
+            axes = tuple(sorted(picked)) if nd else ()
         kept = [d for d in range(nd) if d not in axes]
         out_shape = tuple(1 if (keepdims and d in axes) else shape[d] for d in range(nd) if keepdims or d not in axes)
         kept_shape = tuple(shape[d] for d in kept)
@@ -651,7 +654,7 @@ class ReductionKernel:
         params = Params(in_struct, out_struct, red_size)
         backend = "cpu" if call.device == "cpu" else "cuda"
         key = (call.device, in_layout.key(), out_layout.key(), call.type_map, call.in_types, call.out_types)
-        compiled = self._compiled.get(key)
+        compiled: Any = self._compiled.get(key)
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
@@ -663,11 +666,13 @@ class ReductionKernel:
             if backend == "cpu":
                 compiled = _build.build_cpu(name, src, entry, parts)
             else:
+                assert call.device is not None
                 compiled = _gpu_kernel(name, src, entry, call.device, parts, self.options)
             self._compiled[key] = compiled
         if backend == "cpu":
             compiled(ctypes.addressof(params), _threads(out_size * red_size) if out_size > 1 else 1)
         else:
+            assert call.device is not None
             h = compiled
             _, sms = _device_facts(call.device)
             _launch_gpu(h, max(1, min(out_size, 32 * sms)), 256, params, call.device, call.stream)
