@@ -320,6 +320,9 @@ def quick_cpu_note(names) -> str:
         out.append("  " + peers.CPU_QUICK_LEAVES_OUT)
     if "e3" in names:
         out.append(f"  e3: ops {', '.join(e3_elementwise.QUICK_OPS)} only (full: {len(e3_elementwise.FULL_OPS)} ops)")
+    if "train" in names:
+        out.append("  train: gelu, mul and rmse in float32 at 1 MiB, and the MLP step (full: every differentiable "
+                   "op in float32, float16, bfloat16)")
     out.append("  e2, r1, c1, overhead: fewer sizes, shapes and calls")
     out.append("  the full CPU set (tens of minutes on 2 cores): python -m ewkern.bench --all --device cpu "
                "(make bench BENCH_ARGS='--all --device cpu')")

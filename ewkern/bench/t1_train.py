@@ -44,9 +44,10 @@ def _ops_arg(text):
 
 
 ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default every differentiable op)")),
-        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16)")),
+        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16; "
+                                                                      "quick: float32)")),
         ("--train-sizes", dict(type=_ops_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
-                                                                    "1MiB-1GiB, quick 4MiB,64MiB; CPU 1MiB)")),
+                                                                    "1MiB-1GiB, quick 64MiB; CPU 1MiB)")),
         ("--train-ways", dict(type=_ops_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
                                                                   "(default all three)")),
         ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host "
@@ -147,11 +148,12 @@ def _params(ctx):
     from ewkern.torch import DIFFERENTIABLE
     small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
     ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else list(DIFFERENTIABLE))
-    dtypes = ctx.opt("train_dtypes") or (["float32"] if small else ["float32", "float16", "bfloat16"])
+    # quick runs (make bench): float32 only (the GPU's quick run: every op at 64 MiB, about 30 s)
+    dtypes = ctx.opt("train_dtypes") or (["float32"] if ctx.quick else ["float32", "float16", "bfloat16"])
     sizes = ctx.opt("train_sizes")
     sizes = [_parse_size(s) for s in sizes] if sizes else ctx.pick(
         "train_sizes_default", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
-        gpu_quick=[4 << 20, 64 << 20], cpu_full=[1 << 20], cpu_quick=[1 << 20])
+        gpu_quick=[64 << 20], cpu_full=[1 << 20], cpu_quick=[1 << 20])
     methods = ctx.opt("train_methods") or (["back-to-back", "single", "host"] if ctx.is_gpu else ["back-to-back"])
     return ops, dtypes, sizes, methods
 
