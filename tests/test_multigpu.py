@@ -158,6 +158,16 @@ def test_ewkern_stream_on_cuda1():
     assert v.device == "cuda:0" and v.numpy()[-1] == 2.0
 
 
+def device_check(current):
+    """check(what): torch's and the runtime's current device are still `current` after `what`."""
+    import torch
+
+    def check(what):
+        assert torch.cuda.current_device() == current, "%s left torch's current device switched" % what
+        assert ewkern._C._current_device() == current, "%s left the runtime's current device switched" % what
+    return check
+
+
 @needs_torch
 @pytest.mark.parametrize("current", [0, 1])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
@@ -167,9 +177,7 @@ def test_torch_on_cuda1(current, dtype):
     with_contexts()
     torch.cuda.set_device(current)
 
-    def unchanged(what):
-        assert torch.cuda.current_device() == current, "%s left torch's current device switched" % what
-        assert ewkern._C._current_device() == current, "%s left the runtime's current device switched" % what
+    unchanged = device_check(current)
     try:
         a = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
         b = torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt)
@@ -364,9 +372,7 @@ def test_backward_training_and_user_kernels_on_cuda1(current, dtype):
     with_contexts()
     torch.cuda.set_device(current)
 
-    def unchanged(what):
-        assert torch.cuda.current_device() == current, "%s left torch's current device switched" % what
-        assert ewkern._C._current_device() == current, "%s left the runtime's current device switched" % what
+    unchanged = device_check(current)
     try:
         g, a, b = (torch.randn(N, device="cuda:1", dtype=torch.float64).to(tdt) for _ in range(3))
         gn, an, bn = (t.double().cpu().numpy().astype(np_dtype(dtype)) for t in (g, a, b))
