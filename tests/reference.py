@@ -61,8 +61,11 @@ REF = {
 
 
 def reference(op, *arrays, scalars=()):
-    """float64 result of op on the inputs (any float dtype), with NumPy's warnings silenced."""
-    args = [np.asarray(x).astype(np.float64) for x in arrays]
+    """The result of op on the inputs (any float dtype) as float64, with NumPy's warnings silenced.
+    NumPy's own functions run in long double (80-bit on x86-64), so that a float64 result's bound
+    of one or two ulp is not eaten by the reference's rounding (NumPy's float64 exp is itself
+    about an ulp off at times); erf and erfc come from math (double) as before."""
+    args = [np.asarray(x).astype(np.float64).astype(np.longdouble) for x in arrays]
     with np.errstate(all="ignore"):
         return np.asarray(REF[op](*args, *scalars), dtype=np.float64)
 

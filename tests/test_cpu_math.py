@@ -20,7 +20,7 @@ mpmath = pytest.importorskip("mpmath")
 MATH_OPS = ["exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "gelu", "silu"]
 
 # ulp bounds on the CPU (ops.def's accuracy column); gelu adds 2 a^2 for a < 0 (its condition)
-CPU_ULPS = {"exp": 2, "log": 4, "sqrt": 1, "rsqrt": 2, "erf": 4, "tanh": 4, "sigmoid": 4, "gelu": 4, "silu": 5}
+CPU_ULPS = {"exp": 3, "log": 4, "sqrt": 1, "rsqrt": 2, "erf": 4, "tanh": 4, "sigmoid": 4, "gelu": 4, "silu": 5}
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 TINY = {"float32": 2.0**-126, "float64": 2.0**-1022, "float16": 2.0**-14, "bfloat16": 2.0**-126}
 
