@@ -94,6 +94,25 @@
         }                                                                                    \
     } while (0)
 
+/* copy: the C library's memcpy (the widest moves the CPU has, non-temporal stores for large
+ * blocks), in one piece per OpenMP thread when parallel. An element loop compiled for the baseline
+ * ISA copied float32 at half NumPy's speed on one thread (8 MiB: 583 against 287 us). */
+#define EW_COPY_PIECE ((int64_t)1 << 20)
+static void ew_copy_bytes(void *dst, const void *src, int64_t nbytes, int parallel)
+{
+    if (!parallel || nbytes <= EW_COPY_PIECE) {
+        memcpy(dst, src, (size_t)nbytes);
+        return;
+    }
+    const int64_t npieces = (nbytes + EW_COPY_PIECE - 1) / EW_COPY_PIECE;
+    EW_PARALLEL
+    for (int64_t k = 0; k < npieces; k++) {
+        const int64_t off = k * EW_COPY_PIECE;
+        const int64_t len = nbytes - off < EW_COPY_PIECE ? nbytes - off : EW_COPY_PIECE;
+        memcpy((char *)dst + off, (const char *)src + off, (size_t)len);
+    }
+}
+
 /* ---- compute-type helpers ---------------------------------------------------------------- */
 
 /* libm names for float (suffix f) and for double. */
@@ -514,7 +533,7 @@ static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
             return EINVAL;                                                                   \
         if (EWK_##name == EW_KIND_COPY) {                                                    \
             if ((const void *)out != (const void *)a)                                        \
-                EW_FOR(i, n, par_min, out[i] = a[i]);                                        \
+                ew_copy_bytes(out, a, n * (int64_t)sizeof *out, n >= par_min);               \
         } else if (EWK_##name == EW_KIND_FILL) {                                             \
             const EW_DT(dt, ST) v = EW_DT(dt, SV)(EW_DT(dt, FS)(args->scalar[0]));           \
             EW_FOR(i, n, par_min, out[i] = v);                                               \
