@@ -2,6 +2,7 @@
 backend and dtype against their float64 NumPy formulas, within the bounds the docstrings state:
 awkward sizes, misaligned starts, in-place gradients, output_mask, NaN/inf, and bad input."""
 import re
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -92,7 +93,7 @@ def test_backward_ops_listed():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", sorted(ULPS))
 def test_backward_against_numpy(op, dtype, device):
-    rng = np.random.default_rng(abs(hash((op, dtype))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{op} {dtype}".encode()))   # the same inputs in every run
     sc = SCALARS.get(op, ())
     for shape in SIZES:
         xs = saved_args(op, rng, shape, dtype)

@@ -2,6 +2,7 @@
 propagation, in-place aliasing, and every CUDA variant on awkward sizes and misaligned starts."""
 import importlib.util
 import re
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -66,7 +67,7 @@ def check(op, got, xs, scalars, dtype, what):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_op_against_numpy(op, dtype, device):
-    rng = np.random.default_rng(abs(hash((op, dtype))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(f"{op} {dtype}".encode()))   # the same inputs in every run
     for shape in [(0,), (1,), (7,), (1023,), (2**20 + 3,), (3, 5, 7)]:
         xs, sc = op_args(op, rng, shape, dtype)
         ins = [ewkern.asarray(x, device=device) for x in xs]
