@@ -294,3 +294,29 @@ def test_rmse_backward_errors():
         ewkern.rmse_backward(r.astype(np.float64), a, a, r)
     with pytest.raises(ValueError, match="axis"):
         ewkern.rmse_backward(r, a, a, r, axis=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_backward_more_than_2_31_elements():
+    """2^31 + 5 float16 elements: the 64-bit-index instance of a two-gradient and a one-gradient
+    backward kernel, against torch's own float16 arithmetic (mul's products are exact in float32,
+    so the two round alike; gelu's within a few 16-bit ulp)."""
+    torch = pytest.importorskip("torch")
+    n = 2**31 + 5
+    free = torch.cuda.mem_get_info()[0]
+    if free < 6 * 2 * n + (2 << 30):
+        pytest.skip("not enough GPU memory for six float16 arrays of 2^31 + 5 elements")
+    g, a, b = (torch.randn(n, device="cuda", dtype=torch.float16) for _ in range(3))
+    ga, gb = ewkern.mul_backward(g, a, b)
+    torch.cuda.synchronize()
+    assert torch.equal(ga, g * b) and torch.equal(gb, g * a), "mul_backward wrong at n = 2^31 + 5"
+    del gb, b
+    out = ewkern.gelu_backward(g, a, out=ga)
+    want = torch.ops.aten.gelu_backward(g, a)
+    torch.cuda.synchronize()
+    assert out is ga
+    torch.testing.assert_close(out, want, rtol=4e-3, atol=1e-4, msg="gelu_backward wrong at n = 2^31 + 5")
+    for k in (0, n - 1):   # the first and the last element, where a wrong index would show
+        assert abs(float(out[k]) - float(want[k])) <= 4e-3 * abs(float(want[k])) + 1e-4
