@@ -167,10 +167,6 @@ class _Eager:
         r = getattr(_C, name)(*args, output_mask=tuple(need))
         return tuple(None if x is None else _as_tensor(x) for x in r)
 
-    @staticmethod
-    def b1(name, *args):
-        return _as_tensor(getattr(_C, name)(*args))
-
 
 class _Ops:
     """The custom ops: what a backward traced by torch.compile calls."""
@@ -183,10 +179,6 @@ class _Ops:
         r = getattr(E, name)(*args)
         return tuple(x if k else None for x, k in zip(r, need))
 
-    @staticmethod
-    def b1(name, *args):
-        return getattr(E, name)(*args)
-
 
 def _pair(both, only_a, only_b, need):
     """Two gradients: the one-pass kernel when both are wanted, a single op for one."""
@@ -196,7 +188,7 @@ def _pair(both, only_a, only_b, need):
 
 
 def _unary_fast(bw):
-    return lambda ns, g, s, c, need: (ns.b1(bw, g, s[0]),)
+    return lambda ns, g, s, c, need: (ns.f(bw, g, s[0]),)
 
 
 FAST = {
@@ -307,7 +299,7 @@ GRADS = {
 DIFFERENTIABLE = tuple(GRADS) + ("rmse",)
 
 
-def _backward_of(name, nin):
+def _backward_of(name):
     """The gradient of one op: composed when a graph of the backward is wanted (create_graph,
     outside torch.compile), the backward kernels otherwise."""
     fast, composed = FAST[name], GRADS[name][1]
@@ -427,7 +419,7 @@ def _register_elementwise(name, info):
     fake, fake_out = _fakes(name, nin)
     op = _define(name, f"({', '.join(args)}) -> Tensor", kernel, fake)
     saves = GRADS[name][0]
-    grads = _backward_of(name, nin)
+    grads = _backward_of(name)
     backward, setup_context = _autograd(nin, saves, grads)
     op.register_autograd(backward, setup_context=setup_context)
     _FUNCTION[name] = _function(name, nin, saves, FAST[name], GRADS[name][1])

@@ -14,10 +14,9 @@ pip-installed NVIDIA package (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
 Kernel names are matched as substrings of the mangled names (namespace ewk), e.g.
 _ZN3ewk13copy_vec1_i32IfEEvPKT_PS1_jj for copy_vec1_i32<float>.
 """
-import glob
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -26,23 +25,13 @@ PREFERRED_ARCH = "sm_90"
 
 
 def _find_tool(name):
-    found = shutil.which(name)
-    if found:
-        return found
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    for root in roots:
-        if root and os.access(os.path.join(root, "bin", name), os.X_OK):
-            return os.path.join(root, "bin", name)
-    try:  # pip wheels: nvidia/cu13/bin/NAME, nvidia/cuda_cuobjdump/bin/NAME, ...
-        import nvidia  # type: ignore
-
-        for base in list(getattr(nvidia, "__path__", [])):
-            for cand in glob.glob(os.path.join(base, "*", "bin", name)):
-                if os.access(cand, os.X_OK):
-                    return cand
-    except ImportError:
-        pass
-    return None
+    """cuobjdump / nvdisasm, found as scripts/sass_compare.py finds them (PATH, CUDA_HOME, the wheels)."""
+    spec = importlib.util.spec_from_file_location(
+        "sass_compare", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                                     "sass_compare.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.find_tool(name)
 
 
 def _extension_path():
