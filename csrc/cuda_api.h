@@ -101,6 +101,15 @@ int ewcuda_pdl_active(int device);
  * cudaLaunchKernelExC on stream, as a programmatic dependent launch when pdl. */
 int ewcuda_library_load(const void *image, const char *name, void **library, void **kernel);
 int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl);
+/* Resident blocks per SM of a loaded kernel at `block` threads on the current device (the
+ * occupancy API; 1 when it cannot say). */
+int ewcuda_kernel_occupancy(void *kernel, int block);
+/* The default path's launch rule (auto_plan in csrc/cuda/elementwise_launch.cuh) for a run-time
+ * kernel compiled in its 1, 2 and 4 vectors-per-thread forms: nvec vectors, nedge head and tail
+ * elements, wave1 the threads of one wave of the 1-vector form, wave4 the vectors of one wave of
+ * the 4-vector form. Gives the vectors per thread, the grid and the PDL prefetch. */
+void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
+                      int pdl, int heavy16, int *vpt, long long *grid, int *prefetch);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,12 @@
  *   _rtc_launch(kernel, grid, block, params, device, stream, pdl)
  *                                     cudaLaunchKernelExC with one by-value parameter (the bytes of
  *                                     the generated kernel's argument struct).
+ *   _rtc_occupancy(kernel, block, device)
+ *                                     resident blocks per SM of a loaded kernel.
+ *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy16, pdl)
+ *                                     (vectors per thread, grid, prefetch) by the default path's
+ *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
+ *                                     ewkern/rtc/_codegen.py.
  */
 #include "rtc.h"
 
@@ -207,6 +213,43 @@ done:
     PyBuffer_Release(&params);
     return res;
 }
+PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
+{
+    unsigned long long kernel;
+    int block, device;
+    if (!PyArg_ParseTuple(args, "Kii:_rtc_occupancy", &kernel, &block, &device))
+        return NULL;
+    if (block < 1 || block > 1024) {
+        PyErr_Format(PyExc_ValueError, "_rtc_occupancy: block %d (expected 1..1024)", block);
+        return NULL;
+    }
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    const ew_device dev = {EW_CUDA, device};
+    if (ew_device_enter(&g, dev) < 0)
+        return NULL;
+    const int nb = ewcuda_kernel_occupancy((void *)(uintptr_t)kernel, block);
+    ew_device_exit(&g);
+    return PyLong_FromLong(nb);
+}
+
+PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
+{
+    long long nvec, nedge, wave1, wave4;
+    int device, block, i32, heavy16, pdl;
+    if (!PyArg_ParseTuple(args, "iLLiLLppp:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
+                          &heavy16, &pdl))
+        return NULL;
+    if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1) {
+        PyErr_Format(PyExc_ValueError, "_rtc_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld out of range",
+                     nvec, nedge, block, wave1, wave4);
+        return NULL;
+    }
+    int vpt, prefetch;
+    long long grid;
+    ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy16, &vpt, &grid,
+                     &prefetch);
+    return Py_BuildValue("(iLi)", vpt, grid, prefetch);
+}
 #else
 PyObject *ew_rtc_load(PyObject *module, PyObject *args)
 {
@@ -215,6 +258,14 @@ PyObject *ew_rtc_load(PyObject *module, PyObject *args)
 }
 
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
 }

@@ -19,6 +19,8 @@ PyObject *ew_rtc_views(PyObject *module, PyObject *args);
 PyObject *ew_rtc_result(PyObject *module, PyObject *args);
 PyObject *ew_rtc_load(PyObject *module, PyObject *args);
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
+PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args);
+PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
 
 #define EW_RTC_METHODS \
     {"_rtc_views", (PyCFunction)ew_rtc_views, METH_VARARGS, \
@@ -31,6 +33,11 @@ PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
      "the handle of its kernel `name` (cudaLibraryGetKernel)."}, \
     {"_rtc_launch", (PyCFunction)ew_rtc_launch, METH_VARARGS, \
      "_rtc_launch(kernel, grid, block, params, device, stream, pdl, /)\n--\n\nLaunch a loaded kernel whose one " \
-     "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."},
+     "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."}, \
+    {"_rtc_occupancy", (PyCFunction)ew_rtc_occupancy, METH_VARARGS, \
+     "_rtc_occupancy(kernel, block, device, /)\n--\n\nResident blocks per SM of a loaded kernel at block threads."}, \
+    {"_rtc_plan", (PyCFunction)ew_rtc_plan, METH_VARARGS, \
+     "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy16, pdl, /)\n--\n\n(vectors per thread, grid, " \
+     "prefetch) of a run-time vector kernel by the default path's launch rule."},
 
 #endif /* EWKERN_RTC_H */

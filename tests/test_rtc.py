@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
     torch = None
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
-HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "cuda", _codegen.FAST_HEADER)
+HEADER = os.path.join(os.path.dirname(__file__), "..", "csrc", "cuda", _codegen.VECTOR_HEADER)
 
 
 @pytest.fixture(autouse=True)
@@ -411,16 +411,51 @@ def test_nvrtc_compiles_reduction_and_reports_user_line():
         _build.compile_cuda("bad", bad, (9, 0), parts={"operation": "x +* 2"}, ptx_only=True)
 
 
-@pytest.mark.skipif(not os.path.exists(HEADER), reason="csrc/cuda/elementwise_kernel.cuh does not exist yet")
-def test_nvrtc_compiles_fast_path_template():
+def test_writes_only_finds_reads_of_an_output():
+    w = _codegen.writes_only
+    assert w("o = a * b + c", "o") and w("if (a > 0) o = a; else o = -a", "o") and w("foo = o2; o = 1", "o")
+    assert not w("o += a", "o") and not w("o = o * 2", "o") and not w("if (o == 0) o = 1", "o")
+    assert not w("f(o); o = 1", "o") and not w("o++", "o") and not w("p = &o", "o")
+
+
+class _FakeArr:
+    def __init__(self, ptr, dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+
+def test_vector_head_aligns_every_array_together():
+    h = ewkern.rtc._kernel._vector_head
+    f32 = lambda p: _FakeArr(p, "float32")
+    f16 = lambda p: _FakeArr(p, "float16")
+    assert h([f32(4096), f32(8192)], 4) == 0
+    assert h([f32(4096 + 4), f32(8192 + 4)], 4) == 3          # both 12 bytes short of 16
+    assert h([f32(4096 + 4), f32(8192 + 8)], 4) is None      # offsets differ: the fallback kernel
+    # float16 beside float32: vectors of 4 elements, 8 bytes of the float16 array
+    assert h([f32(4096 + 8), f16(2048 + 4)], 4) == 2
+    assert h([f32(4096 + 8), f16(2048 + 2)], 4) is None
+    assert h([_FakeArr(4096 + 8, "float64"), f16(2048 + 2)], 2) == 1
+    assert h([_FakeArr(4096, "float64"), f16(2048 + 2)], 2) is None
+
+
+@pytest.mark.parametrize("dtypes", [("float32",) * 4, ("float16",) * 4, ("bfloat16",) * 4, ("float64",) * 4,
+                                    ("float32", "float16", "float32", "float32")])
+def test_nvrtc_compiles_vector_forms(dtypes):
+    """The default path's body for a user kernel: its four forms, 16-byte loads of the widest
+    array, streaming stores, the PDL wait and the L2 prefetch."""
     _nvrtc()
-    ps = parse_params("T x, T y, T alpha", False, "k")
-    (zo,) = parse_params("T z", True, "k")
-    src, exprs = _codegen.cuda_fast_source("fastaxpy", ps, ("array", "array", "scalar"),
-                                           ("float32",) * 3, zo, "float32", "z = alpha * x + y", "",
-                                           "typedef float T;")
-    ptx, _, lowered = _build.compile_cuda("fastaxpy", src, (9, 0), name_exprs=exprs, ptx_only=True)
-    assert all(lowered[e] in ptx.decode(errors="replace") for e in exprs)
+    specs = [(f"{dt} {n}", dt, "array", 0) for n, dt in zip("abc", dtypes[:3])]
+    lay = _layout("vector", 1, specs)
+    (o,) = parse_params(f"{dtypes[3]} o", True, "k")
+    lay = _codegen.Layout("vector", 1, list(lay.args) + [(o, dtypes[3], "array", 0)])
+    src, entries = _codegen.vector_source("vfma", lay, "o = a * b + c", "", "", "", "", set())
+    ptx, _, _ = _build.compile_cuda("vfma", src, (9, 0), ptx_only=True)
+    text = ptx.decode(errors="replace")
+    assert all(f".entry {e}" in text for e in entries) and len(entries) == 4
+    assert "ld.global.v4" in text or "ld.global.v2.f64" in text
+    assert "st.global.cs.v4.b32" in text and "griddepcontrol.wait" in text and "prefetch.global.L2" in text
+    # an output the body reads is loaded with the inputs
+    src2, _ = _codegen.vector_source("vacc", lay, "o += a * b + c", "", "", "", "", {"o"})
+    assert "_r_o[_q] = _u_o[_v]" in src2 and "_r_o[_q] = _u_o[_v]" not in src
 
 
 # ---- the GPU (skipped without one) ------------------------------------------------------------
@@ -444,3 +479,101 @@ def test_gpu_elementwise_and_reduction(dtype):
     y = add_reverse(a, a)
     assert isinstance(y, ewkern.Array)
     np.testing.assert_array_equal(y.numpy(), np.full(9, 8.0, np.float32))
+
+
+fma3 = ewkern.ElementwiseKernel("T a, T b, T c", "T o", "o = a * b + c", "fma3")
+
+
+def _took_vector_path(kernel):
+    return kernel._last_path == "vector"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 2, 7, 31, 255, 1025, 70001, 2**20 + 3, 3 * 2**22 + 1])
+@pytest.mark.parametrize("start", [0, 1, 3])
+def test_gpu_vector_path_sizes_and_starts(dtype, n, start):
+    """The default path's body for a user kernel: every size class of the launch rule (1, 2 and 4
+    vectors per thread, head and tail elements) and starts off a 16-byte boundary, against
+    float64 with one rounding (the body computes in float32 for 16-bit types: a*b+c rounds
+    twice in float32, far below a 16-bit ulp)."""
+    tdt = getattr(torch, dtype)
+    base = [torch.randn(n + 8, dtype=tdt, device="cuda") for _ in range(3)]
+    a, b, c = (t[start:start + n] for t in base)
+    out = torch.full((n + 8,), float("nan"), dtype=tdt, device="cuda")
+    o = out[start:start + n]
+    r = fma3(a, b, c, o)
+    assert r is o
+    ab = a.double() * b.double()
+    want = (ab + c.double()).cpu().numpy()
+    close(o.double().cpu().numpy(), want, dtype, 1.0 if dtype in ("float16", "bfloat16") else 2.0,
+          scale=np.abs(want) + np.abs(ab.cpu().numpy()))
+    # the elements around the view are untouched
+    assert torch.isnan(out[:start]).all() and torch.isnan(out[start + n:]).all()
+    # the vector path unless the view ends before its first aligned vector would start
+    head = (-start) % (16 // a.element_size())
+    assert fma3._last_path == ("vector" if head <= n else "contig")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_vector_path_mixed_dtypes_reads_index_and_raw():
+    n = 100003
+    a = torch.randn(n, device="cuda")
+    b = torch.randn(n, device="cuda", dtype=torch.float16)
+    c = torch.randn(n, device="cuda")
+    mixed = ewkern.ElementwiseKernel("float32 a, float16 b, float32 c", "float32 o", "o = a * b + c", "mixed3")
+    o = mixed(a, b, c)
+    torch.testing.assert_close(o, a * b.float() + c, rtol=2e-7, atol=1e-7)
+    assert _took_vector_path(mixed)
+    acc = ewkern.ElementwiseKernel("T a", "T o", "o += a * 2", "acc2")
+    o0 = torch.randn(n, device="cuda")
+    o = o0.clone()
+    acc(a, o)
+    torch.testing.assert_close(o, o0 + 2 * a, rtol=0, atol=0)
+    assert _took_vector_path(acc)
+    idx = ewkern.ElementwiseKernel("T x, raw T y", "T z", "z = x + y[_ind.size() - i - 1] + (T)(i % 3)", "idx_raw")
+    z = idx(a[:n - 1], c[1:])
+    i = torch.arange(n - 1, device="cuda")
+    torch.testing.assert_close(z, a[:n - 1] + c.flip(0)[:n - 1] + (i % 3).float(), rtol=0, atol=1e-6)
+    assert _took_vector_path(idx)
+    # an input whose offset from a 16-byte boundary differs from the output's: the fallback kernel
+    o = mixed(a[1:], b[1:], c[1:])
+    torch.testing.assert_close(o, a[1:] * b[1:].float() + c[1:], rtol=2e-7, atol=1e-7)
+    assert mixed._last_path == "contig"
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_gpu_user_add_equals_ewkern_add(dtype):
+    """`z = x + y` as a user kernel gives ewkern.add's bits (both compute in float32 or float64
+    and round once)."""
+    tdt = getattr(torch, dtype)
+    x, y = (torch.randn(1 << 20 | 5, dtype=tdt, device="cuda") for _ in range(2))
+    useradd = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x + y", "useradd")
+    assert torch.equal(useradd(x, y), ewkern.add(x, y))
+    assert _took_vector_path(useradd)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_vector_path_more_than_2_31_elements():
+    """2^31 + 5 float16 elements: the 64-bit form, with the index i checked at both ends."""
+    n = 2**31 + 5
+    if torch.cuda.mem_get_info()[0] < 2 * 2 * n + (2 << 30):
+        pytest.skip("not enough GPU memory for two float16 arrays of 2^31 + 5 elements")
+    x = torch.ones(n, device="cuda", dtype=torch.float16)
+    k = ewkern.ElementwiseKernel("T x", "T z", "z = x + (T)(i % 3)", "big_index")
+    z = k(x)
+    torch.cuda.synchronize()
+    for j in (0, 1, 2, 2**31 - 1, 2**31, 2**31 + 1, n - 1):
+        assert float(z[j]) == 1 + j % 3, j
+    assert int((z == 1).sum()) == (n + 2) // 3
+    assert _took_vector_path(k)

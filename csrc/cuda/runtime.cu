@@ -405,4 +405,14 @@ int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **arg
     return (int)err;
 }
 
+int ewcuda_kernel_occupancy(void *kernel, int block)
+{
+    int nb = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, (const void *)kernel, block, 0) != cudaSuccess || nb < 1) {
+        (void)cudaGetLastError();
+        nb = 1;
+    }
+    return nb;
+}
+
 } /* extern "C" */

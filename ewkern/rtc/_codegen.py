@@ -7,10 +7,12 @@ store), raw parameters as ``ewrtc::Raw`` views (``y[k]``, ``y.size()``, ``y.shap
 
 - for the CPU (``cpu_*``): an ``extern "C"`` function over the whole loop (OpenMP when the
   compiler has it), built by the system C++ compiler;
-- for CUDA (``cuda_*``): a grid-stride ``extern "C" __global__`` kernel with a 64-bit index that
-  waits for the previous kernel under programmatic dependent launch (the fallback kernel), or,
-  for kernels the default path's template can express, an ``Op_user`` functor for
-  ``ew_fast`` in csrc/cuda/elementwise_kernel.cuh (``cuda_fast_source``).
+- for CUDA: where every non-raw array is C-contiguous over the loop and the arrays' vectors can
+  be aligned together, the default path's body (``vector_source``: vectors of 16 bytes of the
+  widest array, 1, 2 or 4 per thread by auto's launch rule, streaming stores, head and tail on
+  spare threads, PDL with an L2 prefetch); otherwise a grid-stride ``extern "C" __global__``
+  kernel with a 64-bit index that waits for the previous kernel under programmatic dependent
+  launch (the fallback kernel: broadcasting, strided views, misaligned arrays).
 
 Each kernel takes one by-value parameter, a struct whose fields ``fields()`` lists once: the
 generator writes it as C++ and ``_kernel.py`` builds the same layout with ctypes.
@@ -161,8 +163,10 @@ def identifiers(code: str) -> set[str]:
 
 class Layout:
     """The argument struct of one compiled instance. mode is 'contig' (every non-raw array is
-    C-contiguous over the whole loop: element i is at i * itemsize) or 'strided' (ndim dims with
-    byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
+    C-contiguous over the whole loop: element i is at i * itemsize), 'vector' (as contig, for
+    vector_source: the pointers start at element `head`, where every array's vector is aligned,
+    nfast = size - head, and the launch's prefetch) or 'strided' (ndim dims with byte strides per
+    array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
     'scalar' | 'raw', raw ndim)."""
 
     def __init__(self, mode: str, ndim: int, args):
@@ -174,6 +178,8 @@ class Layout:
         """(C++ type, field name, ctypes code, count): the struct's fields in order; count 0 is a
         plain field, count >= 1 an array of that many."""
         f = [("long long", "size", "q", 0), ("long long", "shape", "q", self.ndim)]
+        if self.mode == "vector":
+            f += [("long long", "head", "q", 0), ("long long", "nfast", "q", 0), ("long long", "prefetch", "q", 0)]
         for p, dt, kind, rnd in self.args:
             if kind == "scalar":
                 f.append((DTYPES[dt][1], "s_" + p.name, "scalar:" + dt, 0))
@@ -418,60 +424,179 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     return src.text(), entry
 
 
-# ---- the default path's template (csrc/cuda/elementwise_kernel.cuh) --------------------------
+# ---- the default path's body for run-time kernels -------------------------------------------
 
-FAST_HEADER = "elementwise_kernel.cuh"
-_FAST_T = {"float32": "float", "float64": "double", "float16": "ewk::half_t", "bfloat16": "ewk::bf16_t"}
+VECTOR_HEADER = "pdl_device.cuh"
+VECTOR_FORMS = ((1, "int"), (2, "int"), (4, "int"), (1, "long long"))
+# the calls that make a 16-bit kernel's math a real share of a vector's time (auto's Heavy)
+HEAVY_MATH = frozenset({"exp", "expf", "exp2", "exp2f", "expm1", "expm1f", "log", "logf", "log2", "log2f", "log10",
+                        "log10f", "log1p", "log1pf", "erf", "erff", "erfc", "erfcf", "tanh", "tanhf", "sin", "sinf",
+                        "cos", "cosf", "tan", "tanf", "pow", "powf", "sinh", "cosh", "asin", "acos", "atan",
+                        "atan2", "cbrt", "hypot", "fmod"})
+
+VECTOR_PRELUDE = r"""
+namespace ewrtc {
+/* E elements of one array, loaded and stored as one vector (16 bytes for the widest array) */
+template <class S, int E> struct alignas(sizeof(S) * E) Pack { S v[E]; };
+/* a streaming store (st.global.cs, as the default path's __stcs) of one Pack (aligned to its size) */
+template <class P> __device__ __forceinline__ void stcs(P *dst, const P &x)
+{
+    if constexpr (sizeof(P) == 16) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(&x);
+        asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(u.x), "r"(u.y), "r"(u.z),
+                     "r"(u.w) : "memory");
+    } else if constexpr (sizeof(P) == 8) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(&x);
+        asm volatile("st.global.cs.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(u.x), "r"(u.y) : "memory");
+    } else if constexpr (sizeof(P) == 4) {
+        const unsigned u = *reinterpret_cast<const unsigned *>(&x);
+        asm volatile("st.global.cs.b32 [%0], %1;" ::"l"(dst), "r"(u) : "memory");
+    } else if constexpr (sizeof(P) == 2) {
+        const unsigned short u = *reinterpret_cast<const unsigned short *>(&x);
+        asm volatile("st.global.cs.b16 [%0], %1;" ::"l"(dst), "h"(u) : "memory");
+    } else {
+        *dst = x;
+    }
+}
+} /* namespace ewrtc */
+"""
 
 
-def fast_eligible(in_params, in_kinds, in_types, out_params, out_types, operation: str, broadcast: bool,
-                  contiguous: bool) -> bool:
-    """Whether ew_fast's template can run this kernel: one non-raw output; one or two array
-    inputs and at most two scalars, all of the output's dtype (one of ewkern's four); no
-    broadcasting, every array contiguous, and an operation that does not use the index."""
-    if len(out_params) != 1 or out_params[0].raw or out_types[0] not in _FAST_T:
-        return False
-    arrays = [k for k, kind in enumerate(in_kinds) if kind == "array"]
-    scalars = [k for k, kind in enumerate(in_kinds) if kind == "scalar"]
-    if not 1 <= len(arrays) <= 2 or len(scalars) > 2 or any(kind == "raw" for kind in in_kinds):
-        return False
-    if any(in_types[k] != out_types[0] for k in arrays):
-        return False
-    if broadcast or not contiguous:
-        return False
-    return not (identifiers(operation) & {"i", "_ind"})
+def writes_only(code: str, name: str) -> bool:
+    """Whether every use of `name` in code is the target of a plain assignment (`name = ...`), so
+    that a vector kernel need not load the output first. Conservative: any other use (a read, a
+    compound assignment, a mention in a comment or string) counts as a read."""
+    uses = [m.end() for m in re.finditer(r"\b%s\b" % re.escape(name), code)]
+    return all(re.match(r"\s*=(?!=)", code[e:]) for e in uses)
 
 
-def cuda_fast_source(name: str, in_params, in_kinds, in_types, out_param, out_type, operation: str,
-                     preamble: str, tdefs: str) -> tuple[str, list[str]]:
-    """Source that plugs the operation into ew_fast as `struct Op_user` and the name expressions
-    of its instances (32-bit index with 1, 2 and 4 vectors per thread, 64-bit index with 1): the
-    launcher picks one by the auto rules. Array inputs map to the functor's a and b, scalars to
-    s0 and s1 (in the compute type)."""
-    arrays = [p for p, k in zip(in_params, in_kinds) if k == "array"]
-    scalars = [p for p, k in zip(in_params, in_kinds) if k == "scalar"]
+def vector_units(layout: Layout) -> int:
+    """Elements per vector: 16 bytes of the widest non-raw array."""
+    return 16 // max(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind == "array")
+
+
+def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop_prep: str, after_loop: str,
+                  tdefs: str, read_outputs) -> tuple[str, list[str]]:
+    """(source, entries) of an elementwise kernel on the default path's body (ew_fast in
+    csrc/cuda/elementwise_kernel.cuh): every non-raw array C-contiguous over the loop, each
+    pointer advanced by the host to element `head`, where every array's vector of E elements
+    (E x itemsize bytes: 16 for the widest) is aligned; block k owns VPT x blockDim vectors, each
+    thread loads all of its vectors before it computes and stores any, stores stream
+    (st.global.cs); the head elements (before the pointers) and the tail go to the last block's
+    last threads, which the launch rule (auto_plan) leaves without a vector; PDL's wait with the
+    first vector's lines prefetched into L2 by the blocks of the first wave. Four forms, as auto
+    has: 1, 2 and 4 vectors per thread with a 32-bit index, 1 with a 64-bit index (entries in
+    VECTOR_FORMS order). Outputs in read_outputs are loaded too (CuPy's outputs are references)."""
+    E = vector_units(layout)
     src = Source(f"{name}.cu")
-    src.add(f'#include "{FAST_HEADER}"')
+    src.add(f'#include "{VECTOR_HEADER}"')
+    src.add(PRELUDE)
+    src.add(VECTOR_PRELUDE)
     src.add(tdefs)
+    src.add(struct_source("ewrtc_params", layout))
     if preamble:
         src.user(preamble, name, "preamble")
-    src.add("struct Op_user {")
-    src.add(f"    enum {{ NIN = {len(arrays)}, KIND = ewk::KIND_COMPUTE }};")
-    src.add("    template <class C> __device__ __forceinline__ C operator()(C _a, C _b, C _s0, C _s1) const")
-    src.add("    {")
-    src.add("        (void)_a; (void)_b; (void)_s0; (void)_s1;")
-    for p, v in zip(arrays, ("_a", "_b")):
-        src.add(f"        const C {p.name} = {v};")
-    for p, v in zip(scalars, ("_s0", "_s1")):
-        src.add(f"        const C {p.name} = {v};")
-    src.add(f"        C {out_param.name} = C(0);")
-    src.add("        {")
-    src.user(operation, name, "operation", ";")
+    arrays = [a for a in layout.args if a[2] == "array"]
+    ins = [a for a in arrays if not a[0].is_output]
+    outs = [a for a in arrays if a[0].is_output]
+    loaded = ins + [a for a in outs if a[0].name in read_outputs]
+    src.add("template <class Idx, int VPT>")
+    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &P)")
+    src.add("{")
+    src.add(f"    enum {{ E = {E} }};")
+    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+    for p, dt, kind, rnd in layout.args:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        if kind == "array":
+            q = "" if p.is_output else "const "
+            src.add(f"    typedef ewrtc::Pack<{S}, E> _U_{p.name};")
+            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name};")
+    src.add("    const Idx _n = Idx(P.nfast), _head = Idx(P.head), _nvec = _n / Idx(E);")
+    src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
+    if ins:
+        src.add("    if ((long long)blockIdx.x < P.prefetch && _base < _nvec) {")
+        for p, dt, kind, _ in ins:
+            src.add(f"        prefetch_l2_line(_u_{p.name} + _base, unsigned(sizeof(_U_{p.name})), threadIdx.x == 0);")
+        src.add("    }")
+    src.add("    pdl_wait();")
+    src.add("    pdl_launch_dependents();")
+    for p, dt, kind, rnd in layout.args:
+        C = DTYPES[dt][1]
+        S = DTYPES[dt][0]
+        if kind == "scalar":
+            src.add(f"    const {C} {p.name} = P.s_{p.name};")
+        elif kind == "raw":
+            src.add(f"    const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)P.p_{p.name}, P.n_{p.name}, {max(rnd, 1)}, "
+                    f"P.shp_{p.name}}};")
+    if loop_prep:
+        src.add("    {")
+        src.user(loop_prep, name, "loop_prep", ";")
+    for p, dt, kind, _ in loaded:
+        src.add(f"    _U_{p.name} _r_{p.name}[VPT];")
+    src.add("#pragma unroll")
+    src.add("    for (int _q = 0; _q < VPT; ++_q) {")
+    src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
+    src.add("        if (_v < _nvec) {")
+    for p, dt, kind, _ in loaded:
+        src.add(f"            _r_{p.name}[_q] = _u_{p.name}[_v];")
     src.add("        }")
-    src.add(f"        return {out_param.name};")
     src.add("    }")
-    src.add("};")
-    T = _FAST_T[out_type]
-    exprs = [f"ewk::ew_fast<Op_user, {T}, int, {v}, false>" for v in (1, 2, 4)]
-    exprs.append(f"ewk::ew_fast<Op_user, {T}, int64_t, 1, false>")
-    return src.text(), exprs
+    src.add("#pragma unroll")
+    src.add("    for (int _q = 0; _q < VPT; ++_q) {")
+    src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
+    src.add("        if (_v < _nvec) {")
+    for p, dt, kind, _ in outs:
+        src.add(f"            _U_{p.name} _w_{p.name};")
+    src.add("#pragma unroll")
+    src.add("            for (int _k = 0; _k < E; ++_k) {")
+    src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
+    for p, dt, kind, _ in arrays:
+        C = DTYPES[dt][1]
+        q = "" if p.is_output else "const "
+        if p.is_output and p.name not in read_outputs:
+            src.add(f"                {C} {p.name} = {C}();")
+        else:
+            src.add(f"                {q}{C} {p.name} = ewrtc::ld(&_r_{p.name}[_q].v[_k]);")
+    src.add("                {")
+    src.user(operation, name, "operation", ";")
+    src.add("                }")
+    for p, dt, kind, _ in outs:
+        src.add(f"                ewrtc::st(&_w_{p.name}.v[_k], {p.name});")
+    src.add("            }")
+    for p, dt, kind, _ in outs:
+        src.add(f"            ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
+    src.add("        }")
+    src.add("    }")
+    src.add("    if (blockIdx.x == gridDim.x - 1) {")
+    src.add("        const Idx _tail0 = _nvec * Idx(E), _nedge = _head + (_n - _tail0);")
+    src.add("        const Idx _j = Idx(blockDim.x) - 1 - Idx(threadIdx.x);")
+    src.add("        if (_j < _nedge) {")
+    src.add("            const Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
+    src.add("            const long long i = (long long)_head + (long long)_e; (void)i;")
+    for p, dt, kind, _ in arrays:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        q = "" if p.is_output else "const "
+        if p.is_output and p.name not in read_outputs:
+            src.add(f"            {C} {p.name} = {C}();")
+        else:
+            src.add(f"            {q}{C} {p.name} = ewrtc::ld(({q}{S} *)P.p_{p.name} + _e);")
+    src.add("            {")
+    src.user(operation, name, "operation", ";")
+    src.add("            }")
+    for p, dt, kind, _ in outs:
+        S = DTYPES[dt][0]
+        src.add(f"            ewrtc::st(({S} *)P.p_{p.name} + _e, {p.name});")
+    src.add("        }")
+    src.add("    }")
+    if after_loop:
+        src.user(after_loop, name, "after_loop", ";")
+    if loop_prep:
+        src.add("    }")
+    src.add("}")
+    entries = []
+    for vpt, idx in VECTOR_FORMS:
+        entry = f"ewrtc_{name}_v{vpt}{'l' if idx != 'int' else ''}"
+        entries.append(entry)
+        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
+        src.add(f"{{ ewrtc_{name}_run<{idx}, {vpt}>(P); }}")
+    return src.text(), entries

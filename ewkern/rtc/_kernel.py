@@ -24,6 +24,7 @@ _CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_
            "unsigned long long": ctypes.c_ulonglong}
 GIL_FREE_WORK = 1 << 16
 FALLBACK_BLOCK = 256
+_AUTO_BLOCK = 256   # the default path's block (kAutoBlock in csrc/cuda/elementwise_launch.cuh)
 
 
 def _C():
@@ -224,10 +225,13 @@ def _ctypes_struct(layout: _codegen.Layout):
     return cls
 
 
-def _fill(layout: _codegen.Layout, size: int, shape, values: dict):
-    """values: name -> _Arr (strides already for `shape`), scalar value, or _Arr for raw."""
+def _fill(layout: _codegen.Layout, size: int, shape, values: dict, head: int = 0):
+    """values: name -> _Arr (strides already for `shape`), scalar value, or _Arr for raw; head:
+    for a 'vector' layout, the element the array pointers start at."""
     S = _ctypes_struct(layout)()
     S.size = size
+    if layout.mode == "vector":
+        S.head, S.nfast = head, size - head
     shp = tuple(shape) if shape else (1,)
     for d, n in enumerate(shp):
         S.shape[d] = n
@@ -237,7 +241,7 @@ def _fill(layout: _codegen.Layout, size: int, shape, values: dict):
             setattr(S, "s_" + p.name, v)
         elif kind == "array":
             a, strides = v
-            setattr(S, "p_" + p.name, a.ptr)
+            setattr(S, "p_" + p.name, a.ptr + head * DTYPES[dt][2])
             if layout.mode == "strided":
                 st = getattr(S, "st_" + p.name)
                 for d, s in enumerate(strides if strides else (0,)):
@@ -284,6 +288,61 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
             h = _C()._rtc_load(image, entry, dev)
             _gpu_kernels[key] = h
         return h
+
+
+class _VectorKernel:
+    """The four forms of a vector_source kernel loaded on one device (VECTOR_FORMS order) and
+    the waves its launch rule needs, asked once per block size."""
+    __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy16")
+
+    def __init__(self, handles, device: str, heavy16: bool):
+        self.handles, self.device, self.heavy16 = handles, device, heavy16
+        self.dev = int(device.split(":")[1])
+        self.sms = _device_facts(device)[1]
+        self.waves: dict[int, tuple[int, int]] = {}
+
+    def launch(self, params, n: int, head: int, E: int, block: int, stream: int) -> None:
+        from .. import pdl_enabled
+        C = _C()
+        w = self.waves.get(block)
+        if w is None:
+            w1 = self.sms * C._rtc_occupancy(self.handles[0], block, self.dev) * block
+            w4 = self.sms * C._rtc_occupancy(self.handles[2], block, self.dev) * block * 4
+            w = self.waves[block] = (w1, w4)
+        nfast = n - head
+        nvec = nfast // E
+        nedge = head + nfast - nvec * E
+        # every index formed fits in 32 bits (as auto's: n + nvec + 8 blocks of elements)
+        i32 = n + nvec + 8 * block * E < 2**31 - 1
+        pdl = pdl_enabled()
+        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy16, pdl)
+        params.prefetch = prefetch
+        h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
+        C._rtc_launch(h, grid, block, bytes(params), self.dev, stream, pdl)
+
+
+def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy16: bool) -> _VectorKernel:
+    cc, _ = _device_facts(device)
+    image, kind, _ = _build.compile_cuda(kernel, source, cc, parts=parts, options=options)
+    dev = int(device.split(":")[1])
+    handles = []
+    with _dev_lock:
+        for entry in entries:
+            key = (id(image), entry, dev)
+            h = _gpu_kernels.get(key)
+            if h is None:
+                h = _gpu_kernels[key] = _C()._rtc_load(image, entry, dev)
+            handles.append(h)
+    return _VectorKernel(tuple(handles), device, heavy16)
+
+
+def _vector_head(arrs, E: int) -> int | None:
+    """The first element index h < E at which every array's vector of E elements is aligned to
+    its own size (E x itemsize bytes), or None."""
+    for h in range(E):
+        if all((a.ptr + h * DTYPES[a.dtype][2]) % (E * DTYPES[a.dtype][2]) == 0 for a in arrs):
+            return h
+    return None
 
 
 def _launch_gpu(handle: int, grid: int, block: int, params, device: str, stream: int) -> None:
@@ -410,6 +469,7 @@ class ElementwiseKernel:
         self.reduce_dims, self.no_return, self.return_tuple = reduce_dims, no_return, return_tuple
         self.options = tuple(options)
         self._compiled: dict = {}   # (device, layout, types) -> compiled function / kernel handle
+        self._last_path = ""
 
     def __repr__(self) -> str:
         return f"<ewkern.ElementwiseKernel {self.name!r}>"
@@ -484,14 +544,33 @@ class ElementwiseKernel:
             else:
                 largs.append((p, dt, "array", 0))
                 values[p.name] = (v, None if contig else _broadcast_strides(v, shape))
+        head = 0
+        if contig and call.device != "cpu" and any(kind == "array" for _, _, kind, _ in largs):
+            E = 16 // max(DTYPES[dt][2] for _, dt, kind, _ in largs if kind == "array")
+            vh = _vector_head([values[p.name][0] for p, _, kind, _ in largs if kind == "array"], E)
+            if vh is not None and vh <= n:
+                mode, head = "vector", vh
+        self._last_path = mode   # which kernel form ran last (the tests read it)
         lshape = (n,) if contig else tuple(shape)
         layout = _codegen.Layout(mode, len(lshape), largs)
-        params = _fill(layout, n, lshape, values)
+        params = _fill(layout, n, lshape, values, head)
         key = (call.device, layout.key(), call.type_map, call.in_types, call.out_types)
         compiled: Any = self._compiled.get(key)
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             backend = "cpu" if call.device == "cpu" else "cuda"
+            if mode == "vector":
+                assert call.device is not None
+                reads = {p.name for p in self.out_params if not p.raw
+                         and not _codegen.writes_only(self.operation, p.name)}
+                vsrc, entries = _codegen.vector_source(name, layout, self.operation, self.preamble, self.loop_prep,
+                                                       self.after_loop, tdefs, reads)
+                heavy16 = (_codegen.vector_units(layout) == 8
+                           and bool(_codegen.identifiers(self.operation) & _codegen.HEAVY_MATH))
+                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy16)
+                self._compiled[key] = compiled
+        if compiled is None:
+            tdefs = _typedefs(call, self.in_params, self.out_params)
             src, entry = _codegen.elementwise_source(backend, name, layout, self.operation, self.preamble,
                                                      self.loop_prep, self.after_loop, tdefs)
             if backend == "cpu":
@@ -502,6 +581,10 @@ class ElementwiseKernel:
             self._compiled[key] = compiled
         if call.device == "cpu":
             compiled(ctypes.addressof(params), _threads(n))
+        elif mode == "vector":
+            E = _codegen.vector_units(layout)
+            block = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
+            compiled.launch(params, n, head, E, block, call.stream)
         else:
             assert call.device is not None
             h = compiled
