@@ -176,6 +176,48 @@ def cuda_variant_params():
     return params
 
 
+def _float64_awkward(op):
+    """float64 inputs where the float64 math of sigmoid/silu/gelu is fragile: gelu for x << 0 (no
+    cancellation allowed down to where results underflow, -38.6), around its clamp (|x| = 40) and
+    near 0; sigmoid/silu where e^-|x| turns subnormal (|x| > 708) and 1 + e^x rounds to 1; subnormal,
+    huge, infinite and NaN inputs."""
+    tiny = [5e-324, 1e-320, 2.0**-1022, 1e-300, 1e-200, 1e-20, 2.0**-30, 1e-8, 1e-3]
+    edges = tiny + [0.25, 0.5, 1.0, 2.0, 3.0, 1e10, 1e300, 1.7976931348623157e308, np.inf]
+    x = [0.0, -0.0, np.nan] + edges + [-v for v in edges]
+    if op == "gelu":
+        x += list(np.linspace(-40.0, -5.0, 35001)) + list(np.linspace(-5.0, 6.0, 22001))
+        x += list(np.linspace(-38.7, -37.3, 2001)) + list(np.linspace(39.99, 40.01, 201))
+        x += list(np.linspace(-40.01, -39.99, 201)) + list(np.linspace(-1e-3, 1e-3, 2001))
+    else:
+        x += list(np.linspace(-746.0, -700.0, 4601)) + list(np.linspace(-260.0, -250.0, 1001))
+        x += list(np.linspace(-40.0, 40.0, 8001)) + list(np.linspace(700.0, 746.0, 461))
+    return np.array(x, dtype=np.float64)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("op", ["gelu", "sigmoid", "silu"])
+def test_float64_awkward_inputs(op, device):
+    """float64 gelu/sigmoid/silu on the inputs of _float64_awkward, within the stated bound (gelu:
+    4 + 2 a^2 ulp; an erf form 1 + erf(x / sqrt 2) would be off by ~1e6 ulp at x = -5), NaN and inf
+    where the ops.def formula gives them (gelu(-inf) = NaN, gelu(inf) = inf, silu(-inf) = NaN).
+    On the GPU this checks the float64 forms of elementwise_ops.cuh (gelu_f64, the branch-free
+    m_div_1to2); the vector body and the scalar edge both run (odd length, offset view)."""
+    x = _float64_awkward(op)
+    want = reference(op, x)
+    with np.errstate(over="ignore"):
+        # |x| > 1000: gelu is x or 0 exactly; 4 ulp there keeps the tolerance from overflowing
+        bound = np.where(np.abs(x) > 1e3, 4.0, ulp_bound(op, [x]))
+    for view in (False, True):
+        arr = ewkern.asarray(np.concatenate([[0.5], x]) if view else x, device=device)
+        if view:
+            arr = offset_view(arr, 1, x.size)
+        got = call(op, [arr], ()).numpy()
+        assert_close(got, want, "float64", bound, f"{op} float64 {device} awkward (offset {view})")
+    if op == "gelu":
+        g = call(op, [ewkern.asarray(np.array([np.inf, -np.inf, np.nan, -40.0, -1e6]), device=device)], ()).numpy()
+        assert g[0] == np.inf and np.isnan(g[1]) and np.isnan(g[2]) and g[3] == 0.0 and g[4] == 0.0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op, dtype, variant", cuda_variant_params())
 def test_cuda_variant(op, dtype, variant):

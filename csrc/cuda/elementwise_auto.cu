@@ -15,7 +15,8 @@
  *              loop, streaming stores (st.global.cs), the scalar head (up to the 16-byte boundary)
  *              and tail on otherwise idle threads, 32-bit index unless n is too large,
  *              programmatic dependent launch on sm_90+ (pdl.cuh) with the first vector's lines
- *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4);
+ *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4;
+ *              float64 exp/log/erf/tanh/sigmoid/silu/gelu take 4 past 4 waves, torch's shape);
  *              float16/bfloat16 computed in float32 (log through the SFU's log2), float64 in
  *              double. "auto_wb" (fill, copy, add, add_const, log, erf): the same
  *              with write-back stores. (Measured on the H100: see the notes.)
@@ -134,7 +135,7 @@ static int run_fast(const ew_args *a)
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-    });
+    }, Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 8);
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);

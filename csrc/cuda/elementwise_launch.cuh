@@ -52,7 +52,8 @@ static OpArgs<T> op_args(const ew_args *a)
  * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
- * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves.
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64:
+ * 4 beyond 4 waves (heavy64).
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
@@ -91,16 +92,23 @@ struct AutoPlan {
 
 /* nvec 16-byte vectors and nedge head/tail elements; wave1: the threads of one wave of the 1-vector
  * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
- * fill: a write-only op; heavy16: libm-class math on 16-bit elements. */
+ * fill: a write-only op; heavy16: libm-class math on 16-bit elements; heavy64: on float64 elements. */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          bool heavy16, Wave4 wave4)
+                          bool heavy16, Wave4 wave4, bool heavy64 = false)
 {
     int vpt = 1;
     if (!i32) {
         vpt = 1; /* the 64-bit instance takes 1 vector per thread */
     } else if (const int forced = forced_vpt()) {
         vpt = forced;
+    } else if (heavy64 && nvec > 4 * wave1) {
+        /* float64 libm-class math (exp, log, erf, tanh, sigmoid, silu, gelu), past 4 waves: 4 vectors
+         * per thread, torch's shape (4 x 16-byte loads, 8 elements). With 1, each thread's one 16-byte
+         * load waits behind 2 elements of 15-75 dependent DP instructions, and an SM holds 32 KB of
+         * loads in flight at most (H200: 4.4 TB/s x ~1 us / 132 SMs needs ~33 KB); 4 keeps 64 bytes
+         * per thread in flight and 8 independent chains, at 32-46 registers (1280-1536 threads per SM) */
+        vpt = 4;
     } else if (fill) {
         /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
