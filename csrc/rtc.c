@@ -17,7 +17,7 @@
  *                                     the generated kernel's argument struct).
  *   _rtc_occupancy(kernel, block, device)
  *                                     resident blocks per SM of a loaded kernel.
- *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy16, pdl)
+ *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl)
  *                                     (vectors per thread, grid, prefetch) by the default path's
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
  *                                     ewkern/rtc/_codegen.py.
@@ -235,9 +235,9 @@ PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4;
-    int device, block, i32, heavy16, pdl;
-    if (!PyArg_ParseTuple(args, "iLLiLLppp:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
-                          &heavy16, &pdl))
+    int device, block, i32, heavy, elems, pdl;
+    if (!PyArg_ParseTuple(args, "iLLiLLppip:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
+                          &heavy, &elems, &pdl))
         return NULL;
     if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1) {
         PyErr_Format(PyExc_ValueError, "_rtc_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld out of range",
@@ -246,8 +246,8 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
     }
     int vpt, prefetch;
     long long grid;
-    ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy16, &vpt, &grid,
-                     &prefetch);
+    ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy, elems, &vpt,
+                     &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
 #else

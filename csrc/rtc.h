@@ -37,7 +37,7 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
     {"_rtc_occupancy", (PyCFunction)ew_rtc_occupancy, METH_VARARGS, \
      "_rtc_occupancy(kernel, block, device, /)\n--\n\nResident blocks per SM of a loaded kernel at block threads."}, \
     {"_rtc_plan", (PyCFunction)ew_rtc_plan, METH_VARARGS, \
-     "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy16, pdl, /)\n--\n\n(vectors per thread, grid, " \
+     "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, /)\n--\n\n(vectors per thread, grid, " \
      "prefetch) of a run-time vector kernel by the default path's launch rule."},
 
 #endif /* EWKERN_RTC_H */

@@ -223,10 +223,11 @@ static const ew_kernel kTable[] = {
 
 /* auto's rule for the run-time kernels of ewkern.rtc (declared in cuda_api.h) */
 extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4,
-                                 int i32, int pdl, int heavy16, int *vpt, long long *grid, int *prefetch)
+                                 int i32, int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch)
 {
-    const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, false, heavy16 != 0,
-                                              [&] { return int64_t(wave4); });
+    const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, false,
+                                              heavy && elems == 8, [&] { return int64_t(wave4); },
+                                              heavy && elems == 2);
     *vpt = plan.vpt;
     *grid = plan.grid;
     *prefetch = plan.prefetch;

@@ -428,7 +428,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
 
 VECTOR_HEADER = "pdl_device.cuh"
 VECTOR_FORMS = ((1, "int"), (2, "int"), (4, "int"), (1, "long long"))
-# the calls that make a 16-bit kernel's math a real share of a vector's time (auto's Heavy)
+# the calls that make a 16-bit or float64 kernel's math a real share of a vector's time (auto's Heavy)
 HEAVY_MATH = frozenset({"exp", "expf", "exp2", "exp2f", "expm1", "expm1f", "log", "logf", "log2", "log2f", "log10",
                         "log10f", "log1p", "log1pf", "erf", "erff", "erfc", "erfcf", "tanh", "tanhf", "sin", "sinf",
                         "cos", "cosf", "tan", "tanf", "pow", "powf", "sinh", "cosh", "asin", "acos", "atan",

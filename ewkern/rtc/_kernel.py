@@ -293,10 +293,10 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
 class _VectorKernel:
     """The four forms of a vector_source kernel loaded on one device (VECTOR_FORMS order) and
     the waves its launch rule needs, asked once per block size."""
-    __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy16")
+    __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy")
 
-    def __init__(self, handles, device: str, heavy16: bool):
-        self.handles, self.device, self.heavy16 = handles, device, heavy16
+    def __init__(self, handles, device: str, heavy: bool):
+        self.handles, self.device, self.heavy = handles, device, heavy
         self.dev = int(device.split(":")[1])
         self.sms = _device_facts(device)[1]
         self.waves: dict[int, tuple[int, int]] = {}
@@ -315,13 +315,13 @@ class _VectorKernel:
         # every index formed fits in 32 bits (as auto's: n + nvec + 8 blocks of elements)
         i32 = n + nvec + 8 * block * E < 2**31 - 1
         pdl = pdl_enabled()
-        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy16, pdl)
+        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl)
         params.prefetch = prefetch
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
         C._rtc_launch(h, grid, block, bytes(params), self.dev, stream, pdl)
 
 
-def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy16: bool) -> _VectorKernel:
+def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy: bool) -> _VectorKernel:
     cc, _ = _device_facts(device)
     image, kind, _ = _build.compile_cuda(kernel, source, cc, parts=parts, options=options)
     dev = int(device.split(":")[1])
@@ -333,7 +333,7 @@ def _vector_kernel(kernel: str, source: str, entries, device: str, parts, option
             if h is None:
                 h = _gpu_kernels[key] = _C()._rtc_load(image, entry, dev)
             handles.append(h)
-    return _VectorKernel(tuple(handles), device, heavy16)
+    return _VectorKernel(tuple(handles), device, heavy)
 
 
 def _vector_head(arrs, E: int) -> int | None:
@@ -565,9 +565,8 @@ class ElementwiseKernel:
                          and not _codegen.writes_only(self.operation, p.name)}
                 vsrc, entries = _codegen.vector_source(name, layout, self.operation, self.preamble, self.loop_prep,
                                                        self.after_loop, tdefs, reads)
-                heavy16 = (_codegen.vector_units(layout) == 8
-                           and bool(_codegen.identifiers(self.operation) & _codegen.HEAVY_MATH))
-                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy16)
+                heavy = bool(_codegen.identifiers(self.operation) & _codegen.HEAVY_MATH)
+                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy)
                 self._compiled[key] = compiled
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
