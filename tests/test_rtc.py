@@ -458,6 +458,23 @@ def test_nvrtc_compiles_vector_forms(dtypes):
     assert "_r_o[_q] = _u_o[_v]" in src2 and "_r_o[_q] = _u_o[_v]" not in src
 
 
+@pytest.mark.parametrize("E", [1, 4, 8])
+def test_nvrtc_compiles_reduction_rows_engine(E):
+    _nvrtc()
+    dt = {1: "float32", 4: "float32", 8: "float16"}[E]
+    lay = _layout("contig", 1, [(f"T a", dt, "array", 0), (f"T b", dt, "array", 0), ("float32 s", "float32", "scalar", 0)])
+    out = _layout("strided", 1, [("float32 y_out", "float32", "array", 0)])
+    src, entries = _codegen.reduction_rows_source("msek", lay, out, E, "(a - b) * (a - b) * s", "a + b",
+                                                  "y_out = sqrt(a / _in_ind.size() * _out_ind.size())", "0",
+                                                  "float", "", f"typedef {'float' if E != 8 else 'float'} T;")
+    ptx, _, _ = _build.compile_cuda("msek", src, (9, 0), ptx_only=True)
+    text = ptx.decode(errors="replace")
+    assert all(f".entry {e}" in text for e in entries)
+    assert "griddepcontrol.wait" in text and "bar.sync" in text
+    if E > 1:
+        assert "ld.global.v4" in text
+
+
 # ---- the GPU (skipped without one) ------------------------------------------------------------
 
 @gpu
@@ -577,3 +594,53 @@ def test_gpu_vector_path_more_than_2_31_elements():
         assert float(z[j]) == 1 + j % 3, j
     assert int((z == 1).sum()) == (n + 2) // 3
     assert _took_vector_path(k)
+
+
+sumsq_rows = ewkern.ReductionKernel("T x", "float32 y", "(float)x * (float)x", "a + b", "y = a", "0", "sumsq_rows",
+                                    reduce_type="float")
+mse_rows = ewkern.ReductionKernel("T a, T b", "float32 y", "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
+                                  "y = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0", "mse_rows",
+                                  reduce_type="float")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("rows,cols,start", [(1, 1, 0), (5, 3, 1), (4096, 8, 0), (65536, 16, 3), (1000, 4096, 0),
+                                             (17, 4099, 1), (3, 1 << 22, 0), (1, 10_000_019, 2), (1 << 18, 64, 0)])
+def test_gpu_reduction_rows_engine(dtype, rows, cols, start):
+    """Every plan of the rows engine (short rows on few lanes, a warp per row, chunked rows with
+    the combine launch, misaligned starts with head and tail elements) against float64, and the
+    same bits on a second call (deterministic)."""
+    tdt = getattr(torch, dtype)
+    buf = torch.randn(rows * cols + 8, dtype=tdt, device="cuda")
+    x = buf[start:start + rows * cols].view(rows, cols)
+    y = sumsq_rows(x, axis=1)
+    assert sumsq_rows._last_path.startswith("rows")
+    want = (x.double() ** 2).sum(1)
+    torch.testing.assert_close(y.double(), want, rtol=2e-6 * max(1, cols) ** 0.5, atol=1e-6)
+    assert torch.equal(sumsq_rows(x, axis=1), y)
+    b = torch.randn_like(x)
+    r = mse_rows(x, b, axis=1)
+    torch.testing.assert_close(r.double(), ((x.double() - b.double()) ** 2).mean(1).sqrt(), rtol=1e-5, atol=1e-6)
+    if dtype != "float32" or start:
+        return
+    # a user's (a - b)^2 -> sum -> sqrt(r / n) is rmse
+    torch.testing.assert_close(r, ewkern.rmse(x, b, axis=1).float(), rtol=1e-5, atol=1e-7)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_reduction_rows_axis_none_keepdims_and_fallback():
+    x = torch.randn(3, 1000, 7, device="cuda")
+    s = l2norm(x)   # axis=None: one output, chunked
+    assert l2norm._last_path.startswith("rows")
+    torch.testing.assert_close(s.double(), x.double().norm(), rtol=1e-5, atol=0)
+    s = l2norm(x, axis=(1, 2), keepdims=True)
+    assert s.shape == (3, 1, 1) and l2norm._last_path.startswith("rows")
+    torch.testing.assert_close(s.double(), x.double().norm(dim=(1, 2), keepdim=True), rtol=1e-5, atol=0)
+    s = l2norm(x, axis=1)   # the reduced axis is not last: the strided kernel
+    assert l2norm._last_path == "strided"
+    torch.testing.assert_close(s.double(), x.double().norm(dim=1), rtol=1e-5, atol=0)

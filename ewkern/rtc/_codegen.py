@@ -424,6 +424,188 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     return src.text(), entry
 
 
+# ---- reductions over contiguous rows -----------------------------------------------------------
+
+ROWS_BLOCK = 256
+
+
+def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: int, map_expr: str, reduce_expr: str,
+                          post_map_expr: str, identity: str, reduce_ctype: str, preamble: str,
+                          tdefs: str) -> tuple[str, list[str]]:
+    """(source, [rows entry, combine entry]) of a CUDA reduction whose inputs are C-contiguous with
+    the reduced axes last: output o reduces the R elements from o * R of every input (in_layout
+    'contig': pointers and scalars). The two-step engine of rmse's default path, for any map and
+    reduce:
+
+      rows     one group of G lanes (a power of two, G | 256) per (output, chunk): the chunk's
+               E-element vectors (16 bytes of the widest input; E = 1 when the inputs' starts
+               cannot be aligned together) go to the lanes in turn, all loads of a step before
+               its math (unrolled by 4); then chunk 0 takes the row's head elements (before its
+               first aligned vector) and the last chunk its tail, lane by lane; the lanes combine
+               in a fixed tree in shared memory. With one chunk per row the group applies post_map and
+               writes the output; otherwise it writes its partial value.
+      combine  one group per output folds its chunks' partials (lanes over chunks, then the
+               same tree) and applies post_map.
+
+    Every combination happens in an order fixed by the shape, E and the inputs' offset from a
+    16-byte boundary, never by timing: results are the same from run to run."""
+    src = Source(f"{name}.cu")
+    src.add(f'#include "{VECTOR_HEADER}"')
+    src.add(PRELUDE)
+    src.add(VECTOR_PRELUDE)
+    src.add(tdefs)
+    src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
+    src.add(struct_source("ewrtc_in", in_layout))
+    src.add(struct_source("ewrtc_out", out_layout))
+    src.add("struct ewrtc_params { ewrtc_in in; ewrtc_out out; long long R, nout, head0, nchunks, chunk_vecs, G,"
+            " prefetch; char *partial; };")
+    if preamble:
+        src.user(preamble, name, "preamble")
+    arrays = [a for a in in_layout.args if a[2] == "array"]
+    outs = [a for a in out_layout.args if a[2] == "array"]
+
+    def combine(src, indent, acc, other):
+        src.add(f"{indent}{{ const type_reduce a = {acc}, b = {other}; {acc} = (type_reduce)(")
+        src.user(reduce_expr, name, "reduce_expr")
+        src.add(f"{indent}); }}")
+
+    def map_into(src, indent, acc, loads):
+        """loads: (param, dtype) -> C++ expression of its element"""
+        src.add(f"{indent}{{")
+        for p, dt, kind, _ in in_layout.args:
+            C = DTYPES[dt][1]
+            if kind == "array":
+                src.add(f"{indent}    const {C} {p.name} = {loads(p, dt)};")
+        src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
+        src.user(map_expr, name, "map_expr")
+        src.add(f"{indent}    );")
+        combine(src, indent + "    ", acc, "_m")
+        src.add(f"{indent}}}")
+
+    def tree_and_finish(src, value_store):
+        """lanes of a group combine in shared memory; lane 0 ends with the group's value in _acc"""
+        src.add(f"    __shared__ type_reduce _sh[{ROWS_BLOCK}];")
+        src.add("    _sh[threadIdx.x] = _acc;")
+        src.add("    for (int _w = _G >> 1; _w > 0; _w >>= 1) {")
+        src.add("        __syncthreads();")
+        src.add("        if (_lane < _w) {")
+        src.add("            type_reduce _x = _sh[threadIdx.x];")
+        combine(src, "            ", "_x", "_sh[threadIdx.x + _w]")
+        src.add("            _sh[threadIdx.x] = _x;")
+        src.add("        }")
+        src.add("    }")
+        src.add("    __syncthreads();")
+        src.add("    if (_lane != 0 || !_live) return;")
+        src.add("    _acc = _sh[threadIdx.x];")
+        value_store(src)
+
+    def post(src):
+        src.add("    {")
+        src.add("        const long long o = _o;")
+        src.add("        const ewrtc_out &P = PP.out;")
+        _offsets(src, out_layout, "o", outs)
+        stores = _loads(src, out_layout)
+        src.add("        const ewrtc::Ind _in_ind = {PP.in.size}, _out_ind = {PP.out.size};")
+        src.add("        (void)_in_ind; (void)_out_ind;")
+        src.add("        const type_reduce a = _acc;")
+        src.add("        {")
+        src.user(post_map_expr, name, "post_map_expr", ";")
+        src.add("        }")
+        for p, S in stores:
+            src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+        src.add("    }")
+
+    def header(src, entry):
+        src.add(f'extern "C" __global__ void __launch_bounds__({ROWS_BLOCK}) {entry}(const ewrtc_params PP)')
+        src.add("{")
+        src.add("    const int _G = int(PP.G), _lane = int(threadIdx.x) & (_G - 1);")
+        src.add(f"    const long long _task = (long long)blockIdx.x * ({ROWS_BLOCK} / _G) + threadIdx.x / _G;")
+
+    rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
+    header(src, rows)
+    src.add("    const long long _o = _task / PP.nchunks, _c = _task % PP.nchunks;")
+    src.add("    const bool _live = _o < PP.nout;")
+    for p, dt, kind, _ in in_layout.args:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        if kind == "scalar":
+            src.add(f"    const {C} {p.name} = PP.in.s_{p.name};")
+        else:
+            src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
+    if arrays:
+        src.add("    if ((long long)blockIdx.x < PP.prefetch && _live) {")
+        src.add(f"        const long long _i0 = _o * PP.R, _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
+        src.add(f"        const long long _v = (_ia + (_c * PP.chunk_vecs + _lane) * {E});")
+        src.add("        if (_v + " + str(E) + " <= _i0 + PP.R) {")
+        for p, dt, kind, _ in arrays:
+            src.add(f"            prefetch_l2_line((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _v, "
+                    f"unsigned(sizeof(_U_{p.name})), _lane == 0);")
+        src.add("        }")
+        src.add("    }")
+    src.add("    pdl_wait();")
+    src.add("    pdl_launch_dependents();")
+    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+    src.add("    if (_live) {")
+    src.add(f"        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
+    src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
+    src.add("        if (_ia > _end) _ia = _end;")
+    src.add(f"        const long long _nv = (_end - _ia) / {E}, _ta = _ia + _nv * {E};")
+    src.add("        const long long _v0 = _c * PP.chunk_vecs, _v1 = _v0 + PP.chunk_vecs < _nv ? _v0 + PP.chunk_vecs : _nv;")
+    for p, dt, kind, _ in arrays:
+        src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
+                f"PP.in.p_{p.name} + _ia);")
+    src.add("        long long _v = _v0 + _lane;")
+    src.add(f"        for (; _v + 3 * _G < _v1; _v += 4 * _G) {{")
+    for p, dt, kind, _ in arrays:
+        src.add(f"            _U_{p.name} _r_{p.name}[4];")
+    src.add("#pragma unroll")
+    src.add("            for (int _q = 0; _q < 4; ++_q) {")
+    for p, dt, kind, _ in arrays:
+        src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v + _q * _G];")
+    src.add("            }")
+    src.add("#pragma unroll")
+    src.add("            for (int _q = 0; _q < 4; ++_q)")
+    src.add("#pragma unroll")
+    src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
+    map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}[_q].v[_k])")
+    src.add("        }")
+    src.add("        for (; _v < _v1; _v += _G) {")
+    for p, dt, kind, _ in arrays:
+        src.add(f"            const _U_{p.name} _r_{p.name} = _u_{p.name}[_v];")
+    src.add("#pragma unroll")
+    src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
+    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}.v[_k])")
+    src.add("        }")
+    # head (chunk 0) and tail (last chunk): lane j takes element j
+    src.add("        if (_c == 0)")
+    src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")
+    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
+    src.add("        if (_c == PP.nchunks - 1)")
+    src.add("            for (long long _e = _ta + _lane; _e < _end; _e += _G)")
+    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
+    src.add("    }")
+
+    def rows_store(src):
+        src.add("    if (PP.nchunks > 1) {")
+        src.add("        ((type_reduce *)PP.partial)[_task] = _acc;")
+        src.add("        return;")
+        src.add("    }")
+        post(src)
+    tree_and_finish(src, rows_store)
+    src.add("}")
+    header(src, comb)
+    src.add("    const long long _o = _task;")
+    src.add("    const bool _live = _o < PP.nout;")
+    src.add("    pdl_wait();")
+    src.add("    pdl_launch_dependents();")
+    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+    src.add("    if (_live)")
+    src.add("        for (long long _c = _lane; _c < PP.nchunks; _c += _G)")
+    combine(src, "            ", "_acc", "((const type_reduce *)PP.partial)[_o * PP.nchunks + _c]")
+    tree_and_finish(src, post)
+    src.add("}")
+    return src.text(), [rows, comb]
+
+
 # ---- the default path's body for run-time kernels -------------------------------------------
 
 VECTOR_HEADER = "pdl_device.cuh"

@@ -594,6 +594,24 @@ class ElementwiseKernel:
         return ret
 
 
+_REDUCE_SIZES = {"float": 4, "double": 8, "int": 4, "long long": 8, "unsigned int": 4, "unsigned long long": 8,
+                 "short": 2, "unsigned short": 2, "signed char": 1, "unsigned char": 1, "bool": 1}
+
+
+def _pow2ceil(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def _dense(strides, shape, item: int) -> bool:
+    """Whether byte strides are C-contiguous for shape (dimensions of size 1 may have any)."""
+    expect = item
+    for n, st in zip(reversed(shape), reversed(strides)):
+        if n != 1 and st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def _IDENT_OK(s: str) -> bool:
     return s.isidentifier() and s.isascii()
 
@@ -646,9 +664,91 @@ class ReductionKernel:
         self.preamble = preamble
         self.options = tuple(options)
         self._compiled: dict = {}
+        self._last_path = ""
 
     def __repr__(self) -> str:
         return f"<ewkern.ReductionKernel {self.name!r}>"
+
+    def _out_struct(self, call: _Call, kept, keepdims: bool, out_size: int):
+        """The outputs' layout and argument struct: their strides over the kept axes."""
+        oargs, ovalues = [], {}
+        oshape = tuple(call.outs[0].shape[d] for d in kept) if keepdims else call.outs[0].shape
+        oshape = oshape or (1,)
+        for p, v, dt in zip(self.out_params, call.outs, call.out_types):
+            st = tuple(v.strides[d] for d in kept) if keepdims else v.strides
+            oargs.append((p, dt, "array", 0))
+            ovalues[p.name] = (v, st or (0,))
+        out_layout = _codegen.Layout("strided", len(oshape), oargs)
+        return out_layout, _fill(out_layout, out_size, oshape, ovalues)
+
+    def _rows(self, call: _Call, largs, values, kept, keepdims: bool, nout: int, R: int, rtype: str) -> None:
+        """CUDA, every array input dense with the reduced axes last: the two-step rows engine
+        (_codegen.reduction_rows_source). Plan: E elements per vector (16 bytes of the widest
+        input, 1 when their starts cannot be aligned together); rows of at most 128 vectors get a
+        group of the fewest lanes (a power of two up to 32) that take at most 4 vectors each, one
+        chunk; longer rows get 32 lanes and, when there are fewer rows than 2 waves of warps, are
+        cut into chunks of at least 256 vectors until there are, then combined by a second launch."""
+        name = self.name
+        assert call.device is not None
+        arrays = [values[p.name][0] for p, _, kind, _ in largs if kind == "array"]
+        E = 16 // max(DTYPES[a.dtype][2] for a in arrays)
+        head0 = _vector_head(arrays, E)
+        if head0 is None:
+            E, head0 = 1, 0
+        in_layout = _codegen.Layout("contig", 1, largs)
+        in_struct = _fill(in_layout, nout * R, (nout * R,), {k: v for k, v in values.items()})
+        out_layout, out_struct = self._out_struct(call, kept, keepdims, nout)
+        key = (call.device, "rows", E, in_layout.key(), out_layout.key(), call.type_map, call.in_types,
+               call.out_types, rtype)
+        kern = self._compiled.get(key)
+        if kern is None:
+            tdefs = _typedefs(call, self.in_params, self.out_params)
+            parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
+                     "post_map_expr": self.post_map_expr, "preamble": self.preamble}
+            src, entries = _codegen.reduction_rows_source(name, in_layout, out_layout, E, self.map_expr,
+                                                          self.reduce_expr, self.post_map_expr, str(self.identity),
+                                                          rtype, self.preamble, tdefs)
+            cc, sms = _device_facts(call.device)
+            image, _, _ = _build.compile_cuda(name, src, cc, parts=parts, options=self.options)
+            dev = int(call.device.split(":")[1])
+            hs = tuple(_C()._rtc_load(image, e, dev) for e in entries)
+            wave = sms * _C()._rtc_occupancy(hs[0], _codegen.ROWS_BLOCK, dev)
+            kern = self._compiled[key] = (hs, wave, sms)
+        (h_rows, h_comb), wave, sms = kern
+        nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
+        warps = 2 * sms * 64
+        if nv <= 128:
+            G, nchunks = min(32, _pow2ceil(-(-nv // 4))), 1
+        else:
+            G = 32
+            nchunks = 1 if nout >= warps else max(1, min(-(-warps // nout), nv // 256))
+        chunk_vecs = max(1, -(-(R // E + 1) // nchunks))
+        nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
+        from .. import pdl_enabled
+        pdl = pdl_enabled()
+
+        class Params(ctypes.Structure):
+            _fields_ = [("in_", type(in_struct)), ("out", type(out_struct)), ("R", ctypes.c_longlong),
+                        ("nout", ctypes.c_longlong), ("head0", ctypes.c_longlong), ("nchunks", ctypes.c_longlong),
+                        ("chunk_vecs", ctypes.c_longlong), ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong),
+                        ("partial", ctypes.c_void_p)]
+        P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
+        keep = None
+        if nchunks > 1:
+            nbytes = nout * nchunks * _REDUCE_SIZES[rtype]
+            keep = _C()._rtc_result(call.like, "float64", (-(-nbytes // 8),))
+            (pa,), _ = _cuda_arrs([keep], ["partial"])
+            P.partial = pa.ptr
+        per = _codegen.ROWS_BLOCK // G
+        _C()._rtc_launch(h_rows, -(-(nout * nchunks) // per), _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]),
+                         call.stream, pdl)
+        if nchunks > 1:
+            P.G = G2 = min(_codegen.ROWS_BLOCK, _pow2ceil(-(-nchunks // 4)))
+            P.prefetch = 0
+            _C()._rtc_launch(h_comb, -(-nout // (_codegen.ROWS_BLOCK // G2)), _codegen.ROWS_BLOCK, bytes(P),
+                             int(call.device[5:]), call.stream, pdl)
+        del keep   # the partials' memory goes back to its allocator in stream order
+        self._last_path = f"rows G={G} chunks={nchunks} E={E}"
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
@@ -716,20 +816,16 @@ class ReductionKernel:
                 st = _broadcast_strides(v, shape)
                 largs.append((p, dt, "array", 0))
                 values[p.name] = (v, tuple(st[d] for d in perm) or (0,))
+        rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
+        if call.device != "cpu" and self.identity is not None and _REDUCE_SIZES.get(rtype) and any(
+                kind == "array" for _, _, kind, _ in largs) and all(
+                kind != "array" or _dense(values[p.name][1], pshape, DTYPES[dt][2]) for p, dt, kind, _ in largs):
+            self._rows(call, largs, values, kept, keepdims, out_size, red_size, rtype)
+            return ret
+        self._last_path = "strided"
         in_layout = _codegen.Layout("strided", len(pshape), largs)
         in_struct = _fill(in_layout, out_size * red_size, pshape, values)
-        # outputs: their strides over the kept axes
-        oargs, ovalues = [], {}
-        oshape = kept_shape or (1,)
-        for p, v, dt in zip(self.out_params, call.outs, call.out_types):
-            if keepdims:
-                st = tuple(v.strides[d] for d in kept)
-            else:
-                st = v.strides
-            oargs.append((p, dt, "array", 0))
-            ovalues[p.name] = (v, st or (0,))
-        out_layout = _codegen.Layout("strided", len(oshape), oargs)
-        out_struct = _fill(out_layout, out_size, oshape, ovalues)
+        out_layout, out_struct = self._out_struct(call, kept, keepdims, out_size)
 
         class Params(ctypes.Structure):
             _fields_ = [("in_", type(in_struct)), ("out", type(out_struct)), ("red_size", ctypes.c_longlong)]
@@ -739,7 +835,6 @@ class ReductionKernel:
         compiled: Any = self._compiled.get(key)
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
-            rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
             parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
                      "post_map_expr": self.post_map_expr, "preamble": self.preamble}
             src, entry = _codegen.reduction_source(backend, name, in_layout, out_layout, True, self.map_expr,
