@@ -14,6 +14,11 @@
         `ewkern.bench rmse_grid` times them (LAYOUT first: [batches, n]; last: [n, batches]).
         Environment knobs (EWKERN_RMSE_SHORT_N, EWKERN_RMSE_SHORT_COLS_N, EWKERN_PDL) apply as set;
         PROBE_NO_DOT=1 times ewkern only.
+    python scripts/speed_probe.py rtc SIZE[,SIZE...] [DTYPE,...]
+        user kernels (ewkern.ElementwiseKernel / ReductionKernel) against the same source in CuPy,
+        torch eager and ewkern's own ops, both timing methods: o = a * b + c (torch.addcmul too),
+        z = x + y (ewkern.add), the per-row mean square of [rows, 4096] and the sum of squares of
+        the whole array. SIZE is bytes per input array.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
@@ -139,6 +144,62 @@ def rmse_overhead(calls=20000, repeats=7):
               flush=True)
 
 
+def rtc(sizes, dtypes):
+    import cupy
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    src = {"fma": ("T a, T b, T c", "T o", "o = a * b + c"), "add": ("T x, T y", "T z", "z = x + y")}
+    red = ("T x", "float32 y", "(float)x * (float)x", "a + b", "y = a / (_in_ind.size() / _out_ind.size())", "0")
+    for dtype in dtypes:
+        tdt = frameworks._torch_dtype(dtype)
+        ek = {k: ewkern.ElementwiseKernel(*v, name=f"p_{k}") for k, v in src.items()}
+        ck = {k: cupy.ElementwiseKernel(*v, name=f"p_{k}") for k, v in src.items()}
+        er = ewkern.ReductionKernel(*red, name="p_msq", reduce_type="float")
+        cr = cupy.ReductionKernel(*red, name="p_msq", reduce_type="float")
+        for size in sizes:
+            n = size // ITEMSIZE[dtype]
+            rows = max(1, n // 4096)
+            cases = {
+                "fma": (3, 1, {"ewkern": lambda a, b, c, o: ek["fma"](a, b, c, o),
+                               "cupy": lambda a, b, c, o: ck["fma"](a, b, c, o),
+                               "torch eager": lambda a, b, c, o: torch.add(a * b, c, out=o),
+                               "torch.addcmul": lambda a, b, c, o: torch.addcmul(c, a, b, out=o)}),
+                "add": (2, 1, {"ewkern": lambda a, b, o: ek["add"](a, b, o),
+                               "cupy": lambda a, b, o: ck["add"](a, b, o),
+                               "ewkern.add": lambda a, b, o: ewkern.add(a, b, out=o)}),
+                "rowmsq": (1, 0, {"ewkern": lambda x: er(x.view(rows, -1), axis=1),
+                                  "cupy": lambda x: cr(x.reshape(rows, -1), axis=1),
+                                  "torch eager": lambda x: x.view(rows, -1).float().pow(2).mean(1)}),
+                "allsq": (1, 0, {"ewkern": lambda x: er(x),
+                                 "cupy": lambda x: cr(x),
+                                 "torch eager": lambda x: x.float().pow(2).mean()}),
+            }
+            for case, (nin, nout, ways) in cases.items():
+                set_b = (nin + nout) * n * ITEMSIZE[dtype]
+                for method, cache in (("b2b", "rotate"), ("single", "flush")):
+                    res = {}
+                    for way, fn in ways.items():
+                        impl = "cupy" if way == "cupy" else "torch"
+
+                        def make_call(fn=fn, impl=impl):
+                            arrs = [torch.randn(rows * 4096 if case.startswith("row") else n, device="cuda:0").to(tdt)
+                                    for _ in range(nin + nout)]
+                            if impl == "cupy":
+                                arrs = [cupy.from_dlpack(t) for t in arrs]
+                            return lambda: fn(*arrs)
+                        try:
+                            res[way] = median_s(frameworks.time_calls(cfg, impl, make_call, set_b, cache))
+                        except Exception as e:   # report and go on: a probe, not a test
+                            res[way] = float("nan")
+                            print(f"  {case} {way}: {type(e).__name__}: {e}", flush=True)
+                        frameworks.release_peer_memory()
+                    best = min(v for k, v in res.items() if k != "ewkern")
+                    print(f"{case} {dtype} {size >> 20} MiB {method}: ewkern {res['ewkern'] * 1e6:.2f} us "
+                          f"({set_b / res['ewkern'] / 1e9:.0f} GB/s) | "
+                          + " | ".join(f"{k} {res['ewkern'] and v / res['ewkern']:.3f}" for k, v in res.items()
+                                       if k != "ewkern") + f" | vs best {best / res['ewkern']:.3f}", flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
@@ -147,6 +208,9 @@ if __name__ == "__main__":
         gelu_accuracy(int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 24)
     elif cmd == "rmse":
         rmse(sys.argv[2], sys.argv[3], [tuple(int(v) for v in c.split("x")) for c in sys.argv[4].split(",")])
+    elif cmd == "rtc":
+        rtc([parse_bytes(x) for x in sys.argv[2].split(",")],
+            sys.argv[3].split(",") if len(sys.argv) > 3 else ["float32", "float16", "bfloat16"])
     elif cmd == "rmse-overhead":
         rmse_overhead()
     else:
