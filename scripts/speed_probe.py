@@ -149,7 +149,7 @@ def rtc(sizes, dtypes):
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
     src = {"fma": ("T a, T b, T c", "T o", "o = a * b + c"), "add": ("T x, T y", "T z", "z = x + y")}
-    red = ("T x", "float32 y", "(float)x * (float)x", "a + b", "y = a / (_in_ind.size() / _out_ind.size())", "0")
+    red = ("T x", "float32 y", "(float)x * (float)x", "a + b", "y = a", "0")   # CuPy has no _in_ind here
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
         ek = {k: ewkern.ElementwiseKernel(*v, name=f"p_{k}") for k, v in src.items()}
@@ -169,10 +169,11 @@ def rtc(sizes, dtypes):
                                "ewkern.add": lambda a, b, o: ewkern.add(a, b, out=o)}),
                 "rowmsq": (1, 0, {"ewkern": lambda x: er(x.view(rows, -1), axis=1),
                                   "cupy": lambda x: cr(x.reshape(rows, -1), axis=1),
-                                  "torch eager": lambda x: x.view(rows, -1).float().pow(2).mean(1)}),
+                                  "torch eager": lambda x: x.view(rows, -1).float().pow(2).sum(1)}),
                 "allsq": (1, 0, {"ewkern": lambda x: er(x),
                                  "cupy": lambda x: cr(x),
-                                 "torch eager": lambda x: x.float().pow(2).mean()}),
+                                 "torch eager": lambda x: x.float().pow(2).sum(),
+                                 "torch.dot": lambda x: torch.dot(x, x)}),
             }
             for case, (nin, nout, ways) in cases.items():
                 set_b = (nin + nout) * n * ITEMSIZE[dtype]

@@ -594,6 +594,9 @@ class ElementwiseKernel:
         return ret
 
 
+# EWKERN_RTC_ROWS_WAVES_X4 (read once): 4 x the waves of warps (64 per SM) below which the rows engine
+# cuts rows into chunks; a knob for measuring the rule in ReductionKernel._rows, not for users
+_ROWS_WAVES_X4 = int(os.environ.get("EWKERN_RTC_ROWS_WAVES_X4", "0") or 0) or 8
 _REDUCE_SIZES = {"float": 4, "double": 8, "int": 4, "long long": 8, "unsigned int": 4, "unsigned long long": 8,
                  "short": 2, "unsigned short": 2, "signed char": 1, "unsigned char": 1, "bool": 1}
 
@@ -716,7 +719,7 @@ class ReductionKernel:
             kern = self._compiled[key] = (hs, wave, sms)
         (h_rows, h_comb), wave, sms = kern
         nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
-        warps = 2 * sms * 64
+        warps = _ROWS_WAVES_X4 * sms * 64 // 4
         if nv <= 128:
             G, nchunks = min(32, _pow2ceil(-(-nv // 4))), 1
         else:
