@@ -102,15 +102,16 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         vpt = 1; /* the 64-bit instance takes 1 vector per thread */
     } else if (const int forced = forced_vpt()) {
         vpt = forced;
-    } else if (heavy64 && nvec > 16 * wave1) {
-        /* float64 libm-class math (exp, log, erf, tanh, sigmoid, silu, gelu), past 16 waves: 4 vectors
-         * per thread, torch's shape (4 x 16-byte loads, 8 elements). With 1, each thread's one 16-byte
-         * load waits behind 2 elements of 15-75 dependent DP instructions, and an SM holds 32 KB of
-         * loads in flight at most (H200: 4.4 TB/s x ~1 us / 132 SMs needs ~33 KB); 4 keeps 64 bytes
-         * per thread in flight and 8 independent chains, at 32-46 registers (1280-1536 threads per SM).
-         * From 4 waves on (the first rule) the H200 gave 1.00-1.02 of torch at 256 MiB-1 GiB but
-         * 0.75-0.97 at 16 MiB (sigmoid single 0.75, exp single 0.83): too few blocks; hence 16 */
-        vpt = 4;
+    } else if (heavy64) {
+        /* float64 libm-class math (exp, log, erf, tanh, sigmoid, silu, gelu): past 2 waves 4 vectors
+         * per thread, torch's shape (4 x 16-byte loads, 8 elements), else 1. With 1, each thread's one
+         * 16-byte load waits behind 2 elements of 15-75 dependent DP instructions; 4 keeps 64 bytes per
+         * thread in flight and 8 independent chains, at 32-46 registers. H200, ewkern / torch, forced
+         * 1 / 2 / 4 per thread, back-to-back (single launch): sigmoid 16 MiB 0.84 / 0.80 / 1.07 (0.76 /
+         * 0.72 / 0.98), 64 MiB 0.78 / 0.72 / 1.01 (0.71 / 0.66 / 0.96); exp 64 MiB 0.94 / 0.87 / 1.04
+         * (0.86 / 0.79 / 1.00); but at 4 MiB (about one wave) 1 beats 4: sigmoid 1.10 against 0.87,
+         * gelu 1.52 against 0.94. */
+        vpt = nvec > 2 * wave1 ? 4 : 1;
     } else if (fill) {
         /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
