@@ -30,7 +30,7 @@ from . import _C
 
 __all__ = ["copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const",
            "axpby", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
-           "silu", "rmse", "DIFFERENTIABLE"]
+           "silu", "rmse", "DIFFERENTIABLE", "kernel_op"]
 
 if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"ewkern.torch needs torch 2.4 or newer (torch.library.custom_op); this is "
@@ -626,3 +626,115 @@ add_const, mul_const = _with_const("add_const"), _with_const("mul_const")
 neg, abs, exp, log, sqrt, rsqrt, erf, tanh, sigmoid, relu, gelu, silu = (
     _unary(n) for n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
                         "silu"))
+
+
+# --- user kernels as custom ops ---------------------------------------------------------------------
+
+_TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+                      torch.float64: "float64"}
+
+
+def kernel_op(kernel, scalars=(), name=None):
+    """kernel_op(kernel, scalars=(), name=None)
+
+    A user's ``ewkern.ElementwiseKernel`` as a torch custom op ``torch.ops.ewkern_user.<name>``
+    (default: the kernel's name), for torch.compile (fullgraph) and autograd. Every input is a
+    Tensor except the ones named in ``scalars`` (floats); the outputs are allocated (one Tensor, or
+    a tuple). The fake kernel gives the outputs' broadcast shape and dtype by the kernel's own
+    type rules.
+
+    Autograd: when the operation is ``out = <expression>`` of the inputs built from arithmetic and
+    exp, log, sqrt, rsqrt, erf, erfc, tanh, fabs, sin, cos, pow, its derivative is taken
+    symbolically and compiled as one more kernel, ``torch.ops.ewkern_user.<name>_backward``, that
+    reads the incoming gradient and the inputs once and writes every tensor input's gradient in one
+    pass (a gradient of a broadcast input is then summed to its shape). The derivative is the
+    formula's, with no guards of its own against overflow. Other operations get no autograd formula:
+    a backward through them raises. Double backward is not supported.
+
+    Returns the op (callable like the kernel without output arguments)."""
+    from .rtc import ElementwiseKernel
+    from .rtc._autodiff import backward_source
+    from .rtc._params import decide_types
+    if not isinstance(kernel, ElementwiseKernel):
+        raise TypeError(f"kernel_op takes an ewkern.ElementwiseKernel, got {type(kernel).__name__}")
+    name = name or kernel.name
+    scalars = tuple(scalars)
+    ins, outs = kernel.in_params, kernel.out_params
+    unknown = set(scalars) - {p.name for p in ins}
+    if unknown:
+        raise ValueError(f"kernel_op({kernel.name}): scalars {sorted(unknown)} are not inputs of the kernel")
+    if any(p.raw for p in outs) or not outs:
+        raise ValueError(f"kernel_op({kernel.name}): needs at least one output and no raw output (its size would "
+                         "be unknown to the fake kernel)")
+    args = ", ".join(f"float {p.name}" if p.name in scalars else f"Tensor {p.name}" for p in ins)
+    ret = "Tensor" if len(outs) == 1 else "(" + ", ".join(["Tensor"] * len(outs)) + ")"
+
+    def result_meta(tensors):
+        shapes = [t.shape for p, t in zip(ins, tensors) if p.name not in scalars and not p.raw]
+        shape = torch.broadcast_shapes(*shapes) if shapes else ()
+        in_dt = tuple(None if p.name in scalars else _TORCH_DTYPE_NAMES.get(t.dtype, str(t.dtype).split(".")[-1])
+                      for p, t in zip(ins, tensors))
+        _, out_types, _ = decide_types(kernel.name, ins, outs, in_dt, (None,) * len(outs))
+        return shape, [getattr(torch, dt) for dt in out_types]
+
+    def impl(*a):
+        r = kernel(*a)
+        return tuple(r) if isinstance(r, tuple) else r
+
+    def fake(*a):
+        shape, dts = result_meta(a)
+        dev = next(t.device for p, t in zip(ins, a) if p.name not in scalars)
+        res = [torch.empty(shape, dtype=dt, device=dev) for dt in dts]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
+                                 schema=f"({args}) -> {ret}")
+    op.register_fake(fake)
+    try:
+        bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars)
+    except ValueError as e:
+        why = str(e)
+
+        def no_backward(ctx, *grads):
+            raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
+        op.register_autograd(no_backward, setup_context=lambda ctx, inputs, output: None)
+        return op
+    bk = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward", preamble=kernel.preamble)
+    diff = [p for p in ins if p.name not in scalars]
+    bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
+
+    def bimpl(g, *a):
+        r = bk(g, *a)
+        return tuple(r) if isinstance(r, tuple) else r
+
+    def bfake(g, *a):
+        res = [torch.empty(g.shape, dtype=t.dtype, device=g.device) for p, t in zip(ins, a) if p.name not in scalars]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    bop = torch.library.custom_op(f"ewkern_user::{name}_backward", bimpl, mutates_args=(),
+                                  device_types=("cpu", "cuda"), schema=f"(Tensor _g, {args}) -> {bret}")
+    bop.register_fake(bfake)
+
+    def setup(ctx, inputs, output):
+        ctx.scalar_values = [v for p, v in zip(ins, inputs) if p.name in scalars]
+        ctx.save_for_backward(*[t for p, t in zip(ins, inputs) if p.name not in scalars])
+
+    def backward(ctx, grad):
+        saved, sv = iter(ctx.saved_tensors), iter(ctx.scalar_values)
+        a = [next(sv) if p.name in scalars else next(saved) for p in ins]
+        # the backward kernel broadcasts the inputs against the gradient itself
+        gs = bop(grad.contiguous(), *[v if p.name in scalars else v.contiguous() for p, v in zip(ins, a)])
+        it = iter(gs if isinstance(gs, tuple) else (gs,))
+        res = []
+        for p, t in zip(ins, a):
+            if p.name in scalars:
+                res.append(None)
+            else:
+                gt = next(it)
+                res.append(gt.sum_to_size(t.shape) if gt.shape != t.shape else gt)
+        return tuple(res)
+
+    if len(outs) != 1:
+        return op   # several outputs: no derived backward (backward_source already refused)
+    op.register_autograd(backward, setup_context=setup)
+    return op

@@ -1,0 +1,118 @@
+"""The backward of an elementwise kernel, derived from its operation (for ewkern.torch.kernel_op).
+
+An operation of the form ``out = <expression>`` over its non-raw inputs, built from arithmetic
+(``+ - * /``, unary minus, parentheses, float literals with or without ``f``) and the math
+functions ewkern's ops use (exp, log, sqrt, rsqrt, erf, erfc, tanh, fabs/abs, sin, cos, pow and
+their ``f`` forms), is differentiated symbolically (sympy, which torch depends on) and printed as C++.
+The backward is one more ElementwiseKernel: it reads the incoming gradient and the inputs once and
+writes every input's gradient in the same pass, ``grad_x = g * d out / d x``, in the compute type
+(float for float32/float16/bfloat16, double for float64). Anything else (statements, conditionals,
+casts, integer division, several outputs, raw parameters) gets a ValueError naming what is not
+supported.
+"""
+from __future__ import annotations
+
+import re
+
+from ._params import Param
+
+_SUPPORTED = ("exp", "log", "sqrt", "rsqrt", "erf", "erfc", "tanh", "fabs", "abs", "sin", "cos", "pow")
+_FLOAT_SUFFIX = re.compile(r"((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)[fF]\b")
+_NUMBER = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])")
+GRAD_PREFIX = "_ewk_grad_"
+
+
+def _sympy():
+    try:
+        import sympy
+    except ImportError:   # pragma: no cover - torch depends on sympy
+        raise ImportError("deriving a kernel's backward needs sympy (pip install sympy; torch installs it)") from None
+    return sympy
+
+
+def _expression(kernel: str, operation: str, out: Param) -> str:
+    m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*=(?!=)(.*?);?\s*", operation, re.S)
+    if not m or ";" in m.group(2):
+        raise ValueError(f"{kernel}: a backward is derived only for an operation of the form "
+                         f"'{out.name} = <expression>', got {operation!r}")
+    if m.group(1) != out.name:
+        raise ValueError(f"{kernel}: the operation assigns {m.group(1)!r}, not the output {out.name!r}")
+    expr = m.group(2)
+    for bad, what in (("?", "conditionals"), ("(float)", "casts"), ("(double)", "casts"), ("(T)", "casts"),
+                      ("[", "indexing"), ("&", "bit operations"), ("|", "bit operations"), ("^", "'^'"),
+                      ("%", "'%'"), ("<", "comparisons"), (">", "comparisons"), ("!", "'!'")):
+        if bad in expr:
+            raise ValueError(f"{kernel}: cannot derive a backward of {expr.strip()!r}: {what} are not supported")
+    return _FLOAT_SUFFIX.sub(r"\1", expr)
+
+
+def derive(kernel: str, operation: str, in_params, out_params, scalars=()) -> dict[str, str]:
+    """name -> C++ expression of d out / d name for every non-scalar input (in the inputs' names).
+    scalars: input names that are scalars (not differentiated)."""
+    sp = _sympy()
+    if len(out_params) != 1 or out_params[0].raw:
+        raise ValueError(f"{kernel}: a backward is derived only for one non-raw output")
+    for p in in_params:
+        if p.raw:
+            raise ValueError(f"{kernel}: a backward is not derived for raw parameters ({p.name})")
+    expr_src = _expression(kernel, operation, out_params[0])
+    syms = {p.name: sp.Symbol(p.name, real=True) for p in in_params}
+    rs = lambda x: 1 / sp.sqrt(x)
+    funcs = {"exp": sp.exp, "log": sp.log, "sqrt": sp.sqrt, "rsqrt": rs, "erf": sp.erf, "erfc": sp.erfc,
+             "tanh": sp.tanh, "fabs": sp.Abs, "abs": sp.Abs, "sin": sp.sin, "cos": sp.cos, "pow": sp.Pow}
+    funcs.update({k + "f": v for k, v in list(funcs.items()) if k != "abs"})
+    for name in set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", expr_src)):
+        if name not in funcs:
+            raise ValueError(f"{kernel}: cannot derive a backward through {name}() (supported: "
+                             f"{', '.join(_SUPPORTED)} and their f forms)")
+    for name in set(re.findall(r"\b([A-Za-z_]\w*)\b", expr_src)) - set(funcs):
+        if name not in syms and not re.fullmatch(r"[eE]\d*", name):
+            raise ValueError(f"{kernel}: cannot derive a backward: {name!r} is not an input of the kernel")
+    if re.search(r"(?<![\w.])\d+\s*/\s*\d+(?![\w.])", expr_src):
+        raise ValueError(f"{kernel}: cannot derive a backward of {expr_src.strip()!r}: integer division "
+                         "(write 1.0f / 2)")
+    try:
+        expr = sp.parse_expr(expr_src, local_dict={**syms, **funcs}, evaluate=True)
+    except Exception as e:
+        raise ValueError(f"{kernel}: cannot derive a backward of {expr_src.strip()!r}: {e}") from None
+
+    def square(b, e):
+        return f"(({b}) * ({b}))"
+
+    def is_(v):
+        return lambda b, e: bool(e.is_Number) and float(e) == v
+
+    user = {"Pow": [(is_(2), square), (is_(-1), lambda b, e: f"(1 / ({b}))"),
+                    (is_(-2), lambda b, e: f"(1 / {square(b, e)})"), (is_(0.5), lambda b, e: f"sqrt({b})"),
+                    (is_(-0.5), lambda b, e: f"rsqrt({b})"), (lambda b, e: True, "pow")],
+            "Abs": "fabs"}
+    grads = {}
+    for p in in_params:
+        if p.name in scalars:
+            continue
+        # not simplified: sympy's simpler forms can overflow where the plain derivative does not
+        # (d/db a / (1 + e^-b) becomes e^b / (e^b + 1))
+        d = sp.diff(expr, syms[p.name])
+        d = d.xreplace({c: sp.Float(c.evalf(17), 17) for c in d.atoms(sp.NumberSymbol)})
+        d = d.xreplace({c: sp.Float(c, 17) for c in d.atoms(sp.Rational) if not c.is_Integer})
+        try:
+            code = sp.ccode(d, user_functions=user)
+        except Exception as e:   # pragma: no cover - a function sympy cannot print
+            raise ValueError(f"{kernel}: cannot print the derivative by {p.name} as C: {e}") from None
+        if "Heaviside" in code or "Derivative" in code or "M_" in code:
+            raise ValueError(f"{kernel}: the derivative by {p.name} ({d}) has no C form here")
+        # literals in the compute type (float kernels stay in float)
+        grads[p.name] = _NUMBER.sub(r"decltype(_g)(\1)", code)
+    return grads
+
+
+def backward_source(kernel: str, operation: str, in_params, out_params, scalars=()) -> tuple[str, str, str]:
+    """(in_params, out_params, operation) of the backward ElementwiseKernel: inputs the incoming
+    gradient ``_g`` (the output's type) then the forward's inputs, outputs one gradient per
+    non-scalar input (its type), written in one pass."""
+    grads = derive(kernel, operation, in_params, out_params, scalars)
+    out = out_params[0]
+    ins = [f"{out.ctype} _g"] + [f"{p.ctype} {p.name}" for p in in_params]
+    outs = [f"{p.ctype} {GRAD_PREFIX}{p.name}" for p in in_params if p.name in grads]
+    body = "; ".join(f"{GRAD_PREFIX}{n} = _g * ({c})" for n, c in grads.items())
+    return ", ".join(ins), ", ".join(outs), body

@@ -1,0 +1,107 @@
+"""ewkern.torch.kernel_op (issue 21 item 4): a user's ElementwiseKernel as a torch custom op with a
+fake kernel (torch.compile fullgraph, opcheck) and, where the operation is `out = <expression>`,
+a backward derived symbolically and run as one more kernel (ewkern/rtc/_autodiff.py)."""
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ewkern  # noqa: E402
+import ewkern.torch as ewt  # noqa: E402
+from ewkern.rtc._autodiff import derive  # noqa: E402
+from ewkern.rtc._params import parse_params  # noqa: E402
+from conftest import HAS_CUDA  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EWKERN_CACHE_DIR", str(tmp_path / "kernels"))
+
+
+_n = iter(range(10**6))
+
+
+def _op(ins, operation, scalars=()):
+    k = ewkern.ElementwiseKernel(ins, "T o", operation, f"uk{next(_n)}")
+    return ewt.kernel_op(k, scalars=scalars)
+
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ins,operation,torch_fn", [
+    ("T a, T b, T c", "o = a * b + c", lambda a, b, c: a * b + c),
+    ("T a, T b", "o = 0.5*a*(1.0+erf(a*0.7071067811865476))*b", lambda a, b: torch.nn.functional.gelu(a) * b),
+    ("T a, T b", "o = a / (1 + exp(-b))", lambda a, b: a * torch.sigmoid(b)),
+    ("T a", "o = sqrt(a * a + 1) + tanh(a) - log(fabs(a) + 2) * rsqrt(a * a + 3)",
+     lambda a: torch.sqrt(a * a + 1) + torch.tanh(a) - torch.log(a.abs() + 2) * torch.rsqrt(a * a + 3)),
+])
+def test_derived_backward_matches_torch_autograd(device, ins, operation, torch_fn):
+    op = _op(ins, operation)
+    n = len(ins.split(","))
+    xs = [torch.randn(37, 41, dtype=torch.float64, device=device, requires_grad=True) for _ in range(n)]
+    y = op(*xs)
+    g = torch.randn_like(y)
+    got = torch.autograd.grad(y, xs, g)
+    ref_x = [x.detach().clone().requires_grad_() for x in xs]
+    want = torch.autograd.grad(torch_fn(*ref_x), ref_x, g)
+    torch.testing.assert_close(y, torch_fn(*ref_x), rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(op, [x.detach()[:3, :4].clone().requires_grad_() for x in xs])
+
+
+def test_broadcast_scalar_compile_and_opcheck():
+    op = _op("T x, T w", "o = x * w")
+    x = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    gx, gw = torch.autograd.grad(op(x, w).sum(), (x, w))
+    torch.testing.assert_close(gx, w.detach().expand(8, 5))
+    torch.testing.assert_close(gw, x.detach().sum(0))   # summed to the broadcast input's shape
+    rn = _op("T x, T eps", "o = x * rsqrt(x * x + eps)", scalars=("eps",))
+    assert torch.autograd.gradcheck(lambda t: rn(t, 1e-2), (x[:2],))
+    f = torch.compile(lambda a, b: op(a, b).sum(), fullgraph=True)
+    y = f(x, w)
+    y.backward()
+    torch.testing.assert_close(w.grad, x.detach().sum(0))
+    torch.library.opcheck(op, (x.detach().requires_grad_(), w.detach().requires_grad_()))
+    # float32 in, float32 out, through the compute type (literals stay float)
+    x32 = torch.randn(1000, requires_grad=True)
+    y32 = _op("T a", "o = 0.5f * a * a")(x32)
+    assert y32.dtype == torch.float32
+    (g,) = torch.autograd.grad(y32.sum(), x32)
+    torch.testing.assert_close(g, x32.detach())
+
+
+def test_no_derivable_backward_raises_on_backward_only():
+    op = _op("T a", "o = a > 0 ? a : 0")
+    a = torch.randn(10, requires_grad=True)
+    y = op(a)   # the forward runs
+    torch.testing.assert_close(y, a.detach().clamp_min(0))
+    with pytest.raises(RuntimeError, match="no backward: .*conditionals"):
+        y.sum().backward()
+
+
+def test_kernel_op_bad_arguments():
+    k = ewkern.ElementwiseKernel("T a", "T o", "o = a", "kop_bad")
+    with pytest.raises(TypeError, match="ElementwiseKernel"):
+        ewt.kernel_op(lambda a: a)
+    with pytest.raises(ValueError, match="scalars .*'zz'"):
+        ewt.kernel_op(k, scalars=("zz",), name="kop_bad2")
+
+
+@pytest.mark.parametrize("operation,match", [
+    ("o = (float)a", "casts"), ("o = foo(a)", "foo"), ("y = a", "assigns 'y'"), ("o = a; o += 1", "form"),
+    ("o = 1/2*a", "integer division"), ("o = a * q", "'q' is not an input"), ("o = a[0]", "indexing")])
+def test_derive_refuses_what_it_cannot_differentiate(operation, match):
+    with pytest.raises(ValueError, match=match):
+        derive("k", operation, parse_params("T a", False, "k"), parse_params("T o", True, "k"))
+
+
+def test_derived_code_keeps_float_literals_in_the_compute_type():
+    (code,) = derive("k", "o = 0.5f * exp(2.5f * a)", parse_params("T a", False, "k"),
+                     parse_params("T o", True, "k")).values()
+    assert code.count("decltype(_g)(") == 2 and "exp(" in code
+    assert not re.search(r"\d[fF]\b", code)
