@@ -63,7 +63,7 @@ def test_list_names_every_experiment():
     r = run_cli("list")
     assert r.returncode == 0, r.stderr
     names = ["e1", "e2", "e3", "e4", "e5", "e6", "e7", "e8", "e9", "v1", "r1", "a1", "peers", "rmse_grid", "overhead",
-             "c1", "train"]
+             "c1", "train", "fused"]
     for name in names:
         assert f"  {name} " in r.stdout
     assert "[GPU only]" in r.stdout

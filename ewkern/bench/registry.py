@@ -21,7 +21,7 @@ __all__ = ["MODULES", "Spec", "get", "names", "specs"]
 
 MODULES = ("e1_peak", "e2_copy_size", "e3_elementwise", "e4_cache_busting", "e5_grid",
            "e6_vector", "e7_one_sm", "e8_sass", "e9_busted", "v1_f16x8", "r1_rmse", "a1_add",
-           "peers", "rmse_grid", "overhead", "c1_compile", "t1_train")
+           "peers", "rmse_grid", "overhead", "c1_compile", "t1_train", "f1_fused")
 
 
 @dataclass

@@ -323,6 +323,8 @@ def quick_cpu_note(names) -> str:
     if "train" in names:
         out.append("  train: gelu, mul and rmse in float32 at 1 MiB, and the MLP step (full: every differentiable "
                    "op in float32, float16, bfloat16)")
+    if "fused" in names:
+        out.append("  fused: float32 at 1 MiB (full: float32, float16, bfloat16 at 1 and 16 MiB)")
     out.append("  e2, r1, c1, overhead: fewer sizes, shapes and calls")
     out.append("  the full CPU set (tens of minutes on 2 cores): python -m ewkern.bench --all --device cpu "
                "(make bench BENCH_ARGS='--all --device cpu')")

@@ -1,0 +1,148 @@
+"""The `fused` experiment (issue 21 item 5) on the CPU: ewkern's run-time kernels (CPU backend)
+against NumPy, every result checked against a float64 reference before it is timed, tiny sizes."""
+
+import csv
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from ewkern import bench
+from ewkern.bench import f1_fused, frameworks
+
+FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
+        "--no-progress", "--no-plots"]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EWKERN_CACHE_DIR", str(tmp_path / "kernels"))
+
+
+def run(tmp_path, *extra, plots=False):
+    out = tmp_path / "out"
+    args = ["fused"] + FAST + ["--out", str(out), "--fused-sizes", "64KiB"] + list(extra)
+    if plots:
+        args.remove("--no-plots")
+    return bench.main(args), out
+
+
+def test_fused_cpu_quick_checks_and_times_every_way(tmp_path):
+    code, out = run(tmp_path, "--fused-dtypes", "float32,bfloat16", plots=True)
+    assert code == 0, (out / "summary.md").read_text()
+    exp = bench.load(out)["experiments"]["fused"]
+    assert exp["status"] == "ok", exp.get("reason")
+    assert not exp["errors"]
+    with open(out / "fused.csv") as f:
+        rows = list(csv.DictReader(f))
+    cols = set(rows[0])
+    assert {"series", "impl", "op", "dtype", "in_dtypes", "out_dtype", "shape", "n", "size_bytes", "bytes_read",
+            "bytes_written", "bytes", "time_s", "gbs", "launch", "method", "check_elements",
+            "check_max_err_over_tol", "vs_best", "best_way", "vs_numpy", "vs_ewkern_add"} <= cols
+    # every expression in both dtypes (mixed: b bfloat16) ran through ewkern, checked first
+    ours = {(r["op"], r["dtype"]): r for r in rows if r["series"] == "ewkern"}
+    want = {(e, d) for e in f1_fused.EXPRS if e != "mixed" for d in ("float32", "bfloat16")} | {("mixed", "bfloat16")}
+    assert set(ours) == want
+    for r in rows:
+        assert int(r["check_elements"]) > 0 and float(r["check_max_err_over_tol"]) <= 1.0, r
+        assert float(r["time_s"]) > 0 and r["launch"] == "back-to-back"
+    # NumPy is the CPU peer (gelu_mul needs scipy's erf); ewkern.add only beside add
+    numpy_ops = {r["op"] for r in rows if r["series"] == "numpy"}
+    assert numpy_ops >= set(f1_fused.EXPRS) - {"gelu_mul"}
+    assert {r["op"] for r in rows if r["series"] == "ewkern.add"} == {"add"}
+    for r in rows:
+        if r["series"] == "ewkern" and r["op"] != "gelu_mul":
+            assert r["best_way"] == "numpy" and float(r["vs_best"]) > 0
+    # declared bytes: inputs read once, outputs written once
+    n = (64 << 10) // 4
+    assert int(ours[("fma", "float32")]["bytes"]) == 4 * n * 4
+    assert int(ours[("mixed", "bfloat16")]["bytes"]) == n * (4 + 2 + 4) + n * 4
+    rows_ = n // f1_fused.COLS
+    assert int(ours[("mse_rows", "float32")]["bytes"]) == 2 * n * 4 + rows_ * 4
+    assert int(ours[("rmsnorm", "bfloat16")]["bytes"]) == 2 * (64 << 10)
+    text = (out / "summary.md").read_text()
+    assert "of NumPy" in text and "Control z = x + y" in text
+    assert ", 0 outside." in text
+    assert (out / "fused_back_to_back_ratio.png").exists() and (out / "fused_back_to_back_gbs.png").exists()
+
+
+def test_wrong_result_is_an_error_and_not_timed(tmp_path, monkeypatch):
+    """A kernel whose result is off (a * b - c for a * b + c) is caught by the float64 check,
+    recorded as an error, and not timed; the other ways still run."""
+    wrong = dataclasses.replace(
+        f1_fused.EXPRS["fma"],
+        kernels=(("ElementwiseKernel", ("T a, T b, T c", "T o", "o = a * b - c", "fused_fma_wrong"), {}),))
+    monkeypatch.setitem(f1_fused.EXPRS, "fma", wrong)
+    code, out = run(tmp_path, "--fused-exprs", "fma")
+    assert code == 1
+    res = json.loads((out / "results.json").read_text())
+    exp = res["experiments"]["fused"]
+    assert [e["what"] for e in exp["errors"]] == ["fma float32 64 KiB ewkern"]
+    assert exp["errors"][0]["error"].startswith("Mismatch: fma float32 64 KiB")
+    assert {m["series"] for m in exp["measurements"]} == {"numpy"}
+    assert "1 outside (not timed): fma float32 64 KiB ewkern" in (out / "summary.md").read_text()
+
+
+def _cell(name, dtype, size=1 << 14):
+    return f1_fused.Cell(f1_fused.EXPRS[name], dtype, size)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_check_result_tolerance_can_fail(dtype):
+    """NumPy's own a * b + c in the dtype (two roundings) passes; the same with one element moved by
+    16 ulps fails, naming it."""
+    cell = _cell("fma", dtype)
+    dt = frameworks._numpy_dtype(dtype)
+    rng = np.random.default_rng(0)
+    ins = [(rng.standard_normal(cell.shape).astype(np.float32) * 2).astype(dt) for _ in range(3)]
+    out = ins[0] * ins[1] + ins[2]
+    sel = f1_fused._sample(cell)
+    n, worst = f1_fused.check_result(cell, "numpy", ins, out, sel)
+    assert n == cell.n and 0 < worst <= 1
+    k = 1234
+    bad = out.copy()
+    a, b, c = (float(x[k]) for x in ins)
+    bad[k] = np.float64(float(out[k]) + 16 * f1_fused.EPS[dtype] * (abs(a * b) + abs(c) + 1)).astype(dt)
+    with pytest.raises(f1_fused.Mismatch, match=r"1 of \d+ checked elements outside the tolerance; first at "
+                                                r"checked index \(1234,\)"):
+        f1_fused.check_result(cell, "numpy", ins, bad, sel)
+    nan = out.copy()
+    nan[7] = np.nan
+    with pytest.raises(f1_fused.Mismatch):
+        f1_fused.check_result(cell, "numpy", ins, nan, sel)
+
+
+def test_sample_covers_both_ends_and_rows():
+    kind, idx = f1_fused._sample(_cell("fma", "float32", 64 << 20))
+    n = (64 << 20) // 4
+    assert kind == "flat" and idx[0] == 0 and idx[-1] == n - 1 and len(idx) > 2 * f1_fused.CHECK_PART
+    kind, idx = f1_fused._sample(_cell("rmsnorm", "float16", 64 << 20))
+    rows = (64 << 20) // 2 // f1_fused.COLS
+    assert kind == "rows" and idx[0] == 0 and idx[-1] == rows - 1 and len(idx) <= 3 * f1_fused.CHECK_ROWS
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fused-exprs", "fma,nope"], "--fused-exprs: unknown 'nope'"),
+    (["--fused-dtypes", "int8"], "--fused-dtypes: unknown 'int8'"),
+    (["--fused-ways", "jax"], "--fused-ways: unknown 'jax'"),
+    (["--fused-methods", "hot"], "--fused-methods: unknown 'hot'"),
+])
+def test_unknown_names_are_refused_before_running(tmp_path, capsys, args, message):
+    assert bench.main(["fused", "--device", "cpu", "--out", str(tmp_path / "o")] + args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cells_and_bytes():
+    """mixed takes the 16-bit dtypes asked as b's (float16 when none is), n from its float32 arrays;
+    row expressions run whole rows of COLS."""
+    cells = f1_fused._cells(["mixed", "rmsnorm"], ["float32", "bfloat16"], [1 << 20])
+    assert [(c.expr.name, c.dtype) for c in cells] == [("mixed", "bfloat16"), ("rmsnorm", "float32"),
+                                                       ("rmsnorm", "bfloat16")]
+    m = f1_fused._cells(["mixed"], ["float32"], [1 << 20])[0]
+    assert m.in_dtypes == ["float32", "float16", "float32"] and m.n == (1 << 20) // 4
+    assert m.bytes_read == m.n * 10 and m.bytes_written == m.n * 4
+    r = cells[1]
+    assert r.shape == ((1 << 20) // 4 // f1_fused.COLS, f1_fused.COLS) and r.tmp == [((r.rows, 1), "float32")]
+    assert r.set_bytes == 2 * (1 << 20) + r.rows * 4
