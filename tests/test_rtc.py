@@ -475,6 +475,38 @@ def test_nvrtc_compiles_reduction_rows_engine(E):
         assert "ld.global.v4" in text
 
 
+def test_broadcast_layout_kinds():
+    K = ewkern.rtc._kernel
+    Arr = lambda ptr, dt, shape: K._Arr(None, dt, shape, K._c_strides(shape, K.DTYPES[dt][2]), ptr, None, "cuda:0")
+    shape = (64, 4096)
+    ps = parse_params("T x, T r, T c, T s", False, "k") + parse_params("T o", True, "k")
+    arrs = {"x": Arr(1 << 20, "float32", shape), "r": Arr(2 << 20, "float32", (64, 1)),
+            "c": Arr(3 << 20, "float32", (4096,)), "s": Arr(4 << 20, "float32", (1,)), "o": Arr(5 << 20, "float32", shape)}
+    largs = [(p, "float32", "array", 0) for p in ps]
+    values = {k: (a, K._broadcast_strides(a, shape)) for k, a in arrs.items()}
+    got = K._broadcast_layout(largs, values, shape)
+    assert [k for _, _, k, _ in got] == ["array", "brow", "bcol", "bone", "array"]
+    # a row of 4098 floats is not a whole number of 4-element vectors; a misaligned row vector; an
+    # output that broadcasts: the strided kernel
+    shape2 = (64, 4098)
+    a2 = {k: Arr(a.ptr, "float32", shape2 if a.shape == shape else a.shape) for k, a in arrs.items() if k != "c"}
+    a2["c"] = Arr(3 << 20, "float32", (4098,))
+    assert K._broadcast_layout(largs, {k: (a, K._broadcast_strides(a, shape2)) for k, a in a2.items()}, shape2) is None
+    arrs["c"] = Arr((3 << 20) + 4, "float32", (4096,))
+    assert K._broadcast_layout(largs, {k: (a, K._broadcast_strides(a, shape)) for k, a in arrs.items()}, shape) is None
+
+
+def test_nvrtc_compiles_vector_broadcast_kinds():
+    _nvrtc()
+    lay = _layout("vector", 1, [("T x", "float16", "array", 0), ("T r", "float16", "brow", 0),
+                                ("float32 c", "float32", "bcol", 0), ("T s", "float16", "bone", 0),
+                                ("T o_out", "float16", "array", 0)])
+    src, entries = _codegen.vector_source("bk", lay, "o_out = x * r + c * s", "", "", "", "typedef float T;", set())
+    assert "_u_c[_v % _cvec]" in src and "_v / _cvec" in src
+    ptx, _, _ = _build.compile_cuda("bk", src, (9, 0), ptx_only=True)
+    assert all(f".entry {e}" in ptx.decode(errors="replace") for e in entries)
+
+
 # ---- the GPU (skipped without one) ------------------------------------------------------------
 
 @gpu
@@ -644,3 +676,31 @@ def test_gpu_reduction_rows_axis_none_keepdims_and_fallback():
     s = l2norm(x, axis=1)   # the reduced axis is not last: the strided kernel
     assert l2norm._last_path == "strided"
     torch.testing.assert_close(s.double(), x.double().norm(dim=1), rtol=1e-5, atol=0)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_gpu_vector_path_broadcast_rows_columns_and_one(dtype):
+    """rmsnorm's apply (x * rsqrt(m + eps) with m per row), a bias row added to every row, and a
+    one-element array: the default path's body with broadcast inputs, against torch."""
+    tdt = getattr(torch, dtype)
+    x = torch.randn(257, 1024, dtype=tdt, device="cuda")
+    m = x.float().pow(2).mean(1, keepdim=True)
+    apply = ewkern.ElementwiseKernel("T x, float32 m, float32 eps", "T y", "y = x * rsqrt(m + eps)", "rms_apply")
+    y = apply(x, m, 1e-6)
+    assert apply._last_path == "vector"
+    torch.testing.assert_close(y.float(), (x.float() * torch.rsqrt(m + 1e-6)), rtol=EPS[dtype] * 4, atol=1e-6)
+    bias = ewkern.ElementwiseKernel("T x, T b, T s", "T y", "y = x + b * s", "bias_add")
+    b = torch.randn(1024, dtype=tdt, device="cuda")
+    s = torch.randn(1, dtype=tdt, device="cuda")
+    y = bias(x, b, s)
+    assert bias._last_path == "vector"
+    want = (x.double() + b.double() * s.double())
+    torch.testing.assert_close(y.double(), want, rtol=EPS[dtype] * 4, atol=EPS[dtype] * 4)
+    x2, b2 = torch.randn(257, 1001, dtype=tdt, device="cuda"), torch.randn(1001, dtype=tdt, device="cuda")
+    y = bias(x2, b2, s)   # rows of 1001 elements: not whole vectors, the strided kernel
+    assert bias._last_path == "strided"
+    torch.testing.assert_close(y.double(), x2.double() + b2.double() * s.double(), rtol=EPS[dtype] * 4,
+                               atol=EPS[dtype] * 4)

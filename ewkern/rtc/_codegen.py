@@ -165,8 +165,9 @@ class Layout:
     """The argument struct of one compiled instance. mode is 'contig' (every non-raw array is
     C-contiguous over the whole loop: element i is at i * itemsize), 'vector' (as contig, for
     vector_source: the pointers start at element `head`, where every array's vector is aligned,
-    nfast = size - head, and the launch's prefetch) or 'strided' (ndim dims with byte strides per
-    array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
+    nfast = size - head, and the launch's prefetch; inputs may also broadcast over a loop of
+    rows of ccols elements: kind 'bcol' is one row, 'brow' one element per row, 'bone' one
+    element) or 'strided' (ndim dims with byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
     'scalar' | 'raw', raw ndim)."""
 
     def __init__(self, mode: str, ndim: int, args):
@@ -179,11 +180,12 @@ class Layout:
         plain field, count >= 1 an array of that many."""
         f = [("long long", "size", "q", 0), ("long long", "shape", "q", self.ndim)]
         if self.mode == "vector":
-            f += [("long long", "head", "q", 0), ("long long", "nfast", "q", 0), ("long long", "prefetch", "q", 0)]
+            f += [("long long", "head", "q", 0), ("long long", "nfast", "q", 0), ("long long", "prefetch", "q", 0),
+                  ("long long", "ccols", "q", 0)]
         for p, dt, kind, rnd in self.args:
             if kind == "scalar":
                 f.append((DTYPES[dt][1], "s_" + p.name, "scalar:" + dt, 0))
-            elif kind == "array":
+            elif kind in ("array", "bcol", "brow", "bone"):
                 f.append(("char *", "p_" + p.name, "P", 0))
                 if self.mode == "strided":
                     f.append(("long long", "st_" + p.name, "q", self.ndim))
@@ -654,7 +656,7 @@ def writes_only(code: str, name: str) -> bool:
 
 def vector_units(layout: Layout) -> int:
     """Elements per vector: 16 bytes of the widest non-raw array."""
-    return 16 // max(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind == "array")
+    return 16 // max(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind in ("array", "bcol"))
 
 
 def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop_prep: str, after_loop: str,
@@ -681,7 +683,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     arrays = [a for a in layout.args if a[2] == "array"]
     ins = [a for a in arrays if not a[0].is_output]
     outs = [a for a in arrays if a[0].is_output]
-    loaded = ins + [a for a in outs if a[0].name in read_outputs]
+    cols = [a for a in layout.args if a[2] == "bcol"]
+    rows = [a for a in layout.args if a[2] == "brow"]
+    ones = [a for a in layout.args if a[2] == "bone"]
+    loaded = ins + cols + [a for a in outs if a[0].name in read_outputs]
     src.add("template <class Idx, int VPT>")
     src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &P)")
     src.add("{")
@@ -689,11 +694,15 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
-        if kind == "array":
+        if kind in ("array", "bcol"):
             q = "" if p.is_output else "const "
             src.add(f"    typedef ewrtc::Pack<{S}, E> _U_{p.name};")
             src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name};")
     src.add("    const Idx _n = Idx(P.nfast), _head = Idx(P.head), _nvec = _n / Idx(E);")
+    if cols or rows:
+        src.add("    const Idx _cvec = Idx(P.ccols / E);   /* vectors per row (the host checks ccols % E == 0) */")
+    for p, dt, kind, _ in ones:
+        src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name});")
     src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
     if ins:
         src.add("    if ((long long)blockIdx.x < P.prefetch && _base < _nvec) {")
@@ -715,12 +724,16 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
         src.user(loop_prep, name, "loop_prep", ";")
     for p, dt, kind, _ in loaded:
         src.add(f"    _U_{p.name} _r_{p.name}[VPT];")
+    for p, dt, kind, _ in rows:
+        src.add(f"    {DTYPES[dt][1]} _s_{p.name}[VPT];")
     src.add("#pragma unroll")
     src.add("    for (int _q = 0; _q < VPT; ++_q) {")
     src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
     src.add("        if (_v < _nvec) {")
     for p, dt, kind, _ in loaded:
-        src.add(f"            _r_{p.name}[_q] = _u_{p.name}[_v];")
+        src.add(f"            _r_{p.name}[_q] = _u_{p.name}[{'_v % _cvec' if kind == 'bcol' else '_v'}];")
+    for p, dt, kind, _ in rows:
+        src.add(f"            _s_{p.name}[_q] = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + _v / _cvec);")
     src.add("        }")
     src.add("    }")
     src.add("#pragma unroll")
@@ -732,6 +745,12 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("#pragma unroll")
     src.add("            for (int _k = 0; _k < E; ++_k) {")
     src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
+    for p, dt, kind, _ in cols:
+        src.add(f"                const {DTYPES[dt][1]} {p.name} = ewrtc::ld(&_r_{p.name}[_q].v[_k]);")
+    for p, dt, kind, _ in rows:
+        src.add(f"                const {DTYPES[dt][1]} {p.name} = _s_{p.name}[_q];")
+    for p, dt, kind, _ in ones:
+        src.add(f"                const {DTYPES[dt][1]} {p.name} = _o_{p.name};")
     for p, dt, kind, _ in arrays:
         C = DTYPES[dt][1]
         q = "" if p.is_output else "const "
@@ -755,6 +774,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        if (_j < _nedge) {")
     src.add("            const Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
     src.add("            const long long i = (long long)_head + (long long)_e; (void)i;")
+    for p, dt, kind, _ in cols + rows + ones:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        at = {"bcol": "i % P.ccols", "brow": "i / P.ccols", "bone": "0"}[kind]
+        src.add(f"            const {C} {p.name} = ewrtc::ld((const {S} *)P.p_{p.name} + ({at}));")
     for p, dt, kind, _ in arrays:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         q = "" if p.is_output else "const "

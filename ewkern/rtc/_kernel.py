@@ -239,9 +239,9 @@ def _fill(layout: _codegen.Layout, size: int, shape, values: dict, head: int = 0
         v = values[p.name]
         if kind == "scalar":
             setattr(S, "s_" + p.name, v)
-        elif kind == "array":
+        elif kind in ("array", "bcol", "brow", "bone"):
             a, strides = v
-            setattr(S, "p_" + p.name, a.ptr + head * DTYPES[dt][2])
+            setattr(S, "p_" + p.name, a.ptr + (head * DTYPES[dt][2] if kind == "array" else 0))
             if layout.mode == "strided":
                 st = getattr(S, "st_" + p.name)
                 for d, s in enumerate(strides if strides else (0,)):
@@ -334,6 +334,51 @@ def _vector_kernel(kernel: str, source: str, entries, device: str, parts, option
                 h = _gpu_kernels[key] = _C()._rtc_load(image, entry, dev)
             handles.append(h)
     return _VectorKernel(tuple(handles), device, heavy)
+
+
+def _broadcast_kind(a: _Arr, strides, shape) -> str | None:
+    """How input a covers a loop of rows of shape[-1] elements: 'array' (dense over the loop),
+    'bcol' (one row, repeated), 'brow' (one element per row), 'bone' (one element), or None."""
+    item = DTYPES[a.dtype][2]
+    lead = [(n, s) for n, s in zip(shape[:-1], strides[:-1]) if n != 1]
+    if _dense(strides, shape, item):
+        return "array"
+    if all(s == 0 for _, s in lead):
+        if strides[-1] == item:
+            return "bcol"
+        if strides[-1] == 0:
+            return "bone"
+        return None
+    if strides[-1] == 0 and _dense(strides[:-1], shape[:-1], item):
+        return "brow"
+    return None
+
+
+def _broadcast_layout(largs, values, shape):
+    """largs with the broadcast inputs given their kind, when the default path's body can run the
+    loop as rows of shape[-1] elements: every output and every non-broadcast input dense, every
+    dense or 'bcol' array 16-byte aligned at its start, and a row a whole number of vectors; else
+    None (the strided kernel)."""
+    if len(shape) < 2 or shape[-1] < 2:
+        return None
+    out, vec = [], []
+    for p, dt, kind, rnd in largs:
+        if kind != "array":
+            out.append((p, dt, kind, rnd))
+            continue
+        a, strides = values[p.name]
+        k = _broadcast_kind(a, strides, shape)
+        if k is None or (p.is_output and k != "array"):
+            return None
+        if k in ("array", "bcol"):
+            vec.append(a)
+        out.append((p, dt, k, rnd))
+    if not any(k == "array" for _, _, k, _ in out) or all(k == "array" for _, _, k, _ in out if k != "scalar"):
+        return None
+    E = 16 // max(DTYPES[a.dtype][2] for a in vec)
+    if shape[-1] % E or _vector_head(vec, E) != 0:
+        return None
+    return out
 
 
 def _vector_head(arrs, E: int) -> int | None:
@@ -545,7 +590,14 @@ class ElementwiseKernel:
                 largs.append((p, dt, "array", 0))
                 values[p.name] = (v, None if contig else _broadcast_strides(v, shape))
         head = 0
-        if contig and call.device != "cpu" and any(kind == "array" for _, _, kind, _ in largs):
+        ccols = 0
+        if not contig and call.device != "cpu" and n > 0:
+            bl = _broadcast_layout(largs, values, tuple(shape))
+            if bl is not None:
+                largs, ccols, contig, mode = bl, shape[-1], True, "vector"
+        if mode == "vector":
+            pass
+        elif contig and call.device != "cpu" and any(kind == "array" for _, _, kind, _ in largs):
             E = 16 // max(DTYPES[dt][2] for _, dt, kind, _ in largs if kind == "array")
             vh = _vector_head([values[p.name][0] for p, _, kind, _ in largs if kind == "array"], E)
             if vh is not None and vh <= n:
@@ -554,6 +606,8 @@ class ElementwiseKernel:
         lshape = (n,) if contig else tuple(shape)
         layout = _codegen.Layout(mode, len(lshape), largs)
         params = _fill(layout, n, lshape, values, head)
+        if mode == "vector":
+            params.ccols = ccols
         key = (call.device, layout.key(), call.type_map, call.in_types, call.out_types)
         compiled: Any = self._compiled.get(key)
         if compiled is None:
