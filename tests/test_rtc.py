@@ -13,7 +13,7 @@ import ewkern
 from ewkern.rtc import _build, _codegen
 from ewkern.rtc._params import parse_params
 from conftest import gpu
-from reference import BF16, EPS, np_dtype
+from reference import BF16, EPS, TINY, np_dtype
 
 try:
     import torch
@@ -32,12 +32,13 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def close(out, ref, dtype, ulps=1.0, scale=None):
-    """|out - ref| <= ulps x eps(dtype) x scale (scale: |ref|, or the size of the terms where a
-    sum cancels)."""
+    """|out - ref| <= ulps x eps(dtype) x (scale + the smallest normal), scale: |ref|, or the size
+    of the terms where a sum cancels (the smallest normal covers results that round to a
+    subnormal, whose spacing is eps x the smallest normal)."""
     out = np.asarray(out).astype(np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     assert out.shape == ref.shape
-    tol = 1e-300 + (np.abs(ref) if scale is None else scale) * EPS[dtype] * ulps
+    tol = 1e-300 + ((np.abs(ref) if scale is None else scale) + TINY[dtype]) * EPS[dtype] * ulps
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     ok = ~np.isnan(ref)
     assert np.all(np.abs(out[ok] - ref[ok]) <= tol[ok]), np.max(np.abs(out[ok] - ref[ok]) - tol[ok])

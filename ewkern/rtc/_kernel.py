@@ -648,9 +648,9 @@ class ElementwiseKernel:
         return ret
 
 
-# EWKERN_RTC_ROWS_WAVES_X4 (read once): 4 x the waves of warps (64 per SM) below which the rows engine
-# cuts rows into chunks; a knob for measuring the rule in ReductionKernel._rows, not for users
-_ROWS_WAVES_X4 = int(os.environ.get("EWKERN_RTC_ROWS_WAVES_X4", "0") or 0) or 8
+# EWKERN_RTC_ROWS_WAVES_X8 (read once): 8 x the waves of threads (2048 per SM) below which the rows
+# engine cuts rows into chunks (default 4: half a wave); a knob for measuring the rule, not for users
+_ROWS_WAVES_X8 = int(os.environ.get("EWKERN_RTC_ROWS_WAVES_X8", "0") or 0) or 4
 _REDUCE_SIZES = {"float": 4, "double": 8, "int": 4, "long long": 8, "unsigned int": 4, "unsigned long long": 8,
                  "short": 2, "unsigned short": 2, "signed char": 1, "unsigned char": 1, "bool": 1}
 
@@ -741,10 +741,10 @@ class ReductionKernel:
     def _rows(self, call: _Call, largs, values, kept, keepdims: bool, nout: int, R: int, rtype: str) -> None:
         """CUDA, every array input dense with the reduced axes last: the two-step rows engine
         (_codegen.reduction_rows_source). Plan: E elements per vector (16 bytes of the widest
-        input, 1 when their starts cannot be aligned together); rows of at most 128 vectors get a
-        group of the fewest lanes (a power of two up to 32) that take at most 4 vectors each, one
-        chunk; longer rows get 32 lanes and, when there are fewer rows than 2 waves of warps, are
-        cut into chunks of at least 256 vectors until there are, then combined by a second launch."""
+        input, 1 when their starts cannot be aligned together); each row a group of the fewest
+        lanes (a power of two up to a block of 256) that take at most 4 vectors each, one chunk,
+        while the groups hold at least half a wave of threads; else (few long rows: axis=None)
+        256 lanes per chunk of 2048 vectors, and a second launch combines the chunks."""
         name = self.name
         assert call.device is not None
         arrays = [values[p.name][0] for p, _, kind, _ in largs if kind == "array"]
@@ -773,13 +773,11 @@ class ReductionKernel:
             kern = self._compiled[key] = (hs, wave, sms)
         (h_rows, h_comb), wave, sms = kern
         nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
-        warps = _ROWS_WAVES_X4 * sms * 64 // 4
-        if nv <= 128:
-            G, nchunks = min(32, _pow2ceil(-(-nv // 4))), 1
+        G = min(_codegen.ROWS_BLOCK, _pow2ceil(max(1, -(-nv // 4))))
+        if nout * G >= sms * 2048 * _ROWS_WAVES_X8 // 8:
+            chunk_vecs = R // E + 1   # one chunk a row
         else:
-            G = 32
-            nchunks = 1 if nout >= warps else max(1, min(-(-warps // nout), nv // 256))
-        chunk_vecs = max(1, -(-(R // E + 1) // nchunks))
+            G, chunk_vecs = _codegen.ROWS_BLOCK, _codegen.ROWS_BLOCK * 8
         nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
         from .. import pdl_enabled
         pdl = pdl_enabled()
