@@ -505,12 +505,20 @@ def _prepare(ctx, xr, way, cell, kernels):
         ins, call = make_set()
         out = call()
         _sync(fw, ctx.device)
-        checked, worst = check_result(cell, fw, ins, out, _sample(cell))
+        try:
+            checked, worst = check_result(cell, fw, ins, out, _sample(cell))
+        except Mismatch as exc:
+            if ours:
+                raise
+            # a peer outside ewkern's tolerance (torch.compile's approximate exp is a few ulp off) is
+            # still timed: its speed is what users get; the discrepancy is reported beside it
+            xr.note(f"{what}: timed although outside the check's tolerance: {exc}")
+            checked, worst = 0, float("nan")
         del ins, call, out
     except Skip as exc:
         xr.skip(what, str(exc))
         return None
-    except Mismatch as exc:     # a wrong result is an error, whoever computed it, and is not timed
+    except Mismatch as exc:     # ewkern's wrong result is an error and is not timed
         xr.error(what, exc)
         return None
     except (KeyboardInterrupt, BenchError):
