@@ -662,6 +662,24 @@ def vector_units(layout: Layout) -> int:
     return 16 // max(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind in ("array", "bcol"))
 
 
+def _element(src: Source, indent: str, name: str, operation: str, args, read_outputs, load, store) -> None:
+    """One element of a vector kernel: a local per parameter (load(param, dtype, kind): its C++
+    value; an output the operation only assigns starts as 0), the operation, then the outputs'
+    stores (store(param, dtype): the C++ statement)."""
+    for p, dt, kind, _ in args:
+        C = DTYPES[dt][1]
+        if p.is_output and p.name not in read_outputs:
+            src.add(f"{indent}{C} {p.name} = {C}();")
+        else:
+            src.add(f"{indent}{'' if p.is_output else 'const '}{C} {p.name} = {load(p, dt, kind)};")
+    src.add(f"{indent}{{")
+    src.user(operation, name, "operation", ";")
+    src.add(f"{indent}}}")
+    for p, dt, kind, _ in args:
+        if p.is_output:
+            src.add(f"{indent}{store(p, dt)};")
+
+
 def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop_prep: str, after_loop: str,
                   tdefs: str, read_outputs) -> tuple[str, list[str]]:
     """(source, entries) of an elementwise kernel on the default path's body (ew_fast in
@@ -748,24 +766,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("#pragma unroll")
     src.add("            for (int _k = 0; _k < E; ++_k) {")
     src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
-    for p, dt, kind, _ in cols:
-        src.add(f"                const {DTYPES[dt][1]} {p.name} = ewrtc::ld(&_r_{p.name}[_q].v[_k]);")
-    for p, dt, kind, _ in rows:
-        src.add(f"                const {DTYPES[dt][1]} {p.name} = _s_{p.name}[_q];")
-    for p, dt, kind, _ in ones:
-        src.add(f"                const {DTYPES[dt][1]} {p.name} = _o_{p.name};")
-    for p, dt, kind, _ in arrays:
-        C = DTYPES[dt][1]
-        q = "" if p.is_output else "const "
-        if p.is_output and p.name not in read_outputs:
-            src.add(f"                {C} {p.name} = {C}();")
-        else:
-            src.add(f"                {q}{C} {p.name} = ewrtc::ld(&_r_{p.name}[_q].v[_k]);")
-    src.add("                {")
-    src.user(operation, name, "operation", ";")
-    src.add("                }")
-    for p, dt, kind, _ in outs:
-        src.add(f"                ewrtc::st(&_w_{p.name}.v[_k], {p.name});")
+    _element(src, "                ", name, operation, cols + rows + ones + arrays, read_outputs,
+             lambda p, dt, kind: {"brow": f"_s_{p.name}[_q]", "bone": f"_o_{p.name}"}.get(
+                 kind, f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"),
+             lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
     src.add("            }")
     for p, dt, kind, _ in outs:
         src.add(f"            ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
@@ -777,23 +781,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        if (_j < _nedge) {")
     src.add("            const Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
     src.add("            const long long i = (long long)_head + (long long)_e; (void)i;")
-    for p, dt, kind, _ in cols + rows + ones:
-        S, C = DTYPES[dt][0], DTYPES[dt][1]
-        at = {"bcol": "i % P.ccols", "brow": "i / P.ccols", "bone": "0"}[kind]
-        src.add(f"            const {C} {p.name} = ewrtc::ld((const {S} *)P.p_{p.name} + ({at}));")
-    for p, dt, kind, _ in arrays:
-        S, C = DTYPES[dt][0], DTYPES[dt][1]
-        q = "" if p.is_output else "const "
-        if p.is_output and p.name not in read_outputs:
-            src.add(f"            {C} {p.name} = {C}();")
-        else:
-            src.add(f"            {q}{C} {p.name} = ewrtc::ld(({q}{S} *)P.p_{p.name} + _e);")
-    src.add("            {")
-    src.user(operation, name, "operation", ";")
-    src.add("            }")
-    for p, dt, kind, _ in outs:
-        S = DTYPES[dt][0]
-        src.add(f"            ewrtc::st(({S} *)P.p_{p.name} + _e, {p.name});")
+    at = {"bcol": "i % P.ccols", "brow": "i / P.ccols", "bone": "0", "array": "_e"}
+    _element(src, "            ", name, operation, cols + rows + ones + arrays, read_outputs,
+             lambda p, dt, kind: f"ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + ({at[kind]}))",
+             lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + _e, {p.name})")
     src.add("        }")
     src.add("    }")
     if after_loop:
