@@ -143,7 +143,9 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
     """The ctypes function `entry` of source compiled for the CPU (memory, then disk cache)."""
     from .. import __version__
     path, ver, omp = cxx()
-    flags = ["-O2", "-fPIC", "-shared", "-std=c++17", "-w"] + (["-fopenmp"] if omp else [])
+    # -O3 -fno-math-errno: the loops vectorise (at the build's baseline ISA: no -march, so a cached
+    # library runs on any CPU of the architecture), sqrt without its errno branch
+    flags = ["-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"] + (["-fopenmp"] if omp else [])
     key = cache_key("cpu", source, ver, " ".join(flags), __version__, sys.platform)
     with _lock:
         lib = _loaded.get(key)

@@ -290,12 +290,16 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if backend == "cpu":
         src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
         src.add("{")
-        src.add("    const ewrtc_params &P = *P_;")
+        # a copy: stores through the arrays' char pointers cannot alias it, so the loop keeps the
+        # pointers in registers and vectorises
+        src.add("    const ewrtc_params P = *P_;")
         src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
         if loop_prep:
             src.user(loop_prep, name, "loop_prep", ";")
+        # iterations are independent unless the body writes a raw array (it may write any element)
+        simd = " simd" if layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args) else ""
         src.add("#ifdef _OPENMP")
-        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+        src.add(f"#pragma omp parallel for{simd} schedule(static) num_threads(_threads) if(_threads > 1)")
         src.add("#endif")
         src.add("    for (long long i = 0; i < P.size; ++i) {")
     else:
