@@ -877,9 +877,16 @@ class ReductionKernel:
                 kind != "array" or _dense(values[p.name][1], pshape, DTYPES[dt][2]) for p, dt, kind, _ in largs):
             self._rows(call, largs, values, kept, keepdims, out_size, red_size, rtype)
             return ret
-        self._last_path = "strided"
-        in_layout = _codegen.Layout("strided", len(pshape), largs)
-        in_struct = _fill(in_layout, out_size * red_size, pshape, values)
+        if all(kind != "array" or _dense(values[p.name][1], pshape, DTYPES[dt][2]) for p, dt, kind, _ in largs):
+            # dense with the reduced axes last: element (o, r) of every input at o * red_size + r,
+            # no index decomposition per element (the CPU's loop; CUDA without an identity)
+            self._last_path = "contig"
+            in_layout = _codegen.Layout("contig", 1, largs)
+            in_struct = _fill(in_layout, out_size * red_size, (out_size * red_size,), values)
+        else:
+            self._last_path = "strided"
+            in_layout = _codegen.Layout("strided", len(pshape), largs)
+            in_struct = _fill(in_layout, out_size * red_size, pshape, values)
         out_layout, out_struct = self._out_struct(call, kept, keepdims, out_size)
 
         class Params(ctypes.Structure):
