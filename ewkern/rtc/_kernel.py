@@ -692,8 +692,11 @@ class ReductionKernel:
     Calling it: ``kernel(*inputs, *outputs, out=None, axis=None, keepdims=False)``. Inputs
     broadcast together; ``axis`` (None: all) is reduced; the outputs have the remaining shape.
     The order of combination is fixed: on the CPU each output reduces its elements in row-major
-    order; on CUDA one block per output combines 256 strided partial results in a fixed tree, so
-    a result does not change from call to call (CPU and GPU may differ in rounding).
+    order; on CUDA, when the inputs are dense with the reduced axes last, a group of lanes per
+    row (and per chunk of a long row, then a combine launch) takes 16-byte vectors in turn and
+    combines in a fixed tree (ewkern/rtc/_codegen.py, reduction_rows_source); other layouts give
+    each output one block that combines 256 strided partial results in a fixed tree. A result
+    does not change from call to call (CPU and GPU may differ in rounding).
     """
 
     def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, post_map_expr: str,
