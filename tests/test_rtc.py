@@ -707,3 +707,18 @@ def test_gpu_vector_path_broadcast_rows_columns_and_one(dtype):
     assert bias._last_path == "strided"
     torch.testing.assert_close(y.double(), x2.double() + b2.double() * s.double(), rtol=EPS[dtype] * 4,
                                atol=EPS[dtype] * 4)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_output_overlapping_an_input_reads_a_copy():
+    """An output over part of an input (shifted views) reads the input as it was, as on the CPU;
+    the very same view runs in place."""
+    k = ewkern.ElementwiseKernel("T x", "T y", "y = x * 2", "twice_shift")
+    x = torch.arange(100003.0, device="cuda")
+    k(x[:-1], x[1:])
+    want = torch.cat([torch.zeros(1, device="cuda"), torch.arange(100002.0, device="cuda") * 2])
+    torch.testing.assert_close(x, want, rtol=0, atol=0)
+    k(x, x)
+    torch.testing.assert_close(x, want * 2, rtol=0, atol=0)

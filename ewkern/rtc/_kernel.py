@@ -184,6 +184,12 @@ def _overlaps(a: _Arr, b: _Arr) -> bool:
     return False
 
 
+def _ranges_overlap(a: _Arr, b: _Arr) -> bool:
+    """Whether two C-contiguous views' byte ranges intersect."""
+    na, nb = math.prod(a.shape) * DTYPES[a.dtype][2], math.prod(b.shape) * DTYPES[b.dtype][2]
+    return bool(na and nb) and a.ptr < b.ptr + nb and b.ptr < a.ptr + na
+
+
 def _same_view(a: _Arr, b: _Arr) -> bool:
     return a.ptr == b.ptr and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
 
@@ -571,6 +577,12 @@ class ElementwiseKernel:
             for p, o in zip(self.out_params, call.outs):
                 if p.raw and not o.contiguous():
                     raise ValueError(f"{name}: raw output {p.name} must be C-contiguous")
+        else:
+            # CUDA views are C-contiguous: overlap is a byte-range test; the copy is ewkern.copy's
+            for k, v in enumerate(call.ins):
+                if isinstance(v, _Arr) and any(_ranges_overlap(v, o) and not _same_view(v, o) for o in call.outs):
+                    from .. import copy as _ewcopy
+                    (call.ins[k],), _ = _cuda_arrs([_ewcopy(v.obj)], [self.in_params[k].name])
         # layout: one dimension when every non-raw array is C-contiguous over the loop's shape
         allp = self.in_params + self.out_params
         allv = call.ins + call.outs
