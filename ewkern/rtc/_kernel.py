@@ -441,7 +441,8 @@ class _Call:
         self.ins, self.outs = vals[:nin], vals[nin:]
         in_dt = tuple(v.dtype if isinstance(v, _Arr) else None for v in self.ins)
         out_dt = tuple(v.dtype for v in self.outs) + (None,) * (len(out_params) - len(self.outs))
-        self.in_types, self.out_types, self.type_map = decide_types(kernel, in_params, out_params, in_dt, out_dt)
+        self.in_types, self.out_types, self.type_map = _decide_types_cached(kernel, in_params, out_params, in_dt,
+                                                                            out_dt)
         self.like = next((o for o, v in zip(args, self.ins) if isinstance(v, _Arr)), None)
 
     def alloc(self, dt: str, shape, name: str) -> tuple[Any, _Arr]:
@@ -454,6 +455,22 @@ class _Call:
         res = _C()._rtc_result(self.like, dt, tuple(shape))
         (a,), _ = _cuda_arrs([res], [name])
         return res, a
+
+
+_types_cache: dict[Any, tuple] = {}
+
+
+def _decide_types_cached(kernel: str, in_params, out_params, in_dt, out_dt):
+    """decide_types, remembered per (parameters, argument dtypes): the rule is a pure function of
+    them; an error is not remembered (it is raised again each call)."""
+    key = (kernel, in_params, out_params, in_dt, out_dt)
+    r = _types_cache.get(key)
+    if r is None:
+        r = decide_types(kernel, in_params, out_params, in_dt, out_dt)
+        if len(_types_cache) > 4096:
+            _types_cache.clear()
+        _types_cache[key] = r
+    return r
 
 
 def _typedefs(call: _Call, in_params, out_params) -> str:
@@ -548,10 +565,13 @@ class ElementwiseKernel:
         elif not shapes:
             raise ValueError(f"{name}: the loop size is undecided: no non-raw array argument (pass size=)")
         else:
-            try:
-                shape = np.broadcast_shapes(*shapes)
-            except ValueError:
-                raise ValueError(f"{name}: shapes {', '.join(map(str, shapes))} do not broadcast together") from None
+            if all(s == shapes[0] for s in shapes):   # the common case, without NumPy's general rule
+                shape = tuple(shapes[0])
+            else:
+                try:
+                    shape = np.broadcast_shapes(*shapes)
+                except ValueError:
+                    raise ValueError(f"{name}: shapes {', '.join(map(str, shapes))} do not broadcast together") from None
         for p, v in zip(self.out_params, call.outs):
             if not p.raw and v.shape != tuple(shape):
                 raise ValueError(f"{name}: output {p.name} has shape {v.shape}; the arguments broadcast to {tuple(shape)}")
