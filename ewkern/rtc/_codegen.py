@@ -328,6 +328,26 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     return src.text(), entry
 
 
+def _post_map(src: Source, indent: str, name: str, out_layout: Layout, post_map_expr: str, acc: str,
+              index: str = "o") -> None:
+    """A reduction's finish for the output at `index`: the outputs' locals (out_layout), _in_ind
+    and _out_ind, a = acc, the user's post_map_expr, the stores."""
+    outs = [a for a in out_layout.args if a[2] == "array"]
+    src.add(f"{indent}{{")
+    src.add(f"{indent}    const ewrtc_out &P = PP.out;")
+    _offsets(src, out_layout, index, outs)
+    stores = _loads(src, out_layout)
+    src.add(f"{indent}    const ewrtc::Ind _in_ind = {{PP.in.size}}, _out_ind = {{PP.out.size}};")
+    src.add(f"{indent}    (void)_in_ind; (void)_out_ind;")
+    src.add(f"{indent}    const type_reduce a = {acc};")
+    src.add(f"{indent}    {{")
+    src.user(post_map_expr, name, "post_map_expr", ";")
+    src.add(f"{indent}    }}")
+    for p, S in stores:
+        src.add(f"{indent}    ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+    src.add(f"{indent}}}")
+
+
 def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Layout, red_size_field: bool,
                      map_expr: str, reduce_expr: str, post_map_expr: str, identity: str | None,
                      reduce_ctype: str, preamble: str, tdefs: str, block: int = 256) -> tuple[str, str]:
@@ -365,19 +385,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         src.add("            ); }")
 
     def post(src, acc):
-        src.add("        {")
-        src.add("            const ewrtc_out &P = PP.out;")
-        _offsets(src, out_layout, "o", outs)
-        stores = _loads(src, out_layout)
-        src.add("            const ewrtc::Ind _in_ind = {PP.in.size}, _out_ind = {PP.out.size};")
-        src.add("            (void)_in_ind; (void)_out_ind;")
-        src.add(f"            const type_reduce a = {acc};")
-        src.add("            {")
-        src.user(post_map_expr, name, "post_map_expr", ";")
-        src.add("            }")
-        for p, S in stores:
-            src.add(f"            ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
-        src.add("        }")
+        _post_map(src, "        ", name, out_layout, post_map_expr, acc)
 
     if backend == "cpu":
         src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
@@ -509,20 +517,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         value_store(src)
 
     def post(src):
-        src.add("    {")
-        src.add("        const long long o = _o;")
-        src.add("        const ewrtc_out &P = PP.out;")
-        _offsets(src, out_layout, "o", outs)
-        stores = _loads(src, out_layout)
-        src.add("        const ewrtc::Ind _in_ind = {PP.in.size}, _out_ind = {PP.out.size};")
-        src.add("        (void)_in_ind; (void)_out_ind;")
-        src.add("        const type_reduce a = _acc;")
-        src.add("        {")
-        src.user(post_map_expr, name, "post_map_expr", ";")
-        src.add("        }")
-        for p, S in stores:
-            src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
-        src.add("    }")
+        _post_map(src, "    ", name, out_layout, post_map_expr, "_acc", "_o")
 
     def header(src, entry):
         src.add(f'extern "C" __global__ void __launch_bounds__({ROWS_BLOCK}) {entry}(const ewrtc_params PP)')
