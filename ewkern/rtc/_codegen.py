@@ -369,7 +369,6 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     if preamble:
         src.user(preamble, name, "preamble")
     arrays = [a for a in in_layout.args if a[2] == "array"]
-    outs = [a for a in out_layout.args if a[2] == "array"]
 
     def map_step(src, acc, first_flag):
         src.add("            const ewrtc_in &P = PP.in;")
@@ -479,7 +478,6 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     if preamble:
         src.user(preamble, name, "preamble")
     arrays = [a for a in in_layout.args if a[2] == "array"]
-    outs = [a for a in out_layout.args if a[2] == "array"]
 
     def combine(src, indent, acc, other):
         src.add(f"{indent}{{ const type_reduce a = {acc}, b = {other}; {acc} = (type_reduce)(")
