@@ -463,7 +463,7 @@ def test_nvrtc_compiles_vector_forms(dtypes):
 def test_nvrtc_compiles_reduction_rows_engine(E):
     _nvrtc()
     dt = {1: "float32", 4: "float32", 8: "float16"}[E]
-    lay = _layout("contig", 1, [(f"T a", dt, "array", 0), (f"T b", dt, "array", 0), ("float32 s", "float32", "scalar", 0)])
+    lay = _layout("contig", 1, [("T a", dt, "array", 0), ("T b", dt, "array", 0), ("float32 s", "float32", "scalar", 0)])
     out = _layout("strided", 1, [("float32 y_out", "float32", "array", 0)])
     src, entries = _codegen.reduction_rows_source("msek", lay, out, E, "(a - b) * (a - b) * s", "a + b",
                                                   "y_out = sqrt(a / _in_ind.size() * _out_ind.size())", "0",

@@ -547,7 +547,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     src.add("    pdl_launch_dependents();")
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
     src.add("    if (_live) {")
-    src.add(f"        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
+    src.add("        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
     src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
     src.add("        if (_ia > _end) _ia = _end;")
     src.add(f"        const long long _nv = (_end - _ia) / {E}, _ta = _ia + _nv * {E};")
@@ -556,7 +556,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
                 f"PP.in.p_{p.name} + _ia);")
     src.add("        long long _v = _v0 + _lane;")
-    src.add(f"        for (; _v + 3 * _G < _v1; _v += 4 * _G) {{")
+    src.add("        for (; _v + 3 * _G < _v1; _v += 4 * _G) {")
     for p, dt, kind, _ in arrays:
         src.add(f"            _U_{p.name} _r_{p.name}[4];")
     src.add("#pragma unroll")
