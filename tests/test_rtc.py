@@ -722,3 +722,38 @@ def test_gpu_output_overlapping_an_input_reads_a_copy():
     torch.testing.assert_close(x, want, rtol=0, atol=0)
     k(x, x)
     torch.testing.assert_close(x, want * 2, rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_cupy_documentation_examples_match_cupy():
+    """CuPy's own documentation examples (ElementwiseKernel: squared_diff, its generic and
+    super-generic forms, add_reverse with a raw input; ReductionKernel: l2norm), defined from the
+    same strings in CuPy and in ewkern, on the same CuPy arrays: the same values (ewkern returns
+    CuPy arrays for CuPy inputs)."""
+    cupy = pytest.importorskip("cupy")
+    defs = [("T x, T y", "T z", "z = (x - y) * (x - y)", "squared_diff_generic"),
+            ("X x, Y y", "Z z", "z = (x - y) * (x - y)", "squared_diff_super_generic"),
+            ("T x, raw T y", "T z", "z = x + y[_ind.size() - i - 1]", "add_reverse")]
+    x = cupy.arange(1000003, dtype=cupy.float32).reshape(1000003, 1)[:, 0] * 0.5
+    y = cupy.arange(1000003, dtype=cupy.float32) * 0.25 + 1
+    m = cupy.random.default_rng(1).standard_normal((257, 1024), dtype=cupy.float32)
+    row = cupy.random.default_rng(2).standard_normal(1024, dtype=cupy.float32)
+    for ins, outs, op, name in defs:
+        ck, ek = cupy.ElementwiseKernel(ins, outs, op, name), ewkern.ElementwiseKernel(ins, outs, op, name)
+        if name == "squared_diff_super_generic":
+            want, got = cupy.empty_like(x), cupy.empty_like(x)
+            ck(x, y, want)
+            ek(x, y, got)
+        else:
+            want, got = ck(x, y), ek(x, y)
+        assert isinstance(got, cupy.ndarray) and got.dtype == want.dtype
+        cupy.testing.assert_allclose(got, want, rtol=0, atol=0)
+    sq_c = cupy.ElementwiseKernel(*defs[0][:3], "sq")
+    sq_e = ewkern.ElementwiseKernel(*defs[0][:3], "sq")
+    cupy.testing.assert_allclose(sq_e(m, row), sq_c(m, row), rtol=0, atol=0)   # broadcast
+    cupy.testing.assert_allclose(sq_e(m, 5.0), sq_c(m, 5.0), rtol=0, atol=0)   # a Python scalar
+    l2 = ("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "l2norm")
+    lc, le = cupy.ReductionKernel(*l2), ewkern.ReductionKernel(*l2)
+    for axis in (1, None):
+        cupy.testing.assert_allclose(le(m, axis=axis), lc(m, axis=axis), rtol=2e-6)   # sums in another order
