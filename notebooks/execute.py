@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOTEBOOKS = ["elementwise_ops_on_gpus", "cuda_vectorization_f16x8", "batched_rmse", "add_kernel_experiments"]
+NOTEBOOKS = ["elementwise_ops_on_gpus", "cuda_vectorization_f16x8", "batched_rmse", "add_kernel_experiments",
+             "training_and_user_kernels"]
 
 
 def _kernel_manager_class():

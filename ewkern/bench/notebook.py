@@ -67,6 +67,9 @@ PAPERS = {
              "experiments": ["r1", "peers", "rmse_grid"], "claim_sources": r"batched-rmse-kernel-analysis\.txt|\bR1\b"},
     "add": {"file": "add-kernel-experiments.md", "title": "Add kernel experiments",
             "experiments": ["a1"], "claim_sources": r"add-kernel-experiments\.md|\bA1\b"},
+    # not a paper: ewkern's own targets (issues 20 and 21), judged in the experiments' own tables
+    "front": {"file": "(issues 20 and 21)", "title": "Training steps and user kernels",
+              "experiments": ["train", "fused"], "claim_sources": r"\(issue 2[01]\)", "claims": False},
 }
 
 # Run mode: options that keep what a notebook does not show small (the R1 notebook shows only the
@@ -84,7 +87,9 @@ _TINY = ["--cache-bytes", "1MiB", "--samples", "3", "--min-sample-ms", "0.05",
          "--v1-sizes", "256,512", "--r1-shape", "16x64x64",
          "--a1-n", "2^16", "--a1-naive-n", "2^12", "--a1-configs", "256:2048",
          "--peers-sizes", "1MiB", "--peers-ops", "copy,add,gelu", "--peers-dtypes", "float32,bfloat16",
-         "--peers-rmse-shapes", "16x2^12,2^12x16:last", "--peers-ref-size", "1MiB"]
+         "--peers-rmse-shapes", "16x2^12,2^12x16:last", "--peers-ref-size", "1MiB",
+         "--train-sizes", "64KiB", "--train-ops", "add,gelu,rmse", "--fused-sizes", "64KiB",
+         "--fused-exprs", "fma,rmsnorm,add"]
 
 
 # --- settings ---------------------------------------------------------------------------------
