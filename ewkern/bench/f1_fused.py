@@ -122,7 +122,9 @@ class Expr:
     accum: float = 0.0
 
 
-_MEAN = "a / (_in_ind.size() / _out_ind.size())"
+# the row mean as a constant (rows are COLS long, a power of two: exact); CuPy's ReductionKernel has
+# no _in_ind/_out_ind in post_map, so a source using them would not compile there
+_MEAN = f"a * {1.0 / COLS!r}f"
 EXPRS = {e.name: e for e in (
     Expr("fma", "o = a * b + c", ("T", "T", "T"), "T", False, False,
          (("ElementwiseKernel", ("T a, T b, T c", "T o", "o = a * b + c", "fused_fma"), {}),), 4),
