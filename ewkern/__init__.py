@@ -37,7 +37,7 @@ from ._C import (  # noqa: F401  (the public surface)
 
 __version__ = "0.1.0"
 
-from .rtc import ElementwiseKernel, ReductionKernel  # noqa: E402  (run-time kernels, issue 21)
+from .rtc import ElementwiseKernel, ReductionKernel, RowKernel  # noqa: E402  (run-time kernels, issue 21)
 
 
 def ops() -> list[dict[str, Any]]:
@@ -81,7 +81,7 @@ __all__ = [
     "Array", "Stream", "Plan", "empty", "zeros", "full", "asarray", "from_dlpack", "cuda_available",
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
     "set_pdl", "pdl_enabled",
-    "default_device", "current_stream", "stream", "rmse", "ElementwiseKernel", "ReductionKernel",
+    "default_device", "current_stream", "stream", "rmse", "ElementwiseKernel", "ReductionKernel", "RowKernel",
     "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu",
     "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "erf_backward", "exp_backward",

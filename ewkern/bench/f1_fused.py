@@ -9,9 +9,11 @@ the SAME strings, and written as a torch user would write it (eager, and the sam
   fma         o = a * b + c
   gelu_mul    o = gelu(a) * b                     (the erf form in float: 0.5f*a*(1.0f+erf(a*0.70710678f)))
   swish_gate  o = a * sigmoid(b)                  (a / (1 + exp(-b)))
-  rmsnorm     y = x * rsqrt(mean(x^2) + eps)      per row of [rows, 4096]: a ReductionKernel for the
-                                                  mean of squares (axis=1, keepdims) and an
-                                                  ElementwiseKernel that broadcasts it over the row
+  rmsnorm     y = x * rsqrt(mean(x^2) + eps)      per row of [rows, 4096]: CuPy runs a
+                                                  ReductionKernel for the mean of squares (axis=1,
+                                                  keepdims) and an ElementwiseKernel that broadcasts
+                                                  it over the row (it has no one-kernel form);
+                                                  ewkern one RowKernel (the row read once)
   mse_rows    y = mean((a - b)^2)                 per row of [rows, 4096], one ReductionKernel
   mixed       o = a * b + c                       a, c, o float32, b float16 or bfloat16 (upcast)
   add         z = x + y                           the control: against ewkern.add itself
@@ -21,6 +23,7 @@ float; torch computes in the dtype as it does; mixed's dtype is b's), at sizes g
 array. Ways (each timed the same way for every expression):
 
   ewkern          the run-time kernels on torch tensors (they launch on torch's current stream)
+  ewkern 2k       rmsnorm only: ewkern running CuPy's two kernels (the same source as cupy)
   cupy            CuPy's kernels from the same source strings, on CuPy arrays
   torch eager     the torch expression
   torch.compile   torch.compile(the torch expression, dynamic=False), Inductor's default mode
@@ -84,9 +87,9 @@ ARGS = [("--fused-exprs", dict(type=_list_arg, metavar="EXPRS",
 
 COLS = 4096          # the row length of rmsnorm and mse_rows
 RMS_EPS = 1e-6
-WAYS = ("ewkern", "cupy", "torch eager", "torch.compile", "ewkern.add", "numpy")
-GPU_WAYS = ("ewkern", "cupy", "torch eager", "torch.compile", "ewkern.add")
-CPU_WAYS = ("ewkern", "numpy", "ewkern.add")
+WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add", "numpy")
+GPU_WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add")
+CPU_WAYS = ("ewkern", "ewkern 2k", "numpy", "ewkern.add")
 BEST_OF = ("cupy", "torch.compile")     # the issue's target: >= 0.99 of the better of these
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 HALF = ("float16", "bfloat16")
@@ -120,6 +123,7 @@ class Expr:
     kernels: tuple
     ulps: float
     accum: float = 0.0
+    own: tuple = ()      # ewkern's definitions where they differ from CuPy's (a kernel CuPy lacks)
 
 
 # the row mean as a constant (rows are COLS long, a power of two: exact); CuPy's ReductionKernel has
@@ -137,7 +141,9 @@ EXPRS = {e.name: e for e in (
          (("ReductionKernel", ("T x", "float32 m", "(float)x * (float)x", "a + b", "m = " + _MEAN, "0",
                                "fused_rms_meansq"), {"reduce_type": "float"}),
           ("ElementwiseKernel", ("T x, float32 m, float32 eps", "T y", "y = x * rsqrt(m + eps)",
-                                 "fused_rms_apply"), {})), 8, 4 * math.sqrt(COLS)),
+                                 "fused_rms_apply"), {})), 8, 4 * math.sqrt(COLS),
+         (("RowKernel", ("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
+                         "y = x * rsqrt(" + _MEAN + " + eps)", "0", "fused_rmsnorm"), {"reduce_type": "float"}),)),
     Expr("mse_rows", "y = mean((a - b)^2, row)", ("T", "T"), "T", True, True,
          (("ReductionKernel", ("T a, T b", "T y", "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
                                "y = " + _MEAN, "0", "fused_mse_rows"), {"reduce_type": "float"}),),
@@ -152,9 +158,11 @@ EXPRS = {e.name: e for e in (
 
 # --- the expressions in each way -------------------------------------------------------------
 
-def _kernel_call(name):
+def _kernel_call(name, own=False):
     """f(kernels, ins, out, tmp) -> out: one call of the expression's kernels (ewkern's or CuPy's:
-    the two take the same arguments)."""
+    the two take the same arguments; own: ewkern's own definitions, Expr.own)."""
+    if own and name == "rmsnorm":
+        return lambda ks, ins, out, tmp: ks[0](ins[0], RMS_EPS, out)
     if name == "rmsnorm":
         def f(ks, ins, out, tmp):
             (x,), (m,) = ins, tmp
@@ -409,12 +417,12 @@ class _Kernels:
     def __init__(self):
         self._made = {}
 
-    def get(self, module, cell: Cell):
+    def get(self, module, cell: Cell, own: bool = False):
         b = cell.dtype if cell.expr.name == "mixed" else ""
-        key = (module.__name__, cell.expr.name, b)
+        key = (module.__name__, cell.expr.name, b, own)
         if key not in self._made:
             ks = []
-            for cls, args, kw in cell.expr.kernels:
+            for cls, args, kw in (cell.expr.own if own else cell.expr.kernels):
                 args = tuple(a.replace("{B}", b) if isinstance(a, str) else a for a in args)
                 ks.append(getattr(module, cls)(*args, **kw))
             self._made[key] = ks
@@ -428,7 +436,7 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels):
     dev = ctx.device
     gpu = ctx.is_gpu
     name = cell.expr.name
-    if way in ("ewkern", "ewkern.add"):
+    if way in ("ewkern", "ewkern 2k", "ewkern.add"):
         fw = impl = "torch" if gpu else "numpy"     # on a GPU: torch tensors, timed through torch's graphs
         why = None
     elif way == "cupy":
@@ -457,9 +465,10 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels):
         out = frameworks._empty(fw, cell.out_shape, cell.out_dtype, dev)
         return out, [frameworks._empty(fw, s, d, dev) for s, d in cell.tmp]
 
-    if way in ("ewkern", "cupy"):
-        ks = kernels.get(importlib.import_module(way), cell)
-        f = _kernel_call(name)
+    if way in ("ewkern", "ewkern 2k", "cupy"):
+        own = way == "ewkern" and bool(cell.expr.own)
+        ks = kernels.get(importlib.import_module(way.split()[0]), cell, own)
+        f = _kernel_call(name, own)
 
         def make_set():
             ins = arrays()
@@ -494,14 +503,14 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels):
 
 
 def _ways_for(cell: Cell, ways):
-    return [w for w in ways if w != "ewkern.add" or cell.expr.name == "add"]
+    return [w for w in ways if (w != "ewkern.add" or cell.expr.name == "add") and (w != "ewkern 2k" or cell.expr.own)]
 
 
 def _prepare(ctx, xr, way, cell, kernels):
     """The way's (impl, make_set) after one checked call; None when skipped or wrong (recorded)."""
     from . import frameworks
     what = f"{cell.label()} {way}"
-    ours = way in ("ewkern", "ewkern.add")
+    ours = way in ("ewkern", "ewkern 2k", "ewkern.add")
     try:
         fw, impl, make_set = _way(ctx, way, cell, kernels)
         ins, call = make_set()
@@ -561,7 +570,9 @@ def run(ctx, xr):
     xr.param(exprs=exprs, dtypes=dtypes, sizes=sizes, ways=ways, methods=methods, cols=COLS, rms_eps=RMS_EPS,
              torch=getattr(torch, "__version__", None), method_labels=labels,
              formulas={n: EXPRS[n].formula for n in exprs},
-             kernels={n: [[cls, list(args), kw] for cls, args, kw in EXPRS[n].kernels] for n in exprs})
+             kernels={n: [[cls, list(args), kw] for cls, args, kw in EXPRS[n].kernels] for n in exprs},
+             ewkern_kernels={n: [[cls, list(args), kw] for cls, args, kw in EXPRS[n].own] for n in exprs
+                             if EXPRS[n].own})
     if not ctx.is_gpu:
         xr.note("CPU: ewkern's CPU backend of the same kernels (compiled by the system C++ compiler) against "
                 "NumPy expressions, host clock; CuPy and torch are GPU ways here")

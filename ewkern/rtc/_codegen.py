@@ -796,3 +796,271 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
         src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
         src.add(f"{{ ewrtc_{name}_run<{idx}, {vpt}>(P); }}")
     return src.text(), entries
+
+
+# ---- row kernels: a reduction over each row, then an operation over the same row --------------
+
+ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
+
+SHFL_PRELUDE = r"""
+namespace ewrtc {
+/* __shfl_xor_sync for any type of 1-8 bytes (the reduce types): through its bits */
+template <class T> __device__ __forceinline__ T shfl_xor(T v, int m)
+{
+    static_assert(sizeof(T) <= 8, "reduce types are at most 8 bytes");
+    if constexpr (sizeof(T) <= 4) {
+        union { T t; unsigned u; } x;
+        x.u = 0u; x.t = v;
+        x.u = __shfl_xor_sync(0xffffffffu, x.u, m);
+        return x.t;
+    } else {
+        union { T t; unsigned long long u; } x;
+        x.u = 0ull; x.t = v;
+        x.u = __shfl_xor_sync(0xffffffffu, x.u, m);
+        return x.t;
+    }
+}
+} /* namespace ewrtc */
+"""
+
+
+def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str:
+    """The C++ value of element (row, col) of a row kernel's input of kind `kind` (elem: the flat
+    index of a dense array's element)."""
+    S = DTYPES[dt][0]
+    at = {"array": elem, "bcol": col, "brow": row, "bone": "0"}[kind]
+    return f"ewrtc::ld((const {S} *)P.p_{name} + ({at}))"
+
+
+def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
+               identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs) -> tuple[str, list[str]]:
+    """(source, entries) of a row kernel over rows of `cols` elements (ewkern.RowKernel): for
+    each row, map_expr over its elements reduced by reduce_expr from identity into `a`, then
+    operation over the same elements with `a` in scope. layout ('contig') holds the parameters:
+    'array' inputs and every output dense over [rows, cols], 'bcol' inputs one row, 'brow' one
+    element per row, 'bone' one element, scalars.
+
+    CPU: one entry, rows split among OpenMP threads, each row reduced in column order, then
+    applied. CUDA: a group of G lanes (a power of two, up to 1024) per row; E elements per vector
+    (16 bytes of the widest dense array, or 1 when the arrays cannot be aligned together; the
+    host checks cols % E == 0). Forms (ROW_FORMS order): VPL = 1, 2 or 4 vectors per lane kept
+    in registers, so the row is read from memory once and the apply reuses the loaded values
+    (in place is safe: a group loads its whole row before it stores); VPL = 0 for rows longer
+    than 4 x 1024 vectors, read a second time for the apply (mostly from L2). The lanes combine by
+    a butterfly in which the lower lane's value is always `a` and the higher's `b`, then across
+    the group's warps in warp order through shared memory, so every lane ends with the same
+    value, in an order fixed by the shape and E: results do not change from run to run."""
+    src = Source(f"{name}.{'cpp' if backend == 'cpu' else 'cu'}")
+    if backend == "cuda":
+        src.add(f'#include "{VECTOR_HEADER}"')
+    src.add(PRELUDE)
+    if backend == "cuda":
+        src.add(VECTOR_PRELUDE)
+        src.add(SHFL_PRELUDE)
+    src.add(tdefs)
+    src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
+    src.add(struct_source("ewrtc_args", layout))
+    src.add("struct ewrtc_params { ewrtc_args a; long long rows, cols, G, prefetch; };")
+    if preamble:
+        src.user(preamble, name, "preamble")
+    ins = [a for a in layout.args if not a[0].is_output and a[2] != "scalar"]
+    outs = [a for a in layout.args if a[0].is_output]
+    scalars = [a for a in layout.args if a[2] == "scalar"]
+
+    def combine(indent, acc, lo, hi):
+        src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
+        src.user(reduce_expr, name, "reduce_expr")
+        src.add(f"{indent}); }}")
+
+    def map_into(indent, value):
+        """the element's inputs (value(param, dtype, kind)), the mapped value folded into _acc"""
+        src.add(f"{indent}{{")
+        for p, dt, kind, _ in ins:
+            src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = {value(p, dt, kind)};")
+        src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
+        src.user(map_expr, name, "map_expr")
+        src.add(f"{indent}    );")
+        combine(indent + "    ", "_acc", "_acc", "_m")
+        src.add(f"{indent}}}")
+
+    def apply(indent, value, store):
+        """the element's parameters (outputs the operation reads are loaded), `a`, the operation,
+        the stores (store(param, dtype): a statement)"""
+        src.add(f"{indent}{{")
+        for p, dt, kind, _ in ins:
+            src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = {value(p, dt, kind)};")
+        for p, dt, kind, _ in outs:
+            init = value(p, dt, kind) if p.name in read_outputs else f"{DTYPES[dt][1]}()"
+            src.add(f"{indent}    {DTYPES[dt][1]} {p.name} = {init};")
+        src.add(f"{indent}    const type_reduce a = _acc;")
+        src.add(f"{indent}    {{")
+        src.user(operation, name, "operation", ";")
+        src.add(f"{indent}    }}")
+        for p, dt, kind, _ in outs:
+            src.add(f"{indent}    {store(p, dt)};")
+        src.add(f"{indent}}}")
+
+    def scalars_and_sizes(indent):
+        for p, dt, kind, _ in scalars:
+            src.add(f"{indent}const {DTYPES[dt][1]} {p.name} = P.s_{p.name};")
+        src.add(f"{indent}const long long _row_size = PP.cols; (void)_row_size;")
+        src.add(f"{indent}const ewrtc::Ind _ind = {{PP.rows * PP.cols}}; (void)_ind;")
+
+    if backend == "cpu":
+        entry = f"ewrtc_{name}"
+        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
+        src.add("{")
+        src.add("    const ewrtc_params PP = *PP_;")
+        src.add("    const ewrtc_args &P = PP.a;")
+        scalars_and_sizes("    ")
+        src.add("#ifdef _OPENMP")
+        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+        src.add("#endif")
+        src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
+        src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+        for phase in ("map", "apply"):
+            src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
+            src.add("            const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
+            val = (lambda p, dt, kind: _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
+            if phase == "map":
+                map_into("            ", val)
+            else:
+                apply("            ", val, lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})")
+            src.add("        }")
+        src.add("    }")
+        src.add("}")
+        return src.text(), [entry]
+
+    vec = [a for a in ins + outs if a[2] in ("array", "bcol")]
+    src.add("template <int VPL>")
+    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &PP)")
+    src.add("{")
+    src.add(f"    enum {{ E = {E} }};")
+    src.add("    const ewrtc_args &P = PP.a;")
+    src.add("    const int _G = int(PP.G), _lane = int(threadIdx.x) & (_G - 1);")
+    src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
+    src.add("    const bool _live = _ew_r < PP.rows;")
+    src.add("    const int _nv = int(PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")
+    for p, dt, kind, _ in vec:
+        q = "" if p.is_output else "const "
+        src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, E> _U_{p.name};")
+        off = f" + _ew_r * _nv" if kind == "array" else ""
+        src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name}{off};")
+    dense_in = [a for a in ins if a[2] == "array"]
+    bcols = [a for a in ins if a[2] == "bcol"]
+    read_outs = [a for a in outs if a[0].name in read_outputs]
+    if dense_in:
+        src.add("    if ((long long)blockIdx.x < PP.prefetch && _live && _lane < _nv) {")
+        for p, dt, kind, _ in dense_in:
+            src.add(f"        prefetch_l2_line(_u_{p.name} + _lane, unsigned(sizeof(_U_{p.name})), _lane == 0);")
+        src.add("    }")
+    src.add("    pdl_wait();")
+    src.add("    pdl_launch_dependents();")
+    scalars_and_sizes("    ")
+    for p, dt, kind, _ in ins + outs:
+        if kind in ("brow", "bone"):
+            at = "_ew_r" if kind == "brow" else "0"
+            src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
+                    f" + ({at})) : {DTYPES[dt][1]}();")
+    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+
+    def reg_value(p, dt, kind):
+        if kind in ("array", "bcol"):
+            return f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"
+        return f"_s_{p.name}"
+
+    def mem_value(p, dt, kind):
+        if kind in ("array", "bcol"):
+            return f"ewrtc::ld(&_c_{p.name}.v[_k])"
+        return f"_s_{p.name}"
+
+    # VPL > 0: the row's dense inputs in registers
+    for p, dt, kind, _ in dense_in + bcols:
+        src.add(f"    _U_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
+    src.add("    if constexpr (VPL > 0) {")
+    src.add("#pragma unroll")
+    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+    src.add("            const int _v = _lane + _q * _G;")
+    src.add("            if (_live && _v < _nv) {")
+    for p, dt, kind, _ in dense_in + bcols:
+        src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v];")
+    src.add("            }")
+    src.add("        }")
+    src.add("#pragma unroll")
+    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+    src.add("            const int _v = _lane + _q * _G;")
+    src.add("            if (_live && _v < _nv) {")
+    src.add("#pragma unroll")
+    src.add("                for (int _k = 0; _k < E; ++_k) {")
+    src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+    map_into("                    ", reg_value)
+    src.add("                }")
+    src.add("            }")
+    src.add("        }")
+    src.add("    } else {")
+    src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
+    for p, dt, kind, _ in dense_in + bcols:
+        src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+    src.add("#pragma unroll")
+    src.add("            for (int _k = 0; _k < E; ++_k) {")
+    src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+    map_into("                ", mem_value)
+    src.add("            }")
+    src.add("        }")
+    src.add("    }")
+    # the group's lanes combine: a butterfly within the warp (lower lane's value first), then the
+    # group's warps in order through shared memory
+    src.add("    for (int _m = 1; _m < _G && _m < 32; _m <<= 1) {")
+    src.add("        const type_reduce _o = ewrtc::shfl_xor(_acc, _m);")
+    src.add("        if (_lane & _m) {")
+    combine("            ", "_acc", "_o", "_acc")
+    src.add("        } else {")
+    combine("            ", "_acc", "_acc", "_o")
+    src.add("        }")
+    src.add("    }")
+    src.add("    if (_G > 32) {")
+    src.add("        __shared__ type_reduce _sh[32];")
+    src.add("        if ((threadIdx.x & 31) == 0) _sh[threadIdx.x >> 5] = _acc;")
+    src.add("        __syncthreads();")
+    src.add("        const int _w0 = (int(threadIdx.x) / _G) * (_G >> 5);")
+    src.add("        _acc = _sh[_w0];")
+    src.add("        for (int _w = 1; _w < (_G >> 5); ++_w) {")
+    combine("            ", "_acc", "_acc", "_sh[_w0 + _w]")
+    src.add("        }")
+    src.add("    }")
+
+    def emit_apply(indent, value, have_regs):
+        src.add(f"{indent}const int _v = _lane + _q * _G;" if have_regs else "")
+        src.add(f"{indent}if (_live && _v < _nv) {{")
+        for p, dt, kind, _ in ([] if have_regs else dense_in + bcols) + read_outs:
+            src.add(f"{indent}    const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+        for p, dt, kind, _ in outs:
+            src.add(f"{indent}    _U_{p.name} _w_{p.name};")
+        src.add("#pragma unroll")
+        src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
+        src.add(f"{indent}        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        apply(indent + "        ", value, lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
+        src.add(f"{indent}    }}")
+        for p, dt, kind, _ in outs:
+            src.add(f"{indent}    ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
+        src.add(f"{indent}}}")
+
+    src.add("    if constexpr (VPL > 0) {")
+    src.add("#pragma unroll")
+    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+    emit_apply("            ", lambda p, dt, kind: (f"ewrtc::ld(&_c_{p.name}.v[_k])" if p.is_output
+                                                    else reg_value(p, dt, kind)), True)
+    src.add("        }")
+    src.add("    } else {")
+    src.add("        for (int _v = _lane; _v < _nv; _v += _G) {")
+    emit_apply("            ", mem_value, False)
+    src.add("        }")
+    src.add("    }")
+    src.add("}")
+    entries = []
+    for vpl in ROW_FORMS:
+        entry = f"ewrtc_{name}_r{vpl}"
+        entries.append(entry)
+        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params PP)')
+        src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")
+    return src.text(), entries

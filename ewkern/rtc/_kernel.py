@@ -194,6 +194,20 @@ def _same_view(a: _Arr, b: _Arr) -> bool:
     return a.ptr == b.ptr and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
 
 
+def _copy_overlapping_inputs(call, in_params) -> None:
+    """Inputs that overlap an output (other than being the very same view) are read from a copy.
+    CUDA views are C-contiguous, so there overlap is a byte-range test and the copy ewkern.copy's."""
+    for k, v in enumerate(call.ins):
+        if not isinstance(v, _Arr):
+            continue
+        if call.device == "cpu":
+            if any(_overlaps(v, o) and not _same_view(v, o) for o in call.outs):
+                call.ins[k] = _cpu_copy(v)
+        elif any(_ranges_overlap(v, o) and not _same_view(v, o) for o in call.outs):
+            from .. import copy as _ewcopy
+            (call.ins[k],), _ = _cuda_arrs([_ewcopy(v.obj)], [in_params[k].name])
+
+
 def _broadcast_strides(a: _Arr, shape) -> tuple[int, ...]:
     nd = len(shape)
     pad = nd - len(a.shape)
@@ -587,22 +601,14 @@ class ElementwiseKernel:
         n = math.prod(shape)
         if n == 0:
             return ret
-        # inputs that overlap an output (other than being the very same view) are read from a copy
+        _copy_overlapping_inputs(call, self.in_params)
         if call.device == "cpu":
             for k, v in enumerate(call.ins):
-                if isinstance(v, _Arr) and any(_overlaps(v, o) and not _same_view(v, o) for o in call.outs):
-                    call.ins[k] = _cpu_copy(v)
-                elif isinstance(v, _Arr) and self.in_params[k].raw and not v.contiguous():
+                if isinstance(v, _Arr) and self.in_params[k].raw and not v.contiguous():
                     call.ins[k] = _cpu_copy(v)
             for p, o in zip(self.out_params, call.outs):
                 if p.raw and not o.contiguous():
                     raise ValueError(f"{name}: raw output {p.name} must be C-contiguous")
-        else:
-            # CUDA views are C-contiguous: overlap is a byte-range test; the copy is ewkern.copy's
-            for k, v in enumerate(call.ins):
-                if isinstance(v, _Arr) and any(_ranges_overlap(v, o) and not _same_view(v, o) for o in call.outs):
-                    from .. import copy as _ewcopy
-                    (call.ins[k],), _ = _cuda_arrs([_ewcopy(v.obj)], [self.in_params[k].name])
         # layout: one dimension when every non-raw array is C-contiguous over the loop's shape
         allp = self.in_params + self.out_params
         allv = call.ins + call.outs

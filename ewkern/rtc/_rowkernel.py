@@ -1,0 +1,269 @@
+"""ewkern.RowKernel: a reduction over each row and an elementwise operation over the same row
+that reads the row's result, in one kernel (rmsnorm, L2 normalisation, scaling by a row's max):
+the row is read from memory once. CuPy has no such kernel (a ReductionKernel and an
+ElementwiseKernel that broadcasts its result read the row twice); the parameters follow CuPy's
+ReductionKernel and ElementwiseKernel (see their docstrings in _kernel.py)."""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import numpy as np
+
+from . import _build, _codegen
+from ._kernel import (_C, _IDENT_OK, _REDUCE_SIZES, _Arr, _broadcast_kind, _broadcast_strides, _Call,
+                      _copy_overlapping_inputs, _ctypes_struct, _device_facts, _fill, _pow2ceil, _scalar_value,
+                      _threads, _typedefs, _vector_head, _dense)
+from ._params import DTYPES, parse_params
+
+_MAX_G = 1024          # lanes per row at most (one block)
+_REG_VECTORS = 4       # vectors per lane kept in registers at most (ROW_FORMS)
+_MIN_BLOCK = 256
+
+_params_cache: dict[Any, type] = {}
+
+
+def _params_struct(layout: _codegen.Layout):
+    """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch."""
+    key = layout.key()
+    cls = _params_cache.get(key)
+    if cls is None:
+        cls = type("ewrtc_row_params", (ctypes.Structure,), {"_fields_": [
+            ("a", _ctypes_struct(layout)), ("rows", ctypes.c_longlong), ("cols", ctypes.c_longlong),
+            ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong)]})
+        _params_cache[key] = cls
+    return cls
+
+
+def row_plan(rows: int, nv: int, wave_threads: int) -> tuple[int, int]:
+    """(G lanes per row, vectors per lane: 1, 2, 4, or 0 for the two-pass form) for rows of nv
+    vectors: the fewest lanes that hold the row in at most 4 vectors each; more lanes (fewer
+    vectors each) while all the groups together fill less than half a wave of threads
+    (wave_threads: the device's resident threads), so that a few long rows still spread over
+    the SMs; rows of more than 4 x 1024 vectors are read twice by 1024 lanes."""
+    if nv > _REG_VECTORS * _MAX_G:
+        return _MAX_G, 0
+    G = min(_MAX_G, _pow2ceil(-(-nv // _REG_VECTORS)))
+    while G < _MAX_G and G < nv and rows * G < wave_threads // 2:
+        G *= 2
+    return G, _pow2ceil(-(-nv // G))
+
+
+class RowKernel:
+    """A per-row reduction and an elementwise operation that uses its result, in one kernel.
+
+    For every row (the last axis) of the inputs' broadcast shape, ``map_expr`` is mapped over the
+    row's elements and reduced with ``reduce_expr`` from ``identity`` into ``a``; then
+    ``operation`` runs over the same row's elements with ``a`` in scope and assigns the outputs,
+    which have the broadcast shape. An RMS norm with a weight::
+
+        rmsnorm = ewkern.RowKernel(
+            "T x, T w, float32 eps", "T y",
+            map_expr="x * x", reduce_expr="a + b", identity="0",
+            operation="y = x * rsqrt(a / _row_size + eps) * w", name="rmsnorm")
+        y = rmsnorm(x, w, 1e-6)          # x: [..., n], w: [n]
+
+    Args:
+        in_params, out_params: parameters as for ElementwiseKernel (``'T x, float32 eps'``; no
+            raw parameters). Inputs broadcast against the rows: an input may be the full shape,
+            one row (``[n]``: a weight), one value per row (``[..., 1]``) or a scalar.
+        map_expr: an expression of the inputs for one element (``'x * x'``); ``i`` is the
+            element's flat index.
+        reduce_expr: combines two mapped values ``a`` and ``b`` (``'a + b'``, ``'max(a, b)'``).
+        operation: statements for one element assigning the outputs, with the inputs, ``a`` (the
+            row's reduced value, of ``reduce_type``), ``i``, ``_row_size`` (the row's length) and
+            ``_ind.size()`` (all elements) in scope.
+        identity: the reduction's start value as C++ code (``'0'``, ``'-INFINITY'``); required.
+        name: the kernel's name. reduce_type: the C++ type of ``a`` and ``b`` (default the first
+            output's compute type: ``float`` for 16-bit and float32 outputs). preamble, options:
+            as for ElementwiseKernel.
+
+    Calling it: ``kernel(*inputs, *outputs)``; outputs are optional (allocated otherwise, in the
+    first array input's framework and device). Returns the output, or a tuple of them.
+
+    Where it runs: on CUDA, one group of lanes per row takes the row's 16-byte vectors and
+    keeps them in registers (up to 4096 vectors a row: 64 KiB of the widest array), combines in
+    a fixed tree so that every lane has ``a``, then computes and stores the row from registers:
+    one read and one write of each element (longer rows are read a second time, mostly from
+    L2). On the CPU each row is reduced in column order, then computed (rows in parallel with
+    OpenMP). Results do not change from call to call (CPU and GPU may differ in rounding). An
+    output may be the very same array as an input (in place); inputs that otherwise overlap an
+    output are read from a copy.
+    """
+
+    def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, operation: str,
+                 identity: str, name: str = "row_kernel", reduce_type: str | None = None, preamble: str = "",
+                 options: tuple[str, ...] = ()) -> None:
+        if not isinstance(name, str) or not _IDENT_OK(name):
+            raise ValueError(f"RowKernel: name must be a C identifier, got {name!r}")
+        for what, v in (("map_expr", map_expr), ("reduce_expr", reduce_expr), ("operation", operation),
+                        ("preamble", preamble)):
+            if not isinstance(v, str):
+                raise TypeError(f"{name}: {what} must be a str of C++ code, got {type(v).__name__}")
+        if identity is None:
+            raise ValueError(f"{name}: a RowKernel needs an identity (the reduction's start value, e.g. '0')")
+        self.name = name
+        self.in_params = parse_params(in_params, False, name)
+        self.out_params = parse_params(out_params, True, name)
+        for p in self.in_params + self.out_params:
+            if p.raw:
+                raise ValueError(f"{name}: raw parameters ({p.name}) are not supported by RowKernel")
+        if not self.out_params:
+            raise ValueError(f"{name}: a RowKernel needs at least one output parameter")
+        names = [p.name for p in self.in_params + self.out_params]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"{name}: parameter name(s) {dup} appear more than once")
+        self.nin, self.nout = len(self.in_params), len(self.out_params)
+        self.nargs = self.nin + self.nout
+        self.map_expr, self.reduce_expr, self.operation = map_expr, reduce_expr, operation
+        self.identity = str(identity)
+        self.reduce_type = reduce_type
+        self.preamble = preamble
+        self.options = tuple(options)
+        self._compiled: dict = {}
+        self._waves: dict = {}
+        self._last_path = ""
+
+    def __repr__(self) -> str:
+        return f"<ewkern.RowKernel {self.name!r}>"
+
+    def _parts(self) -> dict[str, str]:
+        return {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr, "operation": self.operation,
+                "preamble": self.preamble}
+
+    def _dense_input(self, call: _Call, k: int, v: _Arr, shape) -> _Arr:
+        """Input k broadcast to shape and made C-contiguous (a broadcast the row kernel cannot
+        read in place: [r, 1, n] against [r, m, n], a strided CPU view)."""
+        if call.device == "cpu":
+            view = np.lib.stride_tricks.as_strided(v.np, shape, _broadcast_strides(v, shape), writeable=False)
+            c = np.ascontiguousarray(view)
+            return _Arr(c, v.dtype, c.shape, c.strides, c.__array_interface__["data"][0], c, "cpu")
+        res, a = call.alloc(v.dtype, shape, self.in_params[k].name)
+        _broadcast_copy()(v.obj, res)
+        a.obj = res
+        return a
+
+    def __call__(self, *args: Any) -> Any:
+        name = self.name
+        if len(args) not in (self.nin, self.nargs):
+            raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs or {self.nargs} "
+                            f"with the outputs, got {len(args)}")
+        ins, outs = args[:self.nin], args[self.nin:]
+        call = _Call(name, self.in_params, self.out_params, ins, outs)
+        shapes = [v.shape for v in call.ins + call.outs if isinstance(v, _Arr)]
+        try:
+            shape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+        except ValueError:
+            raise ValueError(f"{name}: shapes {', '.join(map(str, shapes))} do not broadcast together") from None
+        if not shape:
+            raise ValueError(f"{name}: a RowKernel needs an array input of at least one dimension (its rows are "
+                             "the last axis)")
+        for p, v in zip(self.out_params, call.outs):
+            if v.shape != shape:
+                raise ValueError(f"{name}: output {p.name} has shape {v.shape}; the arguments broadcast to {shape}")
+        results = list(outs)
+        for k in range(len(outs), self.nout):
+            res, a = call.alloc(call.out_types[k], shape, self.out_params[k].name)
+            results.append(res)
+            call.outs.append(a)
+        ret = results[0] if self.nout == 1 else tuple(results)
+        cols = shape[-1]
+        rows = math.prod(shape[:-1])
+        if rows * cols == 0:
+            return ret
+        _copy_overlapping_inputs(call, self.in_params)
+        # the outputs: dense over the shape (a strided CPU output is computed apart and copied in)
+        back = []
+        for k, (p, v) in enumerate(zip(self.out_params, call.outs)):
+            if not _dense(v.strides, shape, DTYPES[v.dtype][2]):
+                res, a = call.alloc(v.dtype, shape, p.name)
+                back.append((v, a))
+                call.outs[k] = a
+        largs, values = [], {}
+        for k, (p, v, dt) in enumerate(zip(self.in_params, call.ins, call.in_types)):
+            if not isinstance(v, _Arr):
+                largs.append((p, dt, "scalar", 0))
+                values[p.name] = _scalar_value(v, dt, name, p.name)
+                continue
+            kind = _broadcast_kind(v, _broadcast_strides(v, shape), shape)
+            if kind is None:
+                v = call.ins[k] = self._dense_input(call, k, v, shape)
+                kind = "array"
+            largs.append((p, dt, kind, 0))
+            values[p.name] = (v, None)
+        for p, v, dt in zip(self.out_params, call.outs, call.out_types):
+            largs.append((p, dt, "array", 0))
+            values[p.name] = (v, None)
+        layout = _codegen.Layout("contig", 1, largs)
+        P = _params_struct(layout)(_fill(layout, rows * cols, (rows * cols,), values), rows, cols, 1, 0)
+        rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
+        reads = {p.name for p in self.out_params if not _codegen.writes_only(self.operation, p.name)}
+        if call.device == "cpu":
+            self._run_cpu(call, layout, rtype, reads, P, rows * cols)
+        else:
+            self._run_cuda(call, layout, values, rtype, reads, P, rows, cols)
+        for dst, tmp in back:
+            np.copyto(dst.np, tmp.np)
+        return ret
+
+    def _source(self, backend, call, layout, E, rtype, reads):
+        tdefs = _typedefs(call, self.in_params, self.out_params)
+        return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
+                                   self.identity, rtype, self.preamble, tdefs, reads)
+
+    def _run_cpu(self, call, layout, rtype, reads, P, n) -> None:
+        key = ("cpu", layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+        fn = self._compiled.get(key)
+        if fn is None:
+            src, (entry,) = self._source("cpu", call, layout, 1, rtype, reads)
+            fn = self._compiled[key] = _build.build_cpu(self.name, src, entry, self._parts())
+        self._last_path = "cpu"
+        fn(ctypes.addressof(P), _threads(n) if P.rows > 1 else 1)
+
+    def _run_cuda(self, call, layout, values, rtype, reads, P, rows, cols) -> None:
+        vec = [values[p.name][0] for p, _, kind, _ in layout.args if kind in ("array", "bcol")]
+        E = 16 // max(DTYPES[a.dtype][2] for a in vec)
+        if cols % E or _vector_head(vec, E) != 0:
+            E = 1
+        key = (call.device, E, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+        hs = self._compiled.get(key)
+        dev = int(call.device.split(":")[1])
+        if hs is None:
+            if rtype not in _REDUCE_SIZES and self.reduce_type is None:
+                raise TypeError(f"{self.name}: cannot reduce in {rtype}")
+            src, entries = self._source("cuda", call, layout, E, rtype, reads)
+            cc, _ = _device_facts(call.device)
+            image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
+            hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
+        sms = _device_facts(call.device)[1]
+        G, vpl = row_plan(rows, cols // E, sms * 2048)
+        block = max(_MIN_BLOCK, G)
+        h = hs[_codegen.ROW_FORMS.index(vpl)]
+        from .. import pdl_enabled
+        pdl = pdl_enabled()
+        if pdl:
+            wk = (h, block)
+            w = self._waves.get(wk)
+            if w is None:
+                w = self._waves[wk] = sms * _C()._rtc_occupancy(h, block, dev)
+            P.prefetch = w
+        P.G = G
+        per = block // G
+        self._last_path = f"rows G={G} VPL={vpl} E={E}"
+        _C()._rtc_launch(h, -(-rows // per), block, bytes(P), dev, call.stream, pdl)
+
+
+_copy_kernel: list = []
+
+
+def _broadcast_copy():
+    """An ElementwiseKernel that writes x broadcast into y (made once)."""
+    if not _copy_kernel:
+        from ._kernel import ElementwiseKernel
+        _copy_kernel.append(ElementwiseKernel("T x", "T y", "y = x", "ewkern_broadcast_copy"))
+    return _copy_kernel[0]
+
+
+__all__ = ["RowKernel", "row_plan"]

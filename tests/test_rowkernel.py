@@ -1,0 +1,309 @@
+"""ewkern.RowKernel (issue 21): a row's reduction and an operation over the same row in one kernel.
+The CPU backend against float64 NumPy references (every dtype, awkward shapes, every broadcast
+kind, in place, overlap, errors), the launch plan, the CUDA source through NVRTC to PTX (no GPU
+needed), and the GPU runs (marked gpu): every plan form, misaligned starts, > 2^31 elements."""
+import numpy as np
+import pytest
+
+import ewkern
+from ewkern.rtc import _build, _codegen
+from ewkern.rtc._params import parse_params
+from ewkern.rtc._rowkernel import row_plan
+from conftest import gpu
+from reference import EPS, np_dtype
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+FLOATS = ["float32", "float16", "bfloat16", "float64"]
+EPS_RMS = 1e-6
+
+rmsnorm = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                           "y = x * rsqrt(a / _row_size + eps) * w", "0", name="rmsnorm_t")
+row_max_scale = ewkern.RowKernel("T x", "T y, T d", "x", "max(a, b)", "y = x / a; d = x - a", "-INFINITY",
+                                 name="row_max_scale")
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EWKERN_CACHE_DIR", str(tmp_path / "kernels"))
+
+
+def _rand(rng, shape, dtype, low=0.0):
+    x = rng.standard_normal(shape) + low
+    return x.astype(np_dtype(dtype))
+
+
+def _rms_ref(x, w):
+    x = np.asarray(x, np.float64)
+    eps = float(np.float32(EPS_RMS))     # the kernel's eps parameter is float32
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(w, np.float64)
+
+
+def _check_rms(y, x, w, dtype):
+    """|y - ref| <= |ref| x (3 ulps of the output + the float32 sum's worst case over a row)."""
+    ref = _rms_ref(x, w)
+    n = x.shape[-1]
+    acc = EPS["float64"] if dtype == "float64" else 2.0 ** -24
+    bound = 3 * EPS[dtype] + 2 * n * acc
+    got = np.asarray(y, np.float64)
+    assert got.shape == ref.shape
+    err = np.abs(got - ref) - np.abs(ref) * bound - 1e-30
+    assert np.all(err <= 0), float(err.max())
+
+
+# ---- the CPU backend ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (7,), (4, 3, 64), (2, 1001)])
+def test_rmsnorm_against_float64(dtype, shape):
+    rng = np.random.default_rng(sum(shape))
+    x = _rand(rng, shape, dtype)
+    w = _rand(rng, shape[-1:], dtype, 1.0)
+    y = rmsnorm(x, w, EPS_RMS)
+    assert y.dtype == x.dtype and y.shape == x.shape and rmsnorm._last_path == "cpu"
+    _check_rms(y, x, w, dtype)
+    # the same bits from a second call, and into a given output
+    out = np.full_like(x, np.nan)
+    assert rmsnorm(x, w, EPS_RMS, out) is out
+    np.testing.assert_array_equal(out.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (2, 0), (0,)])
+def test_empty_rows_or_columns(shape):
+    x = np.ones(shape, np.float32)
+    y = rmsnorm(x, np.ones(shape[-1:], np.float32), EPS_RMS)
+    assert y.shape == shape and y.dtype == np.float32
+
+
+def test_broadcast_kinds_and_strided_inputs():
+    """An input may be the full shape, one row (bcol), one value per row (brow), one value (bone)
+    or a scalar; other broadcasts and strided views are read from a dense copy."""
+    k = ewkern.RowKernel("T x, T w, T s, T c, float32 eps", "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w * s + c", "0", name="rms_kinds")
+    rng = np.random.default_rng(1)
+    x = _rand(rng, (6, 33), "float32")
+    w = _rand(rng, (33,), "float32", 1.0)
+    s = _rand(rng, (6, 1), "float32", 2.0)
+    c = np.array([0.25], np.float32)
+    want = _rms_ref(x, w) * s + 0.25
+    y = k(x, w, s, c, EPS_RMS)
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=1e-6)
+    y = k(x, w, 3.0, 0.5, EPS_RMS)      # scalars
+    np.testing.assert_allclose(y, _rms_ref(x, w) * 3 + 0.5, rtol=2e-5, atol=1e-6)
+    xt = np.ascontiguousarray(x.T).T     # strided (column-major)
+    np.testing.assert_allclose(k(xt, w, s, c, EPS_RMS), want, rtol=2e-5, atol=1e-6)
+    # [r, 1, n] against [r, m, n]: a broadcast the kernel cannot read in place
+    x3 = _rand(rng, (2, 4, 8), "float32")
+    w3 = _rand(rng, (2, 1, 8), "float32", 1.0)
+    y3 = k(x3, w3, 1.0, 0.0, EPS_RMS)
+    np.testing.assert_allclose(y3, _rms_ref(x3, w3), rtol=2e-5, atol=1e-6)
+    # a strided output: computed apart and copied in
+    out = np.zeros((33, 6), np.float32).T
+    assert k(x, w, s, c, EPS_RMS, out) is out
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=1e-6)
+
+
+def test_in_place_and_overlapping_input():
+    rng = np.random.default_rng(2)
+    x = _rand(rng, (5, 40), "float32")
+    w = np.ones(40, np.float32)
+    want = _rms_ref(x, w)
+    y = x.copy()
+    assert rmsnorm(y, w, EPS_RMS, y) is y            # in place: the same array in and out
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=1e-6)
+    buf = np.concatenate([x.ravel(), np.zeros(40, np.float32)])
+    src, dst = buf[:200].reshape(5, 40), buf[40:240].reshape(5, 40)   # shifted by a row
+    rmsnorm(src, w, EPS_RMS, dst)
+    np.testing.assert_allclose(dst, want, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_max_reduction_two_outputs(dtype):
+    rng = np.random.default_rng(3)
+    x = _rand(rng, (9, 17), dtype, 5.0)
+    x[2, :] = -np.abs(x[2, :].astype(np.float32)).astype(x.dtype)   # a row of negatives: identity -inf
+    y, d = row_max_scale(x)
+    x64 = x.astype(np.float64)
+    m = x64.max(-1, keepdims=True)
+    np.testing.assert_allclose(y.astype(np.float64), x64 / m, rtol=2 * EPS[dtype], atol=0)
+    np.testing.assert_allclose(d.astype(np.float64), x64 - m, rtol=0, atol=2 * EPS[dtype] * np.abs(x64).max())
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_cpu_in_torch_out(dtype):
+    x = torch.randn(4, 96, dtype=getattr(torch, dtype))
+    w = torch.rand(96, dtype=x.dtype) + 0.5
+    y = rmsnorm(x, w, EPS_RMS)
+    assert isinstance(y, torch.Tensor) and y.dtype == x.dtype
+    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS_RMS) * w.double()
+    torch.testing.assert_close(y.double(), want, rtol=4 * EPS[dtype], atol=1e-6)
+
+
+def test_errors_name_what_was_expected():
+    with pytest.raises(ValueError, match="needs an identity"):
+        ewkern.RowKernel("T x", "T y", "x", "a + b", "y = x", None)
+    with pytest.raises(ValueError, match="raw parameters"):
+        ewkern.RowKernel("raw T x", "T y", "x", "a + b", "y = x", "0")
+    with pytest.raises(ValueError, match="at least one output"):
+        ewkern.RowKernel("T x", "", "x", "a + b", "", "0")
+    with pytest.raises(ValueError, match="more than once"):
+        ewkern.RowKernel("T x", "T x", "x", "a + b", "x = a", "0")
+    with pytest.raises(TypeError, match="operation must be a str"):
+        ewkern.RowKernel("T x", "T y", "x", "a + b", 3, "0")
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="wrong number of arguments"):
+        rmsnorm(x)
+    with pytest.raises(ValueError, match="has shape"):
+        rmsnorm(x, np.ones(3, np.float32), 1.0, np.empty((1, 3), np.float32))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        rmsnorm(x, np.ones(4, np.float32), 1.0)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        rmsnorm(np.array(1, np.float32), np.array(1, np.float32), 1.0)
+    with pytest.raises(TypeError):
+        rmsnorm(x, np.ones(3, np.float64), 1.0)     # T bound twice to different dtypes
+    out = np.full((2, 3), 7.0, np.float32)
+    with pytest.raises(ValueError):
+        rmsnorm(x, np.ones(4, np.float32), 1.0, out)
+    assert np.all(out == 7.0)                       # nothing written
+
+
+def test_compile_error_names_kernel_and_line():
+    bad = ewkern.RowKernel("T x", "T y", "x", "a + b", "y = x;\ny = x +* a", "0", name="bad_row")
+    with pytest.raises(ewkern.rtc.CompileError, match=r"bad_row[\s\S]*y = x \+\* a"):
+        bad(np.ones((2, 2), np.float32))
+
+
+# ---- the launch plan ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows", [1, 7, 1000, 1 << 20])
+@pytest.mark.parametrize("nv", [1, 3, 32, 1000, 1024, 4096, 4097, 100_000])
+def test_row_plan_holds_every_row(rows, nv):
+    """Every vector of a row has a lane; vectors per lane is the fewest power of two that does it;
+    lanes beyond the fewest that hold the row in 4 vectors each are added only while the groups
+    fill less than half a wave."""
+    wave = 132 * 2048
+    G, vpl = row_plan(rows, nv, wave)
+    assert G & (G - 1) == 0 and 1 <= G <= 1024
+    if vpl == 0:
+        assert nv > 4 * 1024 and G == 1024
+        return
+    assert vpl in (1, 2, 4) and G * vpl >= nv and (vpl == 1 or G * (vpl // 2) < nv)
+    fewest = 1 << max(0, -(-nv // 4) - 1).bit_length()
+    assert G >= fewest
+    if G > fewest:
+        assert rows * (G // 2) < wave // 2 and G // 2 < nv
+
+
+# ---- CUDA sources through NVRTC (no GPU needed) -----------------------------------------------
+
+def _nvrtc():
+    try:
+        return _build.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("E", [1, 0])
+def test_nvrtc_compiles_every_form(dtype, E):
+    _nvrtc()
+    E = E or 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
+    ps = parse_params("T x, T w, T s, float32 eps", False, "k") + parse_params("T y", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ps[0], dtype, "array", 0), (ps[1], dtype, "bcol", 0),
+                                        (ps[2], dtype, "brow", 0), (ps[3], "float32", "scalar", 0),
+                                        (ps[4], dtype, "array", 0)])
+    tdefs = _codegen.typedefs((("T", dtype),), ps[:4], [dtype, dtype, dtype, "float32"], ps[4:], [dtype])
+    rt = "double" if dtype == "float64" else "float"
+    src, entries = _codegen.row_source("cuda", "rowk", lay, E, "x * x", "a + b",
+                                       "y = x * rsqrt(a / _row_size + eps) * w * s", "0", rt, "", tdefs, set())
+    ptx, kind, _ = _build.compile_cuda("rowk", src, (9, 0), ptx_only=True)
+    text = ptx.decode(errors="replace")
+    assert [e for e in entries if f".entry {e}" not in text] == []
+    assert "shfl.sync.bfly" in text and "st.global.cs" in text and "griddepcontrol.wait" in text
+    if E * {"float64": 8, "float32": 4}.get(dtype, 2) == 16:
+        assert "ld.global.v4" in text or "ld.global.v2.f64" in text or "ld.global.v2.u64" in text
+
+
+# ---- the GPU (skipped without one) ------------------------------------------------------------
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rows,cols,start,form", [
+    (1, 1, 0, "VPL=1"), (5, 3, 1, "E=1"), (4096, 8, 0, "G="), (1000, 4096, 0, "VPL="), (2, 4096, 0, "G=1024"),
+    (17, 4099, 1, "E=1"), (64, 4096, 3, "E=1"), (3, 70_000, 0, "VPL=0"), (1 << 16, 64, 0, "G=")])
+def test_gpu_rmsnorm_every_form(dtype, rows, cols, start, form):
+    """Short rows on a few lanes, 4 vectors a lane, few rows spread over more lanes, rows that
+    cannot be vectorised (odd lengths, misaligned starts), rows read twice; against float64, the
+    same bits from a second call, the bytes around the output untouched."""
+    tdt = getattr(torch, dtype)
+    n = rows * cols
+    buf = torch.randn(n + 8, dtype=tdt, device="cuda")
+    x = buf[start:start + n].view(rows, cols)
+    w = torch.rand(cols, dtype=tdt, device="cuda") + 0.5
+    out = torch.full((n + 8,), float("nan"), dtype=tdt, device="cuda")
+    y = out[start:start + n].view(rows, cols)
+    assert rmsnorm(x, w, EPS_RMS, y) is y
+    assert form in rmsnorm._last_path, rmsnorm._last_path
+    pick = torch.unique(torch.cat([torch.arange(min(rows, 4)), torch.randint(0, rows, (60,)),
+                                   torch.tensor([rows - 1])])).cuda()
+    _check_rms(y[pick].double().cpu().numpy(), x[pick].double().cpu().numpy(), w.double().cpu().numpy(),
+               dtype)
+    assert torch.isnan(out[:start]).all() and torch.isnan(out[start + n:]).all()
+    again = rmsnorm(x, w, EPS_RMS)
+    assert torch.equal(again, y)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_broadcast_kinds_in_place_and_max():
+    k = ewkern.RowKernel("T x, T w, T s, T c, float32 eps", "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w * s + c", "0", name="rms_kinds_gpu")
+    x = torch.randn(300, 512, device="cuda")
+    w = torch.rand(512, device="cuda") + 0.5
+    s = torch.rand(300, 1, device="cuda") + 1
+    c = torch.tensor([0.25], device="cuda")
+    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS_RMS) * w.double()
+    torch.testing.assert_close(k(x, w, s, c, EPS_RMS).double(), want * s.double() + 0.25, rtol=1e-5, atol=1e-6)
+    x3 = torch.randn(2, 4, 512, device="cuda")
+    w3 = torch.rand(2, 1, 512, device="cuda") + 0.5
+    want3 = x3.double() * torch.rsqrt(x3.double().pow(2).mean(-1, keepdim=True) + EPS_RMS) * w3.double()
+    torch.testing.assert_close(k(x3, w3, 1.0, 0.0, EPS_RMS).double(), want3, rtol=1e-5, atol=1e-6)
+    y = x.clone()
+    rmsnorm(y, w, EPS_RMS, y)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-6)
+    buf = torch.cat([x.flatten(), torch.zeros(512, device="cuda")])
+    dst = buf[512:].view(300, 512)
+    rmsnorm(buf[:-512].view(300, 512), w, EPS_RMS, dst)   # the output overlaps the input shifted by a row
+    torch.testing.assert_close(dst.double(), want, rtol=1e-5, atol=1e-6)
+    xm = torch.randn(1000, 77, device="cuda", dtype=torch.float64) - 3
+    ym, dm = row_max_scale(xm)
+    m = xm.max(-1, keepdim=True).values
+    assert torch.equal(dm, xm - m)
+    torch.testing.assert_close(ym, xm / m, rtol=2e-16, atol=0)
+
+
+@pytest.mark.slow
+@gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_more_than_2_31_elements():
+    """2^31 + 4096 x 3 float16 elements in rows of 4096: the rows past 2^31 elements are right."""
+    rows, cols = (1 << 19) + 3, 4096
+    if torch.cuda.mem_get_info()[0] < 2 * 2 * rows * cols + (2 << 30):
+        pytest.skip("not enough GPU memory for two float16 arrays of 2^31 + 12288 elements")
+    x = torch.empty(rows, cols, dtype=torch.float16, device="cuda")
+    x[:, :] = torch.arange(cols, device="cuda", dtype=torch.float16) / 1024 + 0.5
+    x[-1] *= 2
+    w = torch.ones(cols, dtype=torch.float16, device="cuda")
+    y = rmsnorm(x, w, 0.0)
+    torch.cuda.synchronize()
+    for r in (0, (1 << 19) - 1, 1 << 19, rows - 1):
+        xr = x[r].double()
+        torch.testing.assert_close(y[r].double(), xr / xr.pow(2).mean().sqrt(), rtol=2e-3, atol=0)
+    del x, y
