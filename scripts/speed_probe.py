@@ -19,6 +19,9 @@
         torch eager and ewkern's own ops, both timing methods: o = a * b + c (torch.addcmul too),
         z = x + y (ewkern.add), the per-row mean square of [rows, 4096] and the sum of squares of
         the whole array. SIZE is bytes per input array.
+    python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
+        an rmsnorm RowKernel over rows of 4096 against torch.compile's, both timing methods;
+        PLAN is auto or G (lanes per row, vectors per lane the fewest that hold the row).
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
@@ -122,6 +125,45 @@ def rmse(dtype, layout, shapes):
               f"dot {gd:.0f} GB/s, ratio {ge / gd:.3f}", flush=True)
 
 
+def rownorm(sizes, dtypes, plans, cols=4096):
+    from ewkern.rtc import _rowkernel
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    k = ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
+                         f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", "probe_rmsnorm", reduce_type="float")
+    auto = _rowkernel.row_plan
+    tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)
+    for dtype in dtypes:
+        tdt = frameworks._torch_dtype(dtype)
+        for size in sizes:
+            rows = size // ITEMSIZE[dtype] // cols
+            nbytes = 2 * rows * cols * ITEMSIZE[dtype]
+            torch._dynamo.reset()
+            for method, cache in (("b2b", "rotate"), ("single", "flush")):
+                def make_tc():
+                    x = torch.randn(rows, cols, dtype=tdt, device="cuda")
+                    return lambda: tc(x)
+                med_tc = median_s(frameworks.time_calls(cfg, "torch.compile", make_tc, nbytes, cache))
+                row = []
+                for plan in plans:
+                    if plan == "auto":
+                        _rowkernel.row_plan = auto
+                    else:
+                        G = int(plan)
+                        _rowkernel.row_plan = lambda r, nv, w, G=G: (G, 1 << max(0, -(-nv // G) - 1).bit_length())
+
+                    def make_e():
+                        x = torch.randn(rows, cols, dtype=tdt, device="cuda")
+                        o = torch.empty_like(x)
+                        return lambda: k(x, 1e-6, o)
+                    med = median_s(frameworks.time_calls(cfg, "torch", make_e, nbytes, cache))
+                    row.append(f"{plan} {med_tc / med:.3f} ({k._last_path})")
+                _rowkernel.row_plan = auto
+                print(f"rmsnorm {dtype} {size >> 20} MiB {method}: torch.compile {med_tc * 1e6:.2f} us | "
+                      + " | ".join(row), flush=True)
+                frameworks.release_peer_memory()
+
+
 def rmse_overhead(calls=20000, repeats=7):
     dev = "cuda:0"
     ta, tb = torch.rand(16, device=dev), torch.rand(16, device=dev)
@@ -212,6 +254,8 @@ if __name__ == "__main__":
     elif cmd == "rtc":
         rtc([parse_bytes(x) for x in sys.argv[2].split(",")],
             sys.argv[3].split(",") if len(sys.argv) > 3 else ["float32", "float16", "bfloat16"])
+    elif cmd == "rownorm":
+        rownorm([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
     elif cmd == "rmse-overhead":
         rmse_overhead()
     else:

@@ -30,6 +30,12 @@ PRELUDE = r"""
 #define EWRTC_FN __device__ __forceinline__
 #define EWRTC_M __device__ __forceinline__
 #define EWRTC_CUDA 1
+#ifndef INFINITY   /* <cmath>'s, which NVRTC does not include */
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
 #else
 #include <cmath>
 #include <cstring>
