@@ -150,6 +150,9 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                         _rowkernel.row_plan = auto
                     else:
                         G = int(plan)
+                        if G * 4 < cols * ITEMSIZE[dtype] // 16:     # more than 4 vectors a lane: no such form
+                            row.append(f"{plan} n/a")
+                            continue
                         _rowkernel.row_plan = lambda r, nv, w, G=G: (G, 1 << max(0, -(-nv // G) - 1).bit_length())
 
                     def make_e():
