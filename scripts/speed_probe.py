@@ -21,12 +21,14 @@
         the whole array. SIZE is bytes per input array.
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
         an rmsnorm RowKernel over rows of 4096 against torch.compile's, both timing methods;
-        PLAN is auto or G (lanes per row, vectors per lane the fewest that hold the row).
+        PLAN is auto, G (lanes per row, vectors per lane the fewest that hold the row) or Gl (G
+        lanes, the two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
 """
 import math
+import re
 import sys
 
 import os
@@ -125,12 +127,53 @@ def rmse(dtype, layout, shapes):
               f"dot {gd:.0f} GB/s, ratio {ge / gd:.3f}", flush=True)
 
 
+_LOAD_HINT = r"""
+namespace ewrtc {
+template <class P> __device__ __forceinline__ P ldh(const P *p)
+{
+    static_assert(sizeof(P) == 16, "16-byte vectors");
+    uint4 u;
+    asm volatile("ld.global.%s.v4.u32 {%%0, %%1, %%2, %%3}, [%%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+    P r;
+    *reinterpret_cast<uint4 *>(&r) = u;
+    return r;
+}
+} /* %s */
+template <int VPL>"""
+
+
+def _row_source_variants():
+    """Wrap _codegen.row_source so that a kernel named probe_rmsnorm_<variant> is generated with
+    source changes: nocs (plain stores instead of st.global.cs), lb8 (__launch_bounds__(256, 8):
+    at most 32 registers, 8 blocks of 256 per SM; plans with G <= 256 only), ldcs/ldnc/ldlu (the
+    row's 16-byte loads as ld.global.cs / .nc / .lu)."""
+    from ewkern.rtc import _codegen
+    base = _codegen.row_source
+
+    def wrapped(backend, name, *a, **kw):
+        src, entries = base(backend, name, *a, **kw)
+        parts = name.split("_")[2:]
+        if "nocs" in parts:
+            src = src.replace("st.global.cs.", "st.global.")
+        if "lb8" in parts:
+            src = src.replace("__launch_bounds__(1024)", "__launch_bounds__(256, 8)")
+        for hint in ("cs", "nc", "lu"):
+            if "ld" + hint in parts:
+                src = src.replace("template <int VPL>", _LOAD_HINT % (hint, hint), 1)
+                src = re.sub(r"(_r_\w+\[_q\]) = (_u_\w+)\[_v\];", r"\1 = ewrtc::ldh(\2 + _v);", src)
+        return src, entries
+    _codegen.row_source = wrapped
+
+
 def rownorm(sizes, dtypes, plans, cols=4096):
     from ewkern.rtc import _rowkernel
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
-    k = ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
-                         f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", "probe_rmsnorm", reduce_type="float")
+    _row_source_variants()
+    variants = os.environ.get("PROBE_ROW_VARIANTS", "base").split(",")
+    kernels = {v: ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
+                                   f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", f"probe_rmsnorm_{v}",
+                                   reduce_type="float") for v in variants}
     auto = _rowkernel.row_plan
     tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)
     for dtype in dtypes:
@@ -145,22 +188,25 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                     return lambda: tc(x)
                 med_tc = median_s(frameworks.time_calls(cfg, "torch.compile", make_tc, nbytes, cache))
                 row = []
-                for plan in plans:
+                for plan, v in [(p, v) for p in plans for v in variants]:
+                    k = kernels[v]
                     if plan == "auto":
                         _rowkernel.row_plan = auto
+                    elif plan.endswith("l"):     # G lanes, the two-pass form
+                        _rowkernel.row_plan = lambda nv, G=int(plan[:-1]): (G, 0)
                     else:
                         G = int(plan)
                         if G * 4 < cols * ITEMSIZE[dtype] // 16:     # more than 4 vectors a lane: no such form
-                            row.append(f"{plan} n/a")
+                            row.append(f"{plan}/{v} n/a")
                             continue
-                        _rowkernel.row_plan = lambda r, nv, w, G=G: (G, 1 << max(0, -(-nv // G) - 1).bit_length())
+                        _rowkernel.row_plan = lambda nv, G=G: (G, 1 << max(0, -(-nv // G) - 1).bit_length())
 
                     def make_e():
                         x = torch.randn(rows, cols, dtype=tdt, device="cuda")
                         o = torch.empty_like(x)
                         return lambda: k(x, 1e-6, o)
                     med = median_s(frameworks.time_calls(cfg, "torch", make_e, nbytes, cache))
-                    row.append(f"{plan} {med_tc / med:.3f} ({k._last_path})")
+                    row.append(f"{plan}/{v} {med_tc / med:.3f} ({k._last_path})")
                 _rowkernel.row_plan = auto
                 print(f"rmsnorm {dtype} {size >> 20} MiB {method}: torch.compile {med_tc * 1e6:.2f} us | "
                       + " | ".join(row), flush=True)

@@ -180,23 +180,17 @@ def test_compile_error_names_kernel_and_line():
 
 # ---- the launch plan ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("rows", [1, 7, 1000, 1 << 20])
 @pytest.mark.parametrize("nv", [1, 3, 32, 1000, 1024, 4096, 4097, 100_000])
-def test_row_plan_holds_every_row(rows, nv):
-    """Every vector of a row has a lane; vectors per lane is the fewest power of two that does it;
-    lanes beyond the fewest that hold the row in 4 vectors each are added only while the groups
-    fill less than half a wave."""
-    wave = 132 * 2048
-    G, vpl = row_plan(rows, nv, wave)
+def test_row_plan_holds_every_row(nv):
+    """Every vector of a row has a lane; the fewest lanes that hold it in 4 vectors each, and the
+    fewest vectors per lane (a power of two) that cover it."""
+    G, vpl = row_plan(nv)
     assert G & (G - 1) == 0 and 1 <= G <= 1024
     if vpl == 0:
         assert nv > 4 * 1024 and G == 1024
         return
     assert vpl in (1, 2, 4) and G * vpl >= nv and (vpl == 1 or G * (vpl // 2) < nv)
-    fewest = 1 << max(0, -(-nv // 4) - 1).bit_length()
-    assert G >= fewest
-    if G > fewest:
-        assert rows * (G // 2) < wave // 2 and G // 2 < nv
+    assert G * 4 >= nv and (G == 1 or (G // 2) * 4 < nv)
 
 
 # ---- CUDA sources through NVRTC (no GPU needed) -----------------------------------------------
@@ -236,11 +230,10 @@ def test_nvrtc_compiles_every_form(dtype, E):
 @pytest.mark.skipif(torch is None, reason="torch not installed")
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("rows,cols,start,form", [
-    (1, 1, 0, "VPL=1"), (5, 3, 1, "E=1"), (4096, 8, 0, "G="), (1000, 4096, 0, "VPL="), (2, 4096, 0, "spread"),
+    (1, 1, 0, "VPL=1"), (5, 3, 1, "E=1"), (4096, 8, 0, "G="), (1000, 4096, 0, "VPL="), (2, 4096, 0, "VPL="),
     (17, 4099, 1, "E=1"), (64, 4096, 3, "E=1"), (3, 70_000, 0, "VPL=0"), (1 << 16, 64, 0, "G=")])
 def test_gpu_rmsnorm_every_form(dtype, rows, cols, start, form):
-    """Short rows on a few lanes, 4 vectors a lane, few rows spread over more lanes, rows that
-    cannot be vectorised (odd lengths, misaligned starts), rows read twice; against float64, the
+    """Short rows on a few lanes, 4 vectors a lane, few rows, rows that cannot be vectorised (odd lengths, misaligned starts), rows read twice; against float64, the
     same bits from a second call, the bytes around the output untouched."""
     tdt = getattr(torch, dtype)
     n = rows * cols
@@ -250,11 +243,7 @@ def test_gpu_rmsnorm_every_form(dtype, rows, cols, start, form):
     out = torch.full((n + 8,), float("nan"), dtype=tdt, device="cuda")
     y = out[start:start + n].view(rows, cols)
     assert rmsnorm(x, w, EPS_RMS, y) is y
-    if form == "spread":    # two rows: as many lanes as the row has vectors (up to 1024)
-        nv = cols * x.element_size() // 16
-        assert f"G={min(1024, nv)} VPL={-(-nv // min(1024, nv))} " in rmsnorm._last_path, rmsnorm._last_path
-    else:
-        assert form in rmsnorm._last_path, rmsnorm._last_path
+    assert form in rmsnorm._last_path, rmsnorm._last_path
     pick = torch.unique(torch.cat([torch.arange(min(rows, 4)), torch.randint(0, rows, (60,)),
                                    torch.tensor([rows - 1])])).cuda()
     _check_rms(y[pick].double().cpu().numpy(), x[pick].double().cpu().numpy(), w.double().cpu().numpy(),
