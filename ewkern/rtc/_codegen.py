@@ -22,6 +22,7 @@ of its operation.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ._params import DTYPES
 
@@ -204,7 +205,7 @@ class Layout:
                 f.append(("long long", "shp_" + p.name, "q", max(rnd, 1)))
         return f
 
-    def key(self):
+    def key(self) -> tuple[Any, ...]:
         return (self.mode, self.ndim, tuple((p.name, dt, kind, rnd) for p, dt, kind, rnd in self.args))
 
 

@@ -27,7 +27,7 @@ FALLBACK_BLOCK = 256
 _AUTO_BLOCK = 256   # the default path's block (kAutoBlock in csrc/cuda/elementwise_launch.cuh)
 
 
-def _C():
+def _C() -> Any:
     from .. import _C as c
     return c
 
@@ -39,7 +39,7 @@ class _Arr:
     NumPy view of its storage (16-bit floats as uint16)."""
     __slots__ = ("obj", "dtype", "shape", "strides", "ptr", "np", "device")
 
-    def __init__(self, obj, dtype, shape, strides, ptr, npv, device):
+    def __init__(self, obj: Any, dtype: str, shape: Any, strides: Any, ptr: int, npv: Any, device: str) -> None:
         self.obj, self.dtype, self.shape, self.strides, self.ptr, self.np, self.device = \
             obj, dtype, tuple(shape), tuple(strides), ptr, npv, device
 

@@ -24,7 +24,7 @@ _MIN_BLOCK = 256
 _params_cache: dict[Any, type] = {}
 
 
-def _params_struct(layout: _codegen.Layout):
+def _params_struct(layout: _codegen.Layout) -> type:
     """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch."""
     key = layout.key()
     cls = _params_cache.get(key)
@@ -123,8 +123,8 @@ class RowKernel:
         self.reduce_type = reduce_type
         self.preamble = preamble
         self.options = tuple(options)
-        self._compiled: dict = {}
-        self._waves: dict = {}
+        self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._waves: dict[tuple[int, int], int] = {}
         self._last_path = ""
 
     def __repr__(self) -> str:
@@ -134,7 +134,7 @@ class RowKernel:
         return {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr, "operation": self.operation,
                 "preamble": self.preamble}
 
-    def _dense_input(self, call: _Call, k: int, v: _Arr, shape) -> _Arr:
+    def _dense_input(self, call: _Call, k: int, v: _Arr, shape: tuple[int, ...]) -> _Arr:
         """Input k broadcast to shape and made C-contiguous (a broadcast the row kernel cannot
         read in place: [r, 1, n] against [r, m, n], a strided CPU view)."""
         if call.device == "cpu":
@@ -209,12 +209,13 @@ class RowKernel:
             np.copyto(dst.np, tmp.np)
         return ret
 
-    def _source(self, backend, call, layout, E, rtype, reads):
+    def _source(self, backend: str, call: _Call, layout: _codegen.Layout, E: int, rtype: str,
+                reads: set[str]) -> tuple[str, list[str]]:
         tdefs = _typedefs(call, self.in_params, self.out_params)
         return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
                                    self.identity, rtype, self.preamble, tdefs, reads)
 
-    def _run_cpu(self, call, layout, rtype, reads, P, n) -> None:
+    def _run_cpu(self, call: _Call, layout: _codegen.Layout, rtype: str, reads: set[str], P: Any, n: int) -> None:
         key = ("cpu", layout.key(), call.type_map, call.in_types, call.out_types, rtype)
         fn = self._compiled.get(key)
         if fn is None:
@@ -223,22 +224,25 @@ class RowKernel:
         self._last_path = "cpu"
         fn(ctypes.addressof(P), _threads(n) if P.rows > 1 else 1)
 
-    def _run_cuda(self, call, layout, values, rtype, reads, P, rows, cols) -> None:
+    def _run_cuda(self, call: _Call, layout: _codegen.Layout, values: dict[str, Any], rtype: str, reads: set[str],
+                  P: Any, rows: int, cols: int) -> None:
+        device = call.device
+        assert device is not None   # an array argument set it
         vec = [values[p.name][0] for p, _, kind, _ in layout.args if kind in ("array", "bcol")]
         E = 16 // max(DTYPES[a.dtype][2] for a in vec)
         if cols % E or _vector_head(vec, E) != 0:
             E = 1
-        key = (call.device, E, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+        key = (device, E, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
         hs = self._compiled.get(key)
-        dev = int(call.device.split(":")[1])
+        dev = int(device.split(":")[1])
         if hs is None:
             if rtype not in _REDUCE_SIZES and self.reduce_type is None:
                 raise TypeError(f"{self.name}: cannot reduce in {rtype}")
             src, entries = self._source("cuda", call, layout, E, rtype, reads)
-            cc, _ = _device_facts(call.device)
+            cc, _ = _device_facts(device)
             image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
             hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
-        sms = _device_facts(call.device)[1]
+        sms = _device_facts(device)[1]
         G, vpl = row_plan(cols // E)
         block = max(_MIN_BLOCK, G)
         h = hs[_codegen.ROW_FORMS.index(vpl)]
@@ -256,10 +260,10 @@ class RowKernel:
         _C()._rtc_launch(h, -(-rows // per), block, bytes(P), dev, call.stream, pdl)
 
 
-_copy_kernel: list = []
+_copy_kernel: list[Any] = []
 
 
-def _broadcast_copy():
+def _broadcast_copy() -> Any:
     """An ElementwiseKernel that writes x broadcast into y (made once)."""
     if not _copy_kernel:
         from ._kernel import ElementwiseKernel
