@@ -354,6 +354,107 @@ def test_warm_call_skips_generation(monkeypatch):
     np.testing.assert_array_equal(k(x), x + 1)
 
 
+@pytest.fixture
+def full_calls(monkeypatch):
+    """How many calls took the full path (building a _Call) rather than a recorded plan."""
+    from ewkern.rtc import _kernel
+    count = [0]
+    real = _kernel._Call
+
+    def counting(*a, **kw):
+        count[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(_kernel, "_Call", counting)
+    return count
+
+
+def test_warm_calls_run_by_plan_with_fresh_pointers_scalars_and_results(full_calls):
+    """A second call of the same signature runs by the first one's plan: new data, new scalars,
+    fresh allocated results, given outputs written and returned; another signature (a
+    misaligned view, outputs given) takes the full path once and then has its own plan."""
+    k = ewkern.ElementwiseKernel("T x, T y, float32 s", "T z", "z = x * s + y", "plan_fma")
+    rng = np.random.default_rng(5)
+
+    def fma_close(z, x, s, y):   # |error| within 2 float32 ulp of the terms' size
+        close(z, x.astype(np.float64) * np.float32(s) + y, "float32", ulps=2,
+              scale=np.abs(x.astype(np.float64) * np.float32(s)) + np.abs(y))
+
+    def pair(n=1001):
+        return (rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+
+    x, y = pair()
+    z0 = k(x, y, 2.0)
+    assert full_calls[0] == 1 and len(k._plans) == 1
+    fma_close(z0, x, 2, y)
+    for s in (0.5, -3.0, 7):
+        x, y = pair()
+        z = k(x, y, s)
+        assert not np.shares_memory(z, z0)
+        fma_close(z, x, s, y)
+    assert full_calls[0] == 1
+    z0[:] = 1.0   # the plan kept no reference to an earlier result
+    x, y = pair()
+    fma_close(k(x, y, 1.5), x, 1.5, y)
+    # outputs given: a new signature, then its plan
+    x, y = pair()
+    out = np.full(1001, np.nan, np.float32)
+    assert k(x, y, 2.0, out) is out
+    fma_close(out, x, 2, y)
+    assert full_calls[0] == 2
+    x, y = pair()
+    assert k(x, y, -1.0, out) is out
+    fma_close(out, x, -1.0, y)
+    assert full_calls[0] == 2
+    # a view 4 bytes past a 16-byte boundary is another signature
+    x, y = pair(1002)
+    fma_close(k(x[1:], y[1:], 3.0), x[1:], 3, y[1:])
+    assert full_calls[0] == 3
+    # torch tensors of the same signature: the plan runs, the result is torch's
+    if torch is not None:
+        x, y = pair()
+        r = k(torch.from_numpy(x), torch.from_numpy(y), 2.0)
+        assert isinstance(r, torch.Tensor)
+        fma_close(r.numpy(), x, 2, y)
+        assert full_calls[0] == 3
+
+
+def test_warm_call_overlap_read_only_and_in_place(full_calls):
+    """After a plan is recorded, an output that overlaps an input other than as itself still
+    reads the input as it was (the full path's copy), a read-only output is refused with
+    nothing written, and the very same view runs in place by the plan."""
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * 2 + y", "plan_overlap")
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal(1001)
+    b = rng.standard_normal(1000)
+    c = np.zeros(1001)
+    k(a[:-1], b, c[1:])            # records the signature (aligned in, offset 8 out)
+    assert full_calls[0] == 1
+    x = rng.standard_normal(1001)
+    want = x.copy()
+    want[1:] = x[:-1] * 2 + b
+    k(x[:-1], b, x[1:])            # the same signature, but z over x shifted by one
+    np.testing.assert_array_equal(x, want)
+    assert full_calls[0] == 2
+    ro = np.zeros(1000)
+    ro.setflags(write=False)
+    k(a[:-1], b, np.zeros(1000))   # the signature of an aligned output
+    n = full_calls[0]
+    with pytest.raises(ValueError, match="plan_overlap: output z is read-only"):
+        k(a[:-1], b, ro)
+    assert not ro.any() and full_calls[0] == n + 1
+    x = rng.standard_normal(1000)
+    want = x * 2 + b
+    assert k(x, b, x) is x         # in place: the plan runs it
+    np.testing.assert_array_equal(x, want)
+    assert full_calls[0] == n + 1
+    x = rng.standard_normal(1000)
+    want = x * 2 + b
+    k(x, b, x)
+    np.testing.assert_array_equal(x, want)
+    assert full_calls[0] == n + 1
+
+
+
 # ---- CUDA sources through NVRTC (no GPU needed) -----------------------------------------------
 
 def _nvrtc():
@@ -722,6 +823,36 @@ def test_gpu_output_overlapping_an_input_reads_a_copy():
     torch.testing.assert_close(x, want, rtol=0, atol=0)
     k(x, x)
     torch.testing.assert_close(x, want * 2, rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_warm_calls_by_plan_heads_streams_and_overlap(full_calls):
+    """On CUDA a plan runs each vector head it was recorded for (the head is part of the
+    signature), on the caller's current stream, with fresh results; an overlapping output still
+    reads a copy."""
+    k = ewkern.ElementwiseKernel("T x, T y, float32 s", "T z", "z = x * s + y", "gpu_plan_fma")
+    n = 100003
+    base_x = torch.randn(n + 8, device="cuda")
+    base_y = torch.randn(n + 8, device="cuda")
+    side = torch.cuda.Stream()
+    for rep in range(3):
+        for start in range(4):
+            x, y = base_x[start:start + n], base_y[start:start + n]
+            s = 1.0 + rep + start / 4
+            with torch.cuda.stream(side):
+                z = k(x, y, s)
+                torch.cuda.current_stream().synchronize()
+            want = x.double() * s + y.double()
+            assert torch.allclose(z.double(), want, rtol=0, atol=4e-6 * float(want.abs().max()))
+            base_x.add_(0.25)   # new data for the next call
+    assert full_calls[0] == 4 and len(k._plans) == 4
+    x = torch.randn(n + 1, device="cuda")
+    k(x[:-1], x[:-1], 2.0, torch.empty(n + 1, device="cuda")[1:])   # the plan of an output 4 bytes in
+    want = torch.cat([x[:1], x[:-1] * 3])
+    k(x[:-1], x[:-1], 2.0, x[1:])   # z over x shifted by one element: not the same view
+    torch.testing.assert_close(x, want, rtol=1e-6, atol=1e-6)
 
 
 @gpu

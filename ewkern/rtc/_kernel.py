@@ -28,8 +28,13 @@ _AUTO_BLOCK = 256   # the default path's block (kAutoBlock in csrc/cuda/elementw
 
 
 def _C() -> Any:
+    global _C_mod
     from .. import _C as c
+    _C_mod = c
     return c
+
+
+_C_mod: Any = None
 
 
 # ---- operands ---------------------------------------------------------------------------------
@@ -127,11 +132,15 @@ def _cpu_copy(a: _Arr) -> _Arr:
     return _Arr(c, a.dtype, c.shape, c.strides, c.__array_interface__["data"][0], c, "cpu")
 
 
-def _cuda_arrs(objs, names) -> tuple[list[_Arr], int]:
+def _cuda_arrs(objs, names, readonly: list | None = None) -> tuple[list[_Arr], int]:
+    """C-contiguous views of objs and the stream to launch on; readonly, when given, receives
+    each view's read-only flag."""
     views, stream = _C()._rtc_views(tuple(objs), tuple(names))
     out = []
-    for obj, (ptr, dt, dev, shape, _ro) in zip(objs, views):
+    for obj, (ptr, dt, dev, shape, ro) in zip(objs, views):
         out.append(_Arr(obj, dt, shape, _c_strides(shape, DTYPES[dt][2]), ptr, None, dev))
+        if readonly is not None:
+            readonly.append(ro)
     return out, stream
 
 
@@ -447,11 +456,18 @@ class _Call:
                 vals.append(o if isinstance(o, _SCALARS) else _cpu_arr(o, kernel, p.name))
         else:
             idx = [k for k, o in enumerate(objs) if not isinstance(o, _SCALARS)]
-            arrs, self.stream = _cuda_arrs([objs[k] for k in idx], [params[k].name for k in idx])
+            ro: list[bool] = []
+            arrs, self.stream = _cuda_arrs([objs[k] for k in idx], [params[k].name for k in idx], ro)
             vals = list(objs)
-            for k, a in zip(idx, arrs):
+            for k, a, r in zip(idx, arrs, ro):
                 vals[k] = a
+                if r and params[k].is_output:
+                    raise ValueError(f"{kernel}: output {params[k].name} is read-only")
         nin = len(in_params)
+        if self.device == "cpu":
+            for p, v in zip(params[nin:], vals[nin:]):
+                if not v.np.flags.writeable:
+                    raise ValueError(f"{kernel}: output {p.name} is read-only")
         self.ins, self.outs = vals[:nin], vals[nin:]
         in_dt = tuple(v.dtype if isinstance(v, _Arr) else None for v in self.ins)
         out_dt = tuple(v.dtype for v in self.outs) + (None,) * (len(out_params) - len(self.outs))
@@ -489,6 +505,125 @@ def _decide_types_cached(kernel: str, in_params, out_params, in_dt, out_dt):
 
 def _typedefs(call: _Call, in_params, out_params) -> str:
     return _codegen.typedefs(call.type_map, in_params, call.in_types, out_params, call.out_types)
+
+
+# ---- warm calls: a plan per argument signature ------------------------------------------------
+#
+# A call whose arrays are all C-contiguous and of one shape (no raw parameters, no size= or
+# block_size=) records what it decided: the argument struct with its constant fields, where each
+# data pointer and scalar goes, the compiled kernel and its launch. A later call with the same
+# signature (per array: dtype, shape, device and the data pointer's offset within 16 bytes, which
+# decides the vector head; per scalar its position) views its arrays in one C call, fills the
+# pointers and scalars, and launches: everything else the first call derived holds for it. An
+# input whose bytes overlap an output, a read-only output or a view error take the full path.
+
+_MISS = object()
+_PLANS_MAX = 64   # plans a kernel keeps (a new one past this clears them)
+
+
+class _Plan:
+    __slots__ = ("device", "cls", "template", "ptrs", "scalars", "outs", "run", "ret")
+
+    def __init__(self, device, cls, template, ptrs, scalars, outs, run, ret) -> None:
+        self.device, self.cls, self.template, self.ptrs = device, cls, template, ptrs
+        self.scalars, self.outs, self.run, self.ret = scalars, outs, run, ret
+
+
+def _plan_key(nargs: int, is_arr, views) -> tuple:
+    """The signature of a call: its argument count, which arguments are arrays, and each array
+    view's dtype, shape, device and pointer offset within 16 bytes."""
+    return (nargs, is_arr, tuple([(v[1], v[3], v[2], v[0] & 15) for v in views]))
+
+
+def _fast_call(kern, plans: dict, args: tuple, nin: int):
+    """Run a call by a recorded plan, or return _MISS (the caller takes the full path)."""
+    is_arr = tuple([not isinstance(o, _SCALARS) for o in args])
+    objs = tuple([o for o, a in zip(args, is_arr) if a]) if False in is_arr else args
+    if not objs:
+        return _MISS
+    C = _C_mod or _C()
+    try:
+        views, stream = C._rtc_views(objs, _VIEW_NAMES[:len(objs)])
+    except Exception:
+        return _MISS
+    plan = plans.get((len(args), is_arr, tuple([(v[1], v[3], v[2], v[0] & 15) for v in views])))
+    if plan is None:
+        return _MISS
+    if len(objs) == len(args):
+        ptrs = [v[0] for v in views]
+    else:
+        it = iter(views)
+        ptrs = [next(it)[0] if a else 0 for a in is_arr]
+    if len(args) > nin:   # given outputs: none read-only, none overlapping an input other than as itself
+        nvin = sum(is_arr[:nin])
+        for o in views[nvin:]:
+            if o[4]:
+                return _MISS
+            ob = o[0]
+            oe = ob + math.prod(o[3]) * DTYPES[o[1]][2]
+            for v in views[:nvin]:
+                if v[0] < oe and ob < v[0] + math.prod(v[3]) * DTYPES[v[1]][2] and not (v[0] == ob and v[1] == o[1]):
+                    return _MISS
+    if plan.outs:
+        like = objs[0]
+        shape = views[0][3]
+        if plan.device == "cpu":
+            new = [_alloc_cpu(like, dt, shape) for dt in plan.outs]
+        else:
+            new = [C._rtc_result(like, dt, shape) for dt in plan.outs]
+        nviews, _ = C._rtc_views(tuple(new), _VIEW_NAMES[:len(new)])
+        ptrs += [v[0] for v in nviews]
+        results = list(args[nin:]) + new
+    else:
+        results = args[nin:]
+    P = plan.cls.from_buffer_copy(plan.template)
+    for field, k, add in plan.ptrs:
+        setattr(P, field, ptrs[k] + add)
+    for field, k, dt, pname in plan.scalars:
+        setattr(P, field, _scalar_value(args[k], dt, kern.name, pname))
+    plan.run(P, stream)
+    if plan.ret == "one":
+        return results[0]
+    return None if plan.ret == "none" else tuple(results)
+
+
+def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size):
+    """run(params, stream): the launch an ElementwiseKernel call decided (a plan keeps it)."""
+    if device == "cpu":
+        threads = _threads(n)
+        return lambda P, stream: compiled(ctypes.addressof(P), threads)
+    if mode == "vector":
+        E = _codegen.vector_units(layout)
+        vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
+        return lambda P, stream: compiled.launch(P, n, head, E, vblock, stream)
+    block = int(block_size) if block_size else FALLBACK_BLOCK
+    grid = max(1, min(-(-n // block), 32 * _device_facts(device)[1]))
+    return lambda P, stream: _launch_gpu(compiled, grid, block, P, device, stream)
+
+
+_VIEW_NAMES = tuple(f"argument {k}" for k in range(64))
+
+
+def _record_plan(kern, plans: dict, args: tuple, call, layout, params, run, ret: str) -> None:
+    """Remember how a call ran (see the notes above _MISS), keyed by its signature; call.ins and
+    call.outs hold the views it ran with (outputs it allocated last)."""
+    nin = len(kern.in_params)
+    is_arr = tuple(not isinstance(o, _SCALARS) for o in args)
+    given = [v for v, a in zip(call.ins + call.outs[:len(args) - nin], is_arr) if a]
+    views = tuple((v.ptr, v.dtype, call.device, tuple(v.shape), False) for v in given)
+    key = _plan_key(len(args), is_arr, views)
+    pos = {p.name: k for k, p in enumerate(kern.in_params + kern.out_params)}
+    head = params.head if layout.mode == "vector" else 0
+    ptrs, scalars = [], []
+    for p, dt, kind, _ in layout.args:
+        if kind == "scalar":
+            scalars.append(("s_" + p.name, pos[p.name], dt, p.name))
+        else:
+            ptrs.append(("p_" + p.name, pos[p.name], head * DTYPES[dt][2]))
+    outs = tuple(call.out_types[len(args) - nin:])
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans[key] = _Plan(call.device, type(params), bytes(params), tuple(ptrs), tuple(scalars), outs, run, ret)
 
 
 class ElementwiseKernel:
@@ -552,6 +687,7 @@ class ElementwiseKernel:
         self.options = tuple(options)
         self._compiled: dict = {}   # (device, layout, types) -> compiled function / kernel handle
         self._last_path = ""
+        self._plans: dict = {}      # warm calls: signature -> _Plan
 
     def __repr__(self) -> str:
         return f"<ewkern.ElementwiseKernel {self.name!r}>"
@@ -561,6 +697,10 @@ class ElementwiseKernel:
                 "after_loop": self.after_loop}
 
     def __call__(self, *args: Any, size: int | None = None, block_size: int | None = None) -> Any:
+        if self._plans and size is None and block_size is None:
+            r = _fast_call(self, self._plans, args, self.nin)
+            if r is not _MISS:
+                return r
         name = self.name
         if len(args) not in (self.nin, self.nargs):
             raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs"
@@ -601,6 +741,7 @@ class ElementwiseKernel:
         n = math.prod(shape)
         if n == 0:
             return ret
+        given_ins = list(call.ins)
         _copy_overlapping_inputs(call, self.in_params)
         if call.device == "cpu":
             for k, v in enumerate(call.ins):
@@ -670,19 +811,12 @@ class ElementwiseKernel:
                 assert call.device is not None
                 compiled = _gpu_kernel(name, src, entry, call.device, self._parts(), self.options)
             self._compiled[key] = compiled
-        if call.device == "cpu":
-            compiled(ctypes.addressof(params), _threads(n))
-        elif mode == "vector":
-            E = _codegen.vector_units(layout)
-            block = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
-            compiled.launch(params, n, head, E, block, call.stream)
-        else:
-            assert call.device is not None
-            h = compiled
-            block = int(block_size) if block_size else FALLBACK_BLOCK
-            _, sms = _device_facts(call.device)
-            grid = max(1, min(-(-n // block), 32 * sms))
-            _launch_gpu(h, grid, block, params, call.device, call.stream)
+        run = _elementwise_runner(compiled, call.device, mode, layout, n, head, block_size)
+        run(params, call.stream)
+        if (size is None and block_size is None and contig and not ccols and all(a is b for a, b in zip(given_ins, call.ins))
+                and not any(p.raw for p in allp)):
+            ret_form = "none" if self.no_return else ("one" if self.nout == 1 and not self.return_tuple else "tuple")
+            _record_plan(self, self._plans, args, call, layout, params, run, ret_form)
         return ret
 
 
