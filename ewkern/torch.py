@@ -637,8 +637,9 @@ _TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
 def kernel_op(kernel, scalars=(), name=None):
     """kernel_op(kernel, scalars=(), name=None)
 
-    A user's ``ewkern.ElementwiseKernel`` as a torch custom op ``torch.ops.ewkern_user.<name>``
-    (default: the kernel's name), for torch.compile (fullgraph) and autograd. Every input is a
+    A user's ``ewkern.ElementwiseKernel`` or ``ewkern.RowKernel`` as a torch custom op
+    ``torch.ops.ewkern_user.<name>`` (default: the kernel's name), for torch.compile (fullgraph)
+    and autograd. Every input is a
     Tensor except the ones named in ``scalars`` (floats); the outputs are allocated (one Tensor, or
     a tuple). The fake kernel gives the outputs' broadcast shape and dtype by the kernel's own
     type rules.
@@ -649,14 +650,16 @@ def kernel_op(kernel, scalars=(), name=None):
     reads the incoming gradient and the inputs once and writes every tensor input's gradient in one
     pass (a gradient of a broadcast input is then summed to its shape). The derivative is the
     formula's, with no guards of its own against overflow. Other operations get no autograd formula:
-    a backward through them raises. Double backward is not supported.
+    a backward through them raises. Double backward is not supported. A RowKernel's op has no
+    derived backward (its operation reads the row's reduction ``a``): a backward through it raises;
+    wrap it in a ``torch.autograd.Function`` with a backward of your own.
 
     Returns the op (callable like the kernel without output arguments)."""
-    from .rtc import ElementwiseKernel
+    from .rtc import ElementwiseKernel, RowKernel
     from .rtc._autodiff import backward_source
     from .rtc._params import decide_types
-    if not isinstance(kernel, ElementwiseKernel):
-        raise TypeError(f"kernel_op takes an ewkern.ElementwiseKernel, got {type(kernel).__name__}")
+    if not isinstance(kernel, (ElementwiseKernel, RowKernel)):
+        raise TypeError(f"kernel_op takes an ewkern.ElementwiseKernel or ewkern.RowKernel, got {type(kernel).__name__}")
     name = name or kernel.name
     scalars = tuple(scalars)
     ins, outs = kernel.in_params, kernel.out_params
@@ -691,6 +694,9 @@ def kernel_op(kernel, scalars=(), name=None):
                                  schema=f"({args}) -> {ret}")
     op.register_fake(fake)
     try:
+        if isinstance(kernel, RowKernel):
+            raise ValueError("a RowKernel's backward is not derived (its operation reads the row's reduction a); "
+                             "wrap the op in a torch.autograd.Function with a backward of your own")
         bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars)
     except ValueError as e:
         why = str(e)

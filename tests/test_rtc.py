@@ -357,7 +357,7 @@ def test_warm_call_skips_generation(monkeypatch):
 @pytest.fixture
 def full_calls(monkeypatch):
     """How many calls took the full path (building a _Call) rather than a recorded plan."""
-    from ewkern.rtc import _kernel
+    from ewkern.rtc import _kernel, _rowkernel
     count = [0]
     real = _kernel._Call
 
@@ -365,6 +365,7 @@ def full_calls(monkeypatch):
         count[0] += 1
         return real(*a, **kw)
     monkeypatch.setattr(_kernel, "_Call", counting)
+    monkeypatch.setattr(_rowkernel, "_Call", counting)
     return count
 
 
@@ -452,6 +453,55 @@ def test_warm_call_overlap_read_only_and_in_place(full_calls):
     k(x, b, x)
     np.testing.assert_array_equal(x, want)
     assert full_calls[0] == n + 1
+
+
+
+def test_warm_reduction_calls_by_plan_per_axis_keepdims_and_out(full_calls):
+    """A ReductionKernel's plan is per signature and per (axis, keepdims): each runs by its own
+    plan once recorded, out= and a positional output are one signature, results are fresh."""
+    ssum = ewkern.ReductionKernel("T x, T w", "T y", "x * w", "a + b", "y = a", "0", "plan_wsum")
+    rng = np.random.default_rng(7)
+    calls = [dict(axis=1), dict(axis=(0, 2)), dict(axis=[0, 2]), dict(axis=-1, keepdims=True), dict()]
+    for rep in range(3):
+        for kw in calls:
+            x = rng.standard_normal((5, 6, 7))
+            w = float(rep + 1)
+            ax = tuple(kw["axis"]) if isinstance(kw.get("axis"), list) else kw.get("axis")
+            want = (x * w).sum(axis=ax, keepdims=kw.get("keepdims", False))
+            got = ssum(x, w, **kw)
+            assert got.shape == want.shape
+            close(got, want, "float64", 64, scale=np.abs(x * w).sum(axis=ax, keepdims=kw.get("keepdims", False)))
+        first = full_calls[0]
+        if rep == 0:
+            assert first == len(calls) - 1   # axis=[0, 2] ran by axis=(0, 2)'s plan
+        else:
+            assert full_calls[0] == len(calls) - 1
+    out = np.empty(5)
+    x = rng.standard_normal((5, 6, 7))
+    assert ssum(x, 1.0, out=out, axis=(1, 2)) is out
+    n = full_calls[0]
+    x = rng.standard_normal((5, 6, 7))
+    assert ssum(x, 2.0, out, axis=(1, 2)) is out   # the positional output: the same plan
+    close(out, 2 * x.sum((1, 2)), "float64", 64, scale=2 * np.abs(x).sum((1, 2)))
+    assert full_calls[0] == n
+    with pytest.raises(TypeError, match="axis must be an int"):
+        ssum(x, 1.0, axis=True)
+
+
+def test_warm_row_kernel_calls_by_plan(full_calls):
+    """A RowKernel (rmsnorm with a weight row, eps a scalar) runs warm calls by its plan with new
+    data and scalars; another row length is another plan."""
+    rms = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                           "y = x * rsqrt(a / _row_size + eps) * w", "0", "plan_rmsnorm")
+    rng = np.random.default_rng(8)
+    for cols in (64, 96):
+        for eps in (1e-6, 0.5, 2.0):
+            x = rng.standard_normal((7, cols)).astype(np.float32)
+            w = rng.standard_normal(cols).astype(np.float32)
+            x64 = x.astype(np.float64)
+            want = x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + np.float32(eps)) * w
+            close(rms(x, w, eps), want, "float32", 8)
+    assert full_calls[0] == 2 and len(rms._plans) == 2
 
 
 
@@ -853,6 +903,20 @@ def test_gpu_warm_calls_by_plan_heads_streams_and_overlap(full_calls):
     want = torch.cat([x[:1], x[:-1] * 3])
     k(x[:-1], x[:-1], 2.0, x[1:])   # z over x shifted by one element: not the same view
     torch.testing.assert_close(x, want, rtol=1e-6, atol=1e-6)
+    # a row kernel and a reduction (the rows engine) by their plans, on a side stream
+    rms = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)", "0",
+                           "gpu_plan_rms")
+    msq = ewkern.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a / _in_ind.size() * _out_ind.size()", "0",
+                                 "gpu_plan_msq")
+    for rep in range(3):
+        x = torch.randn(300, 4096, device="cuda") * (rep + 1)
+        with torch.cuda.stream(side):
+            y, m = rms(x, 1e-5), msq(x, axis=1)
+            torch.cuda.current_stream().synchronize()
+        m64 = (x.double() ** 2).mean(1)
+        torch.testing.assert_close(m.double(), m64, rtol=1e-5, atol=0)
+        torch.testing.assert_close(y.double(), x.double() * torch.rsqrt(m64 + 1e-5)[:, None], rtol=2e-6, atol=1e-6)
+    assert len(rms._plans) == 1 and len(msq._plans) == 1 and full_calls[0] == 8
 
 
 @gpu

@@ -84,9 +84,29 @@ def test_no_derivable_backward_raises_on_backward_only():
         y.sum().backward()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_kernel_op_eager_compile_opcheck_and_no_backward(device):
+    """A RowKernel (rmsnorm with a weight row and eps) as a custom op: the eager result, torch.compile
+    fullgraph, opcheck, and a backward that raises saying why."""
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps) * w",
+                         "0", f"uk{next(_n)}")
+    op = ewt.kernel_op(k, scalars=("eps",))
+    x = torch.randn(6, 256, dtype=torch.float32, device=device)
+    w = torch.randn(256, dtype=torch.float32, device=device)
+    want = (x.double() * torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-5) * w.double()).float()
+    torch.testing.assert_close(op(x, w, 1e-5), want, rtol=2e-6, atol=1e-6)
+    f = torch.compile(lambda a, b: op(a, b, 1e-5) * 2, fullgraph=True)
+    torch.testing.assert_close(f(x, w), want * 2, rtol=2e-6, atol=1e-6)
+    torch.library.opcheck(op, (x, w, 1e-5))
+    xg = x.clone().requires_grad_()
+    y = op(xg, w, 1e-5)
+    with pytest.raises(RuntimeError, match="no backward: a RowKernel's backward is not derived"):
+        y.sum().backward()
+
+
 def test_kernel_op_bad_arguments():
     k = ewkern.ElementwiseKernel("T a", "T o", "o = a", "kop_bad")
-    with pytest.raises(TypeError, match="ElementwiseKernel"):
+    with pytest.raises(TypeError, match="ElementwiseKernel or ewkern.RowKernel"):
         ewt.kernel_op(lambda a: a)
     with pytest.raises(ValueError, match="scalars .*'zz'"):
         ewt.kernel_op(k, scalars=("zz",), name="kop_bad2")

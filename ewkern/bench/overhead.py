@@ -2,7 +2,8 @@
 
 ewkern.add(a, b, out=c) (and without out=) on ewkern arrays, torch tensors and NumPy arrays,
 ewkern.copy on ewkern arrays, against torch.add(a, b, out=c), cupy.add(a, b, out=c) and
-numpy.add; ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
+numpy.add; a user's ewkern.ElementwiseKernel "z = x + y" (warm calls, by its recorded plan) on NumPy
+arrays and torch tensors, against CuPy's ElementwiseKernel of the same source; ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
 torch tensors, against torch's sqrt(mean((a - b)**2)). Host wall clock (time.perf_counter) around many calls, including one synchronize at
 the end of each repeat; the median of the repeats is reported, with the timer's resolution.
 """
@@ -77,6 +78,10 @@ def _cases(ctx, n):
     na, nb, nc = (numpy.full(n, 1.0, numpy.float32), numpy.full(n, 2.0, numpy.float32), numpy.empty(n, numpy.float32))
     cases.append(("ewkern.add(out=) on numpy arrays (host)", "ewkern", lambda: E.add(na, nb, out=nc), lambda: None))
     cases.append(("numpy.add(out=) (host)", "numpy", lambda: numpy.add(na, nb, out=nc), lambda: None))
+    uk = E.ElementwiseKernel("T x, T y", "T z", "z = x + y", "overhead_add")
+    if not ctx.is_gpu:
+        cases.append(("ewkern.ElementwiseKernel(out=) on numpy arrays (host)", "ewkern", lambda: uk(na, nb, nc),
+                      lambda: None))
     if ctx.is_gpu and available("torch", dev) is None:
         import torch
         ta = torch.full((n,), 1.0, device=dev)
@@ -86,6 +91,8 @@ def _cases(ctx, n):
         cases.append(("ewkern.add(out=) on torch tensors", "ewkern", lambda: E.add(ta, tb, out=tc), tsync))
         cases.append(("ewkern.add() on torch tensors", "ewkern", lambda: E.add(ta, tb), tsync))
         cases.append(("torch.add(out=)", "torch", lambda: torch.add(ta, tb, out=tc), tsync))
+        cases.append(("ewkern.ElementwiseKernel(out=) on torch tensors", "ewkern", lambda: uk(ta, tb, tc), tsync))
+        cases.append(("ewkern.ElementwiseKernel() on torch tensors", "ewkern", lambda: uk(ta, tb), tsync))
         tr = torch.empty((), device=dev)
         cases.append(("ewkern.rmse(out=) on torch tensors", "ewkern", lambda: E.rmse(ta, tb, out=tr), tsync))
         cases.append(("ewkern.rmse() on torch tensors", "ewkern", lambda: E.rmse(ta, tb), tsync))
@@ -99,6 +106,8 @@ def _cases(ctx, n):
         csync = cupy.cuda.get_current_stream().synchronize
         cases.append(("ewkern.add(out=) on cupy arrays", "ewkern", lambda: E.add(ca, cb, out=cc), csync))
         cases.append(("cupy.add(out=)", "cupy", lambda: cupy.add(ca, cb, out=cc), csync))
+        ck = cupy.ElementwiseKernel("T x, T y", "T z", "z = x + y", "overhead_add")
+        cases.append(("cupy.ElementwiseKernel(out=)", "cupy", lambda: ck(ca, cb, cc), csync))
     return cases
 
 
@@ -121,7 +130,8 @@ def run(ctx, xr):
             xr.error(label, exc)
             continue
         st = summarize(per_call)
-        op = "rmse" if "rmse" in label or "sqrt(mean" in label else "add" if "add" in label else "copy"
+        op = ("kernel" if "ElementwiseKernel" in label else "rmse" if "rmse" in label or "sqrt(mean" in label
+              else "add" if "add" in label else "copy")
         xr.add({"series": label, "impl": impl, "op": op, "dtype": "float32", "n": n,
                 "calls": calls, "samples_s": per_call, "stats_s": st, "time_s": st["median"],
                 "us_per_call": st["median"] * 1e6, "method": "host wall clock, median of repeats",

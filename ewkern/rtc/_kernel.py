@@ -7,9 +7,10 @@ import ctypes
 import math
 import os
 import struct
+from struct import pack_into as _pack_into
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -509,33 +510,29 @@ def _typedefs(call: _Call, in_params, out_params) -> str:
 
 # ---- warm calls: a plan per argument signature ------------------------------------------------
 #
-# A call whose arrays are all C-contiguous and of one shape (no raw parameters, no size= or
-# block_size=) records what it decided: the argument struct with its constant fields, where each
-# data pointer and scalar goes, the compiled kernel and its launch. A later call with the same
-# signature (per array: dtype, shape, device and the data pointer's offset within 16 bytes, which
-# decides the vector head; per scalar its position) views its arrays in one C call, fills the
-# pointers and scalars, and launches: everything else the first call derived holds for it. An
-# input whose bytes overlap an output, a read-only output or a view error take the full path.
+# A call whose arrays are all C-contiguous records what it decided: the bytes of the kernel's
+# argument struct, where in them each data pointer and scalar goes, the shapes and dtypes of the
+# results it allocates, and its launch. A later call with the same signature (per array: dtype,
+# shape, device and the data pointer's offset within 16 bytes, which decides the vector head; per
+# scalar its position; the kernel's keyword arguments) views its arrays in one C call, writes the
+# pointers and scalars into a copy of those bytes and launches: everything else the first call
+# derived (broadcasting, layout, types, the compiled kernel, grid and block) is a function of the
+# signature. An input whose bytes overlap an output other than as the very same view, a
+# read-only output or an array that cannot be viewed C-contiguous take the full path.
 
 _MISS = object()
 _PLANS_MAX = 64   # plans a kernel keeps (a new one past this clears them)
 
 
 class _Plan:
-    __slots__ = ("device", "cls", "template", "ptrs", "scalars", "outs", "run", "ret")
+    __slots__ = ("device", "template", "ptrs", "scalars", "outs", "run", "ret")
 
-    def __init__(self, device, cls, template, ptrs, scalars, outs, run, ret) -> None:
-        self.device, self.cls, self.template, self.ptrs = device, cls, template, ptrs
-        self.scalars, self.outs, self.run, self.ret = scalars, outs, run, ret
-
-
-def _plan_key(nargs: int, is_arr, views) -> tuple:
-    """The signature of a call: its argument count, which arguments are arrays, and each array
-    view's dtype, shape, device and pointer offset within 16 bytes."""
-    return (nargs, is_arr, tuple([(v[1], v[3], v[2], v[0] & 15) for v in views]))
+    def __init__(self, device, template, ptrs, scalars, outs, run, ret) -> None:
+        self.device, self.template, self.ptrs, self.scalars = device, template, ptrs, scalars
+        self.outs, self.run, self.ret = outs, run, ret
 
 
-def _fast_call(kern, plans: dict, args: tuple, nin: int):
+def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
     """Run a call by a recorded plan, or return _MISS (the caller takes the full path)."""
     is_arr = tuple([not isinstance(o, _SCALARS) for o in args])
     objs = tuple([o for o, a in zip(args, is_arr) if a]) if False in is_arr else args
@@ -546,7 +543,7 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int):
         views, stream = C._rtc_views(objs, _VIEW_NAMES[:len(objs)])
     except Exception:
         return _MISS
-    plan = plans.get((len(args), is_arr, tuple([(v[1], v[3], v[2], v[0] & 15) for v in views])))
+    plan = plans.get((len(args), is_arr, tuple([(v[1], v[3], v[2], v[0] & 15) for v in views]), extra))
     if plan is None:
         return _MISS
     if len(objs) == len(args):
@@ -562,68 +559,104 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int):
             ob = o[0]
             oe = ob + math.prod(o[3]) * DTYPES[o[1]][2]
             for v in views[:nvin]:
-                if v[0] < oe and ob < v[0] + math.prod(v[3]) * DTYPES[v[1]][2] and not (v[0] == ob and v[1] == o[1]):
+                if v[0] < oe and ob < v[0] + math.prod(v[3]) * DTYPES[v[1]][2] and not (
+                        v[0] == ob and v[1] == o[1] and v[3] == o[3]):
                     return _MISS
     if plan.outs:
         like = objs[0]
-        shape = views[0][3]
         if plan.device == "cpu":
-            new = [_alloc_cpu(like, dt, shape) for dt in plan.outs]
+            new = [_alloc_cpu(like, dt, shape) for dt, shape in plan.outs]
         else:
-            new = [C._rtc_result(like, dt, shape) for dt in plan.outs]
+            new = [C._rtc_result(like, dt, shape) for dt, shape in plan.outs]
         nviews, _ = C._rtc_views(tuple(new), _VIEW_NAMES[:len(new)])
         ptrs += [v[0] for v in nviews]
         results = list(args[nin:]) + new
     else:
         results = args[nin:]
-    P = plan.cls.from_buffer_copy(plan.template)
-    for field, k, add in plan.ptrs:
-        setattr(P, field, ptrs[k] + add)
-    for field, k, dt, pname in plan.scalars:
-        setattr(P, field, _scalar_value(args[k], dt, kern.name, pname))
-    plan.run(P, stream)
+    buf = bytearray(plan.template)
+    for off, k, add in plan.ptrs:
+        _pack_into("Q", buf, off, ptrs[k] + add)
+    for off, fmt, k, dt, pname in plan.scalars:
+        _pack_into(fmt, buf, off, _scalar_value(args[k], dt, kern.name, pname))
+    plan.run(buf, stream)
     if plan.ret == "one":
         return results[0]
     return None if plan.ret == "none" else tuple(results)
 
 
-def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size):
-    """run(params, stream): the launch an ElementwiseKernel call decided (a plan keeps it)."""
+def _plan_slots(cls, base: int, layout: _codegen.Layout, pos: dict, head: int = 0):
+    """(pointer slots, scalar slots) of a layout's argument struct of type cls at byte offset
+    base: (offset, argument position, bytes added) and (offset, struct format, argument position,
+    dtype, name)."""
+    ptrs, scalars = [], []
+    types = dict(cls._fields_)
+    for p, dt, kind, _ in layout.args:
+        if kind == "scalar":
+            f = "s_" + p.name
+            scalars.append((base + getattr(cls, f).offset, types[f]._type_, pos[p.name], dt, p.name))
+        else:
+            add = head * DTYPES[dt][2] if kind == "array" else 0
+            ptrs.append((base + getattr(cls, "p_" + p.name).offset, pos[p.name], add))
+    return ptrs, scalars
+
+
+def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_shapes, extra=None) -> None:
+    """Remember how a call ran (see the notes above _MISS) in kern._plans, keyed by its signature:
+    slots from _plan_slots, struct_obj the argument struct it launched with, out_shapes the
+    shapes of the outputs it allocated. Calls with an array that was not C-contiguous are not
+    recorded (a view of the same signature would have other strides)."""
+    nin = len(kern.in_params)
+    ngiven = len(args) - nin
+    given = call.ins + call.outs[:ngiven]
+    if not all(v.contiguous() for v in call.ins + call.outs if isinstance(v, _Arr)):
+        return
+    is_arr = tuple(not isinstance(o, _SCALARS) for o in args)
+    sig = tuple((v.dtype, tuple(v.shape), call.device, v.ptr & 15) for v, a in zip(given, is_arr) if a)
+    outs = tuple((dt, tuple(shape)) for dt, shape in zip(call.out_types[ngiven:], out_shapes))
+    plans = kern._plans
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    ptrs, scalars = slots
+    plans[(len(args), is_arr, sig, extra)] = _Plan(call.device, bytes(struct_obj), tuple(ptrs), tuple(scalars),
+                                                   outs, run, ret)
+
+
+def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, int], None]:
+    """run(buf, stream) of a CPU kernel that takes the address of its argument struct."""
+    return lambda buf, stream: compiled(ctypes.addressof(cls.from_buffer(buf)), threads)
+
+
+def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size, cls):
+    """run(buf, stream): the launch an ElementwiseKernel call decided (a plan keeps it)."""
     if device == "cpu":
-        threads = _threads(n)
-        return lambda P, stream: compiled(ctypes.addressof(P), threads)
+        return _cpu_runner(compiled, _threads(n), cls)
     if mode == "vector":
         E = _codegen.vector_units(layout)
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
-        return lambda P, stream: compiled.launch(P, n, head, E, vblock, stream)
+        return lambda buf, stream: compiled.launch(cls.from_buffer(buf), n, head, E, vblock, stream)
     block = int(block_size) if block_size else FALLBACK_BLOCK
     grid = max(1, min(-(-n // block), 32 * _device_facts(device)[1]))
-    return lambda P, stream: _launch_gpu(compiled, grid, block, P, device, stream)
+    return lambda buf, stream: _launch_gpu(compiled, grid, block, buf, device, stream)
 
 
 _VIEW_NAMES = tuple(f"argument {k}" for k in range(64))
+_reduction_structs: dict[Any, type] = {}
 
 
-def _record_plan(kern, plans: dict, args: tuple, call, layout, params, run, ret: str) -> None:
-    """Remember how a call ran (see the notes above _MISS), keyed by its signature; call.ins and
-    call.outs hold the views it ran with (outputs it allocated last)."""
-    nin = len(kern.in_params)
-    is_arr = tuple(not isinstance(o, _SCALARS) for o in args)
-    given = [v for v, a in zip(call.ins + call.outs[:len(args) - nin], is_arr) if a]
-    views = tuple((v.ptr, v.dtype, call.device, tuple(v.shape), False) for v in given)
-    key = _plan_key(len(args), is_arr, views)
-    pos = {p.name: k for k, p in enumerate(kern.in_params + kern.out_params)}
-    head = params.head if layout.mode == "vector" else 0
-    ptrs, scalars = [], []
-    for p, dt, kind, _ in layout.args:
-        if kind == "scalar":
-            scalars.append(("s_" + p.name, pos[p.name], dt, p.name))
+def _reduction_struct(in_cls: type, out_cls: type, rows: bool) -> type:
+    """The argument struct of a reduction kernel around its inputs' and outputs' structs: the
+    rows engine's (with its plan fields) or the block-per-output kernel's (made once per pair)."""
+    key = (in_cls, out_cls, rows)
+    cls = _reduction_structs.get(key)
+    if cls is None:
+        fields: list[tuple[str, Any]] = [("in_", in_cls), ("out", out_cls)]
+        if rows:
+            fields += [(f, ctypes.c_longlong) for f in ("R", "nout", "head0", "nchunks", "chunk_vecs", "G", "prefetch")]
+            fields.append(("partial", ctypes.c_void_p))
         else:
-            ptrs.append(("p_" + p.name, pos[p.name], head * DTYPES[dt][2]))
-    outs = tuple(call.out_types[len(args) - nin:])
-    if len(plans) >= _PLANS_MAX:
-        plans.clear()
-    plans[key] = _Plan(call.device, type(params), bytes(params), tuple(ptrs), tuple(scalars), outs, run, ret)
+            fields.append(("red_size", ctypes.c_longlong))
+        cls = _reduction_structs[key] = type("ewrtc_reduce_params", (ctypes.Structure,), {"_fields_": fields})
+    return cls
 
 
 class ElementwiseKernel:
@@ -811,12 +844,14 @@ class ElementwiseKernel:
                 assert call.device is not None
                 compiled = _gpu_kernel(name, src, entry, call.device, self._parts(), self.options)
             self._compiled[key] = compiled
-        run = _elementwise_runner(compiled, call.device, mode, layout, n, head, block_size)
-        run(params, call.stream)
-        if (size is None and block_size is None and contig and not ccols and all(a is b for a, b in zip(given_ins, call.ins))
-                and not any(p.raw for p in allp)):
+        buf = bytearray(bytes(params))
+        run = _elementwise_runner(compiled, call.device, mode, layout, n, head, block_size, type(params))
+        run(buf, call.stream)
+        if size is None and block_size is None and all(a is b for a, b in zip(given_ins, call.ins)):
             ret_form = "none" if self.no_return else ("one" if self.nout == 1 and not self.return_tuple else "tuple")
-            _record_plan(self, self._plans, args, call, layout, params, run, ret_form)
+            pos = {p.name: k for k, p in enumerate(allp)}
+            _record_plan(self, args, call, params, _plan_slots(type(params), 0, layout, pos, head), run, ret_form,
+                         [tuple(shape)] * (self.nargs - len(args)))
         return ret
 
 
@@ -897,6 +932,7 @@ class ReductionKernel:
         self.options = tuple(options)
         self._compiled: dict = {}
         self._last_path = ""
+        self._plans: dict = {}      # warm calls: signature -> _Plan
 
     def __repr__(self) -> str:
         return f"<ewkern.ReductionKernel {self.name!r}>"
@@ -913,7 +949,7 @@ class ReductionKernel:
         out_layout = _codegen.Layout("strided", len(oshape), oargs)
         return out_layout, _fill(out_layout, out_size, oshape, ovalues)
 
-    def _rows(self, call: _Call, largs, values, kept, keepdims: bool, nout: int, R: int, rtype: str) -> None:
+    def _rows(self, call: _Call, largs, values, kept, keepdims: bool, nout: int, R: int, rtype: str, plan) -> None:
         """CUDA, every array input dense with the reduced axes last: the two-step rows engine
         (_codegen.reduction_rows_source). Plan: E elements per vector (16 bytes of the widest
         input, 1 when their starts cannot be aligned together); each row a group of the fewest
@@ -956,13 +992,15 @@ class ReductionKernel:
         nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
         from .. import pdl_enabled
         pdl = pdl_enabled()
-
-        class Params(ctypes.Structure):
-            _fields_ = [("in_", type(in_struct)), ("out", type(out_struct)), ("R", ctypes.c_longlong),
-                        ("nout", ctypes.c_longlong), ("head0", ctypes.c_longlong), ("nchunks", ctypes.c_longlong),
-                        ("chunk_vecs", ctypes.c_longlong), ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong),
-                        ("partial", ctypes.c_void_p)]
+        Params = _reduction_struct(type(in_struct), type(out_struct), True)
         P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
+        if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
+            grid, dev, off = -(-nout // (_codegen.ROWS_BLOCK // G)), int(call.device[5:]), Params.prefetch.offset
+
+            def run(buf: bytearray, stream: int) -> None:
+                on = pdl_enabled()
+                _pack_into("q", buf, off, wave if on else 0)
+                _C()._rtc_launch(h_rows, grid, _codegen.ROWS_BLOCK, buf, dev, stream, on)
         keep = None
         if nchunks > 1:
             nbytes = nout * nchunks * _REDUCE_SIZES[rtype]
@@ -978,10 +1016,24 @@ class ReductionKernel:
             _C()._rtc_launch(h_comb, -(-nout // (_codegen.ROWS_BLOCK // G2)), _codegen.ROWS_BLOCK, bytes(P),
                              int(call.device[5:]), call.stream, pdl)
         del keep   # the partials' memory goes back to its allocator in stream order
+        if nchunks == 1:
+            plan(P, in_layout, out_layout, run)
         self._last_path = f"rows G={G} chunks={nchunks} E={E}"
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
+        fargs = args if out is None else args + (out,)   # out= as the positional output
+        extra = None
+        if not isinstance(axis, bool) and (out is None or len(args) == self.nin):
+            extra = (tuple(axis) if isinstance(axis, list) else axis, bool(keepdims))
+            try:
+                hash(extra)
+            except TypeError:
+                extra = None
+        if self._plans and extra is not None:
+            r = _fast_call(self, self._plans, fargs, self.nin, extra)
+            if r is not _MISS:
+                return r
         name = self.name
         if len(args) not in (self.nin, self.nargs):
             raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs or {self.nargs} "
@@ -995,6 +1047,17 @@ class ReductionKernel:
                                  "positionally)")
             outs = [out]
         call = _Call(name, self.in_params, self.out_params, ins, outs)
+
+        def plan(struct_obj, in_layout, out_layout, run) -> None:
+            """Record the plan of a call that ran in one launch with nothing allocated on the side."""
+            if extra is None:
+                return
+            pos = {p.name: k for k, p in enumerate(self.in_params + self.out_params)}
+            cls = type(struct_obj)
+            ptrs, scalars = _plan_slots(_ctypes_struct(in_layout), cls.in_.offset, in_layout, pos)
+            optrs, _ = _plan_slots(_ctypes_struct(out_layout), cls.out.offset, out_layout, pos)
+            _record_plan(self, fargs, call, struct_obj, (ptrs + optrs, scalars), run,
+                         "one" if self.nout == 1 else "tuple", [out_shape] * (self.nargs - len(fargs)), extra)
         shapes = [v.shape for v in call.ins if isinstance(v, _Arr)]
         try:
             shape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
@@ -1050,7 +1113,7 @@ class ReductionKernel:
         if call.device != "cpu" and self.identity is not None and _REDUCE_SIZES.get(rtype) and any(
                 kind == "array" for _, _, kind, _ in largs) and all(
                 kind != "array" or _dense(values[p.name][1], pshape, DTYPES[dt][2]) for p, dt, kind, _ in largs):
-            self._rows(call, largs, values, kept, keepdims, out_size, red_size, rtype)
+            self._rows(call, largs, values, kept, keepdims, out_size, red_size, rtype, plan)
             return ret
         if all(kind != "array" or _dense(values[p.name][1], pshape, DTYPES[dt][2]) for p, dt, kind, _ in largs):
             # dense with the reduced axes last: element (o, r) of every input at o * red_size + r,
@@ -1064,9 +1127,7 @@ class ReductionKernel:
             in_struct = _fill(in_layout, out_size * red_size, pshape, values)
         out_layout, out_struct = self._out_struct(call, kept, keepdims, out_size)
 
-        class Params(ctypes.Structure):
-            _fields_ = [("in_", type(in_struct)), ("out", type(out_struct)), ("red_size", ctypes.c_longlong)]
-        params = Params(in_struct, out_struct, red_size)
+        params = _reduction_struct(type(in_struct), type(out_struct), False)(in_struct, out_struct, red_size)
         backend = "cpu" if call.device == "cpu" else "cuda"
         key = (call.device, in_layout.key(), out_layout.key(), call.type_map, call.in_types, call.out_types)
         compiled: Any = self._compiled.get(key)
@@ -1084,10 +1145,12 @@ class ReductionKernel:
                 compiled = _gpu_kernel(name, src, entry, call.device, parts, self.options)
             self._compiled[key] = compiled
         if backend == "cpu":
-            compiled(ctypes.addressof(params), _threads(out_size * red_size) if out_size > 1 else 1)
+            run = _cpu_runner(compiled, _threads(out_size * red_size) if out_size > 1 else 1, type(params))
         else:
             assert call.device is not None
-            h = compiled
-            _, sms = _device_facts(call.device)
-            _launch_gpu(h, max(1, min(out_size, 32 * sms)), 256, params, call.device, call.stream)
+            device = call.device
+            grid = max(1, min(out_size, 32 * _device_facts(device)[1]))
+            run = lambda buf, stream: _launch_gpu(compiled, grid, 256, buf, device, stream)  # noqa: E731
+        run(bytearray(bytes(params)), call.stream)
+        plan(params, in_layout, out_layout, run)
         return ret
