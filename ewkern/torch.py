@@ -634,6 +634,31 @@ _TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
                       torch.float64: "float64"}
 
 
+def _row_backward(kernel, ins, outs, scalars):
+    """backward(g, *inputs) of a RowKernel with a sum reduction (kernel_op's docstring): the rows'
+    sums again (a ReductionKernel per reduce dtype, made on first use), then the derived backward
+    RowKernel. ValueError where the backward cannot be derived."""
+    from .rtc import ReductionKernel, RowKernel
+    from .rtc._autodiff import row_backward_source
+    bw_in, bw_out, bmap, body, a_name = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
+                                                            kernel.identity, kernel.operation, ins, outs, scalars)
+    k2 = RowKernel(bw_in, bw_out, bmap, "a + b", body, "0", f"{kernel.name}_backward",
+                   reduce_type=kernel.reduce_type, preamble=kernel.preamble, options=kernel.options)
+    spec = ", ".join(f"{p.ctype} {p.name}" for p in ins)
+    sums = {}
+
+    def run(g, *a):
+        wide = kernel.reduce_type == "double" if kernel.reduce_type else g.dtype == torch.float64
+        dt = "float64" if wide else "float32"
+        k1 = sums.get(dt)
+        if k1 is None:
+            k1 = sums[dt] = ReductionKernel(spec, f"{dt} {a_name}", kernel.map_expr, "a + b", f"{a_name} = a", "0",
+                                            f"{kernel.name}_rowsum", reduce_type=kernel.reduce_type,
+                                            preamble=kernel.preamble, options=kernel.options)
+        return k2(g, *a, k1(*a, axis=-1, keepdims=True))
+    return run
+
+
 def kernel_op(kernel, scalars=(), name=None):
     """kernel_op(kernel, scalars=(), name=None)
 
@@ -650,9 +675,14 @@ def kernel_op(kernel, scalars=(), name=None):
     reads the incoming gradient and the inputs once and writes every tensor input's gradient in one
     pass (a gradient of a broadcast input is then summed to its shape). The derivative is the
     formula's, with no guards of its own against overflow. Other operations get no autograd formula:
-    a backward through them raises. Double backward is not supported. A RowKernel's op has no
-    derived backward (its operation reads the row's reduction ``a``): a backward through it raises;
-    wrap it in a ``torch.autograd.Function`` with a backward of your own.
+    a backward through them raises. Double backward is not supported.
+
+    A RowKernel whose reduction is a sum from 0 (``'a + b'``, ``'0'``), with one output ``y =
+    <expression>`` and a ``map_expr`` of the same kind, gets its backward derived the same way:
+    with a = sum of m(x) over the row and y = f(x, a), the gradient g_k f_x + m'(x_k) S with S = the
+    row's sum of g f_a. It runs as two kernels: a reduction that recomputes each row's ``a``
+    (reading the inputs once) and a RowKernel that reduces S and writes every input's gradient in
+    the same pass over the row. Other RowKernels get no autograd formula (a backward raises).
 
     Returns the op (callable like the kernel without output arguments)."""
     from .rtc import ElementwiseKernel, RowKernel
@@ -695,9 +725,10 @@ def kernel_op(kernel, scalars=(), name=None):
     op.register_fake(fake)
     try:
         if isinstance(kernel, RowKernel):
-            raise ValueError("a RowKernel's backward is not derived (its operation reads the row's reduction a); "
-                             "wrap the op in a torch.autograd.Function with a backward of your own")
-        bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars)
+            bk = _row_backward(kernel, ins, outs, scalars)
+        else:
+            bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars)
+            bk = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward", preamble=kernel.preamble)
     except ValueError as e:
         why = str(e)
 
@@ -705,7 +736,6 @@ def kernel_op(kernel, scalars=(), name=None):
             raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
         op.register_autograd(no_backward, setup_context=lambda ctx, inputs, output: None)
         return op
-    bk = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward", preamble=kernel.preamble)
     diff = [p for p in ins if p.name not in scalars]
     bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
 

@@ -84,23 +84,99 @@ def test_no_derivable_backward_raises_on_backward_only():
         y.sum().backward()
 
 
+def _row_op(ins, map_expr, operation, scalars=(), reduce_expr="a + b", identity="0"):
+    k = ewkern.RowKernel(ins, "T y", map_expr, reduce_expr, operation, identity, f"uk{next(_n)}")
+    return ewt.kernel_op(k, scalars=scalars)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_row_kernel_op_eager_compile_opcheck_and_no_backward(device):
-    """A RowKernel (rmsnorm with a weight row and eps) as a custom op: the eager result, torch.compile
-    fullgraph, opcheck, and a backward that raises saying why."""
-    k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps) * w",
-                         "0", f"uk{next(_n)}")
-    op = ewt.kernel_op(k, scalars=("eps",))
-    x = torch.randn(6, 256, dtype=torch.float32, device=device)
-    w = torch.randn(256, dtype=torch.float32, device=device)
-    want = (x.double() * torch.rsqrt((x.double() ** 2).mean(1, keepdim=True) + 1e-5) * w.double()).float()
-    torch.testing.assert_close(op(x, w, 1e-5), want, rtol=2e-6, atol=1e-6)
-    f = torch.compile(lambda a, b: op(a, b, 1e-5) * 2, fullgraph=True)
-    torch.testing.assert_close(f(x, w), want * 2, rtol=2e-6, atol=1e-6)
+def test_row_kernel_op_eager_compile_opcheck_and_derived_backward(device):
+    """A RowKernel (rmsnorm with a weight row and eps) as a custom op: the eager result, its
+    derived backward against torch autograd of the same expression, torch.compile fullgraph
+    through forward and backward, opcheck."""
+    op = _row_op("T x, T w, float32 eps", "x * x", "y = x * rsqrt(a / _row_size + eps) * w", ("eps",))
+
+    def ref(x, w):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
+
+    x = torch.randn(6, 256, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(256, dtype=torch.float64, device=device, requires_grad=True)
+    g = torch.randn(6, 256, dtype=torch.float64, device=device)
+    y = op(x, w, 1e-5)
+    torch.testing.assert_close(y, ref(x, w).detach())
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    rx, rw = torch.autograd.grad(ref(x, w), (x, w), g)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)   # summed over the rows to the weight's shape
+    assert torch.autograd.gradcheck(lambda a, b: op(a, b, 1e-5), (x[:2, :16].detach().requires_grad_(),
+                                                                     w[:16].detach().requires_grad_()))
+    f = torch.compile(lambda a, b: (op(a, b, 1e-5) * g).sum(), fullgraph=True)
+    gx2, gw2 = torch.autograd.grad(f(x, w), (x, w))
+    torch.testing.assert_close(gx2, rx)
+    torch.testing.assert_close(gw2, rw)
     torch.library.opcheck(op, (x, w, 1e-5))
-    xg = x.clone().requires_grad_()
-    y = op(xg, w, 1e-5)
-    with pytest.raises(RuntimeError, match="no backward: a RowKernel's backward is not derived"):
+    # float32 and a 16-bit dtype: the gradient in the compute type, rounded once
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        xs = x.detach().to(dt).requires_grad_()
+        ws = w.detach().to(dt).requires_grad_()
+        gxs, gws = torch.autograd.grad(op(xs, ws, 1e-5), (xs, ws), g.to(dt))
+        rx2, rw2 = torch.autograd.grad(ref(xs.double(), ws.double()), (xs, ws), g.to(dt).double())
+        assert gxs.dtype == dt and gws.dtype == dt
+        torch.testing.assert_close(gxs.double(), rx2.double(), rtol=tol, atol=tol * float(rx2.abs().max()))
+        torch.testing.assert_close(gws.double(), rw2.double(), rtol=tol, atol=tol * 6 * float(rw2.abs().max()))
+
+
+@pytest.mark.parametrize("ins,map_expr,operation,torch_fn", [
+    ("T x", "x * x", "y = x * rsqrt(a)", lambda x, z: x / x.norm(dim=-1, keepdim=True)),
+    ("T x", "x", "y = x - a / _row_size", lambda x, z: x - x.mean(-1, keepdim=True)),
+    ("T x, T z", "(x - z) * (x - z)", "y = exp(-a / _row_size) * z + x",
+     lambda x, z: torch.exp(-((x - z) ** 2).mean(-1, keepdim=True)) * z + x),
+])
+def test_row_kernel_derived_backward_matches_torch(ins, map_expr, operation, torch_fn):
+    op = _row_op(ins, map_expr, operation)
+    x = torch.randn(5, 33, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(5, 33, dtype=torch.float64, requires_grad=True)
+    args = (x, z) if "z" in ins else (x,)
+    g = torch.randn(5, 33, dtype=torch.float64)
+    want = torch.autograd.grad(torch_fn(x, z), args, g, allow_unused=True)
+    got = torch.autograd.grad(op(*args), args, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
+    """The derived backward row kernel's CUDA source (rmsnorm with a weight row) compiles with
+    NVRTC to PTX in every form (no GPU needed)."""
+    from ewkern.rtc import _build, _codegen
+    from ewkern.rtc._autodiff import row_backward_source
+    try:
+        _build.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y", True, "k")
+    bw_in, bw_out, bmap, body, _ = row_backward_source("k", "x * x", "a + b", "0",
+                                                       "y = x * rsqrt(a / _row_size + eps) * w", ins, outs, ("eps",))
+    bi, bo = parse_params(bw_in, False, "kb"), parse_params(bw_out, True, "kb")
+    rdt = "float64" if dtype == "float64" else "float32"
+    kinds = {"_g": "array", "x": "array", "w": "bcol", "eps": "scalar", "_ewk_a": "brow"}
+    in_dts = [{"eps": "float32", "_ewk_a": rdt}.get(p.name, dtype) for p in bi]
+    lay = _codegen.Layout("contig", 1, [(p, dt, kinds[p.name], 0) for p, dt in zip(bi, in_dts)] +
+                          [(p, dtype, "array", 0) for p in bo])
+    tdefs = _codegen.typedefs((("T", dtype), ("R", rdt)), bi, in_dts, bo, [dtype] * len(bo))
+    rt = "double" if dtype == "float64" else "float"
+    E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
+    src, entries = _codegen.row_source("cuda", "rowkb", lay, E, bmap, "a + b", body, "0", rt, "", tdefs, set())
+    ptx, _, _ = _build.compile_cuda("rowkb", src, (9, 0), ptx_only=True)
+    assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
+
+
+def test_row_kernel_without_a_derivable_backward_raises_on_backward_only():
+    op = _row_op("T x", "x", "y = x / a", reduce_expr="max(a, b)", identity="-INFINITY")
+    x = torch.rand(4, 8, dtype=torch.float64, requires_grad=True) + 0.5
+    y = op(x)
+    torch.testing.assert_close(y, (x / x.amax(-1, keepdim=True)).detach())
+    with pytest.raises(RuntimeError, match="no backward: .*sum reduction"):
         y.sum().backward()
 
 

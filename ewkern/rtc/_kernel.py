@@ -98,6 +98,8 @@ def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
     if isinstance(obj, np.ndarray):
         arr = obj
     else:
+        if getattr(obj, "requires_grad", False):   # torch exports no tensor that requires grad
+            obj = obj.detach()
         try:
             arr = np.from_dlpack(obj)
         except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
