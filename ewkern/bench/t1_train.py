@@ -16,6 +16,11 @@ and, for ewkern.torch and torch eager, the host-visible time of one step (events
 step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` sees when the GPU
 waits for the host).
 
+Beyond ewkern's own ops, "rmsnorm" is a user kernel in training: an ewkern.RowKernel
+(y = x * rsqrt(mean(x^2) + eps) * w over rows of 4096) made a custom op by ewkern.torch.kernel_op,
+its backward derived (a row-sum reduction, then one RowKernel for both gradients), against
+torch.nn.functional.rms_norm eagerly and compiled.
+
 Plus one step of a small MLP, Linear(d, 4d) -> gelu -> Linear(4d, d) -> rmse loss against a
 target (mean over the batch), forward + backward of every parameter, with ewkern.torch's gelu and
 rmse and with torch's. Bytes per step (for GB/s) are the traffic of one forward and one backward
@@ -59,7 +64,8 @@ METHOD_LABEL = {"back-to-back": "back-to-back (graph of K steps, inputs rotated)
                 "single": "single step (L2 flushed, queued behind a sleep kernel)",
                 "host": "host-visible step (events around one eager step after a synchronize)"}
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "axpby")
-SCALARS = {"add_const": (0.25,), "mul_const": (1.5,), "axpby": (0.75, -1.25)}
+SCALARS = {"add_const": (0.25,), "mul_const": (1.5,), "axpby": (0.75, -1.25), "rmsnorm": (1e-6,)}
+ROW = 4096   # rmsnorm's row length
 # what the forward saves for the backward and what the backward writes, in arrays of the op's size
 SAVED = {"copy": 0, "add": 0, "sub": 0, "add_const": 0, "mul_const": 0, "axpby": 0, "neg": 0}
 
@@ -77,14 +83,31 @@ def _torch_fn(torch, op):
              "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
              "erf": torch.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": F.gelu,
              "silu": F.silu,
-             "rmse": lambda a, b: torch.sqrt(((a.float() - b.float()) ** 2).mean(1))}
+             "rmse": lambda a, b: torch.sqrt(((a.float() - b.float()) ** 2).mean(1)),
+             "rmsnorm": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)}
     return table[op]
+
+
+_rmsnorm_ops: list = []
+
+
+def rmsnorm_op():
+    """ewkern's rmsnorm as a RowKernel custom op with its derived backward (made once)."""
+    if not _rmsnorm_ops:
+        import ewkern
+        import ewkern.torch as ewt
+        k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                             "y = x * rsqrt(a / _row_size + eps) * w", "0", "bench_rmsnorm")
+        _rmsnorm_ops.append(ewt.kernel_op(k, scalars=("eps",)))
+    return _rmsnorm_ops[0]
 
 
 def step_bytes(op, n, itemsize):
     """Declared bytes of one forward + backward: forward reads its inputs and writes y; backward
     reads g and what was saved and writes one gradient per input."""
     nin = 2 if op in BINARY or op == "rmse" else 1
+    if op == "rmsnorm":
+        return 5 * n * itemsize                        # x in, y out; g and x in, the gradient of x out
     if op == "rmse":
         return 2 * n * itemsize + 4 * n * itemsize    # forward reads a, b; backward reads a, b, writes 2
     saved = SAVED.get(op, 2 if op in ("mul", "div", "maximum", "minimum") else 1)
@@ -104,6 +127,10 @@ def _step(torch, fn, ins, scalars, g):
 
 def _make_inputs(torch, op, shape, dtype, device):
     from .frameworks import op_inputs
+    if op == "rmsnorm":
+        (x,) = op_inputs("torch", "gelu", shape, dtype, device)
+        (w,) = op_inputs("torch", "gelu", (shape[-1],), dtype, device)
+        return [x.requires_grad_(), w.requires_grad_()]
     src = "sub" if op == "rmse" else op
     ins = [t.requires_grad_() for t in op_inputs("torch", src, shape, dtype, device)]
     return ins
@@ -115,7 +142,7 @@ def _ways(ctx, torch, op):
     tfn = _torch_fn(torch, op)
     out = {}
     if "ewkern.torch" in want:
-        out["ewkern.torch"] = getattr(ewt, op)
+        out["ewkern.torch"] = rmsnorm_op() if op == "rmsnorm" else getattr(ewt, op)
     if "torch eager" in want:
         out["torch eager"] = tfn
     if "torch.compile" in want and ctx.is_gpu:
@@ -147,7 +174,7 @@ def _host_visible(torch, call, samples=15):
 def _params(ctx):
     from ewkern.torch import DIFFERENTIABLE
     small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
-    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else list(DIFFERENTIABLE))
+    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else list(DIFFERENTIABLE) + ["rmsnorm"])
     # quick runs (make bench): float32 only (the GPU's quick run: every op at 64 MiB, about 30 s)
     dtypes = ctx.opt("train_dtypes") or (["float32"] if ctx.quick else ["float32", "float16", "bfloat16"])
     sizes = ctx.opt("train_sizes")
@@ -203,10 +230,10 @@ def run(ctx, xr):
     for op, dtype, size in cells:
         itemsize = 2 if dtype in ("float16", "bfloat16") else (8 if dtype == "float64" else 4)
         n = size // itemsize
-        shape = (n // 1024, 1024) if op == "rmse" else (n,)
+        shape = (n // 1024, 1024) if op == "rmse" else ((n // ROW, ROW) if op == "rmsnorm" else (n,))
         sc = SCALARS.get(op, ())
         nbytes = step_bytes(op, n, itemsize)
-        nin = 2 if op in BINARY or op == "rmse" else 1
+        nin = 2 if op in BINARY or op in ("rmse", "rmsnorm") else 1
         for way, fn in _ways(ctx, torch, op).items():
             def build(fn=fn):
                 def make_call():

@@ -572,7 +572,7 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
             new = [C._rtc_result(like, dt, shape) for dt, shape in plan.outs]
         nviews, _ = C._rtc_views(tuple(new), _VIEW_NAMES[:len(new)])
         ptrs += [v[0] for v in nviews]
-        results = list(args[nin:]) + new
+        results: Any = list(args[nin:]) + new
     else:
         results = args[nin:]
     buf = bytearray(plan.template)
@@ -994,7 +994,7 @@ class ReductionKernel:
         nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
         from .. import pdl_enabled
         pdl = pdl_enabled()
-        Params = _reduction_struct(type(in_struct), type(out_struct), True)
+        Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
         P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
         if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
             grid, dev, off = -(-nout // (_codegen.ROWS_BLOCK // G)), int(call.device[5:]), Params.prefetch.offset
