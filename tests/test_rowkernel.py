@@ -223,6 +223,24 @@ def test_nvrtc_compiles_every_form(dtype, E):
         assert "ld.global.v4" in text or "ld.global.v2.f64" in text or "ld.global.v2.u64" in text
 
 
+def test_cuda_source_holds_only_what_the_reduction_needs():
+    """A repeated row (a weight) that map_expr does not read is loaded in the apply, not held in
+    registers through the reduction; one the map reads, and every dense input, are held."""
+    ps = parse_params("T x, T w, T r, float32 eps", False, "k") + parse_params("T y", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ps[0], "float32", "array", 0), (ps[1], "float32", "bcol", 0),
+                                        (ps[2], "float32", "array", 0), (ps[3], "float32", "scalar", 0),
+                                        (ps[4], "float32", "array", 0)])
+    tdefs = _codegen.typedefs((("T", "float32"),), ps[:4], ["float32"] * 4, ps[4:], ["float32"])
+
+    def src(map_expr):
+        return _codegen.row_source("cuda", "rowh", lay, 4, map_expr, "a + b",
+                                   "y = x * rsqrt(a / _row_size + eps) * w + r", "0", "float", "", tdefs, set())[0]
+    s1 = src("x * x")
+    assert "_r_x[VPL" in s1 and "_r_r[VPL" in s1 and "_r_w[" not in s1 and "_c_w = _u_w[_v]" in s1
+    s2 = src("x * w")
+    assert "_r_w[VPL" in s2
+
+
 # ---- the GPU (skipped without one) ------------------------------------------------------------
 
 @gpu
