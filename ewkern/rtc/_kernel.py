@@ -333,8 +333,9 @@ class _VectorKernel:
         self.sms = _device_facts(device)[1]
         self.waves: dict[int, tuple[int, int]] = {}
 
-    def launch(self, params, n: int, head: int, E: int, block: int, stream: int) -> None:
-        from .. import pdl_enabled
+    def launch_plan(self, n: int, head: int, E: int, block: int, pdl: bool) -> tuple[int, int, int]:
+        """(kernel handle, grid, prefetch) of a launch over n elements from head, by the default
+        path's launch rule (a function of these and the device: a plan keeps it)."""
         C = _C()
         w = self.waves.get(block)
         if w is None:
@@ -346,11 +347,26 @@ class _VectorKernel:
         nedge = head + nfast - nvec * E
         # every index formed fits in 32 bits (as auto's: n + nvec + 8 blocks of elements)
         i32 = n + nvec + 8 * block * E < 2**31 - 1
-        pdl = pdl_enabled()
         vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl)
-        params.prefetch = prefetch
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
-        C._rtc_launch(h, grid, block, bytes(params), self.dev, stream, pdl)
+        return h, grid, prefetch
+
+    def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int) -> Callable[[bytearray, int], None]:
+        """run(buf, stream): launch over n elements from head with the argument struct's bytes,
+        its prefetch field (at prefetch_offset) set for the launch; the launch plan is made once
+        per PDL setting."""
+        from .. import pdl_enabled
+        plans: dict[bool, tuple[int, int, int]] = {}
+        dev, launch = self.dev, _C()._rtc_launch
+
+        def run(buf: bytearray, stream: int) -> None:
+            pdl = bool(pdl_enabled())
+            lp = plans.get(pdl)
+            if lp is None:
+                lp = plans[pdl] = self.launch_plan(n, head, E, block, pdl)
+            _pack_into("q", buf, prefetch_offset, lp[2])
+            launch(lp[0], lp[1], block, buf, dev, stream, pdl)
+        return run
 
 
 def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy: bool) -> _VectorKernel:
@@ -635,7 +651,7 @@ def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, 
     if mode == "vector":
         E = _codegen.vector_units(layout)
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
-        return lambda buf, stream: compiled.launch(cls.from_buffer(buf), n, head, E, vblock, stream)
+        return compiled.runner(n, head, E, vblock, cls.prefetch.offset)
     block = int(block_size) if block_size else FALLBACK_BLOCK
     grid = max(1, min(-(-n // block), 32 * _device_facts(device)[1]))
     return lambda buf, stream: _launch_gpu(compiled, grid, block, buf, device, stream)

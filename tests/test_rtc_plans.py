@@ -1,0 +1,121 @@
+"""Warm calls of run-time kernels by plan (ewkern/rtc/_kernel.py, _fast_call): on CUDA the plan's
+launch must be the full path's launch with the new pointers, and nothing else. Checked here without
+a GPU against a stand-in for ewkern's C module that records every launch (the GPU tests run the
+same calls for real)."""
+import struct
+
+import pytest
+
+import ewkern
+from ewkern.rtc import _build, _kernel, _rowkernel
+
+
+class FakeArray:
+    """A C-contiguous 'CUDA' array: a data pointer, a dtype name and a shape."""
+
+    def __init__(self, ptr, dtype, shape):
+        self.ptr, self.dtype, self.shape = ptr, dtype, tuple(shape)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+class FakeC:
+    """The parts of ewkern._C that run-time kernels use on CUDA, recording launches."""
+
+    def __init__(self):
+        self.launches, self.plans, self.next_ptr = [], 0, 1 << 32
+
+    def _rtc_views(self, objs, names):
+        return tuple((o.ptr, o.dtype, "cuda:0", o.shape, False) for o in objs), 77
+
+    def _rtc_result(self, like, dt, shape):
+        self.next_ptr += 1 << 20
+        return FakeArray(self.next_ptr, dt, shape)
+
+    def _rtc_load(self, image, entry, dev):
+        return hash(entry) & 0xFFFFFFF
+
+    def _rtc_occupancy(self, h, block, dev):
+        return 8
+
+    def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl):
+        self.plans += 1
+        return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
+
+    def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
+        self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl)))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    c = FakeC()
+    monkeypatch.setattr(_kernel, "_C_mod", c)
+    monkeypatch.setattr(_kernel, "_C", lambda: c)
+    monkeypatch.setattr(_rowkernel, "_C", lambda: c)
+    monkeypatch.setitem(_kernel._dev_facts, "cuda:0", ((9, 0), 132))
+    monkeypatch.setattr(_build, "compile_cuda", lambda *a, **k: (b"image", "cubin", {}))
+    return c
+
+
+def _ptr_offsets(b1: bytes, b2: bytes):
+    """The 8-byte slots where two argument structs differ."""
+    assert len(b1) == len(b2)
+    return sorted({k - k % 8 for k in range(len(b1)) if b1[k] != b2[k]})
+
+
+def _check_same_launch(first, second, moved):
+    """second is first with the data pointers moved by `moved` bytes, nothing else."""
+    assert first[:3] == second[:3] and first[4:] == second[4:]
+    for off in _ptr_offsets(first[3], second[3]):
+        (p1,) = struct.unpack_from("<Q", first[3], off)
+        (p2,) = struct.unpack_from("<Q", second[3], off)
+        assert p2 - p1 == moved, (off, p1, p2)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_elementwise_plan_launch_is_the_full_paths(fake, pdl):
+    saved = ewkern.pdl_enabled()
+    ewkern.set_pdl(pdl)
+    try:
+        k = ewkern.ElementwiseKernel("T x, T y, float32 s", "T z", "z = x * s + y", "fake_fma")
+        for n, start in ((100003, 0), (1 << 20, 4), (7, 0)):
+            base = 1 << 36
+            args = lambda b: (FakeArray(b + start, "float32", (n,)), FakeArray(b + (1 << 30) + start, "float32", (n,)),
+                              2.5, FakeArray(b + (2 << 30) + start, "float32", (n,)))
+            k(*args(base))
+            full = fake.launches[-1]
+            plans = fake.plans
+            k(*args(base + (16 << 24)))          # the same signature, 16-byte aligned elsewhere
+            _check_same_launch(full, fake.launches[-1], 16 << 24)
+            assert fake.plans == plans            # the launch plan was kept
+            assert full[6] == pdl
+            # the scalar is written into the plan's bytes
+            k(*args(base)[:2], -1.0, args(base)[3])
+            diff = _ptr_offsets(full[3], fake.launches[-1][3])
+            assert len(diff) == 1
+    finally:
+        ewkern.set_pdl(saved)
+
+
+def test_row_and_reduction_plan_launches_are_the_full_paths(fake):
+    rms = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps) * w",
+                           "0", "fake_rms")
+    msq = ewkern.ReductionKernel("T x", "float32 y", "x * x", "a + b", "y = a", "0", "fake_msq")
+    for kern, call in ((rms, lambda b: kern_args_rms(b)), (msq, lambda b: (FakeArray(b, "bfloat16", (64, 4096)),))):
+        for kw in ({}, ) if kern is rms else ({"axis": 1}, {"axis": -1, "keepdims": True}):
+            base = 1 << 36
+            r1 = kern(*call(base), **kw)
+            full = fake.launches[-1]
+            r2 = kern(*call(base + (1 << 28)), **kw)
+            second = fake.launches[-1]
+            # new results are allocated each call: the output pointer moved by the allocator's step
+            assert r1.ptr != r2.ptr and r1.shape == r2.shape
+            assert full[:3] == second[:3] and full[4:] == second[4:]
+            moved = {struct.unpack_from("<Q", second[3], o)[0] - struct.unpack_from("<Q", full[3], o)[0]
+                     for o in _ptr_offsets(full[3], second[3])}
+            assert 1 << 28 in moved and moved <= {1 << 28, r2.ptr - r1.ptr}
+
+
+def kern_args_rms(b):
+    return FakeArray(b, "float32", (300, 4096)), FakeArray(b + (1 << 30), "float32", (4096,)), 1e-6
