@@ -144,14 +144,12 @@ static inline float ew_relu_float(float a)
     return ew_bits_float(ew_float_bits(a) & keep);
 }
 
+/* double: the mask's bool -> 64-bit conversion kept gcc 12 from vectorizing the loop (a scalar
+ * ucomisd/setbe/and per element: relu float64 at 0.85 of NumPy, 4 MiB); float64 never goes
+ * through float16 tiles, so the plain select vectorizes (cmpltpd + andnpd), with the same results. */
 static inline double ew_relu_double(double a)
 {
-    uint64_t u;
-    const uint64_t keep = 0u - (uint64_t)!isless(a, 0.0);
-    memcpy(&u, &a, sizeof u);
-    u &= keep;
-    memcpy(&a, &u, sizeof a);
-    return a;
+    return isless(a, 0.0) ? 0.0 : a;
 }
 
 /* Round a double to float, rounding to odd: correct when the float is then rounded (to
