@@ -635,28 +635,14 @@ _TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
 
 
 def _row_backward(kernel, ins, outs, scalars):
-    """backward(g, *inputs) of a RowKernel with a sum reduction (kernel_op's docstring): the rows'
-    sums again (a ReductionKernel per reduce dtype, made on first use), then the derived backward
-    RowKernel. ValueError where the backward cannot be derived."""
-    from .rtc import ReductionKernel, RowKernel
+    """The backward RowKernel of a RowKernel with a sum reduction (kernel_op's docstring):
+    (g, *inputs) -> the gradients. ValueError where the backward cannot be derived."""
+    from .rtc import RowKernel
     from .rtc._autodiff import row_backward_source
-    bw_in, bw_out, bmap, body, a_name = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
-                                                            kernel.identity, kernel.operation, ins, outs, scalars)
-    k2 = RowKernel(bw_in, bw_out, bmap, "a + b", body, "0", f"{kernel.name}_backward",
-                   reduce_type=kernel.reduce_type, preamble=kernel.preamble, options=kernel.options)
-    spec = ", ".join(f"{p.ctype} {p.name}" for p in ins)
-    sums = {}
-
-    def run(g, *a):
-        wide = kernel.reduce_type == "double" if kernel.reduce_type else g.dtype == torch.float64
-        dt = "float64" if wide else "float32"
-        k1 = sums.get(dt)
-        if k1 is None:
-            k1 = sums[dt] = ReductionKernel(spec, f"{dt} {a_name}", kernel.map_expr, "a + b", f"{a_name} = a", "0",
-                                            f"{kernel.name}_rowsum", reduce_type=kernel.reduce_type,
-                                            preamble=kernel.preamble, options=kernel.options)
-        return k2(g, *a, k1(*a, axis=-1, keepdims=True))
-    return run
+    bw_in, bw_out, stage2, body = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
+                                                      kernel.identity, kernel.operation, ins, outs, scalars)
+    return RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0", f"{kernel.name}_backward",
+                     reduce_type=kernel.reduce_type, preamble=kernel.preamble, options=kernel.options, _stage2=stage2)
 
 
 def kernel_op(kernel, scalars=(), name=None):
@@ -680,9 +666,9 @@ def kernel_op(kernel, scalars=(), name=None):
     A RowKernel whose reduction is a sum from 0 (``'a + b'``, ``'0'``), with one output ``y =
     <expression>`` and a ``map_expr`` of the same kind, gets its backward derived the same way:
     with a = sum of m(x) over the row and y = f(x, a), the gradient g_k f_x + m'(x_k) S with S = the
-    row's sum of g f_a. It runs as two kernels: a reduction that recomputes each row's ``a``
-    (reading the inputs once) and a RowKernel that reduces S and writes every input's gradient in
-    the same pass over the row. Other RowKernels get no autograd formula (a backward raises).
+    row's sum of g f_a. It runs as one RowKernel: it reduces ``a`` again and then S over the row
+    (held in registers on CUDA: the row and the gradient are read once) and writes every input's
+    gradient in the same pass. Other RowKernels get no autograd formula (a backward raises).
 
     Returns the op (callable like the kernel without output arguments)."""
     from .rtc import ElementwiseKernel, RowKernel

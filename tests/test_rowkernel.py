@@ -223,9 +223,40 @@ def test_nvrtc_compiles_every_form(dtype, E):
         assert "ld.global.v4" in text or "ld.global.v2.f64" in text or "ld.global.v2.u64" in text
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_second_reduction_layernorm(dtype):
+    """A row kernel's second reduction (the derived backwards' machinery), as a layer norm: the
+    mean first, then the variance about it with the mean in scope, then both in the operation;
+    against float64 on the CPU, and the CUDA source through NVRTC."""
+    ln = ewkern.RowKernel("T x, float32 eps", "T y", "x", "a + b",
+                          "y = (x - a / _row_size) * rsqrt(_ewk_s / _row_size + eps)", "0", f"ln2_{dtype}",
+                          _stage2=("(x - a / _row_size) * (x - a / _row_size)", "a + b", "0"))
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((37, 300)) * 3 + 5).astype(np_dtype(dtype))
+    y = np.asarray(ewkern.asarray(ln(ewkern.asarray(x), 1e-5), dtype="float64"))
+    x64 = np.asarray(ewkern.asarray(ewkern.asarray(x), dtype="float64"))
+    mu = x64.mean(1, keepdims=True)
+    want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(1, keepdims=True) + np.float32(1e-5))
+    tol = {"float32": 1e-5, "bfloat16": 1.6e-2, "float64": 1e-6}[dtype]
+    np.testing.assert_allclose(y, want, rtol=tol, atol=tol)
+    try:
+        _build.nvrtc()
+    except RuntimeError:
+        return
+    ps = parse_params("T x, float32 eps", False, "k") + parse_params("T y", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ps[0], dtype, "array", 0), (ps[1], "float32", "scalar", 0),
+                                        (ps[2], dtype, "array", 0)])
+    tdefs = _codegen.typedefs((("T", dtype),), ps[:2], [dtype, "float32"], ps[2:], [dtype])
+    src, entries = _codegen.row_source("cuda", "ln2", lay, 1, "x", "a + b", ln.operation, "0",
+                                       "double" if dtype == "float64" else "float", "", tdefs, set(), ln._stage2)
+    assert "_sh2[32]" in src
+    ptx, _, _ = _build.compile_cuda("ln2", src, (9, 0), ptx_only=True)
+    assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
+
+
 def test_cuda_source_holds_only_what_the_reduction_needs():
-    """A repeated row (a weight) that map_expr does not read is loaded in the apply, not held in
-    registers through the reduction; one the map reads, and every dense input, are held."""
+    """A repeated row (a weight) is read where it is used (in the apply, or in the map when the
+    map reads it), not held in registers through the reduction; every dense input is held."""
     ps = parse_params("T x, T w, T r, float32 eps", False, "k") + parse_params("T y", True, "k")
     lay = _codegen.Layout("contig", 1, [(ps[0], "float32", "array", 0), (ps[1], "float32", "bcol", 0),
                                         (ps[2], "float32", "array", 0), (ps[3], "float32", "scalar", 0),
@@ -237,8 +268,8 @@ def test_cuda_source_holds_only_what_the_reduction_needs():
                                    "y = x * rsqrt(a / _row_size + eps) * w + r", "0", "float", "", tdefs, set())[0]
     s1 = src("x * x")
     assert "_r_x[VPL" in s1 and "_r_r[VPL" in s1 and "_r_w[" not in s1 and "_c_w = _u_w[_v]" in s1
-    s2 = src("x * w")
-    assert "_r_w[VPL" in s2
+    s2 = src("x * w")   # read where the map uses it too
+    assert "_r_w[" not in s2 and "ewrtc::ld(&_u_w[_v].v[_k])" in s2
 
 
 # ---- the GPU (skipped without one) ------------------------------------------------------------
@@ -269,6 +300,24 @@ def test_gpu_rmsnorm_every_form(dtype, rows, cols, start, form):
     assert torch.isnan(out[:start]).all() and torch.isnan(out[start + n:]).all()
     again = rmsnorm(x, w, EPS_RMS)
     assert torch.equal(again, y)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("rows,cols,form", [(300, 64, "VPL=1"), (300, 1000, "VPL="), (64, 4096, "VPL=4"),
+                                            (3, 70_000, "VPL=0"), (5, 3, "E=1")])
+def test_gpu_second_reduction_layernorm_every_form(rows, cols, form):
+    """The second reduction on CUDA (registers again, or the row read again), as a layer norm
+    against torch's in float64."""
+    ln = ewkern.RowKernel("T x, float32 eps", "T y", "x", "a + b",
+                          "y = (x - a / _row_size) * rsqrt(_ewk_s / _row_size + eps)", "0", "gpu_ln2",
+                          _stage2=("(x - a / _row_size) * (x - a / _row_size)", "a + b", "0"))
+    x = torch.randn(rows, cols, device="cuda") * 3 + 5
+    y = ln(x, 1e-5)
+    assert form in ln._last_path, ln._last_path
+    want = torch.nn.functional.layer_norm(x.double(), (cols,), eps=1e-5)
+    torch.testing.assert_close(y.double(), want, rtol=2e-5, atol=2e-5)
 
 
 @gpu

@@ -118,34 +118,31 @@ def backward_source(kernel: str, operation: str, in_params, out_params, scalars=
     return ", ".join(ins), ", ".join(outs), body
 
 
-_A = "_ewk_a"      # the forward's reduced value per row, an input of the backward row kernel
-
-
 def _word_sub(code: str, name: str, new: str) -> str:
     return re.sub(rf"(?<![\w.]){re.escape(name)}(?!\w)", new, code)
 
 
 def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: str, operation: str, in_params,
-                        out_params, scalars=()) -> tuple[str, str, str, str, str]:
+                        out_params, scalars=()) -> tuple[str, str, tuple[str, str, str], str]:
     """The backward of a RowKernel whose reduction is a sum: for each row, a = sum_j m(x_j) and
     y_i = f(x_i, a), so with g the incoming gradient
 
         d L / d x_k = g_k f_x(x_k, a) + m'(x_k) S,    S = sum_i g_i f_a(x_i, a).
 
-    Returns (in_params, out_params, map_expr, operation, a_param) of the backward RowKernel: inputs
-    the incoming gradient ``_g``, the forward's inputs and the row's forward sum ``_ewk_a`` (one
-    value per row, recomputed by a reduction of map_expr), outputs one gradient per non-scalar
-    input (its type), in one kernel that reduces S and writes every gradient in the same pass
-    over the row (``_ewk_a``'s type is a placeholder of its own, bound by the array passed: the
-forward's reduce type). a_param is the name of the ``_ewk_a`` input. ValueError for what it cannot
-    derive (a reduction other than a sum from 0, several outputs, what derive() refuses)."""
+    Returns (in_params, out_params, stage2, operation) of the backward RowKernel, one kernel: its
+    first reduction is the forward's (map_expr, a sum from 0: a again), its second (stage2, with a
+    in scope) reduces S into _ewk_s, and its operation writes every non-scalar input's gradient
+    (its type) in the same pass over the row; inputs the incoming gradient ``_g`` then the
+    forward's inputs. ValueError for what it cannot derive (a reduction other than a sum from 0,
+    several outputs, what derive() refuses)."""
+    from ._codegen import ROW_STAGE2
     if re.sub(r"\s", "", reduce_expr) not in ("a+b", "b+a"):
         raise ValueError(f"{kernel}: a backward is derived only for a sum reduction ('a + b'), got {reduce_expr!r}")
     if re.sub(r"[\s.fF]", "", str(identity)) not in ("0", "00"):
         raise ValueError(f"{kernel}: a backward is derived only for a sum from 0, got identity {identity!r}")
     if len(out_params) != 1:
         raise ValueError(f"{kernel}: a backward is derived only for one output")
-    taken = {p.name for p in in_params} & {"a", "b", "_g", _A, "_row_size"}
+    taken = {p.name for p in in_params} & {"a", "b", "_g", ROW_STAGE2, "_row_size"}
     if taken:
         raise ValueError(f"{kernel}: a backward is not derived when an input is named {sorted(taken)}")
     if "_row_size" in map_expr or re.search(r"(?<!\w)i(?!\w)", map_expr + operation):
@@ -157,20 +154,18 @@ forward's reduce type). a_param is the name of the ``_ewk_a`` input. ValueError 
     (m_out,) = parse_params("float64 _ewk_m", True, kernel)
     m_grads = derive(kernel, f"_ewk_m = {map_expr}", in_params, (m_out,), scalars)
     out = out_params[0]
-    used = {p.ctype for p in tuple(in_params) + tuple(out_params)}
-    ph = next(c for c in "RSUVWXYZABCDEFGHIJKLMNOPQ" if c not in used)   # _ewk_a's type: the reduction's
-    ins = [f"{out.ctype} _g"] + [f"{p.ctype} {p.name}" for p in in_params] + [f"{ph} {_A}"]
+    ins = [f"{out.ctype} _g"] + [f"{p.ctype} {p.name}" for p in in_params]
     outs, body = [], []
     for p in in_params:
         if p.name in scalars:
             continue
         outs.append(f"{p.ctype} {GRAD_PREFIX}{p.name}")
-        term = f"_g * ({_word_sub(f_grads[p.name], 'a', _A)})"
+        term = f"_g * ({f_grads[p.name]})"
         dm = m_grads.get(p.name, "0")
         if dm.strip() not in ("0", "decltype(_g)(0)"):
-            term += f" + ({dm}) * a"
+            term += f" + ({dm}) * {ROW_STAGE2}"
         body.append(f"{GRAD_PREFIX}{p.name} = {term}")
-    bmap = f"_g * ({_word_sub(f_grads['a'], 'a', _A)})"
     # the row's length as a value of the compute type: a derivative such as -1/_row_size is not integer division
     fix = (lambda c: _word_sub(c, "_row_size", "decltype(_g)(_row_size)"))
-    return ", ".join(ins), ", ".join(outs), fix(bmap), fix("; ".join(body)), _A
+    stage2 = (fix(f"_g * ({f_grads['a']})"), "a + b", "0")
+    return ", ".join(ins), ", ".join(outs), stage2, fix("; ".join(body))

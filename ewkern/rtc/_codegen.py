@@ -808,6 +808,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 # ---- row kernels: a reduction over each row, then an operation over the same row --------------
 
 ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
+ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
 
 SHFL_PRELUDE = r"""
 namespace ewrtc {
@@ -840,7 +841,8 @@ def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str
 
 
 def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
-               identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs) -> tuple[str, list[str]]:
+               identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs,
+               stage2: tuple[str, str, str] | None = None) -> tuple[str, list[str]]:
     """(source, entries) of a row kernel over rows of `cols` elements (ewkern.RowKernel): for
     each row, map_expr over its elements reduced by reduce_expr from identity into `a`, then
     operation over the same elements with `a` in scope. layout ('contig') holds the parameters:
@@ -856,7 +858,11 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     than 4 x 1024 vectors, read a second time for the apply (mostly from L2). The lanes combine by
     a butterfly in which the lower lane's value is always `a` and the higher's `b`, then across
     the group's warps in warp order through shared memory, so every lane ends with the same
-    value, in an order fixed by the shape and E: results do not change from run to run."""
+    value, in an order fixed by the shape and E: results do not change from run to run.
+
+    stage2 (map2_expr, reduce2_expr, identity2), for derived backwards: a second reduction over
+    the same row after the first, its map with `a` (the first result) in scope, into
+    ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again."""
     src = Source(f"{name}.{'cpp' if backend == 'cpu' else 'cu'}")
     if backend == "cuda":
         src.add(f'#include "{VECTOR_HEADER}"')
@@ -874,25 +880,32 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     outs = [a for a in layout.args if a[0].is_output]
     scalars = [a for a in layout.args if a[2] == "scalar"]
 
-    def combine(indent, acc, lo, hi):
+    def combine(indent, acc, lo, hi, expr=reduce_expr, what="reduce_expr"):
         src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
-        src.user(reduce_expr, name, "reduce_expr")
+        src.user(expr, name, what)
         src.add(f"{indent}); }}")
 
     # the inputs map_expr may read (the preamble's macros included): only these are loaded for the
     # reduction, and on CUDA only these are held in registers until the apply
-    in_map = identifiers(map_expr) | identifiers(preamble)
+    in_map = identifiers(map_expr) | identifiers(preamble) | (identifiers(stage2[0]) if stage2 else set())
 
-    def map_into(indent, value):
-        """the element's inputs (value(param, dtype, kind)), the mapped value folded into _acc"""
+    def map_into(indent, value, stage=1):
+        """the element's inputs (value(param, dtype, kind)), the mapped value folded into _acc
+        (stage 2: into _acc2, with the first stage's `a` in scope)"""
+        expr, acc = (map_expr, "_acc") if stage == 1 else (stage2[0], "_acc2")
         src.add(f"{indent}{{")
+        if stage == 2:
+            src.add(f"{indent}    const type_reduce a = _acc; (void)a;")
         for p, dt, kind, _ in ins:
             if p.name in in_map:
                 src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = {value(p, dt, kind)};")
         src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
-        src.user(map_expr, name, "map_expr")
+        src.user(expr, name, "map_expr" if stage == 1 else "map2_expr")
         src.add(f"{indent}    );")
-        combine(indent + "    ", "_acc", "_acc", "_m")
+        if stage == 1:
+            combine(indent + "    ", acc, acc, "_m")
+        else:
+            combine(indent + "    ", acc, acc, "_m", stage2[1], "reduce2_expr")
         src.add(f"{indent}}}")
 
     def apply(indent, value, store):
@@ -905,6 +918,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             init = value(p, dt, kind) if p.name in read_outputs else f"{DTYPES[dt][1]}()"
             src.add(f"{indent}    {DTYPES[dt][1]} {p.name} = {init};")
         src.add(f"{indent}    const type_reduce a = _acc;")
+        if stage2:
+            src.add(f"{indent}    const type_reduce {ROW_STAGE2} = _acc2;")
         src.add(f"{indent}    {{")
         src.user(operation, name, "operation", ";")
         src.add(f"{indent}    }}")
@@ -930,12 +945,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("#endif")
         src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
         src.add(f"        type_reduce _acc = (type_reduce)({identity});")
-        for phase in ("map", "apply"):
+        if stage2:
+            src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
+        for phase in ("map", "map2", "apply") if stage2 else ("map", "apply"):
             src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
             src.add("            const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
             val = (lambda p, dt, kind: _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
             if phase == "map":
                 map_into("            ", val)
+            elif phase == "map2":
+                map_into("            ", val, 2)
             else:
                 apply("            ", val, lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})")
             src.add("        }")
@@ -977,7 +996,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
 
     def reg_value(p, dt, kind):
-        if kind in ("array", "bcol"):
+        if kind == "bcol":
+            return f"ewrtc::ld(&_u_{p.name}[_v].v[_k])"
+        if kind == "array":
             return f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"
         return f"_s_{p.name}"
 
@@ -986,14 +1007,14 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             return f"ewrtc::ld(&_c_{p.name}.v[_k])"
         return f"_s_{p.name}"
 
-    # VPL > 0: the row's dense inputs in registers, and the repeated rows ('bcol': a weight) that
-    # map_expr reads; a repeated row it does not read is loaded in the apply, vector by vector
-    # (the same row for every group: from L1 or L2), so it holds no registers through the
-    # reduction (rmsnorm float32 at VPL 4: 62 registers with the weight held, 46 without, SASS of
-    # sm_90: 4 -> 5 blocks of 256 lanes an SM). A dense input stays held even when only the apply
-    # reads it: loaded there, each vector's load would wait on DRAM between the stores.
-    held = dense_in + [a for a in bcols if a[0].name in in_map]
-    late = [a for a in bcols if a[0].name not in in_map]
+    # VPL > 0: the row's dense inputs in registers; a repeated row ('bcol': a weight) is read
+    # where it is used, vector by vector (the same row for every group: from L1 or L2), so it
+    # holds no registers through the reductions (rmsnorm float32 at VPL 4: 62 registers with the
+    # weight held, 46 without, sm_90: 4 -> 5 blocks of 256 lanes an SM; its derived backward in
+    # bfloat16 spilled 368 bytes with the weight held). A dense input stays held even when only
+    # the apply reads it: loaded there, each vector's load would wait on DRAM between the stores.
+    held = dense_in
+    late = bcols
     for p, dt, kind, _ in held:
         src.add(f"    _U_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
     src.add("    if constexpr (VPL > 0) {")
@@ -1027,26 +1048,57 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("            }")
     src.add("        }")
     src.add("    }")
-    # the group's lanes combine: a butterfly within the warp (lower lane's value first), then the
-    # group's warps in order through shared memory
-    src.add("    for (int _m = 1; _m < _G && _m < 32; _m <<= 1) {")
-    src.add("        const type_reduce _o = ewrtc::shfl_xor(_acc, _m);")
-    src.add("        if (_lane & _m) {")
-    combine("            ", "_acc", "_o", "_acc")
-    src.add("        } else {")
-    combine("            ", "_acc", "_acc", "_o")
-    src.add("        }")
-    src.add("    }")
-    src.add("    if (_G > 32) {")
-    src.add("        __shared__ type_reduce _sh[32];")
-    src.add("        if ((threadIdx.x & 31) == 0) _sh[threadIdx.x >> 5] = _acc;")
-    src.add("        __syncthreads();")
-    src.add("        const int _w0 = (int(threadIdx.x) / _G) * (_G >> 5);")
-    src.add("        _acc = _sh[_w0];")
-    src.add("        for (int _w = 1; _w < (_G >> 5); ++_w) {")
-    combine("            ", "_acc", "_acc", "_sh[_w0 + _w]")
-    src.add("        }")
-    src.add("    }")
+
+    def lane_combine(acc, sh, expr, what):
+        """the group's lanes combine: a butterfly within the warp (lower lane's value first),
+        then the group's warps in order through shared memory"""
+        src.add("    for (int _m = 1; _m < _G && _m < 32; _m <<= 1) {")
+        src.add(f"        const type_reduce _o = ewrtc::shfl_xor({acc}, _m);")
+        src.add("        if (_lane & _m) {")
+        combine("            ", acc, "_o", acc, expr, what)
+        src.add("        } else {")
+        combine("            ", acc, acc, "_o", expr, what)
+        src.add("        }")
+        src.add("    }")
+        src.add("    if (_G > 32) {")
+        src.add(f"        __shared__ type_reduce {sh}[32];")
+        src.add(f"        if ((threadIdx.x & 31) == 0) {sh}[threadIdx.x >> 5] = {acc};")
+        src.add("        __syncthreads();")
+        src.add("        const int _w0 = (int(threadIdx.x) / _G) * (_G >> 5);")
+        src.add(f"        {acc} = {sh}[_w0];")
+        src.add("        for (int _w = 1; _w < (_G >> 5); ++_w) {")
+        combine("            ", acc, acc, f"{sh}[_w0 + _w]", expr, what)
+        src.add("        }")
+        src.add("    }")
+
+    lane_combine("_acc", "_sh", reduce_expr, "reduce_expr")
+    if stage2:
+        # the second reduction: over the registers again (VPL > 0) or the row read again
+        src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
+        src.add("    if constexpr (VPL > 0) {")
+        src.add("#pragma unroll")
+        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+        src.add("            const int _v = _lane + _q * _G;")
+        src.add("            if (_live && _v < _nv) {")
+        src.add("#pragma unroll")
+        src.add("                for (int _k = 0; _k < E; ++_k) {")
+        src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        map_into("                    ", reg_value, 2)
+        src.add("                }")
+        src.add("            }")
+        src.add("        }")
+        src.add("    } else {")
+        src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
+        for p, dt, kind, _ in dense_in + bcols:
+            src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+        src.add("#pragma unroll")
+        src.add("            for (int _k = 0; _k < E; ++_k) {")
+        src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        map_into("                ", mem_value, 2)
+        src.add("            }")
+        src.add("        }")
+        src.add("    }")
+        lane_combine("_acc2", "_sh2", stage2[1], "reduce2_expr")
 
     def emit_apply(indent, value, have_regs):
         src.add(f"{indent}const int _v = _lane + _q * _G;" if have_regs else "")

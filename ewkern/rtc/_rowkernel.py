@@ -96,7 +96,7 @@ class RowKernel:
 
     def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, operation: str,
                  identity: str, name: str = "row_kernel", reduce_type: str | None = None, preamble: str = "",
-                 options: tuple[str, ...] = ()) -> None:
+                 options: tuple[str, ...] = (), _stage2: tuple[str, str, str] | None = None) -> None:
         if not isinstance(name, str) or not _IDENT_OK(name):
             raise ValueError(f"RowKernel: name must be a C identifier, got {name!r}")
         for what, v in (("map_expr", map_expr), ("reduce_expr", reduce_expr), ("operation", operation),
@@ -123,6 +123,13 @@ class RowKernel:
         self.identity = str(identity)
         self.reduce_type = reduce_type
         self.preamble = preamble
+        # (map2_expr, reduce2_expr, identity2): a second reduction over the row after the first
+        # (ewkern.torch's derived backwards; _codegen.row_source), its result in the operation
+        # as _ewk_s
+        self._stage2: tuple[str, str, str] | None = None
+        if _stage2 is not None:
+            m2, r2, i2 = _stage2
+            self._stage2 = (str(m2), str(r2), str(i2))
         self.options = tuple(options)
         self._compiled: dict[tuple[Any, ...], Any] = {}
         self._waves: dict[tuple[int, int], int] = {}
@@ -133,8 +140,11 @@ class RowKernel:
         return f"<ewkern.RowKernel {self.name!r}>"
 
     def _parts(self) -> dict[str, str]:
-        return {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr, "operation": self.operation,
-                "preamble": self.preamble}
+        parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr, "operation": self.operation,
+                 "preamble": self.preamble}
+        if self._stage2:
+            parts.update(map2_expr=self._stage2[0], reduce2_expr=self._stage2[1])
+        return parts
 
     def _dense_input(self, call: _Call, k: int, v: _Arr, shape: tuple[int, ...]) -> _Arr:
         """Input k broadcast to shape and made C-contiguous (a broadcast the row kernel cannot
@@ -226,7 +236,7 @@ class RowKernel:
                 reads: set[str]) -> tuple[str, list[str]]:
         tdefs = _typedefs(call, self.in_params, self.out_params)
         return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
-                                   self.identity, rtype, self.preamble, tdefs, reads)
+                                   self.identity, rtype, self.preamble, tdefs, reads, self._stage2)
 
     def _cpu_run(self, call: _Call, layout: _codegen.Layout, rtype: str, reads: set[str], P: Any,
                  n: int) -> Callable[[bytearray, int], None]:
