@@ -194,3 +194,32 @@ def test_16bit_every_value(op, dtype):
         tol += 2 * np.minimum(x32[fin], 0).astype(np.float64) ** 2 * 2.0**-23 * np.abs(w)
     bad = ~(err <= tol)
     assert not bad.any(), (op, dtype, x32[fin][bad][:5], got[fin][bad][:5], w[bad][:5])
+
+
+_LUT_SCRIPT = r"""
+import sys, numpy as np, torch, ewkern
+op, dtype = sys.argv[1], sys.argv[2]
+x = torch.from_numpy(np.arange(1 << 16, dtype=np.uint16).view(np.int16)).view(getattr(torch, dtype))
+f = getattr(ewkern, op)
+bits = lambda t: t.view(torch.int16).numpy().copy()
+# first in pieces below the table's threshold (the tile path: no table exists yet in this process)
+small = np.concatenate([bits(f(x[k:k + 4096])) for k in range(0, 1 << 16, 4096)])
+big = bits(f(x))                # builds and reads the table
+again = bits(f(x[:100]))        # a small call, by the table now
+assert (small == big).all(), np.flatnonzero(small != big)[:10]
+assert (again == big[:100]).all()
+print("same")
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["exp", "gelu"])
+def test_16bit_table_gives_the_tiles_bits(op, dtype):
+    """float16/bfloat16 math ops read a table of all 65536 results once a call is large enough
+    (csrc/cpu/elementwise.c, ew_lut): in a fresh process, the tile path's results (small calls
+    before any table exists) and the table's are the same bits for every input, NaNs included."""
+    import subprocess
+    import sys
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, "-c", _LUT_SCRIPT, op, dtype], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "same" in r.stdout, r.stderr[-2000:]
