@@ -3,7 +3,9 @@
 ewkern.add(a, b, out=c) (and without out=) on ewkern arrays, torch tensors and NumPy arrays,
 ewkern.copy on ewkern arrays, against torch.add(a, b, out=c), cupy.add(a, b, out=c) and
 numpy.add; a user's ewkern.ElementwiseKernel "z = x + y" (warm calls, by its recorded plan) on NumPy
-arrays and torch tensors, against CuPy's ElementwiseKernel of the same source; ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
+arrays and torch tensors, against CuPy's ElementwiseKernel of the same source, and a
+ReductionKernel (a row's sum of squares) and a RowKernel (rmsnorm) on the same arrays viewed as
+rows of 4 (CuPy's ReductionKernel of the same source against the first); ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
 torch tensors, against torch's sqrt(mean((a - b)**2)). Host wall clock (time.perf_counter) around many calls, including one synchronize at
 the end of each repeat; the median of the repeats is reported, with the timer's resolution.
 """
@@ -79,8 +81,18 @@ def _cases(ctx, n):
     cases.append(("ewkern.add(out=) on numpy arrays (host)", "ewkern", lambda: E.add(na, nb, out=nc), lambda: None))
     cases.append(("numpy.add(out=) (host)", "numpy", lambda: numpy.add(na, nb, out=nc), lambda: None))
     uk = E.ElementwiseKernel("T x, T y", "T z", "z = x + y", "overhead_add")
+    rk = E.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "overhead_sumsq")
+    rn = E.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)", "0",
+                     "overhead_rmsnorm")
+    rows = (n // 4, 4) if n % 4 == 0 else (1, n)
     if not ctx.is_gpu:
+        r2, o2 = na.reshape(rows), nc.reshape(rows)
+        rr = numpy.empty(rows[0], numpy.float32)
         cases.append(("ewkern.ElementwiseKernel(out=) on numpy arrays (host)", "ewkern", lambda: uk(na, nb, nc),
+                      lambda: None))
+        cases.append(("ewkern.ReductionKernel(out=) on numpy arrays (host)", "ewkern",
+                      lambda: rk(r2, rr, axis=1), lambda: None))
+        cases.append(("ewkern.RowKernel(out=) on numpy arrays (host)", "ewkern", lambda: rn(r2, 1e-6, o2),
                       lambda: None))
     if ctx.is_gpu and available("torch", dev) is None:
         import torch
@@ -93,6 +105,9 @@ def _cases(ctx, n):
         cases.append(("torch.add(out=)", "torch", lambda: torch.add(ta, tb, out=tc), tsync))
         cases.append(("ewkern.ElementwiseKernel(out=) on torch tensors", "ewkern", lambda: uk(ta, tb, tc), tsync))
         cases.append(("ewkern.ElementwiseKernel() on torch tensors", "ewkern", lambda: uk(ta, tb), tsync))
+        t2, tc2, tr1 = ta.view(rows), tc.view(rows), torch.empty(rows[0], device=dev)
+        cases.append(("ewkern.ReductionKernel(out=) on torch tensors", "ewkern", lambda: rk(t2, tr1, axis=1), tsync))
+        cases.append(("ewkern.RowKernel(out=) on torch tensors", "ewkern", lambda: rn(t2, 1e-6, tc2), tsync))
         tr = torch.empty((), device=dev)
         cases.append(("ewkern.rmse(out=) on torch tensors", "ewkern", lambda: E.rmse(ta, tb, out=tr), tsync))
         cases.append(("ewkern.rmse() on torch tensors", "ewkern", lambda: E.rmse(ta, tb), tsync))
@@ -108,6 +123,10 @@ def _cases(ctx, n):
         cases.append(("cupy.add(out=)", "cupy", lambda: cupy.add(ca, cb, out=cc), csync))
         ck = cupy.ElementwiseKernel("T x, T y", "T z", "z = x + y", "overhead_add")
         cases.append(("cupy.ElementwiseKernel(out=)", "cupy", lambda: ck(ca, cb, cc), csync))
+        cr = cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "overhead_sumsq")
+        with cupy.cuda.Device(int(dev.split(":")[1])):
+            cr2, crr = ca.reshape(rows), cupy.empty(rows[0], dtype=cupy.float32)
+        cases.append(("cupy.ReductionKernel(out=)", "cupy", lambda: cr(cr2, crr, axis=1), csync))
     return cases
 
 
@@ -130,7 +149,7 @@ def run(ctx, xr):
             xr.error(label, exc)
             continue
         st = summarize(per_call)
-        op = ("kernel" if "ElementwiseKernel" in label else "rmse" if "rmse" in label or "sqrt(mean" in label
+        op = ("kernel" if "Kernel(" in label else "rmse" if "rmse" in label or "sqrt(mean" in label
               else "add" if "add" in label else "copy")
         xr.add({"series": label, "impl": impl, "op": op, "dtype": "float32", "n": n,
                 "calls": calls, "samples_s": per_call, "stats_s": st, "time_s": st["median"],
