@@ -1017,37 +1017,44 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     late = bcols
     for p, dt, kind, _ in held:
         src.add(f"    _U_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
-    src.add("    if constexpr (VPL > 0) {")
-    src.add("#pragma unroll")
-    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
-    src.add("            const int _v = _lane + _q * _G;")
-    src.add("            if (_live && _v < _nv) {")
-    for p, dt, kind, _ in held:
-        src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v];")
-    src.add("            }")
-    src.add("        }")
-    src.add("#pragma unroll")
-    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
-    src.add("            const int _v = _lane + _q * _G;")
-    src.add("            if (_live && _v < _nv) {")
-    src.add("#pragma unroll")
-    src.add("                for (int _k = 0; _k < E; ++_k) {")
-    src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-    map_into("                    ", reg_value)
-    src.add("                }")
-    src.add("            }")
-    src.add("        }")
-    src.add("    } else {")
-    src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
-    for p, dt, kind, _ in dense_in + bcols:
-        src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
-    src.add("#pragma unroll")
-    src.add("            for (int _k = 0; _k < E; ++_k) {")
-    src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-    map_into("                ", mem_value)
-    src.add("            }")
-    src.add("        }")
-    src.add("    }")
+
+    def map_pass(stage):
+        """one reduction's map over the row: from the registers (VPL > 0; the first pass loads
+        them) or read from memory (VPL = 0)"""
+        src.add("    if constexpr (VPL > 0) {")
+        if stage == 1:
+            src.add("#pragma unroll")
+            src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+            src.add("            const int _v = _lane + _q * _G;")
+            src.add("            if (_live && _v < _nv) {")
+            for p, dt, kind, _ in held:
+                src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v];")
+            src.add("            }")
+            src.add("        }")
+        src.add("#pragma unroll")
+        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+        src.add("            const int _v = _lane + _q * _G;")
+        src.add("            if (_live && _v < _nv) {")
+        src.add("#pragma unroll")
+        src.add("                for (int _k = 0; _k < E; ++_k) {")
+        src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        map_into("                    ", reg_value, stage)
+        src.add("                }")
+        src.add("            }")
+        src.add("        }")
+        src.add("    } else {")
+        src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
+        for p, dt, kind, _ in dense_in + bcols:
+            src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+        src.add("#pragma unroll")
+        src.add("            for (int _k = 0; _k < E; ++_k) {")
+        src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        map_into("                ", mem_value, stage)
+        src.add("            }")
+        src.add("        }")
+        src.add("    }")
+
+    map_pass(1)
 
     def lane_combine(acc, sh, expr, what):
         """the group's lanes combine: a butterfly within the warp (lower lane's value first),
@@ -1075,29 +1082,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     if stage2:
         # the second reduction: over the registers again (VPL > 0) or the row read again
         src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
-        src.add("    if constexpr (VPL > 0) {")
-        src.add("#pragma unroll")
-        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
-        src.add("            const int _v = _lane + _q * _G;")
-        src.add("            if (_live && _v < _nv) {")
-        src.add("#pragma unroll")
-        src.add("                for (int _k = 0; _k < E; ++_k) {")
-        src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        map_into("                    ", reg_value, 2)
-        src.add("                }")
-        src.add("            }")
-        src.add("        }")
-        src.add("    } else {")
-        src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
-        for p, dt, kind, _ in dense_in + bcols:
-            src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
-        src.add("#pragma unroll")
-        src.add("            for (int _k = 0; _k < E; ++_k) {")
-        src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        map_into("                ", mem_value, 2)
-        src.add("            }")
-        src.add("        }")
-        src.add("    }")
+        map_pass(2)
         lane_combine("_acc2", "_sh2", stage2[1], "reduce2_expr")
 
     def emit_apply(indent, value, have_regs):

@@ -644,6 +644,19 @@ def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, i
     return lambda buf, stream: compiled(ctypes.addressof(cls.from_buffer(buf)), threads)
 
 
+def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: int,
+                     wave: int) -> Callable[[bytearray, int], None]:
+    """run(buf, stream) of one launch whose argument struct has a prefetch field (at
+    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off."""
+    from .. import pdl_enabled
+
+    def run(buf: bytearray, stream: int) -> None:
+        pdl = pdl_enabled()
+        _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
+        _C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
+    return run
+
+
 def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size, cls):
     """run(buf, stream): the launch an ElementwiseKernel call decided (a plan keeps it)."""
     if device == "cpu":
@@ -1016,12 +1029,8 @@ class ReductionKernel:
         Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
         P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
         if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
-            grid, dev, off = -(-nout // (_codegen.ROWS_BLOCK // G)), int(call.device[5:]), Params.prefetch.offset
-
-            def run(buf: bytearray, stream: int) -> None:
-                on = pdl_enabled()
-                _pack_into("q", buf, off, wave if on else 0)
-                _C()._rtc_launch(h_rows, grid, _codegen.ROWS_BLOCK, buf, dev, stream, on)
+            run = _prefetch_runner(h_rows, -(-nout // (_codegen.ROWS_BLOCK // G)), _codegen.ROWS_BLOCK,
+                                   int(call.device[5:]), Params.prefetch.offset, wave)
         keep = None
         if nchunks > 1:
             nbytes = nout * nchunks * _REDUCE_SIZES[rtype]

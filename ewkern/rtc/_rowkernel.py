@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-from struct import pack_into as _pack_into
 from typing import Any, Callable
 
 import numpy as np
@@ -15,7 +14,8 @@ import numpy as np
 from . import _build, _codegen
 from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, _Arr, _broadcast_kind, _broadcast_strides, _Call,
                       _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense, _device_facts, _fast_call, _fill,
-                      _plan_slots, _pow2ceil, _record_plan, _scalar_value, _threads, _typedefs, _vector_head)
+                      _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value, _threads, _typedefs,
+                      _vector_head)
 from ._params import DTYPES, parse_params
 
 _MAX_G = 1024          # lanes per row at most (one block)
@@ -279,15 +279,8 @@ class RowKernel:
             w = self._waves[wk] = sms * _C()._rtc_occupancy(h, block, dev)
         P.G = G
         grid = -(-rows // (block // G))
-        off = type(P).prefetch.offset
         self._last_path = f"rows G={G} VPL={vpl} E={E}"
-        from .. import pdl_enabled
-
-        def run(buf: bytearray, stream: int) -> None:
-            pdl = pdl_enabled()
-            _pack_into("q", buf, off, w if pdl else 0)
-            _C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
-        return run
+        return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w)
 
 
 _copy_kernel: list[Any] = []
