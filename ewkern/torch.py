@@ -697,7 +697,9 @@ def kernel_op(kernel, scalars=(), name=None):
         return shape, [getattr(torch, dt) for dt in out_types]
 
     def impl(*a):
-        r = kernel(*a)
+        # a custom op takes any layout, as torch's own ops do; ewkern's CUDA kernels read C-contiguous
+        # memory (no copy when a tensor already is)
+        r = kernel(*(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a))
         return tuple(r) if isinstance(r, tuple) else r
 
     def fake(*a):
@@ -726,7 +728,7 @@ def kernel_op(kernel, scalars=(), name=None):
     bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
 
     def bimpl(g, *a):
-        r = bk(g, *a)
+        r = bk(g.contiguous(), *(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a))
         return tuple(r) if isinstance(r, tuple) else r
 
     def bfake(g, *a):
@@ -745,7 +747,7 @@ def kernel_op(kernel, scalars=(), name=None):
         saved, sv = iter(ctx.saved_tensors), iter(ctx.scalar_values)
         a = [next(sv) if p.name in scalars else next(saved) for p in ins]
         # the backward kernel broadcasts the inputs against the gradient itself
-        gs = bop(grad.contiguous(), *[v if p.name in scalars else v.contiguous() for p, v in zip(ins, a)])
+        gs = bop(grad, *a)
         it = iter(gs if isinstance(gs, tuple) else (gs,))
         res = []
         for p, t in zip(ins, a):
