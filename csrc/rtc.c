@@ -9,6 +9,10 @@
  *                                     when it has the DLPack exchange API, else ewkern's current
  *                                     stream, passed to every producer's __dlpack__.
  *   _rtc_result(like, dtype, shape)   a result in like's framework (ew_new_result).
+ *   _rtc_sig(args, scalars)           a call's signature (bytes): the key of a recorded plan.
+ *   _rtc_fast(plans, args, nin, extra, scalars)
+ *                                     a warm call run by its recorded plan (ewkern/rtc/_kernel.py's
+ *                                     _fast_call in C), or NotImplemented where it cannot decide.
  *   _rtc_load(image, name, device)    cudaLibraryLoadData + cudaLibraryGetKernel; the library stays
  *                                     loaded for the life of the process (the Python cache keeps
  *                                     one handle per (image, device)).
@@ -148,6 +152,320 @@ PyObject *ew_rtc_result(PyObject *module, PyObject *args)
 done:
     ew_device_exit(&g);
     ew_view_release(&v);
+    return res;
+}
+
+/* ---- warm calls by plan -----------------------------------------------------------------------
+ * The C twin of ewkern/rtc/_kernel.py's _fast_call (which stays the reference and the fallback):
+ * the arguments' signature, the plan's lookup, the checks of given outputs, the results'
+ * allocation and the argument struct's bytes, with one Python call left: the plan's run(buf,
+ * stream). Anything it cannot decide is a miss (NotImplemented, no exception): the caller takes
+ * the Python path, which raises what is wrong. */
+
+enum { RTC_FAST_MAX = 64 };
+
+typedef struct rtc_fast_args {
+    Py_ssize_t n;
+    int first;                       /* index of the first array argument, or -1 */
+    char is_arr[RTC_FAST_MAX];
+    ew_view v[RTC_FAST_MAX];
+    void *stream;
+} rtc_fast_args;
+
+static void rtc_fast_release(rtc_fast_args *a)
+{
+    for (Py_ssize_t i = 0; i < a->n; i++)
+        if (a->is_arr[i])
+            ew_view_release(&a->v[i]);
+}
+
+/* View every argument that is not a scalar (an instance of `scalars`, as Python's isinstance
+ * decides). 1: done; 0: a miss (no exception; nothing left to release). */
+static int rtc_fast_view(ew_state *st, PyObject *const *args, Py_ssize_t n, PyObject *scalars, rtc_fast_args *a)
+{
+    a->n = 0;
+    a->first = -1;
+    a->stream = NULL;
+    if (n > RTC_FAST_MAX)
+        return 0;
+    int have_stream = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = args[i];
+        int sc = PyFloat_CheckExact(o) || PyLong_CheckExact(o) || PyBool_Check(o);
+        if (!sc) {
+            sc = PyObject_IsInstance(o, scalars);
+            if (sc < 0)
+                goto miss;
+        }
+        a->is_arr[i] = (char)!sc;
+        a->n = i;
+        if (sc)
+            continue;
+        if (ew_view_from_object(st, o, &a->v[i], "argument", a->stream, have_stream) < 0)
+            goto miss;
+        a->n = i + 1;
+        if (a->first < 0) {
+            a->first = (int)i;
+            if (rtc_pick_stream(st, &a->v[i], &a->stream) < 0)
+                goto miss;
+            have_stream = 1;
+        }
+    }
+    a->n = n;
+    return 1;
+miss:
+    PyErr_Clear();
+    rtc_fast_release(a);
+    a->n = 0;
+    return 0;
+}
+
+/* The signature of viewed arguments, as bytes: per argument -1 for a scalar, or its dtype,
+ * dimensions, shape, device and data pointer modulo 16 (which decides the vector head). */
+static PyObject *rtc_fast_sig(const rtc_fast_args *a)
+{
+    int64_t buf[RTC_FAST_MAX * (EW_MAXDIM + 5)];
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < a->n; i++) {
+        if (!a->is_arr[i]) {
+            buf[k++] = -1;
+            continue;
+        }
+        const ew_view *v = &a->v[i];
+        buf[k++] = (int64_t)v->dtype;
+        buf[k++] = v->ndim;
+        for (int d = 0; d < v->ndim; d++)
+            buf[k++] = v->shape[d];
+        buf[k++] = v->device.type;
+        buf[k++] = v->device.id;
+        buf[k++] = (int64_t)((uintptr_t)v->data & 15);
+    }
+    return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)(k * sizeof(int64_t)));
+}
+
+/* _rtc_sig(args, scalars): the signature bytes of a call's arguments, or None where they cannot
+ * be viewed (the key _rtc_fast looks up, with the kernel's keyword arguments beside it). */
+PyObject *ew_rtc_sig(PyObject *module, PyObject *args)
+{
+    PyObject *call_args, *scalars;
+    if (!PyArg_ParseTuple(args, "O!O:_rtc_sig", &PyTuple_Type, &call_args, &scalars))
+        return NULL;
+    ew_state *st = ew_get_state(module);
+    rtc_fast_args *a = PyMem_Malloc(sizeof *a);
+    if (a == NULL)
+        return PyErr_NoMemory();
+    PyObject *res;
+    if (rtc_fast_view(st, &PyTuple_GET_ITEM(call_args, 0), PyTuple_GET_SIZE(call_args), scalars, a)) {
+        res = rtc_fast_sig(a);
+        rtc_fast_release(a);
+    } else {
+        res = Py_NewRef(Py_None);
+    }
+    PyMem_Free(a);
+    return res;
+}
+
+/* Whether given output o (any index >= nin) overlaps an input other than as the very same view. */
+static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o)
+{
+    const ew_view *w = &a->v[o];
+    const uintptr_t ob = (uintptr_t)w->data, oe = ob + (uintptr_t)w->size * (uintptr_t)ew_dtype_size(w->dtype);
+    for (Py_ssize_t i = 0; i < nin && i < a->n; i++) {
+        if (!a->is_arr[i])
+            continue;
+        const ew_view *v = &a->v[i];
+        const uintptr_t vb = (uintptr_t)v->data, ve = vb + (uintptr_t)v->size * (uintptr_t)ew_dtype_size(v->dtype);
+        if (vb < oe && ob < ve) {
+            int same = vb == ob && v->dtype == w->dtype && v->ndim == w->ndim;
+            for (int d = 0; same && d < v->ndim; d++)
+                same = v->shape[d] == w->shape[d];
+            if (!same)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* _rtc_fast(plans, args, nin, extra, scalars): run a call by the plan recorded for its signature
+ * (plans: {(signature bytes, extra): plan}), or NotImplemented for a miss. A plan is the tuple
+ * (template bytes, pointer slots, scalar slots, outputs, run, ret): slots as bytes of int64
+ * triples, (offset, argument, bytes added) and (offset, 0 float32 | 1 float64, argument), with
+ * the new outputs numbered after the arguments; outputs ((dtype name, shape), ...) allocated like
+ * the first array; run(buf, stream); ret 0: None, 1: the first result, 2: every result. */
+PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfargs)
+{
+    if (nfargs != 5 || !PyDict_Check(fargs[0]) || !PyTuple_Check(fargs[1])) {
+        PyErr_SetString(PyExc_TypeError, "_rtc_fast(plans, args, nin, extra, scalars)");
+        return NULL;
+    }
+    PyObject *plans = fargs[0], *call_args = fargs[1], *extra = fargs[3], *scalars = fargs[4];
+    const Py_ssize_t nin = PyLong_AsSsize_t(fargs[2]);
+    if (nin == -1 && PyErr_Occurred())
+        return NULL;
+    ew_state *st = ew_get_state(module);
+    const Py_ssize_t n = PyTuple_GET_SIZE(call_args);
+    rtc_fast_args a;
+    if (!rtc_fast_view(st, &PyTuple_GET_ITEM(call_args, 0), n, scalars, &a) || a.first < 0) {
+        if (a.first >= 0)
+            rtc_fast_release(&a);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *res = NULL, *key = NULL, *news = NULL, *buf = NULL, *stream_obj = NULL;
+    int miss = 1;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    PyObject *sig = rtc_fast_sig(&a);
+    if (sig == NULL)
+        goto done;
+    key = PyTuple_Pack(2, sig, extra);
+    Py_DECREF(sig);
+    if (key == NULL)
+        goto done;
+    PyObject *plan = PyDict_GetItemWithError(plans, key);   /* borrowed */
+    if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 6) {
+        PyErr_Clear();
+        goto done;
+    }
+    PyObject *tmpl = PyTuple_GET_ITEM(plan, 0), *pslots = PyTuple_GET_ITEM(plan, 1),
+             *sslots = PyTuple_GET_ITEM(plan, 2), *outs = PyTuple_GET_ITEM(plan, 3), *run = PyTuple_GET_ITEM(plan, 4);
+    const long ret = PyLong_AsLong(PyTuple_GET_ITEM(plan, 5));
+    if (!PyBytes_Check(tmpl) || !PyBytes_Check(pslots) || !PyBytes_Check(sslots) || !PyTuple_Check(outs)) {
+        PyErr_Clear();
+        goto done;
+    }
+    /* given outputs: none read-only, none overlapping an input other than as itself */
+    for (Py_ssize_t o = nin; o < n; o++)
+        if (a.is_arr[o] && (a.v[o].readonly || rtc_fast_overlap(&a, nin, o)))
+            goto done;
+    const Py_ssize_t nout = PyTuple_GET_SIZE(outs);
+    if (n + nout > RTC_FAST_MAX)
+        goto done;
+    uint64_t ptrs[RTC_FAST_MAX];
+    for (Py_ssize_t i = 0; i < n; i++)
+        ptrs[i] = a.is_arr[i] ? (uint64_t)(uintptr_t)a.v[i].data : 0;
+    /* scalars first: a value this path does not convert (NumPy's scalars, other types) is a miss
+     * before anything is allocated */
+    const Py_ssize_t nss = PyBytes_GET_SIZE(sslots) / (3 * (Py_ssize_t)sizeof(int64_t));
+    const int64_t *ss = (const int64_t *)PyBytes_AS_STRING(sslots);
+    const Py_ssize_t tlen = PyBytes_GET_SIZE(tmpl);
+    double svals[RTC_FAST_MAX];
+    if (nss > RTC_FAST_MAX)
+        goto done;
+    for (Py_ssize_t j = 0; j < nss; j++) {
+        const int64_t off = ss[3 * j], kind = ss[3 * j + 1], k = ss[3 * j + 2];
+        if (k < 0 || k >= n || a.is_arr[k] || off < 0 || off + (kind ? 8 : 4) > tlen)
+            goto done;
+        PyObject *x = PyTuple_GET_ITEM(call_args, k);
+        if (PyFloat_CheckExact(x)) {
+            svals[j] = PyFloat_AS_DOUBLE(x);
+        } else if (PyLong_CheckExact(x) || PyBool_Check(x)) {
+            /* exact in a double only up to 2^53; past it NumPy rounds the integer once, from int64 */
+            int over;
+            const long long v = PyLong_AsLongLongAndOverflow(x, &over);
+            if (over || (v == -1 && PyErr_Occurred()) || v > (1LL << 53) || v < -(1LL << 53)) {
+                PyErr_Clear();
+                goto done;
+            }
+            svals[j] = (double)v;
+        } else {
+            goto done;   /* NumPy's scalars and the rest: Python's _scalar_value */
+        }
+    }
+    if (nout > 0) {
+        news = PyTuple_New(nout);
+        if (news == NULL)
+            goto done;
+        const ew_view *like = &a.v[a.first];
+        if (like->device.type == EW_CUDA && ew_device_enter(&g, like->device) < 0) {
+            PyErr_Clear();
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < nout; j++) {
+            PyObject *spec = PyTuple_GET_ITEM(outs, j);
+            ew_dtype dt;
+            int64_t shape[EW_MAXDIM];
+            PyObject *shp = PyTuple_Check(spec) && PyTuple_GET_SIZE(spec) == 2 ? PyTuple_GET_ITEM(spec, 1) : NULL;
+            if (shp == NULL || !PyTuple_Check(shp) || PyTuple_GET_SIZE(shp) > EW_MAXDIM ||
+                ew_dtype_from_py(st, PyTuple_GET_ITEM(spec, 0), &dt) < 0) {
+                PyErr_Clear();
+                goto done;
+            }
+            const int nd = (int)PyTuple_GET_SIZE(shp);
+            for (int d = 0; d < nd; d++)
+                shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d));
+            ew_view outv;
+            PyObject *r = ew_new_result(st, like, dt, nd, shape, a.stream, &outv);
+            if (r == NULL)
+                goto fail;   /* out of memory: the same error the Python path would meet */
+            ptrs[n + j] = (uint64_t)(uintptr_t)outv.data;
+            ew_view_release(&outv);
+            PyTuple_SET_ITEM(news, j, r);
+        }
+    }
+    buf = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(tmpl), tlen);
+    if (buf == NULL)
+        goto fail;
+    char *b = PyByteArray_AS_STRING(buf);
+    const Py_ssize_t nps = PyBytes_GET_SIZE(pslots) / (3 * (Py_ssize_t)sizeof(int64_t));
+    const int64_t *ps = (const int64_t *)PyBytes_AS_STRING(pslots);
+    for (Py_ssize_t j = 0; j < nps; j++) {
+        const int64_t off = ps[3 * j], k = ps[3 * j + 1], add = ps[3 * j + 2];
+        if (k < 0 || k >= n + nout || off < 0 || off + 8 > tlen)
+            goto done;
+        const uint64_t p = ptrs[k] + (uint64_t)add;
+        memcpy(b + off, &p, 8);
+    }
+    for (Py_ssize_t j = 0; j < nss; j++) {
+        const int64_t off = ss[3 * j];
+        if (ss[3 * j + 1]) {
+            memcpy(b + off, &svals[j], 8);
+        } else {
+            const float f = (float)svals[j];
+            memcpy(b + off, &f, 4);
+        }
+    }
+    stream_obj = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)a.stream);
+    if (stream_obj == NULL)
+        goto fail;
+    ew_device_exit(&g);
+    rtc_fast_release(&a);
+    a.n = 0;
+    miss = 0;
+    PyObject *r = PyObject_CallFunctionObjArgs(run, buf, stream_obj, NULL);
+    if (r == NULL)
+        goto fail;
+    Py_DECREF(r);
+    if (ret == 0) {
+        res = Py_NewRef(Py_None);
+    } else {
+        const Py_ssize_t ngiven = n > nin ? n - nin : 0;
+        if (ret == 1) {
+            res = Py_NewRef(ngiven ? PyTuple_GET_ITEM(call_args, nin) : PyTuple_GET_ITEM(news, 0));
+        } else {
+            res = PyTuple_New(ngiven + nout);
+            if (res == NULL)
+                goto fail;
+            for (Py_ssize_t j = 0; j < ngiven; j++)
+                PyTuple_SET_ITEM(res, j, Py_NewRef(PyTuple_GET_ITEM(call_args, nin + j)));
+            for (Py_ssize_t j = 0; j < nout; j++)
+                PyTuple_SET_ITEM(res, ngiven + j, Py_NewRef(PyTuple_GET_ITEM(news, j)));
+        }
+    }
+    goto out;
+done:   /* a miss */
+    if (miss) {
+        PyErr_Clear();
+        res = Py_NewRef(Py_NotImplemented);
+    }
+    goto out;
+fail:   /* an error the caller must see */
+    res = NULL;
+out:
+    ew_device_exit(&g);
+    rtc_fast_release(&a);
+    Py_XDECREF(key);
+    Py_XDECREF(news);
+    Py_XDECREF(buf);
+    Py_XDECREF(stream_obj);
     return res;
 }
 

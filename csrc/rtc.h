@@ -21,11 +21,19 @@ PyObject *ew_rtc_load(PyObject *module, PyObject *args);
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
 PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args);
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
+PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
+PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #define EW_RTC_METHODS \
     {"_rtc_views", (PyCFunction)ew_rtc_views, METH_VARARGS, \
      "_rtc_views(objs, names, /)\n--\n\nFor run-time kernels: ((ptr, dtype, device, shape), ...), stream, for " \
      "C-contiguous DLPack arrays, taken as ewkern's ops take them (the stream of the first array's framework)."}, \
+    {"_rtc_sig", (PyCFunction)ew_rtc_sig, METH_VARARGS, \
+     "_rtc_sig(args, scalars, /)\n--\n\nThe signature bytes of a run-time kernel call's arguments (scalars: the " \
+     "types taken as scalars), or None where they cannot be viewed: the key of _rtc_fast's plans."}, \
+    {"_rtc_fast", (PyCFunction)(void (*)(void))ew_rtc_fast, METH_FASTCALL, \
+     "_rtc_fast(plans, args, nin, extra, scalars, /)\n--\n\nRun a run-time kernel call by the plan recorded " \
+     "for its signature, or return NotImplemented (ewkern/rtc/_kernel.py's _fast_call, in C)."}, \
     {"_rtc_result", (PyCFunction)ew_rtc_result, METH_VARARGS, \
      "_rtc_result(like, dtype, shape, /)\n--\n\nAn uninitialised result in like's framework and device."}, \
     {"_rtc_load", (PyCFunction)ew_rtc_load, METH_VARARGS, \

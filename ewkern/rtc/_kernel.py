@@ -551,12 +551,18 @@ class _Plan:
 
 
 def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
-    """Run a call by a recorded plan, or return _MISS (the caller takes the full path)."""
+    """Run a call by a recorded plan, or return _MISS (the caller takes the full path). The C
+    module's _rtc_fast does the same for the plans it can run (kern._cplans, see _record_plan);
+    what it misses comes here."""
+    C = _C_mod or _C()
+    if kern._cplans:
+        r = C._rtc_fast(kern._cplans, args, nin, extra, _SCALARS)
+        if r is not NotImplemented:
+            return r
     is_arr = tuple([not isinstance(o, _SCALARS) for o in args])
     objs = tuple([o for o, a in zip(args, is_arr) if a]) if False in is_arr else args
     if not objs:
         return _MISS
-    C = _C_mod or _C()
     try:
         views, stream = C._rtc_views(objs, _VIEW_NAMES[:len(objs)])
     except Exception:
@@ -634,9 +640,35 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
     plans = kern._plans
     if len(plans) >= _PLANS_MAX:
         plans.clear()
+        kern._cplans.clear()
     ptrs, scalars = slots
-    plans[(len(args), is_arr, sig, extra)] = _Plan(call.device, bytes(struct_obj), tuple(ptrs), tuple(scalars),
+    template = bytes(struct_obj)
+    plans[(len(args), is_arr, sig, extra)] = _Plan(call.device, template, tuple(ptrs), tuple(scalars),
                                                    outs, run, ret)
+    _record_cplan(kern, args, template, ptrs, scalars, outs, run, ret, extra)
+
+
+# the scalar parameters the C fast path converts itself (a Python float, int or bool to float32 or
+# float64 by C's rounding, which is NumPy's); a plan with others stays with _fast_call
+_CPLAN_SCALARS = {("float32", "f"): 0, ("float64", "d"): 1}
+
+
+def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, ret: str, extra) -> None:
+    """The plan in the form the C module's _rtc_fast runs, in kern._cplans under the C signature
+    of args, where it can: float32/float64 scalars and results of ewkern's dtypes."""
+    C = _C_mod or _C()
+    if not hasattr(C, "_rtc_fast") or any(dt not in EWKERN_DTYPES for dt, _ in outs):
+        return
+    kinds = [_CPLAN_SCALARS.get((dt, fmt)) for _, fmt, _, dt, _ in scalars]
+    if None in kinds:
+        return
+    sig = C._rtc_sig(args, _SCALARS)
+    if sig is None:
+        return
+    pslots = struct.pack(f"<{3 * len(ptrs)}q", *[x for off, k, add in ptrs for x in (off, k, add)])
+    sslots = struct.pack(f"<{3 * len(scalars)}q", *[x for (off, _, k, _, _), kind in zip(scalars, kinds)
+                                                    for x in (off, kind, k)])
+    kern._cplans[(sig, extra)] = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2))
 
 
 def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, int], None]:
@@ -755,6 +787,7 @@ class ElementwiseKernel:
         self._compiled: dict = {}   # (device, layout, types) -> compiled function / kernel handle
         self._last_path = ""
         self._plans: dict = {}      # warm calls: signature -> _Plan
+        self._cplans: dict = {}     # the same plans for the C module's _rtc_fast (_record_cplan)
 
     def __repr__(self) -> str:
         return f"<ewkern.ElementwiseKernel {self.name!r}>"
@@ -967,6 +1000,7 @@ class ReductionKernel:
         self._compiled: dict = {}
         self._last_path = ""
         self._plans: dict = {}      # warm calls: signature -> _Plan
+        self._cplans: dict = {}     # the same plans for the C module's _rtc_fast (_record_cplan)
 
     def __repr__(self) -> str:
         return f"<ewkern.ReductionKernel {self.name!r}>"

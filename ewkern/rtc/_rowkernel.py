@@ -135,6 +135,7 @@ class RowKernel:
         self._waves: dict[tuple[int, int], int] = {}
         self._last_path = ""
         self._plans: dict[Any, Any] = {}      # warm calls: signature -> plan (see _kernel._fast_call)
+        self._cplans: dict[Any, Any] = {}     # the same plans for the C module's _rtc_fast
 
     def __repr__(self) -> str:
         return f"<ewkern.RowKernel {self.name!r}>"

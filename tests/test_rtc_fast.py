@@ -1,0 +1,166 @@
+"""Warm calls of run-time kernels through the C module's _rtc_fast (csrc/rtc.c), the C twin of
+ewkern/rtc/_kernel.py's _fast_call: it must run exactly the calls it can (the same results as
+the full path, fresh results, given outputs returned) and miss, without an exception, every call
+it cannot decide, which then takes the Python path; an error of the launch itself propagates."""
+import numpy as np
+import pytest
+
+import ewkern
+from ewkern import _C
+from ewkern.rtc import _kernel, _rowkernel
+
+try:
+    import torch
+except ImportError:   # pragma: no cover - torch is a test dependency
+    torch = None
+
+SC = _kernel._SCALARS
+
+
+@pytest.fixture
+def full_calls(monkeypatch):
+    count = [0]
+    real = _kernel._Call
+
+    def counting(*a, **kw):
+        count[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(_kernel, "_Call", counting)
+    monkeypatch.setattr(_rowkernel, "_Call", counting)
+    return count
+
+
+def c_only(kern):
+    """Leave kern only its C plans: a warm call the C path misses then takes the full path."""
+    kern._plans.clear()
+    kern._plans["no signature matches this"] = None
+
+
+def test_elementwise_warm_calls_run_in_c(full_calls):
+    k = ewkern.ElementwiseKernel("T x, T y, float32 s, float64 d", "T z", "z = x * s + y * d", "cfast_fma")
+    rng = np.random.default_rng(1)
+    x, y = (rng.standard_normal(1001).astype(np.float32) for _ in range(2))
+    k(x, y, 2.0, 3.0)
+    out = np.empty(1001, np.float32)
+    k(x, y, 2.0, 3.0, out)
+    assert len(k._cplans) == 2 and full_calls[0] == 2
+    c_only(k)
+    for s, d in ((0.5, -1.0), (3, 7), (True, 0.25)):
+        x, y = (rng.standard_normal(1001).astype(np.float32) for _ in range(2))
+        want = (x.astype(np.float64) * np.float32(s) + y.astype(np.float64) * float(d)).astype(np.float32)
+        z = k(x, y, s, d)
+        np.testing.assert_allclose(z, want, rtol=1e-6, atol=1e-6)
+        assert k(x, y, s, d, out) is out
+        np.testing.assert_array_equal(out, z)
+        assert not np.shares_memory(z, out)
+    assert full_calls[0] == 2
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_torch_tensors_results_and_tuple_outputs(full_calls):
+    k = ewkern.ElementwiseKernel("T x", "T p, T q", "p = x + 1; q = x * 2", "cfast_two")
+    x = torch.randn(64)
+    k(x)
+    c_only(k)
+    x = torch.randn(64)
+    p, q = k(x)
+    assert isinstance(p, torch.Tensor) and isinstance(q, torch.Tensor)
+    torch.testing.assert_close(p, x + 1)
+    torch.testing.assert_close(q, x * 2)
+    pg, qg = torch.empty(64), torch.empty(64)
+    k(x, pg, qg)    # another signature: the full path, then its own plan
+    n = full_calls[0]
+    x = torch.randn(64)
+    r = k(x, pg, qg)
+    assert r[0] is pg and r[1] is qg and full_calls[0] == n
+    torch.testing.assert_close(qg, x * 2)
+
+
+def test_reduction_and_row_kernel_warm_calls_run_in_c(full_calls):
+    red = ewkern.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "cfast_norm")
+    row = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                           "y = x * rsqrt(a / _row_size + eps) * w", "0", "cfast_rms")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 40))
+    w = rng.standard_normal(40)
+    red(x, axis=1)
+    red(x, axis=0, keepdims=True)
+    row(x, w, 1e-5)
+    c_only(red)
+    c_only(row)
+    n = full_calls[0]
+    for _ in range(2):
+        x = rng.standard_normal((6, 40))
+        np.testing.assert_allclose(red(x, axis=1), np.sqrt((x * x).sum(1)), rtol=1e-12)
+        np.testing.assert_allclose(red(x, axis=0, keepdims=True), np.sqrt((x * x).sum(0, keepdims=True)), rtol=1e-12)
+        eps = float(rng.uniform(0.1, 1))
+        want = x / np.sqrt((x * x).mean(1, keepdims=True) + np.float32(eps)) * w
+        np.testing.assert_allclose(row(x, w, eps), want, rtol=1e-12)
+    assert full_calls[0] == n
+    red(x, axis=(0, 1))   # another (axis, keepdims): the full path
+    assert full_calls[0] == n + 1
+
+
+def test_calls_c_cannot_decide_take_the_python_path(full_calls):
+    """NumPy scalars, integers past 2^53 and float16 scalar parameters are converted by Python's
+    rule (_scalar_value); the results are the same as the full path's."""
+    k = ewkern.ElementwiseKernel("T x, float32 s", "T z", "z = x * s", "cfast_scalars")
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+    k(x, 2.0)
+    big = 2 ** 60 + 2 ** 36 + 1     # two roundings (to double, then float) would differ from NumPy's one
+    assert np.float32(np.float64(big)) != np.array(big).astype(np.float32)
+    key, plan = next(iter(k._cplans.items()))
+    assert _C._rtc_fast(k._cplans, (x, np.float32(3.0)), 1, None, SC) is NotImplemented
+    assert _C._rtc_fast(k._cplans, (x, big), 1, None, SC) is NotImplemented
+    np.testing.assert_array_equal(k(x, np.float32(3.0)), x * np.float32(3.0))
+    np.testing.assert_array_equal(k(x, big), x * np.array(big).astype(np.float32))
+    assert full_calls[0] == 1     # both ran by the Python plan
+    h = ewkern.ElementwiseKernel("T x, float16 s", "T z", "z = x * s", "cfast_half")
+    h(x, 0.1)
+    assert not h._cplans and len(h._plans) == 1
+    np.testing.assert_array_equal(h(x, 0.1), x * np.float32(np.float16(0.1)))
+
+
+def test_given_outputs_c_must_not_run():
+    """An output overlapping an input other than as itself, or a read-only one, is a miss in C
+    (the full path copies the input, or raises)."""
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * 2 + y", "cfast_overlap")
+    buf = np.zeros(1004)
+    b = np.ones(1000)
+    k(buf[:1000], b, np.zeros(1000))
+    assert len(k._cplans) == 1
+    assert _C._rtc_fast(k._cplans, (buf[:1000], b, buf[2:1002]), 2, None, SC) is NotImplemented
+    ro = np.zeros(1000)
+    ro.setflags(write=False)
+    assert _C._rtc_fast(k._cplans, (buf[:1000], b, ro), 2, None, SC) is NotImplemented
+    x = np.arange(1000.0)
+    assert _C._rtc_fast(k._cplans, (x, b, x), 2, None, SC) is x    # in place: the very same view
+    np.testing.assert_array_equal(x, np.arange(1000.0) * 2 + 1)
+    assert _C._rtc_fast(k._cplans, (x[:999], b[:999], np.zeros(999)), 2, None, SC) is NotImplemented
+    assert not ro.any()
+
+
+def test_signatures():
+    sig = lambda *a: _C._rtc_sig(a, SC)
+    x = np.zeros(16, np.float32)
+    assert sig(x, 1.0) == sig(np.ones(16, np.float32), 2.5) == sig(x, 3)
+    assert len({sig(x, 1.0), sig(1.0, x), sig(x, x), sig(x[4:8], 1.0), sig(x[1:5], 1.0),
+                sig(x.astype(np.float64), 1.0), sig(x.reshape(4, 4), 1.0)}) == 7
+    assert sig(x[4:8], 1.0) == sig(x[8:12], 1.0)        # the same offset within 16 bytes
+    assert sig(x, [1, 2]) is None and sig(x[::2]) is None   # not viewable C-contiguous
+    assert sig(x, np.float32(1)) == sig(x, 1.0)          # a NumPy scalar is a scalar
+
+
+def test_errors_of_the_run_propagate():
+    k = ewkern.ElementwiseKernel("T x", "T z", "z = x + 1", "cfast_error")
+    x = np.arange(4.0)
+    k(x)
+    (key, plan), = k._cplans.items()
+
+    def boom(buf, stream):
+        raise RuntimeError("the launch failed")
+    k._cplans[key] = plan[:4] + (boom,) + plan[5:]
+    with pytest.raises(RuntimeError, match="the launch failed"):
+        k(x)
+    with pytest.raises(TypeError):
+        _C._rtc_fast(k._cplans, (x,), 1, None)
