@@ -454,7 +454,7 @@ ROWS_BLOCK = 256
 
 def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: int, map_expr: str, reduce_expr: str,
                           post_map_expr: str, identity: str, reduce_ctype: str, preamble: str,
-                          tdefs: str) -> tuple[str, list[str]]:
+                          tdefs: str, full: bool = False) -> tuple[str, list[str]]:
     """(source, [rows entry, combine entry]) of a CUDA reduction whose inputs are C-contiguous with
     the reduced axes last: output o reduces the R elements from o * R of every input (in_layout
     'contig': pointers and scalars). The two-step engine of rmse's default path, for any map and
@@ -466,7 +466,11 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                its math (unrolled by 4); then chunk 0 takes the row's head elements (before its
                first aligned vector) and the last chunk its tail, lane by lane; the lanes combine
                in a fixed tree in shared memory. With one chunk per row the group applies post_map and
-               writes the output; otherwise it writes its partial value.
+               writes the output; otherwise it writes its partial value. With full, G is fixed at
+               ROWS_BLOCK (groups of a whole block: rows of 1024+ vectors, chunked rows), its
+               index arithmetic and the lanes' load addresses folded into constants (sm_90, float32
+               (a - b)^2: 64 registers -> 42, 4 -> 6 blocks of 256 an SM); else G is read at run
+               time.
       combine  one group per output folds its chunks' partials (lanes over chunks, then the
                same tree) and applies post_map.
 
@@ -524,14 +528,15 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     def post(src):
         _post_map(src, "    ", name, out_layout, post_map_expr, "_acc", "_o")
 
-    def header(src, entry):
+    def header(src, entry, g=None):
+        """g: the lanes per group fixed at compile time (None: PP.G at run time)"""
         src.add(f'extern "C" __global__ void __launch_bounds__({ROWS_BLOCK}) {entry}(const ewrtc_params PP)')
         src.add("{")
-        src.add("    const int _G = int(PP.G), _lane = int(threadIdx.x) & (_G - 1);")
+        src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
         src.add(f"    const long long _task = (long long)blockIdx.x * ({ROWS_BLOCK} / _G) + threadIdx.x / _G;")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
-    header(src, rows)
+    header(src, rows, ROWS_BLOCK if full else None)
     src.add("    const long long _o = _task / PP.nchunks, _c = _task % PP.nchunks;")
     src.add("    const bool _live = _o < PP.nout;")
     for p, dt, kind, _ in in_layout.args:

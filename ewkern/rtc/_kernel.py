@@ -1034,7 +1034,15 @@ class ReductionKernel:
         in_layout = _codegen.Layout("contig", 1, largs)
         in_struct = _fill(in_layout, nout * R, (nout * R,), {k: v for k, v in values.items()})
         out_layout, out_struct = self._out_struct(call, kept, keepdims, nout)
-        key = (call.device, "rows", E, in_layout.key(), out_layout.key(), call.type_map, call.in_types,
+        sms = _device_facts(call.device)[1]
+        nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
+        G = min(_codegen.ROWS_BLOCK, _pow2ceil(max(1, -(-nv // 4))))
+        if nout * G >= sms * 2048 * _ROWS_WAVES_X8 // 8:
+            chunk_vecs = R // E + 1   # one chunk a row
+        else:
+            G, chunk_vecs = _codegen.ROWS_BLOCK, _codegen.ROWS_BLOCK * 8
+        full = G == _codegen.ROWS_BLOCK     # the rows entry with G fixed (fewer registers)
+        key = (call.device, "rows", E, full, in_layout.key(), out_layout.key(), call.type_map, call.in_types,
                call.out_types, rtype)
         kern = self._compiled.get(key)
         if kern is None:
@@ -1043,20 +1051,14 @@ class ReductionKernel:
                      "post_map_expr": self.post_map_expr, "preamble": self.preamble}
             src, entries = _codegen.reduction_rows_source(name, in_layout, out_layout, E, self.map_expr,
                                                           self.reduce_expr, self.post_map_expr, str(self.identity),
-                                                          rtype, self.preamble, tdefs)
-            cc, sms = _device_facts(call.device)
-            image, _, _ = _build.compile_cuda(name, src, cc, parts=parts, options=self.options)
+                                                          rtype, self.preamble, tdefs, full)
+            image, _, _ = _build.compile_cuda(name, src, _device_facts(call.device)[0], parts=parts,
+                                              options=self.options)
             dev = int(call.device.split(":")[1])
             hs = tuple(_C()._rtc_load(image, e, dev) for e in entries)
             wave = sms * _C()._rtc_occupancy(hs[0], _codegen.ROWS_BLOCK, dev)
-            kern = self._compiled[key] = (hs, wave, sms)
-        (h_rows, h_comb), wave, sms = kern
-        nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
-        G = min(_codegen.ROWS_BLOCK, _pow2ceil(max(1, -(-nv // 4))))
-        if nout * G >= sms * 2048 * _ROWS_WAVES_X8 // 8:
-            chunk_vecs = R // E + 1   # one chunk a row
-        else:
-            G, chunk_vecs = _codegen.ROWS_BLOCK, _codegen.ROWS_BLOCK * 8
+            kern = self._compiled[key] = (hs, wave)
+        (h_rows, h_comb), wave = kern
         nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
         from .. import pdl_enabled
         pdl = pdl_enabled()
