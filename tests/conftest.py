@@ -1,4 +1,7 @@
 import os
+import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -15,3 +18,31 @@ def device_params():
     """'cpu' always; 'cuda:0' marked gpu (skipped with a reason where there is no GPU)."""
     return ["cpu", pytest.param("cuda:0", marks=[pytest.mark.gpu, gpu])]
 
+
+
+def ptxas_registers(ptx: bytes, tmp_path) -> dict:
+    """{entry: registers} of PTX assembled by ptxas for sm_90 (skips where ptxas is not found:
+    CUDA_HOME, /usr/local/cuda, PATH); fails on any spill."""
+    ptxas = next((os.path.join(d, "bin", "ptxas") for d in (os.environ.get("CUDA_HOME"), "/usr/local/cuda")
+                  if d and os.path.exists(os.path.join(d, "bin", "ptxas"))), None) or shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas not found (CUDA_HOME, /usr/local/cuda, PATH)")
+    f = tmp_path / "kernel.ptx"
+    f.write_bytes(ptx.rstrip(b"\0"))
+    rep = subprocess.run([ptxas, "-arch=sm_90", "-v", str(f), "-o", os.devnull], capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    regs, entry = {}, None
+    for line in rep.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        entry = m.group(1) if m else entry
+        m = re.search(r"Used (\d+) registers", line)
+        if m and entry:
+            regs[entry] = int(m.group(1))
+        assert "spill" not in line or " 0 bytes spill stores, 0 bytes spill loads" in line, line
+    return regs
+
+
+def blocks_per_sm(registers: int, block: int) -> int:
+    """Blocks of `block` threads an SM holds by registers alone (64K registers, allocated per warp
+    in units of 256: a thread's count rounded up to 8)."""
+    return 65536 // (-(-registers // 8) * 8 * block)

@@ -9,7 +9,7 @@ import ewkern
 from ewkern.rtc import _build, _codegen
 from ewkern.rtc._params import parse_params
 from ewkern.rtc._rowkernel import row_plan
-from conftest import gpu
+from conftest import blocks_per_sm, gpu, ptxas_registers
 from reference import EPS, TINY, np_dtype
 
 try:
@@ -221,6 +221,26 @@ def test_nvrtc_compiles_every_form(dtype, E):
     assert "shfl.sync.bfly" in text and "st.global.cs" in text and "griddepcontrol.wait" in text
     if E * {"float64": 8, "float32": 4}.get(dtype, 2) == 16:
         assert "ld.global.v4" in text or "ld.global.v2.f64" in text or "ld.global.v2.u64" in text
+
+
+def test_row_kernel_compiled_per_g_fits_more_blocks(tmp_path):
+    """RowKernel compiles per lane count G: with G a constant, rmsnorm's float32 form at VPL 4
+    (rows of 4096: G = 256) needs fewer registers than with G read at run time, and more blocks
+    of 256 fit on an SM (ptxas's resource report for sm_90; 46 -> 32 registers when written)."""
+    _nvrtc()
+    ps = parse_params("T x, float32 eps", False, "k") + parse_params("T y", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ps[0], "float32", "array", 0), (ps[1], "float32", "scalar", 0),
+                                        (ps[2], "float32", "array", 0)])
+    tdefs = _codegen.typedefs((("T", "float32"),), ps[:2], ["float32", "float32"], ps[2:], ["float32"])
+    G, vpl = row_plan(4096 // 4)
+    assert (G, vpl) == (256, 4)
+    regs = {}
+    for g in (None, G):
+        src, entries = _codegen.row_source("cuda", "rowg", lay, 4, "x * x", "a + b",
+                                           "y = x * rsqrt(a / _row_size + eps)", "0", "float", "", tdefs, set(), None, g)
+        ptx, _, _ = _build.compile_cuda("rowg", src, (9, 0), ptx_only=True)
+        regs[g] = ptxas_registers(ptx, tmp_path)[entries[_codegen.ROW_FORMS.index(vpl)]]
+    assert blocks_per_sm(regs[G], 256) > blocks_per_sm(regs[None], 256), regs
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])

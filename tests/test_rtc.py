@@ -4,9 +4,7 @@ and the CUDA sources compiled by NVRTC to PTX (no GPU needed; skipped without NV
 are marked gpu."""
 import ctypes
 import os
-import re
 import struct
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +12,7 @@ import pytest
 import ewkern
 from ewkern.rtc import _build, _codegen
 from ewkern.rtc._params import parse_params
-from conftest import gpu
+from conftest import blocks_per_sm, gpu, ptxas_registers
 from reference import BF16, EPS, TINY, np_dtype
 
 try:
@@ -629,22 +627,13 @@ def test_nvrtc_compiles_reduction_rows_engine(E):
         assert "ld.global.v4" in text
 
 
-def _ptxas():
-    import shutil
-    for d in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if d and os.path.exists(os.path.join(d, "bin", "ptxas")):
-            return os.path.join(d, "bin", "ptxas")
-    return shutil.which("ptxas") or pytest.skip("ptxas not found (CUDA_HOME, /usr/local/cuda, PATH)")
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rows_engine_with_a_whole_block_per_group_uses_fewer_registers(dtype, tmp_path):
     """The rows entry compiled with G fixed at ROWS_BLOCK (its index arithmetic and load addresses
     folded into constants) fits more blocks on an SM than the one that reads G at run time: ptxas's
-    resource report for sm_90, mse over rows of two inputs (64 registers at run-time G in float32,
-    4 blocks of 256; Nsight Compute put the single-launch gap to torch.compile on that occupancy)."""
+    resource report for sm_90, mse over rows of two inputs (float32: 64 registers at run-time G, 4
+    blocks of 256; Nsight Compute put the single-launch gap to torch.compile on that occupancy)."""
     _nvrtc()
-    ptxas = _ptxas()
     E = 4 if dtype == "float32" else 8
     lay = _layout("contig", 1, [("T a", dtype, "array", 0), ("T b", dtype, "array", 0)])
     out = _layout("strided", 1, [("T y_out", dtype, "array", 0)])
@@ -656,20 +645,8 @@ def test_rows_engine_with_a_whole_block_per_group_uses_fewer_registers(dtype, tm
                                                       _codegen.typedefs((("T", dtype),), [], [], [], []), full)
         assert ("const int _G = 256," in src) == full
         ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
-        f = tmp_path / "msew.ptx"
-        f.write_bytes(ptx.rstrip(b"\0"))
-        rep = subprocess.run([ptxas, "-arch=sm_90", "-v", str(f), "-o", os.devnull], capture_output=True, text=True)
-        assert rep.returncode == 0, rep.stderr
-        entry = None
-        for line in rep.stderr.splitlines():
-            m = re.search(r"Compiling entry function '(\w+)'", line)
-            entry = m.group(1) if m else entry
-            m = re.search(r"Used (\d+) registers", line)
-            if m and entry == entries[0]:
-                regs[full] = int(m.group(1))
-            assert "spill" not in line or " 0 bytes spill stores, 0 bytes spill loads" in line, line
-    blocks = lambda r: 65536 // (max(r, 24) * _codegen.ROWS_BLOCK)
-    assert blocks(regs[True]) > blocks(regs[False]), regs
+        regs[full] = ptxas_registers(ptx, tmp_path)[entries[0]]
+    assert blocks_per_sm(regs[True], _codegen.ROWS_BLOCK) > blocks_per_sm(regs[False], _codegen.ROWS_BLOCK), regs
 
 
 def test_broadcast_layout_kinds():

@@ -468,9 +468,9 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                in a fixed tree in shared memory. With one chunk per row the group applies post_map and
                writes the output; otherwise it writes its partial value. With full, G is fixed at
                ROWS_BLOCK (groups of a whole block: rows of 1024+ vectors, chunked rows), its
-               index arithmetic and the lanes' load addresses folded into constants (sm_90, float32
-               (a - b)^2: 64 registers -> 42, 4 -> 6 blocks of 256 an SM); else G is read at run
-               time.
+               index arithmetic and the lanes' load addresses folded into constants (sm_90, (a - b)^2:
+               float32 64 registers -> 42, 4 -> 5 blocks of 256 an SM; bfloat16 54 -> 40, 4 -> 6);
+               else G is read at run time.
       combine  one group per output folds its chunks' partials (lanes over chunks, then the
                same tree) and applies post_map.
 
@@ -847,7 +847,7 @@ def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str
 
 def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
                identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs,
-               stage2: tuple[str, str, str] | None = None) -> tuple[str, list[str]]:
+               stage2: tuple[str, str, str] | None = None, g: int | None = None) -> tuple[str, list[str]]:
     """(source, entries) of a row kernel over rows of `cols` elements (ewkern.RowKernel): for
     each row, map_expr over its elements reduced by reduce_expr from identity into `a`, then
     operation over the same elements with `a` in scope. layout ('contig') holds the parameters:
@@ -867,7 +867,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     stage2 (map2_expr, reduce2_expr, identity2), for derived backwards: a second reduction over
     the same row after the first, its map with `a` (the first result) in scope, into
-    ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again."""
+    ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again.
+
+    g: on CUDA, the lanes per row fixed at compile time (None: read from the parameters at run
+    time). The host compiles per G: the lanes' vector indices and load addresses fold into
+    constants (sm_90 rmsnorm without a weight, float32 at VPL 4: 46 registers at run-time G, 5
+    blocks of 256 an SM; 32 with G = 256, 8 blocks)."""
     src = Source(f"{name}.{'cpp' if backend == 'cpu' else 'cu'}")
     if backend == "cuda":
         src.add(f'#include "{VECTOR_HEADER}"')
@@ -973,7 +978,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("{")
     src.add(f"    enum {{ E = {E} }};")
     src.add("    const ewrtc_args &P = PP.a;")
-    src.add("    const int _G = int(PP.G), _lane = int(threadIdx.x) & (_G - 1);")
+    src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
     src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
     src.add("    const bool _live = _ew_r < PP.rows;")
     src.add("    const int _nv = int(PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")

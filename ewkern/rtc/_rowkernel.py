@@ -234,10 +234,10 @@ class RowKernel:
         return ret
 
     def _source(self, backend: str, call: _Call, layout: _codegen.Layout, E: int, rtype: str,
-                reads: set[str]) -> tuple[str, list[str]]:
+                reads: set[str], G: int | None = None) -> tuple[str, list[str]]:
         tdefs = _typedefs(call, self.in_params, self.out_params)
         return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
-                                   self.identity, rtype, self.preamble, tdefs, reads, self._stage2)
+                                   self.identity, rtype, self.preamble, tdefs, reads, self._stage2, G)
 
     def _cpu_run(self, call: _Call, layout: _codegen.Layout, rtype: str, reads: set[str], P: Any,
                  n: int) -> Callable[[bytearray, int], None]:
@@ -260,18 +260,19 @@ class RowKernel:
         E = 16 // max(DTYPES[a.dtype][2] for a in vec)
         if cols % E or _vector_head(vec, E) != 0:
             E = 1
-        key = (device, E, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+        G, vpl = row_plan(cols // E)
+        # compiled per G (the lanes' arithmetic in constants): one hidden size, one compile
+        key = (device, E, G, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
         hs = self._compiled.get(key)
         dev = int(device.split(":")[1])
         if hs is None:
             if rtype not in _REDUCE_SIZES and self.reduce_type is None:
                 raise TypeError(f"{self.name}: cannot reduce in {rtype}")
-            src, entries = self._source("cuda", call, layout, E, rtype, reads)
+            src, entries = self._source("cuda", call, layout, E, rtype, reads, G)
             cc, _ = _device_facts(device)
             image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
             hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
         sms = _device_facts(device)[1]
-        G, vpl = row_plan(cols // E)
         block = max(_MIN_BLOCK, G)
         h = hs[_codegen.ROW_FORMS.index(vpl)]
         wk = (h, block)
