@@ -203,3 +203,43 @@ def test_derived_code_keeps_float_literals_in_the_compute_type():
                      parse_params("T o", True, "k")).values()
     assert code.count("decltype(_g)(") == 2 and "exp(" in code
     assert not re.search(r"\d[fF]\b", code)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device):
+    """Plain tensors outside torch.compile run an autograd.Function around the kernels (the
+    custom op's dispatch costs host time in every eager step); the same values and gradients as
+    through torch.ops; under a dispatch mode the mode sees torch.ops.ewkern_user.<name>; a
+    strided input and double backward behave as documented."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w", "0", f"eager_rms{next(_n)}")
+    op = ewt.kernel_op(k, scalars=("eps",))
+    assert isinstance(op, torch._library.custom_ops.CustomOpDef)
+    x = torch.randn(6, 40, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(40, dtype=torch.float64, device=device, requires_grad=True)
+    g = torch.randn(6, 40, dtype=torch.float64, device=device)
+    y = op(x, w, 1e-5)
+    assert type(y.grad_fn).__name__ == f"{k.name}_functionBackward"
+    via = getattr(torch.ops.ewkern_user, k.name)(x, w, 1e-5)
+    assert type(via.grad_fn).__name__ != type(y.grad_fn).__name__
+    torch.testing.assert_close(y, via)
+    for a, b in zip(torch.autograd.grad(y, (x, w), g), torch.autograd.grad(via, (x, w), g)):
+        torch.testing.assert_close(a, b)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Seen() as mode:
+        op(x.detach(), w.detach(), 1e-5)
+    assert any(f"ewkern_user.{k.name}" in o for o in mode.ops), mode.ops
+    xt = torch.randn(40, 6, dtype=torch.float64, device=device).t().requires_grad_()
+    torch.testing.assert_close(op(xt, w, 1e-5), via.new_tensor(
+        (xt * torch.rsqrt((xt * xt).mean(-1, keepdim=True) + 1e-5) * w).detach()))
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(op(x, w, 1e-5), x, g, create_graph=True)
