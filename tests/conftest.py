@@ -14,6 +14,22 @@ HAS_CUDA = ewkern.cuda_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU on this machine (GPU tests run on the GPU machine)")
 
 
+@pytest.fixture
+def full_calls(monkeypatch):
+    """How many run-time kernel calls took the full path (building a _Call) rather than a
+    recorded plan (tests/test_rtc.py, test_rtc_fast.py)."""
+    from ewkern.rtc import _kernel, _rowkernel
+    count = [0]
+    real = _kernel._Call
+
+    def counting(*a, **kw):
+        count[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(_kernel, "_Call", counting)
+    monkeypatch.setattr(_rowkernel, "_Call", counting)
+    return count
+
+
 def device_params():
     """'cpu' always; 'cuda:0' marked gpu (skipped with a reason where there is no GPU)."""
     return ["cpu", pytest.param("cuda:0", marks=[pytest.mark.gpu, gpu])]

@@ -354,21 +354,6 @@ def test_warm_call_skips_generation(monkeypatch):
     np.testing.assert_array_equal(k(x), x + 1)
 
 
-@pytest.fixture
-def full_calls(monkeypatch):
-    """How many calls took the full path (building a _Call) rather than a recorded plan."""
-    from ewkern.rtc import _kernel, _rowkernel
-    count = [0]
-    real = _kernel._Call
-
-    def counting(*a, **kw):
-        count[0] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(_kernel, "_Call", counting)
-    monkeypatch.setattr(_rowkernel, "_Call", counting)
-    return count
-
-
 def test_warm_calls_run_by_plan_with_fresh_pointers_scalars_and_results(full_calls):
     """A second call of the same signature runs by the first one's plan: new data, new scalars,
     fresh allocated results, given outputs written and returned; another signature (a

@@ -7,7 +7,7 @@ import pytest
 
 import ewkern
 from ewkern import _C
-from ewkern.rtc import _kernel, _rowkernel
+from ewkern.rtc import _kernel
 
 try:
     import torch
@@ -15,19 +15,6 @@ except ImportError:   # pragma: no cover - torch is a test dependency
     torch = None
 
 SC = _kernel._SCALARS
-
-
-@pytest.fixture
-def full_calls(monkeypatch):
-    count = [0]
-    real = _kernel._Call
-
-    def counting(*a, **kw):
-        count[0] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(_kernel, "_Call", counting)
-    monkeypatch.setattr(_rowkernel, "_Call", counting)
-    return count
 
 
 def c_only(kern):
