@@ -439,7 +439,7 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
     } else {
         const Py_ssize_t ngiven = n > nin ? n - nin : 0;
         if (ret == 1) {
-            res = Py_NewRef(ngiven ? PyTuple_GET_ITEM(call_args, nin) : PyTuple_GET_ITEM(news, 0));
+            res = Py_NewRef(ngiven ? PyTuple_GET_ITEM(call_args, nin) : nout ? PyTuple_GET_ITEM(news, 0) : Py_None);
         } else {
             res = PyTuple_New(ngiven + nout);
             if (res == NULL)
