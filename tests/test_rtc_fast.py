@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ewkern
+from conftest import gpu
 from ewkern import _C
 from ewkern.rtc import _kernel
 
@@ -151,3 +152,32 @@ def test_errors_of_the_run_propagate():
         k(x)
     with pytest.raises(TypeError):
         _C._rtc_fast(k._cplans, (x,), 1, None)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_warm_calls_run_in_c_on_the_callers_stream(full_calls):
+    """On CUDA the C path views torch tensors on the current stream, allocates results there
+    (torch's, on that device) and launches there; CuPy arrays get CuPy results."""
+    k = ewkern.ElementwiseKernel("T x, float32 s", "T z", "z = x * s + 1", "cfast_gpu")
+    x = torch.randn(100003, device="cuda")
+    k(x, 2.0)
+    c_only(k)
+    side = torch.cuda.Stream()
+    for rep in range(3):
+        x = torch.randn(100003, device="cuda")
+        with torch.cuda.stream(side):
+            z = k(x, 0.5 + rep)
+            side.synchronize()
+        assert isinstance(z, torch.Tensor) and z.device == x.device
+        torch.testing.assert_close(z, x * (0.5 + rep) + 1)
+    assert full_calls[0] == 1
+    cupy = pytest.importorskip("cupy")
+    xc = cupy.random.standard_normal(4099).astype(cupy.float32)
+    k(xc, 2.0)
+    n = full_calls[0]
+    xc = cupy.random.standard_normal(4099).astype(cupy.float32)
+    zc = k(xc, 3.0)
+    assert isinstance(zc, cupy.ndarray) and full_calls[0] == n
+    cupy.testing.assert_allclose(zc, xc * 3 + 1, rtol=1e-6)
