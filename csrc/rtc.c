@@ -310,7 +310,7 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
             rtc_fast_release(&a);
         Py_RETURN_NOTIMPLEMENTED;
     }
-    PyObject *res = NULL, *key = NULL, *news = NULL, *buf = NULL, *stream_obj = NULL;
+    PyObject *res = NULL, *key = NULL, *plan = NULL, *news = NULL, *buf = NULL, *stream_obj = NULL;
     int miss = 1;
     ew_device_guard g = EW_DEVICE_GUARD_INIT;
     PyObject *sig = rtc_fast_sig(&a);
@@ -320,7 +320,8 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
     Py_DECREF(sig);
     if (key == NULL)
         goto done;
-    PyObject *plan = PyDict_GetItemWithError(plans, key);   /* borrowed */
+    /* held for the whole call: run() may let another thread clear the kernel's plans */
+    plan = Py_XNewRef(PyDict_GetItemWithError(plans, key));
     if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 6) {
         PyErr_Clear();
         goto done;
@@ -463,6 +464,7 @@ out:
     ew_device_exit(&g);
     rtc_fast_release(&a);
     Py_XDECREF(key);
+    Py_XDECREF(plan);
     Py_XDECREF(news);
     Py_XDECREF(buf);
     Py_XDECREF(stream_obj);
