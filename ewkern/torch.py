@@ -634,15 +634,38 @@ _TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
                       torch.float64: "float64"}
 
 
+def _one_row(g, t) -> bool:
+    """Whether input t broadcasts against the gradient g as one row repeated over g's rows (a
+    weight: shape [cols] or [1, ..., cols])."""
+    return g.dim() >= 2 and t.dim() >= 1 and t.shape[-1] == g.shape[-1] and t.numel() == g.shape[-1]
+
+
 def _row_backward(kernel, ins, outs, scalars):
-    """The backward RowKernel of a RowKernel with a sum reduction (kernel_op's docstring):
-    (g, *inputs) -> the gradients. ValueError where the backward cannot be derived."""
+    """The backward of a RowKernel with a sum reduction (kernel_op's docstring): bk(g, *inputs) ->
+    the gradients (one, or a tuple), one RowKernel. The gradient of an input that is one row
+    repeated over the rows (_one_row: a weight) is summed over the rows in that kernel (its
+    column-sum output: a few partial rows per launch instead of a gradient per element summed
+    afterwards) and comes shaped like the input. ValueError where the backward cannot be derived."""
     from .rtc import RowKernel
-    from .rtc._autodiff import row_backward_source
+    from .rtc._autodiff import GRAD_PREFIX, row_backward_source
     bw_in, bw_out, stage2, body = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
                                                       kernel.identity, kernel.operation, ins, outs, scalars)
-    return RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0", f"{kernel.name}_backward",
-                     reduce_type=kernel.reduce_type, preamble=kernel.preamble, options=kernel.options, _stage2=stage2)
+    diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
+    variants: dict = {}
+
+    def bk(g, *a):
+        rows = frozenset(p.name for k, p in diff if _one_row(g, a[k]))
+        k = variants.get(rows)
+        if k is None:
+            k = variants[rows] = RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0", f"{kernel.name}_backward",
+                                           reduce_type=kernel.reduce_type, preamble=kernel.preamble,
+                                           options=kernel.options, _stage2=stage2,
+                                           _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)))
+        r = k(g, *a)
+        r = r if isinstance(r, tuple) else (r,)
+        r = tuple(gt.reshape(a[j].shape) if p.name in rows else gt for (j, p), gt in zip(diff, r))
+        return r[0] if len(r) == 1 else r
+    return bk
 
 
 def _user_autograd(ins, scalars, run_backward):
@@ -731,7 +754,9 @@ def kernel_op(kernel, scalars=(), name=None):
     with a = sum of m(x) over the row and y = f(x, a), the gradient g_k f_x + m'(x_k) S with S = the
     row's sum of g f_a. It runs as one RowKernel: it reduces ``a`` again and then S over the row
     (held in registers on CUDA: the row and the gradient are read once) and writes every input's
-    gradient in the same pass. Other RowKernels get no autograd formula (a backward raises).
+    gradient in the same pass; the gradient of an input that is one row repeated over the rows (a
+    weight) is summed over the rows in that kernel. Other RowKernels get no autograd formula (a
+    backward raises).
 
     Returns the op (callable like the kernel without output arguments): the custom op object,
     which for plain CPU/CUDA tensors outside torch.compile and dispatch modes runs the kernels
@@ -799,7 +824,9 @@ def kernel_op(kernel, scalars=(), name=None):
         return tuple(r) if isinstance(r, tuple) else r
 
     def bfake(g, *a):
-        res = [torch.empty(g.shape, dtype=t.dtype, device=g.device) for p, t in zip(ins, a) if p.name not in scalars]
+        # a RowKernel's backward sums a repeated row's gradient itself (_row_backward)
+        res = [torch.empty(t.shape if isinstance(kernel, RowKernel) and _one_row(g, t) else g.shape, dtype=t.dtype,
+                           device=g.device) for p, t in zip(ins, a) if p.name not in scalars]
         return res[0] if len(res) == 1 else tuple(res)
 
     bop = torch.library.custom_op(f"ewkern_user::{name}_backward", bimpl, mutates_args=(),

@@ -388,3 +388,92 @@ def test_gpu_more_than_2_31_elements():
         xr = x[r].double()
         torch.testing.assert_close(y[r].double(), xr / xr.pow(2).mean().sqrt(), rtol=2e-3, atol=0)
     del x, y
+
+
+# ---- column-sum outputs (a weight row's gradient in ewkern.torch's derived backwards) ------------
+
+_CS_OP = "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)"
+
+
+def _colsum_kernel(tag):
+    return ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b", _CS_OP, "0", f"cs_{tag}",
+                            _colsum=("gw",))
+
+
+def _colsum_ref(x, w, eps):
+    x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+    r = x / np.sqrt((x * x).mean(1, keepdims=True) + np.float32(eps))
+    return r * w, r.sum(0), np.abs(r).sum(0)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("shape", [(1, 64), (37, 64), (4, 9, 40), (2000, 8)])
+def test_column_sum_output_on_the_cpu(dtype, shape):
+    """An output named in _colsum gets the sum over every row of its values, shape [cols]: the
+    same as summing a per-element output afterwards, the same bits on every call."""
+    k = _colsum_kernel(f"cpu_{dtype}_{len(shape)}")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal(shape[-1]).astype(dtype)
+    y, gw = k(x, w, 1e-5)
+    ry, rgw, scale = _colsum_ref(x, w, 1e-5)
+    assert y.shape == shape and gw.shape == (shape[-1],) and gw.dtype == np.dtype(dtype)
+    eps = np.finfo(dtype).eps
+    np.testing.assert_allclose(y.reshape(-1, shape[-1]), ry, rtol=0, atol=8 * eps * np.abs(ry).max())
+    assert np.all(np.abs(gw - rgw) <= 8 * eps * scale * np.sqrt(x.size // shape[-1]) + 1e-300)
+    again = np.full(shape[-1], np.nan, dtype)
+    k(x, w, 1e-5, np.empty(shape, dtype), again)
+    np.testing.assert_array_equal(again, gw)       # given outputs; the same bits
+
+
+def test_column_sum_output_errors():
+    with pytest.raises(ValueError, match="not an output"):
+        ewkern.RowKernel("T x", "T y", "x", "a + b", "y = x", "0", "cs_bad1", _colsum=("x",))
+    with pytest.raises(ValueError, match="written only"):
+        ewkern.RowKernel("T x", "T y", "x", "a + b", "y += x", "0", "cs_bad2", _colsum=("y",))
+    k = _colsum_kernel("shape")
+    x = np.ones((3, 8))
+    with pytest.raises(ValueError, match=r"output gw has shape \(3, 8\); expected \(8,\) \(a column sum\)"):
+        k(x, np.ones(8), 1e-5, np.empty((3, 8)), np.empty((3, 8)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("g", [None, 256])
+def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
+    """The CUDA source with a column-sum output: each block runs its tiles of rows in turn, each
+    group sums into its own partial row (no stores of the output per element), every form."""
+    _nvrtc()
+    E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
+    acc = "float64" if dtype == "float64" else "float32"
+    ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y, T gw", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ins[0], dtype, "array", 0), (ins[1], dtype, "bcol", 0),
+                                        (ins[2], "float32", "scalar", 0), (outs[0], dtype, "array", 0),
+                                        (outs[1], acc, "colsum", 0)])
+    tdefs = _codegen.typedefs((("T", dtype),), ins, [dtype, dtype, "float32"], outs, [dtype, dtype])
+    src, entries = _codegen.row_source("cuda", "csk", lay, E, "x * x", "a + b", _CS_OP, "0",
+                                       "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
+    assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_cs_gw[_v * E + _k] += gw" in src
+    assert "stcs(_u_gw" not in src and "stcs(_u_y" in src
+    ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
+    assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rows,cols", [(1, 64), (300, 4096), (5000, 1024), (3, 70_000)])
+def test_gpu_column_sums(dtype, rows, cols):
+    """On CUDA: the column sums against float64, every form, the same bits on a second call."""
+    tdt = getattr(torch, dtype)
+    k = _colsum_kernel(f"gpu_{dtype}")
+    x = torch.randn(rows, cols, device="cuda").to(tdt)
+    w = (torch.rand(cols, device="cuda") + 0.5).to(tdt)
+    y, gw = k(x, w, 1e-5)
+    assert gw.shape == (cols,) and gw.dtype == tdt
+    xd = x.double()
+    r = xd * torch.rsqrt((xd * xd).mean(1, keepdim=True) + 1e-5)
+    tol = {"float32": 2e-6, "bfloat16": 1e-2}[dtype]
+    torch.testing.assert_close(gw.double(), r.sum(0), rtol=tol, atol=tol * float(r.abs().sum(0).max()))
+    torch.testing.assert_close(y.double(), r * w.double(), rtol=tol, atol=tol)
+    assert torch.equal(k(x, w, 1e-5)[1], gw)

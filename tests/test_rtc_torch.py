@@ -243,3 +243,23 @@ def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device):
         (xt * torch.rsqrt((xt * xt).mean(-1, keepdim=True) + 1e-5) * w).detach()))
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         torch.autograd.grad(op(x, w, 1e-5), x, g, create_graph=True)
+
+
+def test_row_backward_sums_a_repeated_row_in_the_kernel():
+    """The derived RowKernel backward sums the gradient of a weight given as [cols] or [1, cols]
+    over the rows itself (a column-sum output), and of a full-size input per element: each
+    against torch's autograd, shaped like its input."""
+    op = _row_op("T x, T w, float32 eps", "x * x", "y = x * rsqrt(a / _row_size + eps) * w", ("eps",))
+
+    def ref(x, w):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-5) * w
+
+    x = torch.randn(3, 5, 24, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 5, 24, dtype=torch.float64)
+    for wshape in ((24,), (1, 24), (1, 1, 24), (3, 5, 24), (5, 24)):
+        w = torch.randn(wshape, dtype=torch.float64, requires_grad=True)
+        got = torch.autograd.grad(op(x, w, 1e-5), (x, w), g)
+        want = torch.autograd.grad(ref(x, w), (x, w), g)
+        for a, b in zip(got, want):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b)

@@ -195,7 +195,7 @@ class Layout:
         for p, dt, kind, rnd in self.args:
             if kind == "scalar":
                 f.append((DTYPES[dt][1], "s_" + p.name, "scalar:" + dt, 0))
-            elif kind in ("array", "bcol", "brow", "bone"):
+            elif kind in ("array", "bcol", "brow", "bone", "colsum"):
                 f.append(("char *", "p_" + p.name, "P", 0))
                 if self.mode == "strided":
                     f.append(("long long", "st_" + p.name, "q", self.ndim))
@@ -883,12 +883,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add(tdefs)
     src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
     src.add(struct_source("ewrtc_args", layout))
-    src.add("struct ewrtc_params { ewrtc_args a; long long rows, cols, G, prefetch; };")
+    src.add("struct ewrtc_params { ewrtc_args a; long long rows, cols, G, prefetch, tiles; };")
     if preamble:
         src.user(preamble, name, "preamble")
     ins = [a for a in layout.args if not a[0].is_output and a[2] != "scalar"]
     outs = [a for a in layout.args if a[0].is_output]
     scalars = [a for a in layout.args if a[2] == "scalar"]
+    csum = [a for a in outs if a[2] == "colsum"]
+    csum_names = {a[0].name for a in csum}
+    if csum and backend == "cpu":
+        src.add("#ifdef _OPENMP\n#include <omp.h>\n#endif")
 
     def combine(indent, acc, lo, hi, expr=reduce_expr, what="reduce_expr"):
         src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
@@ -950,9 +954,25 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("    const ewrtc_params PP = *PP_;")
         src.add("    const ewrtc_args &P = PP.a;")
         scalars_and_sizes("    ")
-        src.add("#ifdef _OPENMP")
-        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
-        src.add("#endif")
+        if csum:   # each thread sums its rows into its own row of the partials (zeroed by the host)
+            src.add("#ifdef _OPENMP")
+            src.add("#pragma omp parallel num_threads(_threads) if(_threads > 1)")
+            src.add("#endif")
+            src.add("    {")
+            src.add("#ifdef _OPENMP")
+            src.add("    const long long _tid = omp_get_thread_num();")
+            src.add("#else")
+            src.add("    const long long _tid = 0;")
+            src.add("#endif")
+            for p, dt, kind, _ in csum:
+                src.add(f"    {DTYPES[dt][1]} *const _cs_{p.name} = ({DTYPES[dt][1]} *)P.p_{p.name} + _tid * PP.cols;")
+            src.add("#ifdef _OPENMP")
+            src.add("#pragma omp for schedule(static)")
+            src.add("#endif")
+        else:
+            src.add("#ifdef _OPENMP")
+            src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+            src.add("#endif")
         src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
         src.add(f"        type_reduce _acc = (type_reduce)({identity});")
         if stage2:
@@ -966,9 +986,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             elif phase == "map2":
                 map_into("            ", val, 2)
             else:
-                apply("            ", val, lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})")
+                apply("            ", val, lambda p, dt: (f"_cs_{p.name}[_ew_c] += {p.name}" if p.name in csum_names
+                                                      else f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})"))
             src.add("        }")
         src.add("    }")
+        if csum:
+            src.add("    }")
         src.add("}")
         return src.text(), [entry]
 
@@ -979,25 +1002,50 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add(f"    enum {{ E = {E} }};")
     src.add("    const ewrtc_args &P = PP.a;")
     src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
-    src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
-    src.add("    const bool _live = _ew_r < PP.rows;")
     src.add("    const int _nv = int(PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")
+
+    def row_pointers():
+        src.add("    const bool _live = _ew_r < PP.rows;")
+        for p, dt, kind, _ in vec:
+            q = "" if p.is_output else "const "
+            off = f" + _ew_r * _nv" if kind == "array" else ""
+            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name}{off};")
     for p, dt, kind, _ in vec:
-        q = "" if p.is_output else "const "
         src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, E> _U_{p.name};")
-        off = f" + _ew_r * _nv" if kind == "array" else ""
-        src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name}{off};")
     dense_in = [a for a in ins if a[2] == "array"]
     bcols = [a for a in ins if a[2] == "bcol"]
     read_outs = [a for a in outs if a[0].name in read_outputs]
-    if dense_in:
-        src.add("    if ((long long)blockIdx.x < PP.prefetch && _live && _lane < _nv) {")
-        for p, dt, kind, _ in dense_in:
-            src.add(f"        prefetch_l2_line(_u_{p.name} + _lane, unsigned(sizeof(_U_{p.name})), _lane == 0);")
-        src.add("    }")
-    src.add("    pdl_wait();")
-    src.add("    pdl_launch_dependents();")
-    scalars_and_sizes("    ")
+    if csum:
+        # column sums (a weight's gradient): each block takes PP.tiles tiles of blockDim.x / G rows
+        # in turn; each group adds its rows' values, in row order, into its own row of the partials
+        # (lane-owned elements: no races, the order fixed); the host sums the partials' rows
+        src.add("    pdl_wait();")
+        src.add("    pdl_launch_dependents();")
+        scalars_and_sizes("    ")
+        src.add("    const int _groups = int(blockDim.x) / _G, _group = int(threadIdx.x) / _G;")
+        for p, dt, kind, _ in csum:
+            C = DTYPES[dt][1]
+            src.add(f"    {C} *const _cs_{p.name} = ({C} *)P.p_{p.name} + ((long long)blockIdx.x * _groups + _group)"
+                    " * PP.cols;")
+            src.add("    for (int _v = _lane; _v < _nv; _v += _G)")
+            src.add("        for (int _k = 0; _k < E; ++_k)")
+            src.add(f"            _cs_{p.name}[_v * E + _k] = {C}(0);")
+        src.add("    for (long long _t = 0; _t < PP.tiles; ++_t) {")
+        src.add("    if (_t > 0)")
+        src.add("        __syncthreads();   /* the combines' shared slots are used again */")
+        src.add("    const long long _ew_r = ((long long)blockIdx.x * PP.tiles + _t) * _groups + _group;")
+        row_pointers()
+    else:
+        src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
+        row_pointers()
+        if dense_in:
+            src.add("    if ((long long)blockIdx.x < PP.prefetch && _live && _lane < _nv) {")
+            for p, dt, kind, _ in dense_in:
+                src.add(f"        prefetch_l2_line(_u_{p.name} + _lane, unsigned(sizeof(_U_{p.name})), _lane == 0);")
+            src.add("    }")
+        src.add("    pdl_wait();")
+        src.add("    pdl_launch_dependents();")
+        scalars_and_sizes("    ")
     for p, dt, kind, _ in ins + outs:
         if kind in ("brow", "bone"):
             at = "_ew_r" if kind == "brow" else "0"
@@ -1100,14 +1148,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"{indent}if (_live && _v < _nv) {{")
         for p, dt, kind, _ in (late if have_regs else dense_in + bcols) + read_outs:
             src.add(f"{indent}    const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
-        for p, dt, kind, _ in outs:
+        dense_outs = [a for a in outs if a[2] != "colsum"]
+        for p, dt, kind, _ in dense_outs:
             src.add(f"{indent}    _U_{p.name} _w_{p.name};")
         src.add("#pragma unroll")
         src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
         src.add(f"{indent}        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        apply(indent + "        ", value, lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
+        apply(indent + "        ", value, lambda p, dt: (f"_cs_{p.name}[_v * E + _k] += {p.name}" if p.name in csum_names
+                                                         else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
         src.add(f"{indent}    }}")
-        for p, dt, kind, _ in outs:
+        for p, dt, kind, _ in dense_outs:
             src.add(f"{indent}    ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
         src.add(f"{indent}}}")
 
@@ -1123,6 +1173,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     emit_apply("            ", mem_value, False)
     src.add("        }")
     src.add("    }")
+    if csum:
+        src.add("    }")
     src.add("}")
     entries = []
     for vpl in ROW_FORMS:

@@ -271,7 +271,7 @@ def _fill(layout: _codegen.Layout, size: int, shape, values: dict, head: int = 0
         v = values[p.name]
         if kind == "scalar":
             setattr(S, "s_" + p.name, v)
-        elif kind in ("array", "bcol", "brow", "bone"):
+        elif kind in ("array", "bcol", "brow", "bone", "colsum"):
             a, strides = v
             setattr(S, "p_" + p.name, a.ptr + (head * DTYPES[dt][2] if kind == "array" else 0))
             if layout.mode == "strided":

@@ -26,15 +26,35 @@ _params_cache: dict[Any, type] = {}
 
 
 def _params_struct(layout: _codegen.Layout) -> type:
-    """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch."""
+    """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch, tiles."""
     key = layout.key()
     cls = _params_cache.get(key)
     if cls is None:
         cls = type("ewrtc_row_params", (ctypes.Structure,), {"_fields_": [
             ("a", _ctypes_struct(layout)), ("rows", ctypes.c_longlong), ("cols", ctypes.c_longlong),
-            ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong)]})
+            ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong), ("tiles", ctypes.c_longlong)]})
         _params_cache[key] = cls
     return cls
+
+
+# the type a column-sum output's partial rows accumulate in, per output dtype
+_ACCUMULATE = {"float32": "float32", "float16": "float32", "bfloat16": "float32", "float64": "float64"}
+_column_sums: dict[tuple[str, str], Any] = {}
+
+
+def _column_sum(pdt: str, odt: str) -> Any:
+    """The ReductionKernel that sums partial rows (pdt) over axis 0 into an output of odt."""
+    k = _column_sums.get((pdt, odt))
+    if k is None:
+        from ._kernel import ReductionKernel
+        k = _column_sums[(pdt, odt)] = ReductionKernel(f"{pdt} p", f"{odt} y", "p", "a + b", "y = a", "0",
+                                                       "ewkern_column_sum")
+    return k
+
+
+def _cpu_threads(rows: int, n: int) -> int:
+    """The threads a CPU row kernel runs on (its rows are split among them)."""
+    return _threads(n) if rows > 1 else 1
 
 
 def row_plan(nv: int) -> tuple[int, int]:
@@ -96,7 +116,8 @@ class RowKernel:
 
     def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, operation: str,
                  identity: str, name: str = "row_kernel", reduce_type: str | None = None, preamble: str = "",
-                 options: tuple[str, ...] = (), _stage2: tuple[str, str, str] | None = None) -> None:
+                 options: tuple[str, ...] = (), _stage2: tuple[str, str, str] | None = None,
+                 _colsum: tuple[str, ...] = ()) -> None:
         if not isinstance(name, str) or not _IDENT_OK(name):
             raise ValueError(f"RowKernel: name must be a C identifier, got {name!r}")
         for what, v in (("map_expr", map_expr), ("reduce_expr", reduce_expr), ("operation", operation),
@@ -130,6 +151,15 @@ class RowKernel:
         if _stage2 is not None:
             m2, r2, i2 = _stage2
             self._stage2 = (str(m2), str(r2), str(i2))
+        # outputs that receive the sum over the rows of their values, shape [cols] (a weight row's
+        # gradient in ewkern.torch's derived backwards): summed in the kernel into a few partial
+        # rows, then over those, instead of written per element and summed afterwards
+        self._colsum = tuple(_colsum)
+        for c in self._colsum:
+            if c not in [p.name for p in self.out_params]:
+                raise ValueError(f"{name}: _colsum names {c!r}, which is not an output")
+            if not _codegen.writes_only(operation, c):
+                raise ValueError(f"{name}: a column-sum output ({c}) must be written only")
         self.options = tuple(options)
         self._compiled: dict[tuple[Any, ...], Any] = {}
         self._waves: dict[tuple[int, int], int] = {}
@@ -178,12 +208,16 @@ class RowKernel:
         if not shape:
             raise ValueError(f"{name}: a RowKernel needs an array input of at least one dimension (its rows are "
                              "the last axis)")
+        colsum = self._colsum
         for p, v in zip(self.out_params, call.outs):
-            if v.shape != shape:
-                raise ValueError(f"{name}: output {p.name} has shape {v.shape}; the arguments broadcast to {shape}")
+            want = shape[-1:] if p.name in colsum else shape
+            if v.shape != want:
+                raise ValueError(f"{name}: output {p.name} has shape {v.shape}; expected {want}"
+                                 f"{' (a column sum)' if p.name in colsum else ''}")
         results = list(outs)
         for k in range(len(outs), self.nout):
-            res, a = call.alloc(call.out_types[k], shape, self.out_params[k].name)
+            p = self.out_params[k]
+            res, a = call.alloc(call.out_types[k], shape[-1:] if p.name in colsum else shape, p.name)
             results.append(res)
             call.outs.append(a)
         ret = results[0] if self.nout == 1 else tuple(results)
@@ -196,7 +230,7 @@ class RowKernel:
         # the outputs: dense over the shape (a strided CPU output is computed apart and copied in)
         back = []
         for k, (p, v) in enumerate(zip(self.out_params, call.outs)):
-            if not _dense(v.strides, shape, DTYPES[v.dtype][2]):
+            if p.name not in colsum and not _dense(v.strides, shape, DTYPES[v.dtype][2]):
                 res, a = call.alloc(v.dtype, shape, p.name)
                 back.append((v, a))
                 call.outs[k] = a
@@ -213,20 +247,40 @@ class RowKernel:
             largs.append((p, dt, kind, 0))
             values[p.name] = (v, None)
         for p, v, dt in zip(self.out_params, call.outs, call.out_types):
+            if p.name in colsum:   # the kernel's partial rows: allocated below, once their count is known
+                largs.append((p, _ACCUMULATE[dt], "colsum", 0))
+                values[p.name] = (_Arr(None, _ACCUMULATE[dt], (0,), (0,), 0, None, call.device), None)
+                continue
             largs.append((p, dt, "array", 0))
             values[p.name] = (v, None)
         layout = _codegen.Layout("contig", 1, largs)
-        P = _params_struct(layout)(_fill(layout, rows * cols, (rows * cols,), values), rows, cols, 1, 0)
+        P = _params_struct(layout)(_fill(layout, rows * cols, (rows * cols,), values), rows, cols, 1, 0, 1)
         rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
         reads = {p.name for p in self.out_params if not _codegen.writes_only(self.operation, p.name)}
         if call.device == "cpu":
             run = self._cpu_run(call, layout, rtype, reads, P, rows * cols)
+            nparts = _cpu_threads(rows, rows * cols)
         else:
-            run = self._cuda_run(call, layout, values, rtype, reads, P, rows, cols)
+            run, nparts = self._cuda_run(call, layout, values, rtype, reads, P, rows, cols)
+        partials = []
+        for p in self.out_params:
+            if p.name in colsum:
+                pdt = _ACCUMULATE[call.out_types[self.out_params.index(p)]]
+                if call.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
+                    z = np.zeros((nparts, cols), DTYPES[pdt][4])
+                    obj, ptr = z, z.__array_interface__["data"][0]
+                else:
+                    obj, a = call.alloc(pdt, (nparts, cols), p.name)
+                    ptr = a.ptr
+                setattr(P.a, "p_" + p.name, ptr)
+                partials.append((obj, p))
         run(bytearray(bytes(P)), call.stream)
         for dst, tmp in back:
             np.copyto(dst.np, tmp.np)
-        if not back and all(a is b for a, b in zip(given_ins, call.ins)):
+        for obj, p in partials:   # the sum over the partial rows (a column reduction, in a fixed order)
+            k = self.out_params.index(p)
+            _column_sum(_ACCUMULATE[call.out_types[k]], call.out_types[k])(obj, out=results[k], axis=0)
+        if not back and not colsum and all(a is b for a, b in zip(given_ins, call.ins)):
             pos = {p.name: k for k, p in enumerate(self.in_params + self.out_params)}
             slots = _plan_slots(_ctypes_struct(layout), type(P).a.offset, layout, pos)
             _record_plan(self, args, call, P, slots, run, "one" if self.nout == 1 else "tuple",
@@ -248,12 +302,13 @@ class RowKernel:
             src, (entry,) = self._source("cpu", call, layout, 1, rtype, reads)
             fn = self._compiled[key] = _build.build_cpu(self.name, src, entry, self._parts())
         self._last_path = "cpu"
-        return _cpu_runner(fn, _threads(n) if P.rows > 1 else 1, type(P))
+        return _cpu_runner(fn, _cpu_threads(P.rows, n), type(P))
 
     def _cuda_run(self, call: _Call, layout: _codegen.Layout, values: dict[str, Any], rtype: str, reads: set[str],
-                  P: Any, rows: int, cols: int) -> Callable[[bytearray, int], None]:
-        """run(buf, stream) of the CUDA kernel (compiled on first use): the plan of row_plan, the
-        first wave's L2 prefetch when PDL is on."""
+                  P: Any, rows: int, cols: int) -> tuple[Callable[[bytearray, int], None], int]:
+        """(run(buf, stream), partial rows) of the CUDA kernel (compiled on first use): the plan of
+        row_plan, the first wave's L2 prefetch when PDL is on; with column-sum outputs a wave of
+        blocks that take P.tiles tiles of rows each, one partial row per group."""
         device = call.device
         assert device is not None   # an array argument set it
         vec = [values[p.name][0] for p, _, kind, _ in layout.args if kind in ("array", "bcol")]
@@ -281,8 +336,11 @@ class RowKernel:
             w = self._waves[wk] = sms * _C()._rtc_occupancy(h, block, dev)
         P.G = G
         grid = -(-rows // (block // G))
-        self._last_path = f"rows G={G} VPL={vpl} E={E}"
-        return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w)
+        if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
+            P.tiles = -(-grid // min(grid, w))
+            grid = -(-grid // P.tiles)
+        self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles}" if self._colsum else "")
+        return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w), grid * (block // G)
 
 
 _copy_kernel: list[Any] = []
