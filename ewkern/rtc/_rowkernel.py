@@ -249,7 +249,7 @@ class RowKernel:
         for p, v, dt in zip(self.out_params, call.outs, call.out_types):
             if p.name in colsum:   # the kernel's partial rows: allocated below, once their count is known
                 largs.append((p, _ACCUMULATE[dt], "colsum", 0))
-                values[p.name] = (_Arr(None, _ACCUMULATE[dt], (0,), (0,), 0, None, call.device), None)
+                values[p.name] = (_Arr(None, _ACCUMULATE[dt], (0,), (0,), 0, None, v.device), None)
                 continue
             largs.append((p, dt, "array", 0))
             values[p.name] = (v, None)
