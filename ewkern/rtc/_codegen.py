@@ -209,6 +209,19 @@ class Layout:
         return (self.mode, self.ndim, tuple((p.name, dt, kind, rnd) for p, dt, kind, rnd in self.args))
 
 
+def prefetch_then_wait(src: "Source", cond: str, arrays, at: str, first: str) -> None:
+    """The prologue of a kernel launched with PDL: where cond holds, each array's vector at
+    index `at` prefetched into L2 (one line per `first` lane), then the wait for the previous
+    kernel and the early launch of the next."""
+    if arrays:
+        src.add(f"    if ({cond}) {{")
+        for p, dt, kind, _ in arrays:
+            src.add(f"        prefetch_l2_line(_u_{p.name} + {at}, unsigned(sizeof(_U_{p.name})), {first});")
+        src.add("    }")
+    src.add("    pdl_wait();")
+    src.add("    pdl_launch_dependents();")
+
+
 def struct_source(name: str, layout: Layout) -> str:
     lines = [f"struct {name} {{"]
     for ctype, field, _, count in layout.fields():
@@ -734,13 +747,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     for p, dt, kind, _ in ones:
         src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name});")
     src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
-    if ins:
-        src.add("    if ((long long)blockIdx.x < P.prefetch && _base < _nvec) {")
-        for p, dt, kind, _ in ins:
-            src.add(f"        prefetch_l2_line(_u_{p.name} + _base, unsigned(sizeof(_U_{p.name})), threadIdx.x == 0);")
-        src.add("    }")
-    src.add("    pdl_wait();")
-    src.add("    pdl_launch_dependents();")
+    prefetch_then_wait(src, "(long long)blockIdx.x < P.prefetch && _base < _nvec", ins, "_base", "threadIdx.x == 0")
     for p, dt, kind, rnd in layout.args:
         C = DTYPES[dt][1]
         S = DTYPES[dt][0]
@@ -1038,13 +1045,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     else:
         src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
         row_pointers()
-        if dense_in:
-            src.add("    if ((long long)blockIdx.x < PP.prefetch && _live && _lane < _nv) {")
-            for p, dt, kind, _ in dense_in:
-                src.add(f"        prefetch_l2_line(_u_{p.name} + _lane, unsigned(sizeof(_U_{p.name})), _lane == 0);")
-            src.add("    }")
-        src.add("    pdl_wait();")
-        src.add("    pdl_launch_dependents();")
+        prefetch_then_wait(src, "(long long)blockIdx.x < PP.prefetch && _live && _lane < _nv", dense_in, "_lane",
+                           "_lane == 0")
         scalars_and_sizes("    ")
     for p, dt, kind, _ in ins + outs:
         if kind in ("brow", "bone"):
