@@ -477,3 +477,24 @@ def test_gpu_column_sums(dtype, rows, cols):
     torch.testing.assert_close(gw.double(), r.sum(0), rtol=tol, atol=tol * float(r.abs().sum(0).max()))
     torch.testing.assert_close(y.double(), r * w.double(), rtol=tol, atol=tol)
     assert torch.equal(k(x, w, 1e-5)[1], gw)
+
+
+def test_column_sum_warm_calls_run_by_plan(full_calls):
+    """A warm call with a column-sum output runs by its plan: fresh partial rows, the sum into a
+    fresh (or the given) output, the same values as the full path."""
+    k = _colsum_kernel("plan")
+    rng = np.random.default_rng(12)
+    for rep in range(3):
+        x = rng.standard_normal((50, 32))
+        w = rng.standard_normal(32)
+        y, gw = k(x, w, 0.5)
+        ry, rgw, scale = _colsum_ref(x, w, 0.5)
+        np.testing.assert_allclose(gw, rgw, rtol=0, atol=1e-13 * scale.max())
+    assert full_calls[0] == 2    # the kernel's first call and its column sum's
+    gw_out = np.empty(32)
+    k(x, w, 0.5, np.empty((50, 32)), gw_out)
+    n = full_calls[0]
+    x2 = rng.standard_normal((50, 32))
+    r = k(x2, w, 0.5, np.empty((50, 32)), gw_out)
+    assert r[1] is gw_out and full_calls[0] == n
+    np.testing.assert_allclose(gw_out, _colsum_ref(x2, w, 0.5)[1], rtol=0, atol=1e-13 * 50)

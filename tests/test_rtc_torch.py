@@ -245,10 +245,14 @@ def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device):
         torch.autograd.grad(op(x, w, 1e-5), x, g, create_graph=True)
 
 
-def test_row_backward_sums_a_repeated_row_in_the_kernel():
+@pytest.mark.parametrize("colsum_on_cpu", [False, True])
+def test_row_backward_sums_a_repeated_row_in_the_kernel(colsum_on_cpu, monkeypatch):
     """The derived RowKernel backward sums the gradient of a weight given as [cols] or [1, cols]
-    over the rows itself (a column-sum output), and of a full-size input per element: each
-    against torch's autograd, shaped like its input."""
+    over the rows itself (a column-sum output; on CUDA, and here on the CPU too when asked), and
+    of a full-size input per element: each against torch's autograd, shaped like its input, in
+    eager and under torch.compile (the fake kernel's shapes)."""
+    if colsum_on_cpu:
+        monkeypatch.setattr(ewt, "_COLSUM_DEVICES", ("cuda", "cpu"))
     op = _row_op("T x, T w, float32 eps", "x * x", "y = x * rsqrt(a / _row_size + eps) * w", ("eps",))
 
     def ref(x, w):
@@ -263,3 +267,7 @@ def test_row_backward_sums_a_repeated_row_in_the_kernel():
         for a, b in zip(got, want):
             assert a.shape == b.shape
             torch.testing.assert_close(a, b)
+    f = torch.compile(lambda a, b: (op(a, b, 1e-5) * g).sum(), fullgraph=True)
+    w = torch.randn(24, dtype=torch.float64, requires_grad=True)
+    for a, b in zip(torch.autograd.grad(f(x, w), (x, w)), torch.autograd.grad((ref(x, w) * g).sum(), (x, w))):
+        torch.testing.assert_close(a, b)

@@ -543,11 +543,15 @@ _PLANS_MAX = 64   # plans a kernel keeps (a new one past this clears them)
 
 
 class _Plan:
-    __slots__ = ("device", "template", "ptrs", "scalars", "outs", "run", "ret")
+    """colsum: a RowKernel's column-sum outputs, ((offset of the partial rows' pointer, their
+    dtype, their shape, the output's index among the results, its dtype), ...): each call
+    allocates partial rows for the kernel and sums them into the output after it
+    (_rowkernel._column_sum)."""
+    __slots__ = ("device", "template", "ptrs", "scalars", "outs", "run", "ret", "colsum")
 
-    def __init__(self, device, template, ptrs, scalars, outs, run, ret) -> None:
+    def __init__(self, device, template, ptrs, scalars, outs, run, ret, colsum=()) -> None:
         self.device, self.template, self.ptrs, self.scalars = device, template, ptrs, scalars
-        self.outs, self.run, self.ret = outs, run, ret
+        self.outs, self.run, self.ret, self.colsum = outs, run, ret, colsum
 
 
 def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
@@ -602,7 +606,20 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
         _pack_into("Q", buf, off, ptrs[k] + add)
     for off, fmt, k, dt, pname in plan.scalars:
         _pack_into(fmt, buf, off, _scalar_value(args[k], dt, kern.name, pname))
+    parts = []
+    for off, pdt, shape, k, odt in plan.colsum:
+        if plan.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
+            part = np.zeros(shape, DTYPES[pdt][4])
+            _pack_into("Q", buf, off, part.__array_interface__["data"][0])
+        else:
+            part = C._rtc_result(objs[0], pdt, shape)
+            _pack_into("Q", buf, off, C._rtc_views((part,), ("partial",))[0][0][0])
+        parts.append((part, pdt, k, odt))
     plan.run(buf, stream)
+    if parts:
+        from ._rowkernel import _column_sum
+        for part, pdt, k, odt in parts:
+            _column_sum(pdt, odt)(part, out=results[k], axis=0)
     if plan.ret == "one":
         return results[0]
     return None if plan.ret == "none" else tuple(results)
@@ -615,6 +632,8 @@ def _plan_slots(cls, base: int, layout: _codegen.Layout, pos: dict, head: int = 
     ptrs, scalars = [], []
     types = dict(cls._fields_)
     for p, dt, kind, _ in layout.args:
+        if kind == "colsum":   # partial rows the plan allocates itself (_Plan.colsum)
+            continue
         if kind == "scalar":
             f = "s_" + p.name
             scalars.append((base + getattr(cls, f).offset, types[f]._type_, pos[p.name], dt, p.name))
@@ -624,7 +643,8 @@ def _plan_slots(cls, base: int, layout: _codegen.Layout, pos: dict, head: int = 
     return ptrs, scalars
 
 
-def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_shapes, extra=None) -> None:
+def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_shapes, extra=None,
+                 colsum=()) -> None:
     """Remember how a call ran (see the notes above _MISS) in kern._plans, keyed by its signature:
     slots from _plan_slots, struct_obj the argument struct it launched with, out_shapes the
     shapes of the outputs it allocated. Calls with an array that was not C-contiguous are not
@@ -644,8 +664,9 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
     ptrs, scalars = slots
     template = bytes(struct_obj)
     plans[(len(args), is_arr, sig, extra)] = _Plan(call.device, template, tuple(ptrs), tuple(scalars),
-                                                   outs, run, ret)
-    _record_cplan(kern, args, template, ptrs, scalars, outs, run, ret, extra)
+                                                   outs, run, ret, tuple(colsum))
+    if not colsum:
+        _record_cplan(kern, args, template, ptrs, scalars, outs, run, ret, extra)
 
 
 # the scalar parameters the C fast path converts itself (a Python float, int or bool to float32 or

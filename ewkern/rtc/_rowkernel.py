@@ -280,11 +280,15 @@ class RowKernel:
         for obj, p in partials:   # the sum over the partial rows (a column reduction, in a fixed order)
             k = self.out_params.index(p)
             _column_sum(_ACCUMULATE[call.out_types[k]], call.out_types[k])(obj, out=results[k], axis=0)
-        if not back and not colsum and all(a is b for a, b in zip(given_ins, call.ins)):
+        if not back and all(a is b for a, b in zip(given_ins, call.ins)):
             pos = {p.name: k for k, p in enumerate(self.in_params + self.out_params)}
-            slots = _plan_slots(_ctypes_struct(layout), type(P).a.offset, layout, pos)
+            S = _ctypes_struct(layout)
+            slots = _plan_slots(S, type(P).a.offset, layout, pos)
+            cs = [(type(P).a.offset + getattr(S, "p_" + p.name).offset, _ACCUMULATE[call.out_types[k]],
+                   (nparts, cols), k, call.out_types[k]) for k, p in enumerate(self.out_params) if p.name in colsum]
             _record_plan(self, args, call, P, slots, run, "one" if self.nout == 1 else "tuple",
-                         [shape] * (self.nargs - len(args)))
+                         [shape[-1:] if p.name in colsum else shape for p in self.out_params[len(args) - self.nin:]],
+                         colsum=cs)
         return ret
 
     def _source(self, backend: str, call: _Call, layout: _codegen.Layout, E: int, rtype: str,
