@@ -119,3 +119,30 @@ def test_row_and_reduction_plan_launches_are_the_full_paths(fake):
 
 def kern_args_rms(b):
     return FakeArray(b, "float32", (300, 4096)), FakeArray(b + (1 << 30), "float32", (4096,)), 1e-6
+
+
+@pytest.mark.parametrize("rows", [300, 5000])
+def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
+    """A RowKernel with a column-sum output on CUDA: a wave of blocks (the occupancy the stand-in
+    reports) over tiles of rows, partial rows allocated per call, then the column sum's launch;
+    a warm call launches the same kernels with only the pointers moved."""
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
+                         "fake_cs", _colsum=("gw",))
+    base = 1 << 36
+    args = lambda b: (FakeArray(b, "float32", (rows, 4096)), FakeArray(b + (1 << 30), "float32", (4096,)), 1e-6)
+    y, gw = k(*args(base))
+    assert gw.shape == (4096,) and y.shape == (rows, 4096)
+    first = fake.launches[-2:]
+    assert "tiles=" in k._last_path
+    rows_launch = first[0]
+    grid, block = rows_launch[1], rows_launch[2]
+    assert grid <= 132 * 8 and block == 256     # at most a wave of the stand-in's 8 blocks an SM
+    (tiles,) = struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 8)
+    assert tiles * grid >= rows > (tiles - 1) * grid and tiles == -(-rows // (132 * 8))
+    y2, gw2 = k(*args(base + (1 << 28)))
+    second = fake.launches[-2:]
+    for f, s in zip(first, second):
+        assert f[:3] == s[:3] and f[4:] == s[4:]
+        assert len(f[3]) == len(s[3])
+    assert gw2.ptr != gw.ptr
