@@ -1,12 +1,19 @@
+import atexit
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# torch.compile's on-disk caches key a graph by its custom ops' names, not their fake kernels: a
+# run of another ewkern tree could hand this one its compiled code. Each test session gets its own.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ewkern-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], True)
 
 import ewkern  # noqa: E402
 
