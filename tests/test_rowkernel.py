@@ -444,16 +444,16 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     group sums into its own partial row (no stores of the output per element), every form."""
     _nvrtc()
     E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
-    acc = "float64" if dtype == "float64" else "float32"
     ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y, T gw", True, "k")
     lay = _codegen.Layout("contig", 1, [(ins[0], dtype, "array", 0), (ins[1], dtype, "bcol", 0),
                                         (ins[2], "float32", "scalar", 0), (outs[0], dtype, "array", 0),
-                                        (outs[1], acc, "colsum", 0)])
+                                        (outs[1], dtype, "colsum", 0)])
     tdefs = _codegen.typedefs((("T", dtype),), ins, [dtype, dtype, "float32"], outs, [dtype, dtype])
     src, entries = _codegen.row_source("cuda", "csk", lay, E, "x * x", "a + b", _CS_OP, "0",
                                        "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
     assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_cs_gw[_v * E + _k] += gw" in src
     assert "stcs(_u_gw" not in src and "stcs(_u_y" in src
+    assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1
     ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
     assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
 

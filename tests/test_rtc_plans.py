@@ -140,6 +140,12 @@ def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
     assert grid <= 132 * 8 and block == 256     # at most a wave of the stand-in's 8 blocks an SM
     (tiles,) = struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 8)
     assert tiles * grid >= rows > (tiles - 1) * grid and tiles == -(-rows // (132 * 8))
+    sum_launch = first[1]
+    part, out, P, cols = struct.unpack("<QQqq", sum_launch[3])
+    assert sum_launch[1:3] == (4096 // 32, 1024) and (P, cols) == (grid * (block // 256), 4096)
+    assert out == gw.ptr and part not in (gw.ptr, y.ptr)
+    (p_gw,) = [struct.unpack_from("<Q", rows_launch[3], o)[0] for o in range(0, len(rows_launch[3]) - 40, 8)
+               if struct.unpack_from("<Q", rows_launch[3], o)[0] == part]
     y2, gw2 = k(*args(base + (1 << 28)))
     second = fake.launches[-2:]
     for f, s in zip(first, second):

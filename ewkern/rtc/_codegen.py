@@ -820,6 +820,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 # ---- row kernels: a reduction over each row, then an operation over the same row --------------
 
 ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
+COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
 
 SHFL_PRELUDE = r"""
@@ -1184,4 +1185,33 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         entries.append(entry)
         src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params PP)')
         src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")
+    if csum:
+        # the partial rows' sum, one entry per column-sum output (after the forms): a block of
+        # COLSUM_SLICES x 32 threads per 32 columns, lanes over the columns (coalesced), slice s
+        # summing rows s, s + SLICES, ... in order, then the slices in order: the same bits always
+        src.add("struct ewrtc_colsum_params { const char *part; char *out; long long P, cols; };")
+        for p, dt, kind, _ in csum:
+            entry = f"ewrtc_{name}_sum_{p.name}"
+            entries.append(entry)
+            C = DTYPES[dt][1]
+            src.add(f'extern "C" __global__ void __launch_bounds__({32 * COLSUM_SLICES}) {entry}'
+                    "(const ewrtc_colsum_params Q)")
+            src.add("{")
+            src.add("    const long long _c = (long long)blockIdx.x * 32 + (threadIdx.x & 31);")
+            src.add("    const int _s = int(threadIdx.x >> 5);")
+            src.add("    pdl_wait();")
+            src.add("    pdl_launch_dependents();")
+            src.add(f"    {C} _t = {C}(0);")
+            src.add("    if (_c < Q.cols)")
+            src.add(f"        for (long long _r = _s; _r < Q.P; _r += {COLSUM_SLICES})")
+            src.add(f"            _t += ((const {C} *)Q.part)[_r * Q.cols + _c];")
+            src.add(f"    __shared__ {C} _sl[{COLSUM_SLICES}][32];")
+            src.add("    _sl[_s][threadIdx.x & 31] = _t;")
+            src.add("    __syncthreads();")
+            src.add("    if (_s != 0 || _c >= Q.cols)")
+            src.add("        return;")
+            src.add(f"    for (int _k = 1; _k < {COLSUM_SLICES}; ++_k)")
+            src.add("        _t += _sl[_k][threadIdx.x];")
+            src.add(f"    ewrtc::st(({DTYPES[dt][0]} *)Q.out + _c, _t);")
+            src.add("}")
     return src.text(), entries

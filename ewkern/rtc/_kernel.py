@@ -544,9 +544,9 @@ _PLANS_MAX = 64   # plans a kernel keeps (a new one past this clears them)
 
 class _Plan:
     """colsum: a RowKernel's column-sum outputs, ((offset of the partial rows' pointer, their
-    dtype, their shape, the output's index among the results, its dtype), ...): each call
-    allocates partial rows for the kernel and sums them into the output after it
-    (_rowkernel._column_sum)."""
+    dtype, their shape, the output's index among the results, finish), ...): each call allocates
+    partial rows for the kernel, and finish(partials, their address, output, stream) sums them
+    into the output after it (_rowkernel._cpu_column_sum, _cuda_column_sum)."""
     __slots__ = ("device", "template", "ptrs", "scalars", "outs", "run", "ret", "colsum")
 
     def __init__(self, device, template, ptrs, scalars, outs, run, ret, colsum=()) -> None:
@@ -607,19 +607,18 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
     for off, fmt, k, dt, pname in plan.scalars:
         _pack_into(fmt, buf, off, _scalar_value(args[k], dt, kern.name, pname))
     parts = []
-    for off, pdt, shape, k, odt in plan.colsum:
+    for off, pdt, shape, k, finish in plan.colsum:
         if plan.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
             part = np.zeros(shape, DTYPES[pdt][4])
-            _pack_into("Q", buf, off, part.__array_interface__["data"][0])
+            ptr = part.__array_interface__["data"][0]
         else:
             part = C._rtc_result(objs[0], pdt, shape)
-            _pack_into("Q", buf, off, C._rtc_views((part,), ("partial",))[0][0][0])
-        parts.append((part, pdt, k, odt))
+            ptr = C._rtc_views((part,), ("partial",))[0][0][0]
+        _pack_into("Q", buf, off, ptr)
+        parts.append((part, ptr, k, finish))
     plan.run(buf, stream)
-    if parts:
-        from ._rowkernel import _column_sum
-        for part, pdt, k, odt in parts:
-            _column_sum(pdt, odt)(part, out=results[k], axis=0)
+    for part, ptr, k, finish in parts:
+        finish(part, ptr, results[k], stream)
     if plan.ret == "one":
         return results[0]
     return None if plan.ret == "none" else tuple(results)

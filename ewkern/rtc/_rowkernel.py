@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 from typing import Any, Callable
 
 import numpy as np
@@ -42,14 +43,29 @@ _ACCUMULATE = {"float32": "float32", "float16": "float32", "bfloat16": "float32"
 _column_sums: dict[tuple[str, str], Any] = {}
 
 
-def _column_sum(pdt: str, odt: str) -> Any:
-    """The ReductionKernel that sums partial rows (pdt) over axis 0 into an output of odt."""
+def _cpu_column_sum(pdt: str, odt: str) -> Callable[[Any, int, Any, int], None]:
+    """finish(partials, their address, out, stream) on the CPU: a ReductionKernel sums the partial
+    rows (pdt: a row per thread) over axis 0 into out (odt)."""
     k = _column_sums.get((pdt, odt))
     if k is None:
         from ._kernel import ReductionKernel
         k = _column_sums[(pdt, odt)] = ReductionKernel(f"{pdt} p", f"{odt} y", "p", "a + b", "y = a", "0",
                                                        "ewkern_column_sum")
-    return k
+    red = k
+    return lambda part, ptr, out, stream: red(part, out=out, axis=0)
+
+
+def _cuda_column_sum(h: int, dev: int, nparts: int, cols: int) -> Callable[[Any, int, Any, int], None]:
+    """finish(partials, their address, out, stream) on CUDA: the row kernel's own column-sum entry
+    (h) over nparts partial rows of cols elements into out."""
+    from .. import pdl_enabled
+    grid = -(-cols // 32)
+
+    def finish(part: Any, ptr: int, out: Any, stream: int) -> None:
+        (view,), _ = _C()._rtc_views((out,), ("out",))
+        _C()._rtc_launch(h, grid, 32 * _codegen.COLSUM_SLICES, struct.pack("<QQqq", ptr, view[0], nparts, cols), dev,
+                         stream, pdl_enabled())
+    return finish
 
 
 def _cpu_threads(rows: int, n: int) -> int:
@@ -247,8 +263,8 @@ class RowKernel:
             largs.append((p, dt, kind, 0))
             values[p.name] = (v, None)
         for p, v, dt in zip(self.out_params, call.outs, call.out_types):
-            if p.name in colsum:   # the kernel's partial rows: allocated below, once their count is known
-                largs.append((p, _ACCUMULATE[dt], "colsum", 0))
+            if p.name in colsum:   # the kernel's partial rows (in dt's compute type): allocated below
+                largs.append((p, dt, "colsum", 0))
                 values[p.name] = (_Arr(None, _ACCUMULATE[dt], (0,), (0,), 0, None, v.device), None)
                 continue
             largs.append((p, dt, "array", 0))
@@ -257,35 +273,35 @@ class RowKernel:
         P = _params_struct(layout)(_fill(layout, rows * cols, (rows * cols,), values), rows, cols, 1, 0, 1)
         rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
         reads = {p.name for p in self.out_params if not _codegen.writes_only(self.operation, p.name)}
+        cs_outs = [(k, p) for k, p in enumerate(self.out_params) if p.name in colsum]
         if call.device == "cpu":
             run = self._cpu_run(call, layout, rtype, reads, P, rows * cols)
             nparts = _cpu_threads(rows, rows * cols)
+            finish = [_cpu_column_sum(_ACCUMULATE[call.out_types[k]], call.out_types[k]) for k, _ in cs_outs]
         else:
-            run, nparts = self._cuda_run(call, layout, values, rtype, reads, P, rows, cols)
+            run, nparts, finish = self._cuda_run(call, layout, values, rtype, reads, P, rows, cols)
         partials = []
-        for p in self.out_params:
-            if p.name in colsum:
-                pdt = _ACCUMULATE[call.out_types[self.out_params.index(p)]]
-                if call.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
-                    z = np.zeros((nparts, cols), DTYPES[pdt][4])
-                    obj, ptr = z, z.__array_interface__["data"][0]
-                else:
-                    obj, a = call.alloc(pdt, (nparts, cols), p.name)
-                    ptr = a.ptr
-                setattr(P.a, "p_" + p.name, ptr)
-                partials.append((obj, p))
+        for (k, p), fin in zip(cs_outs, finish):
+            pdt = _ACCUMULATE[call.out_types[k]]
+            if call.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
+                z = np.zeros((nparts, cols), DTYPES[pdt][4])
+                obj, ptr = z, z.__array_interface__["data"][0]
+            else:
+                obj, a = call.alloc(pdt, (nparts, cols), p.name)
+                ptr = a.ptr
+            setattr(P.a, "p_" + p.name, ptr)
+            partials.append((obj, ptr, k, fin))
         run(bytearray(bytes(P)), call.stream)
         for dst, tmp in back:
             np.copyto(dst.np, tmp.np)
-        for obj, p in partials:   # the sum over the partial rows (a column reduction, in a fixed order)
-            k = self.out_params.index(p)
-            _column_sum(_ACCUMULATE[call.out_types[k]], call.out_types[k])(obj, out=results[k], axis=0)
+        for obj, ptr, k, fin in partials:   # the sum over the partial rows, in a fixed order
+            fin(obj, ptr, results[k], call.stream)
         if not back and all(a is b for a, b in zip(given_ins, call.ins)):
             pos = {p.name: k for k, p in enumerate(self.in_params + self.out_params)}
             S = _ctypes_struct(layout)
             slots = _plan_slots(S, type(P).a.offset, layout, pos)
             cs = [(type(P).a.offset + getattr(S, "p_" + p.name).offset, _ACCUMULATE[call.out_types[k]],
-                   (nparts, cols), k, call.out_types[k]) for k, p in enumerate(self.out_params) if p.name in colsum]
+                   (nparts, cols), k, fin) for (k, p), fin in zip(cs_outs, finish)]
             _record_plan(self, args, call, P, slots, run, "one" if self.nout == 1 else "tuple",
                          [shape[-1:] if p.name in colsum else shape for p in self.out_params[len(args) - self.nin:]],
                          colsum=cs)
@@ -309,10 +325,11 @@ class RowKernel:
         return _cpu_runner(fn, _cpu_threads(P.rows, n), type(P))
 
     def _cuda_run(self, call: _Call, layout: _codegen.Layout, values: dict[str, Any], rtype: str, reads: set[str],
-                  P: Any, rows: int, cols: int) -> tuple[Callable[[bytearray, int], None], int]:
-        """(run(buf, stream), partial rows) of the CUDA kernel (compiled on first use): the plan of
-        row_plan, the first wave's L2 prefetch when PDL is on; with column-sum outputs a wave of
-        blocks that take P.tiles tiles of rows each, one partial row per group."""
+                  P: Any, rows: int, cols: int) -> tuple[Callable[[bytearray, int], None], int, list[Any]]:
+        """(run(buf, stream), partial rows, finish per column-sum output) of the CUDA kernel
+        (compiled on first use): the plan of row_plan, the first wave's L2 prefetch when PDL is on;
+        with column-sum outputs a wave of blocks that take P.tiles tiles of rows each, one partial
+        row per group, and each output's sum of them (_cuda_column_sum)."""
         device = call.device
         assert device is not None   # an array argument set it
         vec = [values[p.name][0] for p, _, kind, _ in layout.args if kind in ("array", "bcol")]
@@ -344,7 +361,10 @@ class RowKernel:
             P.tiles = -(-grid // min(grid, w))
             grid = -(-grid // P.tiles)
         self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles}" if self._colsum else "")
-        return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w), grid * (block // G)
+        nparts = grid * (block // G)
+        finish = [_cuda_column_sum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
+                  for j in range(len(self._colsum))]
+        return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w), nparts, finish
 
 
 _copy_kernel: list[Any] = []
