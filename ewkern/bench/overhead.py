@@ -6,12 +6,15 @@ numpy.add; a user's ewkern.ElementwiseKernel "z = x + y" (warm calls, by its rec
 arrays and torch tensors, against CuPy's ElementwiseKernel of the same source, and a
 ReductionKernel (a row's sum of squares) and a RowKernel (rmsnorm) on the same arrays viewed as
 rows of 4 (CuPy's ReductionKernel of the same source against the first); ewkern.rmse (one batch of the tiny inputs, with and without out=) on ewkern arrays and
-torch tensors, against torch's sqrt(mean((a - b)**2)). Host wall clock (time.perf_counter) around many calls, including one synchronize at
+torch tensors, against torch's sqrt(mean((a - b)**2)); and a training step, rmsnorm with a weight
+forward and both gradients, as a user's RowKernel through ewkern.torch.kernel_op (eagerly, and
+through torch.ops) against torch's F.rms_norm, on torch tensors. Host wall clock (time.perf_counter) around many calls, including one synchronize at
 the end of each repeat; the median of the repeats is reported, with the timer's resolution.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 
@@ -112,6 +115,10 @@ def _cases(ctx, n):
         cases.append(("ewkern.rmse(out=) on torch tensors", "ewkern", lambda: E.rmse(ta, tb, out=tr), tsync))
         cases.append(("ewkern.rmse() on torch tensors", "ewkern", lambda: E.rmse(ta, tb), tsync))
         cases.append(("torch sqrt(mean((a - b)**2))", "torch", lambda: torch.sqrt(torch.mean((ta - tb) ** 2)), tsync))
+    # a training step on torch tensors, on the CPU too (torch is no timed peer there, but the step's
+    # host time is what a CPU training loop pays)
+    if (available("torch", dev) is None if ctx.is_gpu else importlib.util.find_spec("torch") is not None):
+        cases += _training_step_cases(dev, rows)
     if ctx.is_gpu and available("cupy", dev) is None:
         import cupy
         with cupy.cuda.Device(int(dev.split(":")[1])):
@@ -128,6 +135,34 @@ def _cases(ctx, n):
             cr2, crr = ca.reshape(rows), cupy.empty(rows[0], dtype=cupy.float32)
         cases.append(("cupy.ReductionKernel(out=)", "cupy", lambda: cr(cr2, crr, axis=1), csync))
     return cases
+
+
+_user_rmsnorm: list = []    # the kernel_op, made once per process (its torch.ops name is registered once)
+
+
+def _training_step_cases(dev, rows):
+    """A training step's host time: rmsnorm with a weight, forward and both gradients, as a user's
+    RowKernel through ewkern.torch.kernel_op (eager: its autograd.Function; and through
+    torch.ops, the custom op's dispatch) against torch's own F.rms_norm, on torch tensors."""
+    import torch
+    import ewkern.torch as ewt
+    if not _user_rmsnorm:
+        k = ew().RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                           "y = x * rsqrt(a / _row_size + eps) * w", "0", "overhead_rmsnorm_w")
+        _user_rmsnorm.append(ewt.kernel_op(k, scalars=("eps",)))
+    op = _user_rmsnorm[0]
+    x = torch.randn(rows, device=dev, requires_grad=True)
+    w = torch.rand(rows[1], device=dev, requires_grad=True)
+    g = torch.randn(rows, device=dev)
+    via = torch.ops.ewkern_user.overhead_rmsnorm_w
+    rms_norm = torch.nn.functional.rms_norm
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    return [("ewkern.torch.kernel_op rmsnorm forward + backward", "ewkern",
+             lambda: torch.autograd.grad(op(x, w, 1e-6), (x, w), g), sync),
+            ("the same through torch.ops (custom-op dispatch)", "ewkern",
+             lambda: torch.autograd.grad(via(x, w, 1e-6), (x, w), g), sync),
+            ("torch rms_norm forward + backward", "torch",
+             lambda: torch.autograd.grad(rms_norm(x, (rows[1],), w, 1e-6), (x, w), g), sync)]
 
 
 def run(ctx, xr):
@@ -149,8 +184,8 @@ def run(ctx, xr):
             xr.error(label, exc)
             continue
         st = summarize(per_call)
-        op = ("kernel" if "Kernel(" in label else "rmse" if "rmse" in label or "sqrt(mean" in label
-              else "add" if "add" in label else "copy")
+        op = ("train" if "backward" in label or "torch.ops" in label else "kernel" if "Kernel(" in label
+              else "rmse" if "rmse" in label or "sqrt(mean" in label else "add" if "add" in label else "copy")
         xr.add({"series": label, "impl": impl, "op": op, "dtype": "float32", "n": n,
                 "calls": calls, "samples_s": per_call, "stats_s": st, "time_s": st["median"],
                 "us_per_call": st["median"] * 1e6, "method": "host wall clock, median of repeats",
