@@ -438,9 +438,23 @@ def _vector_head(arrs, E: int) -> int | None:
     return None
 
 
-def _launch_gpu(handle: int, grid: int, block: int, params, device: str, stream: int) -> None:
+def _gpu_runner(handle: int, grid: int, block: int, device: str) -> Callable[[bytearray, int], None]:
+    """run(buf, stream) of one launch of a loaded kernel (the grid-stride kernels); what a warm
+    call repeats is bound once."""
     from .. import pdl_enabled
-    _C()._rtc_launch(handle, grid, block, bytes(params), int(device.split(":")[1]), stream, pdl_enabled())
+    launch, dev = _C()._rtc_launch, int(device.split(":")[1])
+    return lambda buf, stream: launch(handle, grid, block, buf, dev, stream, pdl_enabled())
+
+
+def _partial_rows(device: str | None, like: Any, dt: str, shape) -> tuple[Any, int]:
+    """(array, address) of a column sum's partial rows: in like's framework on CUDA; zeroed on the
+    CPU (a thread OpenMP does not start leaves its row)."""
+    if device == "cpu":
+        z = np.zeros(shape, DTYPES[dt][4])
+        return z, z.__array_interface__["data"][0]
+    C = _C_mod or _C()
+    res = C._rtc_result(like, dt, tuple(shape))
+    return res, C._rtc_views((res,), ("partial",))[0][0][0]
 
 
 # ---- shared argument handling ----------------------------------------------------------------
@@ -608,12 +622,7 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
         _pack_into(fmt, buf, off, _scalar_value(args[k], dt, kern.name, pname))
     parts = []
     for off, pdt, shape, k, finish in plan.colsum:
-        if plan.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
-            part = np.zeros(shape, DTYPES[pdt][4])
-            ptr = part.__array_interface__["data"][0]
-        else:
-            part = C._rtc_result(objs[0], pdt, shape)
-            ptr = C._rtc_views((part,), ("partial",))[0][0][0]
+        part, ptr = _partial_rows(plan.device, objs[0], pdt, shape)
         _pack_into("Q", buf, off, ptr)
         parts.append((part, ptr, k, finish))
     plan.run(buf, stream)
@@ -702,10 +711,12 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
     prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off."""
     from .. import pdl_enabled
 
+    launch = _C()._rtc_launch
+
     def run(buf: bytearray, stream: int) -> None:
         pdl = pdl_enabled()
         _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
-        _C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
+        launch(h, grid, block, buf, dev, stream, pdl)
     return run
 
 
@@ -718,8 +729,7 @@ def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, 
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
         return compiled.runner(n, head, E, vblock, cls.prefetch.offset)
     block = int(block_size) if block_size else FALLBACK_BLOCK
-    grid = max(1, min(-(-n // block), 32 * _device_facts(device)[1]))
-    return lambda buf, stream: _launch_gpu(compiled, grid, block, buf, device, stream)
+    return _gpu_runner(compiled, max(1, min(-(-n // block), 32 * _device_facts(device)[1])), block, device)
 
 
 _VIEW_NAMES = tuple(f"argument {k}" for k in range(64))
@@ -1234,9 +1244,7 @@ class ReductionKernel:
             run = _cpu_runner(compiled, _threads(out_size * red_size) if out_size > 1 else 1, type(params))
         else:
             assert call.device is not None
-            device = call.device
-            grid = max(1, min(out_size, 32 * _device_facts(device)[1]))
-            run = lambda buf, stream: _launch_gpu(compiled, grid, 256, buf, device, stream)  # noqa: E731
+            run = _gpu_runner(compiled, max(1, min(out_size, 32 * _device_facts(call.device)[1])), 256, call.device)
         run(bytearray(bytes(params)), call.stream)
         plan(params, in_layout, out_layout, run)
         return ret

@@ -15,7 +15,7 @@ import numpy as np
 from . import _build, _codegen
 from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, _Arr, _broadcast_kind, _broadcast_strides, _Call,
                       _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense, _device_facts, _fast_call, _fill,
-                      _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value, _threads, _typedefs,
+                      _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value, _threads, _typedefs,
                       _vector_head)
 from ._params import DTYPES, parse_params
 
@@ -46,12 +46,11 @@ _column_sums: dict[tuple[str, str], Any] = {}
 def _cpu_column_sum(pdt: str, odt: str) -> Callable[[Any, int, Any, int], None]:
     """finish(partials, their address, out, stream) on the CPU: a ReductionKernel sums the partial
     rows (pdt: a row per thread) over axis 0 into out (odt)."""
-    k = _column_sums.get((pdt, odt))
-    if k is None:
+    red = _column_sums.get((pdt, odt))
+    if red is None:
         from ._kernel import ReductionKernel
-        k = _column_sums[(pdt, odt)] = ReductionKernel(f"{pdt} p", f"{odt} y", "p", "a + b", "y = a", "0",
-                                                       "ewkern_column_sum")
-    red = k
+        red = _column_sums[(pdt, odt)] = ReductionKernel(f"{pdt} p", f"{odt} y", "p", "a + b", "y = a", "0",
+                                                         "ewkern_column_sum")
     return lambda part, ptr, out, stream: red(part, out=out, axis=0)
 
 
@@ -60,11 +59,12 @@ def _cuda_column_sum(h: int, dev: int, nparts: int, cols: int) -> Callable[[Any,
     (h) over nparts partial rows of cols elements into out."""
     from .. import pdl_enabled
     grid = -(-cols // 32)
+    C = _C()
 
     def finish(part: Any, ptr: int, out: Any, stream: int) -> None:
-        (view,), _ = _C()._rtc_views((out,), ("out",))
-        _C()._rtc_launch(h, grid, 32 * _codegen.COLSUM_SLICES, struct.pack("<QQqq", ptr, view[0], nparts, cols), dev,
-                         stream, pdl_enabled())
+        (view,), _ = C._rtc_views((out,), ("out",))
+        C._rtc_launch(h, grid, 32 * _codegen.COLSUM_SLICES, struct.pack("<QQqq", ptr, view[0], nparts, cols), dev,
+                      stream, pdl_enabled())
     return finish
 
 
@@ -284,13 +284,7 @@ class RowKernel:
             run, nparts, finish = self._cuda_run(call, layout, values, rtype, reads, P, rows, cols)
         partials = []
         for (k, p), fin in zip(cs_outs, finish):
-            pdt = _ACCUMULATE[call.out_types[k]]
-            if call.device == "cpu":   # zeroed: a thread OpenMP does not start leaves its row
-                z = np.zeros((nparts, cols), DTYPES[pdt][4])
-                obj, ptr = z, z.__array_interface__["data"][0]
-            else:
-                obj, a = call.alloc(pdt, (nparts, cols), p.name)
-                ptr = a.ptr
+            obj, ptr = _partial_rows(call.device, call.like, _ACCUMULATE[call.out_types[k]], (nparts, cols))
             setattr(P.a, "p_" + p.name, ptr)
             partials.append((obj, ptr, k, fin))
         run(bytearray(bytes(P)), call.stream)
