@@ -137,24 +137,17 @@ def _cases(ctx, n):
     return cases
 
 
-_user_rmsnorm: list = []    # the kernel_op, made once per process (its torch.ops name is registered once)
-
-
 def _training_step_cases(dev, rows):
     """A training step's host time: rmsnorm with a weight, forward and both gradients, as a user's
     RowKernel through ewkern.torch.kernel_op (eager: its autograd.Function; and through
     torch.ops, the custom op's dispatch) against torch's own F.rms_norm, on torch tensors."""
     import torch
-    import ewkern.torch as ewt
-    if not _user_rmsnorm:
-        k = ew().RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
-                           "y = x * rsqrt(a / _row_size + eps) * w", "0", "overhead_rmsnorm_w")
-        _user_rmsnorm.append(ewt.kernel_op(k, scalars=("eps",)))
-    op = _user_rmsnorm[0]
+    from .t1_train import rmsnorm_op
+    op = rmsnorm_op()     # the train experiment's (made once per process)
     x = torch.randn(rows, device=dev, requires_grad=True)
     w = torch.rand(rows[1], device=dev, requires_grad=True)
     g = torch.randn(rows, device=dev)
-    via = torch.ops.ewkern_user.overhead_rmsnorm_w
+    via = torch.ops.ewkern_user.bench_rmsnorm
     rms_norm = torch.nn.functional.rms_norm
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
     return [("ewkern.torch.kernel_op rmsnorm forward + backward", "ewkern",
