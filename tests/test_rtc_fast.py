@@ -159,7 +159,7 @@ def test_errors_of_the_run_propagate():
 @pytest.mark.skipif(torch is None, reason="torch not installed")
 def test_gpu_warm_calls_run_in_c_on_the_callers_stream(full_calls):
     """On CUDA the C path views torch tensors on the current stream, allocates results there
-    (torch's, on that device) and launches there; CuPy arrays get CuPy results."""
+    (torch's, on that device) and launches there; CuPy arrays get ewkern arrays, as on the full path."""
     k = ewkern.ElementwiseKernel("T x, float32 s", "T z", "z = x * s + 1", "cfast_gpu")
     x = torch.randn(100003, device="cuda")
     k(x, 2.0)
@@ -175,9 +175,13 @@ def test_gpu_warm_calls_run_in_c_on_the_callers_stream(full_calls):
     assert full_calls[0] == 1
     cupy = pytest.importorskip("cupy")
     xc = cupy.random.standard_normal(4099).astype(cupy.float32)
-    k(xc, 2.0)
+    first = k(xc, 2.0)
     n = full_calls[0]
     xc = cupy.random.standard_normal(4099).astype(cupy.float32)
     zc = k(xc, 3.0)
-    assert isinstance(zc, cupy.ndarray) and full_calls[0] == n
-    cupy.testing.assert_allclose(zc, xc * 3 + 1, rtol=1e-6)
+    # results follow NumPy and torch; other producers (CuPy has no DLPack exchange API) get an
+    # ewkern.Array on the same device, on either path
+    assert type(zc) is type(first) is ewkern.Array and full_calls[0] == n
+    assert zc.device == "cuda:%d" % xc.device.id
+    # the kernel contracts x * s + 1 to one FMA, CuPy rounds twice
+    cupy.testing.assert_allclose(cupy.from_dlpack(zc), xc * 3 + 1, rtol=1e-6, atol=1e-6)
