@@ -820,6 +820,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 # ---- row kernels: a reduction over each row, then an operation over the same row --------------
 
 ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
+ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (groups of G)
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
 
@@ -1026,7 +1027,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     if csum:
         # column sums (a weight's gradient): each block takes PP.tiles tiles of blockDim.x / G rows
         # in turn; each group adds its rows' values, in row order, into its own row of the partials
-        # (lane-owned elements: no races, the order fixed); the host sums the partials' rows
+        # (lane-owned elements: no races, the order fixed); the host sums the partials' rows. The
+        # register forms (VPL > 0) add in registers (_ca_: the lane's VPL x E columns) and write
+        # their partial row once after the last tile; the two-pass form adds into the partial row
+        # in memory, row by row
         src.add("    pdl_wait();")
         src.add("    pdl_launch_dependents();")
         scalars_and_sizes("    ")
@@ -1035,9 +1039,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             C = DTYPES[dt][1]
             src.add(f"    {C} *const _cs_{p.name} = ({C} *)P.p_{p.name} + ((long long)blockIdx.x * _groups + _group)"
                     " * PP.cols;")
-            src.add("    for (int _v = _lane; _v < _nv; _v += _G)")
+            src.add(f"    {C} _ca_{p.name}[VPL > 0 ? VPL : 1][E];")
+            src.add("#pragma unroll")
+            src.add("    for (int _q = 0; _q < (VPL > 0 ? VPL : 1); ++_q)")
+            src.add("#pragma unroll")
             src.add("        for (int _k = 0; _k < E; ++_k)")
-            src.add(f"            _cs_{p.name}[_v * E + _k] = {C}(0);")
+            src.add(f"            _ca_{p.name}[_q][_k] = {C}(0);")
+            src.add("    if constexpr (VPL == 0)")
+            src.add("        for (int _v = _lane; _v < _nv; _v += _G)")
+            src.add("            for (int _k = 0; _k < E; ++_k)")
+            src.add(f"                _cs_{p.name}[_v * E + _k] = {C}(0);")
         src.add("    for (long long _t = 0; _t < PP.tiles; ++_t) {")
         src.add("    if (_t > 0)")
         src.add("        __syncthreads();   /* the combines' shared slots are used again */")
@@ -1157,7 +1168,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("#pragma unroll")
         src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
         src.add(f"{indent}        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        apply(indent + "        ", value, lambda p, dt: (f"_cs_{p.name}[_v * E + _k] += {p.name}" if p.name in csum_names
+        cs_at = "_ca_{}[_q][_k]" if have_regs else "_cs_{}[_v * E + _k]"
+        apply(indent + "        ", value, lambda p, dt: (f"{cs_at.format(p.name)} += {p.name}" if p.name in csum_names
                                                          else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
         src.add(f"{indent}    }}")
         for p, dt, kind, _ in dense_outs:
@@ -1178,12 +1190,27 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("    }")
     if csum:
         src.add("    }")
+        src.add("    if constexpr (VPL > 0) {")
+        src.add("#pragma unroll")
+        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+        src.add("            const int _v = _lane + _q * _G;")
+        src.add("            if (_v < _nv)")
+        src.add("#pragma unroll")
+        src.add("                for (int _k = 0; _k < E; ++_k) {")
+        for p, dt, kind, _ in csum:
+            src.add(f"                    _cs_{p.name}[_v * E + _k] = _ca_{p.name}[_q][_k];")
+        src.add("                }")
+        src.add("        }")
+        src.add("    }")
     src.add("}")
     entries = []
     for vpl in ROW_FORMS:
         entry = f"ewrtc_{name}_r{vpl}"
         entries.append(entry)
-        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params PP)')
+        # the bound is the block the host launches (ROW_MIN_BLOCK or G lanes): 1024 would cap a
+        # lane at 64 registers, and the derived backwards spilled under it
+        src.add(f'extern "C" __global__ void __launch_bounds__({max(ROW_MIN_BLOCK, g) if g else 1024}) {entry}'
+                "(const ewrtc_params PP)")
         src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")
     if csum:
         # the partial rows' sum, one entry per column-sum output (after the forms): a block of
@@ -1203,6 +1230,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add("    pdl_launch_dependents();")
             src.add(f"    {C} _t = {C}(0);")
             src.add("    if (_c < Q.cols)")
+            src.add("#pragma unroll 8")   # 8 loads in flight a thread (the adds stay in row order)
             src.add(f"        for (long long _r = _s; _r < Q.P; _r += {COLSUM_SLICES})")
             src.add(f"            _t += ((const {C} *)Q.part)[_r * Q.cols + _c];")
             src.add(f"    __shared__ {C} _sl[{COLSUM_SLICES}][32];")

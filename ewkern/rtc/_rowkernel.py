@@ -21,7 +21,7 @@ from ._params import DTYPES, parse_params
 
 _MAX_G = 1024          # lanes per row at most (one block)
 _REG_VECTORS = 4       # vectors per lane kept in registers at most (ROW_FORMS)
-_MIN_BLOCK = 256
+_MIN_BLOCK = _codegen.ROW_MIN_BLOCK
 
 _params_cache: dict[Any, type] = {}
 
