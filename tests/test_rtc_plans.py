@@ -2,6 +2,7 @@
 launch must be the full path's launch with the new pointers, and nothing else. Checked here without
 a GPU against a stand-in for ewkern's C module that records every launch (the GPU tests run the
 same calls for real)."""
+import re
 import struct
 
 import pytest
@@ -159,3 +160,28 @@ def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
         assert f[:3] == s[:3] and f[4:] == s[4:]
         assert len(f[3]) == len(s[3])
     assert gw2.ptr != gw.ptr
+
+
+@pytest.mark.parametrize("occupancy_g128, want_g", [(2, 256), (3, 128)])
+def test_column_sum_takes_more_lanes_when_few_are_resident(fake, monkeypatch, occupancy_g128, want_g):
+    """A column-sum RowKernel whose plan (G = 128, 4 vectors a lane for rows of 4096 float16)
+    leaves fewer than _COLSUM_MIN_THREADS lanes resident an SM takes twice the lanes with half
+    the vectors each when more of those fit (the stand-in reports the occupancy by the compiled
+    G); a plan that fills enough, and a kernel without column sums, keep row_plan's."""
+    monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
+        re.search(r"const int _G = (\d+)", src).group(1).encode(), "cubin", {}))
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: (int(image), entry))
+    monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: occupancy_g128 if h[0] == 128 else 4)
+    args = (FakeArray(1 << 36, "float16", (2048, 4096)), FakeArray(1 << 37, "float16", (4096,)), 1e-6)
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
+                         f"fake_wide_{occupancy_g128}", _colsum=("gw",))
+    k(*args)
+    h, grid, block = fake.launches[-2][:3]
+    assert h == (want_g, f"ewrtc_fake_wide_{occupancy_g128}_r{512 // want_g}")
+    assert k._last_path.startswith(f"rows G={want_g} VPL={512 // want_g} E=8")
+    assert block == 256 and grid * (256 // want_g) * -(-2048 // (grid * (256 // want_g))) >= 2048
+    plain = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                             "y = x * rsqrt(a / _row_size + eps) * w", "0", f"fake_narrow_{occupancy_g128}")
+    plain(*args)
+    assert fake.launches[-1][0] == (128, f"ewrtc_fake_narrow_{occupancy_g128}_r4")

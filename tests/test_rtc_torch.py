@@ -173,6 +173,46 @@ def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
     assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_row_backward_with_a_column_sum_fits_its_plan_without_spills(tmp_path, dtype):
+    """The derived rmsnorm backward with the weight's gradient as a column sum (held in registers
+    across the tiles), sm_90 by ptxas: no spills (the row entries are bounded by the block they
+    launch with, not 1024), and the lanes an SM holds at row_plan's G for rows of 4096 against
+    _COLSUM_MIN_THREADS: float32 (G 256, 4 vectors a lane) fills it; float16/bfloat16 (G 128, 4
+    vectors) do not, and G 256 with 2 vectors does, which _cuda_run then takes."""
+    from conftest import blocks_per_sm, ptxas_registers
+    from ewkern.rtc import _build, _codegen, _rowkernel
+    from ewkern.rtc._autodiff import GRAD_PREFIX, row_backward_source
+    try:
+        _build.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y", True, "k")
+    bw_in, bw_out, stage2, body = row_backward_source("k", "x * x", "a + b", "0",
+                                                      "y = x * rsqrt(a / _row_size + eps) * w", ins, outs, ("eps",))
+    bi, bo = parse_params(bw_in, False, "kc"), parse_params(bw_out, True, "kc")
+    kinds = {"_g": "array", "x": "array", "w": "bcol", "eps": "scalar"}
+    in_dts = [{"eps": "float32"}.get(p.name, dtype) for p in bi]
+    lay = _codegen.Layout("contig", 1, [(p, dt, kinds[p.name], 0) for p, dt in zip(bi, in_dts)] +
+                          [(p, dtype, "colsum" if p.name == GRAD_PREFIX + "w" else "array", 0) for p in bo])
+    tdefs = _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo))
+    E = 16 // (4 if dtype == "float32" else 2)
+    G, vpl = _rowkernel.row_plan(4096 // E)
+    lanes = {}
+    for g, v in ((G, vpl), (2 * G, vpl // 2)):
+        src, entries = _codegen.row_source("cuda", "rowkc", lay, E, "x * x", "a + b", body, "0", "float", "", tdefs,
+                                           set(), stage2, g)
+        assert f"__launch_bounds__({max(256, g)})" in src and "_ca_" + GRAD_PREFIX + "w[_q][_k] +=" in src
+        ptx, _, _ = _build.compile_cuda("rowkc", src, (9, 0), ptx_only=True)
+        regs = ptxas_registers(ptx, tmp_path)   # fails on any spill
+        block = max(256, g)
+        lanes[g] = blocks_per_sm(regs[entries[_codegen.ROW_FORMS.index(v)]], block) * block
+    if dtype == "float32":
+        assert (G, vpl) == (256, 4) and lanes[G] >= _rowkernel._COLSUM_MIN_THREADS, lanes
+    else:
+        assert (G, vpl) == (128, 4) and lanes[G] < _rowkernel._COLSUM_MIN_THREADS <= lanes[2 * G], lanes
+
+
 def test_row_kernel_without_a_derivable_backward_raises_on_backward_only():
     op = _row_op("T x", "x", "y = x / a", reduce_expr="max(a, b)", identity="-INFINITY")
     x = torch.rand(4, 8, dtype=torch.float64, requires_grad=True) + 0.5

@@ -22,6 +22,12 @@ from ._params import DTYPES, parse_params
 _MAX_G = 1024          # lanes per row at most (one block)
 _REG_VECTORS = 4       # vectors per lane kept in registers at most (ROW_FORMS)
 _MIN_BLOCK = _codegen.ROW_MIN_BLOCK
+# resident lanes an SM that a kernel with column sums should keep (_cuda_run). On the H100 (tree
+# 75e0425, rmsnorm's derived backward, rows of 4096): float32 at 80 registers held 768 lanes an SM
+# and its forward + backward ran at 0.99-1.17 of torch.compile at 16-256 MiB; float16/bfloat16 at
+# 106-108 registers held 512 and ran at 0.82-0.84 (at G = 256 with 2 vectors a lane, ptxas: 62-63
+# registers, 1024 lanes)
+_COLSUM_MIN_THREADS = 768
 
 _params_cache: dict[Any, type] = {}
 
@@ -332,25 +338,38 @@ class RowKernel:
         E = 16 // max(DTYPES[a.dtype][2] for a in vec)
         if cols % E or _vector_head(vec, E) != 0:
             E = 1
-        G, vpl = row_plan(cols // E)
-        # compiled per G (the lanes' arithmetic in constants): one hidden size, one compile
-        key = (device, E, G, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
-        hs = self._compiled.get(key)
         dev = int(device.split(":")[1])
-        if hs is None:
-            if rtype not in _REDUCE_SIZES and self.reduce_type is None:
-                raise TypeError(f"{self.name}: cannot reduce in {rtype}")
-            src, entries = self._source("cuda", call, layout, E, rtype, reads, G)
-            cc, _ = _device_facts(device)
-            image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
-            hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
         sms = _device_facts(device)[1]
-        block = max(_MIN_BLOCK, G)
-        h = hs[_codegen.ROW_FORMS.index(vpl)]
-        wk = (h, block)
-        w = self._waves.get(wk)
-        if w is None:
-            w = self._waves[wk] = sms * _C()._rtc_occupancy(h, block, dev)
+
+        def form(G: int, vpl: int) -> tuple[tuple, Any, int, int]:
+            """(the entries compiled for G lanes, the VPL form's entry, its block, resident blocks
+            of it a wave holds)"""
+            # compiled per G (the lanes' arithmetic in constants): one hidden size, one compile
+            key = (device, E, G, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+            hs = self._compiled.get(key)
+            if hs is None:
+                if rtype not in _REDUCE_SIZES and self.reduce_type is None:
+                    raise TypeError(f"{self.name}: cannot reduce in {rtype}")
+                src, entries = self._source("cuda", call, layout, E, rtype, reads, G)
+                cc, _ = _device_facts(device)
+                image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
+                hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
+            block = max(_MIN_BLOCK, G)
+            h = hs[_codegen.ROW_FORMS.index(vpl)]
+            w = self._waves.get((h, block))
+            if w is None:
+                w = self._waves[(h, block)] = sms * _C()._rtc_occupancy(h, block, dev)
+            return hs, h, block, w
+
+        G, vpl = row_plan(cols // E)
+        hs, h, block, w = form(G, vpl)
+        if self._colsum and vpl > 1 and 2 * G <= _MAX_G and w * block < _COLSUM_MIN_THREADS * sms:
+            # a column sum holds its lanes' columns in registers across the tiles: when that leaves
+            # few lanes resident, twice the lanes with half the vectors each, if more of them fit
+            wide = form(2 * G, vpl // 2)
+            if wide[3] * wide[2] > w * block:
+                G, vpl = 2 * G, vpl // 2
+                hs, h, block, w = wide
         P.G = G
         grid = -(-rows // (block // G))
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
