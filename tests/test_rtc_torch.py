@@ -144,11 +144,9 @@ def test_row_kernel_derived_backward_matches_torch(ins, map_expr, operation, tor
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
-    """The derived backward row kernel (rmsnorm with a weight row: two reductions over the row,
-    then both gradients) compiles with NVRTC to PTX in every form, and holds x and the gradient in
-    registers through both reductions, the weight row not at all (no GPU needed)."""
+def _rmsnorm_backward_layout(dtype, colsum):
+    """(layout, typedefs, stage2, operation) of rmsnorm's derived backward (with a weight row) for
+    CUDA in dtype, the outputs named in colsum as column sums; skips where NVRTC is missing."""
     from ewkern.rtc import _build, _codegen
     from ewkern.rtc._autodiff import row_backward_source
     try:
@@ -162,8 +160,17 @@ def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
     kinds = {"_g": "array", "x": "array", "w": "bcol", "eps": "scalar"}
     in_dts = [{"eps": "float32"}.get(p.name, dtype) for p in bi]
     lay = _codegen.Layout("contig", 1, [(p, dt, kinds[p.name], 0) for p, dt in zip(bi, in_dts)] +
-                          [(p, dtype, "array", 0) for p in bo])
-    tdefs = _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo))
+                          [(p, dtype, "colsum" if p.name in colsum else "array", 0) for p in bo])
+    return lay, _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo)), stage2, body
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
+    """The derived backward row kernel (rmsnorm with a weight row: two reductions over the row,
+    then both gradients) compiles with NVRTC to PTX in every form, and holds x and the gradient in
+    registers through both reductions, the weight row not at all (no GPU needed)."""
+    from ewkern.rtc import _build, _codegen
+    lay, tdefs, stage2, body = _rmsnorm_backward_layout(dtype, ())
     rt = "double" if dtype == "float64" else "float"
     E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
     src, entries = _codegen.row_source("cuda", "rowkb", lay, E, "x * x", "a + b", body, "0", rt, "", tdefs, set(),
@@ -182,20 +189,8 @@ def test_row_backward_with_a_column_sum_fits_its_plan_without_spills(tmp_path, d
     vectors) do not, and G 256 with 2 vectors does, which _cuda_run then takes."""
     from conftest import blocks_per_sm, ptxas_registers
     from ewkern.rtc import _build, _codegen, _rowkernel
-    from ewkern.rtc._autodiff import GRAD_PREFIX, row_backward_source
-    try:
-        _build.nvrtc()
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y", True, "k")
-    bw_in, bw_out, stage2, body = row_backward_source("k", "x * x", "a + b", "0",
-                                                      "y = x * rsqrt(a / _row_size + eps) * w", ins, outs, ("eps",))
-    bi, bo = parse_params(bw_in, False, "kc"), parse_params(bw_out, True, "kc")
-    kinds = {"_g": "array", "x": "array", "w": "bcol", "eps": "scalar"}
-    in_dts = [{"eps": "float32"}.get(p.name, dtype) for p in bi]
-    lay = _codegen.Layout("contig", 1, [(p, dt, kinds[p.name], 0) for p, dt in zip(bi, in_dts)] +
-                          [(p, dtype, "colsum" if p.name == GRAD_PREFIX + "w" else "array", 0) for p in bo])
-    tdefs = _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo))
+    from ewkern.rtc._autodiff import GRAD_PREFIX
+    lay, tdefs, stage2, body = _rmsnorm_backward_layout(dtype, (GRAD_PREFIX + "w",))
     E = 16 // (4 if dtype == "float32" else 2)
     G, vpl = _rowkernel.row_plan(4096 // E)
     lanes = {}
