@@ -241,11 +241,12 @@ def test_derived_code_keeps_float_literals_in_the_compute_type():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device):
+def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device, monkeypatch):
     """Plain tensors outside torch.compile run an autograd.Function around the kernels (the
     custom op's dispatch costs host time in every eager step); the same values and gradients as
     through torch.ops; under a dispatch mode the mode sees torch.ops.ewkern_user.<name>; a
-    strided input and double backward behave as documented."""
+    strided input and double backward behave as documented; without a tensor that needs a
+    gradient the kernel runs by itself."""
     from torch.utils._python_dispatch import TorchDispatchMode
     k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps) * w", "0", f"eager_rms{next(_n)}")
@@ -278,6 +279,19 @@ def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device):
         (xt * torch.rsqrt((xt * xt).mean(-1, keepdim=True) + 1e-5) * w).detach()))
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         torch.autograd.grad(op(x, w, 1e-5), x, g, create_graph=True)
+    # no tensor that needs a gradient: the kernel itself, no autograd node, the same values
+    calls = []
+    k_call = type(k).__call__
+    monkeypatch.setattr(type(k), "__call__", lambda self, *a: calls.append(a) or k_call(self, *a))
+    with torch.no_grad():
+        y0 = op(x, w, 1e-5)
+        y1 = op(x.detach(), w.detach(), 1e-5)
+    monkeypatch.undo()
+    assert y0.grad_fn is None and not y0.requires_grad and len(calls) == 2
+    torch.testing.assert_close(y0, via.detach())
+    torch.testing.assert_close(y1, via.detach())
+    assert op(x.detach(), w.detach(), 1e-5).grad_fn is None
+    assert op(x.detach(), w, 1e-5).grad_fn is not None   # one input that needs it: the Function
 
 
 @pytest.mark.parametrize("colsum_on_cpu", [False, True])
