@@ -291,7 +291,9 @@ static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o
  * (template bytes, pointer slots, scalar slots, outputs, run, ret): slots as bytes of int64
  * triples, (offset, argument, bytes added) and (offset, 0 float32 | 1 float64, argument), with
  * the new outputs numbered after the arguments; outputs ((dtype name, shape), ...) allocated like
- * the first array; run(buf, stream); ret 0: None, 1: the first result, 2: every result. */
+ * the first array; run(buf, stream); ret 0: None, 1: the first result, 2: every result. An
+ * optional seventh item, hidden: how many of the last outputs are the kernel's own scratch (a
+ * RowKernel's partial rows for its column sums), allocated and held through run but not returned. */
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfargs)
 {
     if (nfargs != 5 || !PyDict_Check(fargs[0]) || !PyTuple_Check(fargs[1])) {
@@ -322,7 +324,7 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
         goto done;
     /* held for the whole call: run() may let another thread clear the kernel's plans */
     plan = Py_XNewRef(PyDict_GetItemWithError(plans, key));
-    if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 6) {
+    if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) < 6 || PyTuple_GET_SIZE(plan) > 7) {
         PyErr_Clear();
         goto done;
     }
@@ -338,8 +340,11 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
         if (a.is_arr[o] && (a.v[o].readonly || rtc_fast_overlap(&a, nin, o)))
             goto done;
     const Py_ssize_t nout = PyTuple_GET_SIZE(outs);
-    if (n + nout > RTC_FAST_MAX)
+    const Py_ssize_t hidden = PyTuple_GET_SIZE(plan) == 7 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 6)) : 0;
+    if (n + nout > RTC_FAST_MAX || hidden < 0 || hidden > nout) {
+        PyErr_Clear();
         goto done;
+    }
     uint64_t ptrs[RTC_FAST_MAX];
     for (Py_ssize_t i = 0; i < n; i++)
         ptrs[i] = a.is_arr[i] ? (uint64_t)(uintptr_t)a.v[i].data : 0;
@@ -439,15 +444,16 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
         res = Py_NewRef(Py_None);
     } else {
         const Py_ssize_t ngiven = n > nin ? n - nin : 0;
+        const Py_ssize_t nshown = nout - hidden;
         if (ret == 1) {
-            res = Py_NewRef(ngiven ? PyTuple_GET_ITEM(call_args, nin) : nout ? PyTuple_GET_ITEM(news, 0) : Py_None);
+            res = Py_NewRef(ngiven ? PyTuple_GET_ITEM(call_args, nin) : nshown ? PyTuple_GET_ITEM(news, 0) : Py_None);
         } else {
-            res = PyTuple_New(ngiven + nout);
+            res = PyTuple_New(ngiven + nshown);
             if (res == NULL)
                 goto fail;
             for (Py_ssize_t j = 0; j < ngiven; j++)
                 PyTuple_SET_ITEM(res, j, Py_NewRef(PyTuple_GET_ITEM(call_args, nin + j)));
-            for (Py_ssize_t j = 0; j < nout; j++)
+            for (Py_ssize_t j = 0; j < nshown; j++)
                 PyTuple_SET_ITEM(res, ngiven + j, Py_NewRef(PyTuple_GET_ITEM(news, j)));
         }
     }

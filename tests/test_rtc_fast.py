@@ -2,6 +2,8 @@
 ewkern/rtc/_kernel.py's _fast_call: it must run exactly the calls it can (the same results as
 the full path, fresh results, given outputs returned) and miss, without an exception, every call
 it cannot decide, which then takes the Python path; an error of the launch itself propagates."""
+import struct
+
 import numpy as np
 import pytest
 
@@ -152,6 +154,27 @@ def test_errors_of_the_run_propagate():
         k(x)
     with pytest.raises(TypeError):
         _C._rtc_fast(k._cplans, (x,), 1, None)
+
+
+def test_hidden_outputs_are_allocated_and_not_returned():
+    """A plan's hidden outputs (a column sum's partial rows): allocated after the results like the
+    first array, their addresses written where the plan's slots say (with bytes added), not
+    returned; a hidden count past the outputs is a miss."""
+    x = np.arange(8, dtype=np.float32) + 0.5
+    seen = []
+    # slots (offset, argument, bytes added): x; the result (argument n + 0); the hidden array twice
+    pslots = struct.pack("<12q", 0, 0, 0, 8, 1, 0, 16, 2, 0, 24, 2, 4)
+    outs = (("float32", (8,)), ("float32", (3, 8)))
+    plan = (bytes(32), pslots, b"", outs, lambda buf, stream: seen.append(bytes(buf)), 1, 1)
+    key = (_C._rtc_sig((x,), SC), None)
+    r = _C._rtc_fast({key: plan}, (x,), 1, None, SC)
+    assert isinstance(r, np.ndarray) and r.shape == (8,) and r.dtype == np.float32
+    px, pr, ph, ph4 = struct.unpack("<4Q", seen[-1])
+    assert (px, pr) == (x.ctypes.data, r.ctypes.data) and ph not in (px, pr) and ph4 == ph + 4
+    r2 = _C._rtc_fast({key: plan[:5] + (2, 1)}, (x,), 1, None, SC)   # every result: the one shown
+    assert isinstance(r2, tuple) and len(r2) == 1 and r2[0].shape == (8,)
+    assert _C._rtc_fast({key: plan[:6] + (3,)}, (x,), 1, None, SC) is NotImplemented
+    assert _C._rtc_fast({key: plan[:6] + (-1,)}, (x,), 1, None, SC) is NotImplemented
 
 
 @gpu

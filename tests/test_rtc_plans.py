@@ -185,3 +185,37 @@ def test_column_sum_takes_more_lanes_when_few_are_resident(fake, monkeypatch, oc
                              "y = x * rsqrt(a / _row_size + eps) * w", "0", f"fake_narrow_{occupancy_g128}")
     plain(*args)
     assert fake.launches[-1][0] == (128, f"ewrtc_fake_narrow_{occupancy_g128}_r4")
+
+
+def test_column_sum_c_plan_carries_the_partial_rows_as_hidden_outputs(fake, monkeypatch):
+    """On CUDA a column-sum RowKernel records a plan for the C path too: its partial rows are
+    hidden outputs after the results, their address goes into the kernel's slot and, with the
+    output's, after the argument struct, where the plan's run reads them for the column sum's
+    launch. Run here the way csrc/rtc.c runs it (the stand-in's C path only records)."""
+    monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
+                         "fake_cs_c", _colsum=("gw",))
+    args = (FakeArray(1 << 36, "float32", (3000, 4096)), FakeArray(1 << 37, "float32", (4096,)), 1e-6)
+    y, gw = k(*args)
+    full_rows, full_sum = fake.launches[-2:]
+    (tmpl, pslots, sslots, outs, run, ret, hidden), = k._cplans.values()
+    assert ret == 2 and hidden == 1
+    nparts = struct.unpack("<QQqq", full_sum[3])[2]
+    assert outs == (("float32", (3000, 4096)), ("float32", (4096,)), ("float32", (nparts, 4096)))
+    # what C does: the arguments' and new outputs' addresses into the slots, then run
+    addr = [1 << 40, 1 << 41, 0, 1 << 42, 1 << 43, 1 << 44]   # x, w, eps, y, gw, the partial rows
+    buf = bytearray(tmpl)
+    for off, a, add in struct.iter_unpack("<3q", pslots):
+        struct.pack_into("<Q", buf, off, addr[a] + add)
+    for off, kind, a in struct.iter_unpack("<3q", sslots):
+        struct.pack_into("<f" if kind == 0 else "<d", buf, off, args[a])
+    run(buf, 5)
+    rows_launch, sum_launch = fake.launches[-2:]
+    assert rows_launch[:3] == full_rows[:3] and rows_launch[5] == 5 and len(rows_launch[3]) == len(tmpl)
+    assert sum_launch[:3] == full_sum[:3] and sum_launch[5] == 5
+    assert struct.unpack("<QQqq", sum_launch[3]) == (1 << 44, 1 << 43, nparts, 4096)
+    # the kernel's own partial-rows slot holds the hidden output's address
+    part_slot = struct.unpack("<QQqq", full_sum[3])[0]
+    offs = [o for o in range(0, len(full_rows[3]), 8) if struct.unpack_from("<Q", full_rows[3], o)[0] == part_slot]
+    assert [struct.unpack_from("<Q", rows_launch[3], o)[0] for o in offs] == [1 << 44]

@@ -7,7 +7,7 @@ import ctypes
 import math
 import os
 import struct
-from struct import pack_into as _pack_into
+from struct import pack_into as _pack_into, unpack_from as _unpack_from
 import sys
 import threading
 from typing import Any, Callable
@@ -560,7 +560,7 @@ class _Plan:
     """colsum: a RowKernel's column-sum outputs, ((offset of the partial rows' pointer, their
     dtype, their shape, the output's index among the results, finish), ...): each call allocates
     partial rows for the kernel, and finish(partials, their address, output, stream) sums them
-    into the output after it (_rowkernel._cpu_column_sum, _cuda_column_sum)."""
+    into the output after it (_rowkernel._cpu_column_sum, _CudaColumnSum)."""
     __slots__ = ("device", "template", "ptrs", "scalars", "outs", "run", "ret", "colsum")
 
     def __init__(self, device, template, ptrs, scalars, outs, run, ret, colsum=()) -> None:
@@ -673,8 +673,7 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
     template = bytes(struct_obj)
     plans[(len(args), is_arr, sig, extra)] = _Plan(call.device, template, tuple(ptrs), tuple(scalars),
                                                    outs, run, ret, tuple(colsum))
-    if not colsum:
-        _record_cplan(kern, args, template, ptrs, scalars, outs, run, ret, extra)
+    _record_cplan(kern, args, template, ptrs, scalars, outs, run, ret, extra, colsum)
 
 
 # the scalar parameters the C fast path converts itself (a Python float, int or bool to float32 or
@@ -682,22 +681,53 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
 _CPLAN_SCALARS = {("float32", "f"): 0, ("float64", "d"): 1}
 
 
-def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, ret: str, extra) -> None:
+def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, ret: str, extra,
+                  colsum=()) -> None:
     """The plan in the form the C module's _rtc_fast runs, in kern._cplans under the C signature
-    of args, where it can: float32/float64 scalars and results of ewkern's dtypes."""
+    of args, where it can: float32/float64 scalars and results of ewkern's dtypes. Column sums
+    (CUDA: finishers with a .launch by addresses) ride along as hidden outputs: C allocates the
+    partial rows after the results and writes their address into the kernel's slot and, with the
+    output's, into 16 bytes per column sum after the argument struct (which the launch does not
+    read), where the plan's run finds them for the column-sum launches (_colsum_runner)."""
     C = _C_mod or _C()
     if not hasattr(C, "_rtc_fast") or any(dt not in EWKERN_DTYPES for dt, _ in outs):
         return
     kinds = [_CPLAN_SCALARS.get((dt, fmt)) for _, fmt, _, dt, _ in scalars]
     if None in kinds:
         return
+    hidden: tuple[int, ...] = ()
+    if colsum:
+        launches = [getattr(fin, "launch", None) for *_, fin in colsum]
+        if None in launches:   # the CPU's column sums take arrays: Python's plan runs them
+            return
+        n, nout, nin = len(args), len(outs), len(kern.in_params)
+        tail = len(template)
+        template += bytes(16 * len(colsum))
+        ptrs = list(ptrs)
+        for j, (off, pdt, shape, k, _) in enumerate(colsum):
+            part, res = n + nout + j, (nin + k if nin + k < n else n + k - (n - nin))
+            ptrs += [(off, part, 0), (tail + 16 * j, part, 0), (tail + 16 * j + 8, res, 0)]
+        outs = tuple(outs) + tuple((pdt, tuple(shape)) for _, pdt, shape, _, _ in colsum)
+        run = _colsum_runner(run, tail, launches)
+        hidden = (len(colsum),)
     sig = C._rtc_sig(args, _SCALARS)
     if sig is None:
         return
     pslots = struct.pack(f"<{3 * len(ptrs)}q", *[x for off, k, add in ptrs for x in (off, k, add)])
     sslots = struct.pack(f"<{3 * len(scalars)}q", *[x for (off, _, k, _, _), kind in zip(scalars, kinds)
                                                     for x in (off, kind, k)])
-    kern._cplans[(sig, extra)] = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2))
+    kern._cplans[(sig, extra)] = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2)) + hidden
+
+
+def _colsum_runner(run: Callable[[bytearray, int], None], tail: int, launches) -> Callable[[bytearray, int], None]:
+    """run(buf, stream) of a C plan with column sums: the kernel, then each column sum's launch
+    with the addresses C wrote after the argument struct (at tail, 16 bytes each)."""
+    def run_all(buf: bytearray, stream: int) -> None:
+        run(buf, stream)
+        for j, launch in enumerate(launches):
+            part, out = _unpack_from("<QQ", buf, tail + 16 * j)
+            launch(part, out, stream)
+    return run_all
 
 
 def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, int], None]:

@@ -60,18 +60,23 @@ def _cpu_column_sum(pdt: str, odt: str) -> Callable[[Any, int, Any, int], None]:
     return lambda part, ptr, out, stream: red(part, out=out, axis=0)
 
 
-def _cuda_column_sum(h: int, dev: int, nparts: int, cols: int) -> Callable[[Any, int, Any, int], None]:
+class _CudaColumnSum:
     """finish(partials, their address, out, stream) on CUDA: the row kernel's own column-sum entry
-    (h) over nparts partial rows of cols elements into out."""
-    from .. import pdl_enabled
-    grid = -(-cols // 32)
-    C = _C()
+    (h) over nparts partial rows of cols elements into out; .launch(partials' address, out's
+    address, stream) the same by addresses (what a warm call run in C has)."""
 
-    def finish(part: Any, ptr: int, out: Any, stream: int) -> None:
-        (view,), _ = C._rtc_views((out,), ("out",))
-        C._rtc_launch(h, grid, 32 * _codegen.COLSUM_SLICES, struct.pack("<QQqq", ptr, view[0], nparts, cols), dev,
-                      stream, pdl_enabled())
-    return finish
+    def __init__(self, h: int, dev: int, nparts: int, cols: int) -> None:
+        from .. import pdl_enabled
+        self.h, self.dev, self.nparts, self.cols = h, dev, nparts, cols
+        self.grid, self.pdl, self.C = -(-cols // 32), pdl_enabled, _C()
+
+    def launch(self, ptr: int, out_ptr: int, stream: int) -> None:
+        self.C._rtc_launch(self.h, self.grid, 32 * _codegen.COLSUM_SLICES,
+                           struct.pack("<QQqq", ptr, out_ptr, self.nparts, self.cols), self.dev, stream, self.pdl())
+
+    def __call__(self, part: Any, ptr: int, out: Any, stream: int) -> None:
+        (view,), _ = self.C._rtc_views((out,), ("out",))
+        self.launch(ptr, view[0], stream)
 
 
 def _cpu_threads(rows: int, n: int) -> int:
@@ -331,7 +336,7 @@ class RowKernel:
         """(run(buf, stream), partial rows, finish per column-sum output) of the CUDA kernel
         (compiled on first use): the plan of row_plan, the first wave's L2 prefetch when PDL is on;
         with column-sum outputs a wave of blocks that take P.tiles tiles of rows each, one partial
-        row per group, and each output's sum of them (_cuda_column_sum)."""
+        row per group, and each output's sum of them (_CudaColumnSum)."""
         device = call.device
         assert device is not None   # an array argument set it
         vec = [values[p.name][0] for p, _, kind, _ in layout.args if kind in ("array", "bcol")]
@@ -341,7 +346,7 @@ class RowKernel:
         dev = int(device.split(":")[1])
         sms = _device_facts(device)[1]
 
-        def form(G: int, vpl: int) -> tuple[tuple, Any, int, int]:
+        def form(G: int, vpl: int) -> tuple[tuple[Any, ...], Any, int, int]:
             """(the entries compiled for G lanes, the VPL form's entry, its block, resident blocks
             of it a wave holds)"""
             # compiled per G (the lanes' arithmetic in constants): one hidden size, one compile
@@ -377,7 +382,7 @@ class RowKernel:
             grid = -(-grid // P.tiles)
         self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles}" if self._colsum else "")
         nparts = grid * (block // G)
-        finish = [_cuda_column_sum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
+        finish = [_CudaColumnSum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
                   for j in range(len(self._colsum))]
         return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w), nparts, finish
 
