@@ -21,6 +21,8 @@ import sys
 import tempfile
 import threading
 
+from ._codegen import MVEC_DECLS
+
 _MAGIC = b"EWRTC1 "
 _lock = threading.Lock()
 
@@ -136,6 +138,66 @@ def cxx() -> tuple[str, str, bool]:
                        "g++ or clang++)")
 
 
+# x86 vector ISAs a CPU build targets, widest first: (the /proc/cpuinfo flags it needs, gcc flags).
+# The flags go into the disk cache's key, so a library is only loaded by CPUs that have them.
+_CPU_ISAS = ((("avx512f", "avx512dq", "avx512vl", "avx512bw", "avx2", "fma"),
+              ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma"], "AVX-512"),
+             (("avx2", "fma"), ["-mavx2", "-mfma"], "AVX2 + FMA"))
+# glibc's libmvec vector functions by version (2.22: exp log sin cos pow; 2.35 the rest), the
+# PRELUDE's EWRTC_MVEC tiers: declared to the compiler only where a test program links
+_MVEC_PROBE = {2: "erff(x[i]) + tanhf(x[i]) + expm1f(x[i])", 1: "expf(x[i]) + logf(x[i])"}
+_cpu_target_info: tuple[list[str], list[str], str] | None = None
+
+
+def _cpu_isa() -> tuple[list[str], str]:
+    """(gcc flags, name) of the widest vector ISA this CPU has (Linux x86_64; else the baseline:
+    no flags); EWKERN_CPU_ISA=baseline keeps the baseline."""
+    base: tuple[list[str], str] = ([], "the baseline ISA")
+    if os.environ.get("EWKERN_CPU_ISA") == "baseline" or not sys.platform.startswith("linux"):
+        return base
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return base
+    have = set(line.split(":", 1)[-1].split())
+    return next(((flags, name) for need, flags, name in _CPU_ISAS if have.issuperset(need)), base)
+
+
+def cpu_target() -> tuple[list[str], list[str], str]:
+    """(compile flags, link flags, a description) of the CPU builds, found once: the widest
+    vector ISA this CPU has (_cpu_isa), and glibc's libmvec (x86_64, gcc or clang with
+    OpenMP) when a program that calls its vector functions links; then the PRELUDE declares
+    them (EWRTC_MVEC) and an `omp simd` loop that calls expf, erff... calls the vector versions
+    of the ISA (glibc documents at most 4 ulp for them), as ewkern's own CPU ops do (cpu_math.h).
+    FMA contraction stays off, as in the baseline build (no FMA is formed from a * b + c).
+    EWKERN_NO_LIBMVEC=1: scalar libm."""
+    global _cpu_target_info
+    if _cpu_target_info is not None:
+        return _cpu_target_info
+    path, ver, omp = cxx()
+    isa, what = _cpu_isa()
+    flags, link = isa + (["-ffp-contract=off"] if isa else []), []
+    if omp and os.environ.get("EWKERN_NO_LIBMVEC") != "1" and sys.platform.startswith("linux") and (
+            os.uname().machine in ("x86_64", "AMD64")):
+        for tier, expr in _MVEC_PROBE.items():
+            prog = (f"#define EWRTC_MVEC {tier}\n#include <cmath>\n" + MVEC_DECLS +
+                    "float x[64], y[64];\nint main() {\n#pragma omp simd\n"
+                    f"for (int i = 0; i < 64; ++i) y[i] = {expr};\nreturn y[3] > 1e30f; }}\n")
+            with tempfile.TemporaryDirectory() as td:
+                src = os.path.join(td, "t.cpp")
+                with open(src, "w") as f:
+                    f.write(prog)
+                ok = subprocess.run([path, "-O3", "-fno-math-errno", "-fopenmp", "-std=c++17"] + flags +
+                                    ["-o", os.path.join(td, "t"), src, "-lmvec"], capture_output=True).returncode == 0
+            if ok:
+                flags, link = flags + [f"-DEWRTC_MVEC={tier}"], ["-lmvec"]
+                what += f", glibc libmvec (tier {tier})"
+                break
+    _cpu_target_info = (flags, link, what)
+    return _cpu_target_info
+
+
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
@@ -143,10 +205,11 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
     """The ctypes function `entry` of source compiled for the CPU (memory, then disk cache)."""
     from .. import __version__
     path, ver, omp = cxx()
-    # -O3 -fno-math-errno: the loops vectorise (at the build's baseline ISA: no -march, so a cached
-    # library runs on any CPU of the architecture), sqrt without its errno branch
-    flags = ["-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"] + (["-fopenmp"] if omp else [])
-    key = cache_key("cpu", source, ver, " ".join(flags), __version__, sys.platform)
+    # -O3 -fno-math-errno: the loops vectorise (for the ISA of cpu_target: its flags are in the
+    # key), sqrt without its errno branch
+    isa, link, _ = cpu_target()
+    flags = ["-O3", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17", "-w"] + (["-fopenmp"] if omp else []) + isa
+    key = cache_key("cpu", source, ver, " ".join(flags + link), __version__, sys.platform)
     with _lock:
         lib = _loaded.get(key)
         if lib is None:
@@ -156,7 +219,7 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
                     src, out = os.path.join(td, kernel + ".cpp"), os.path.join(td, kernel + ".so")
                     with open(src, "w") as f:
                         f.write(source)
-                    r = subprocess.run([path] + flags + ["-o", out, src], capture_output=True, text=True)
+                    r = subprocess.run([path] + flags + ["-o", out, src] + link, capture_output=True, text=True)
                     if r.returncode != 0:
                         raise CompileError(explain(kernel, r.stderr + r.stdout, parts, "cpu, " + ver))
                     with open(out, "rb") as f:

@@ -26,6 +26,26 @@ from typing import Any
 
 from ._params import DTYPES
 
+# glibc libmvec's vector functions declared for the CPU build (EWRTC_MVEC: _build.cpu_target's tier)
+MVEC_DECLS = r"""
+#if defined(EWRTC_MVEC) && defined(_OPENMP)
+/* glibc's libmvec: vector versions of these functions, called from omp simd loops (the x86_64
+   vector function ABI); <math.h> declares them only under -ffast-math */
+#define EWRTC_VEC(fn) \
+    _Pragma("omp declare simd notinbranch") float fn##f(float) noexcept; \
+    _Pragma("omp declare simd notinbranch") double fn(double) noexcept;
+extern "C" {
+EWRTC_VEC(exp) EWRTC_VEC(log) EWRTC_VEC(sin) EWRTC_VEC(cos)
+#if EWRTC_MVEC >= 2
+EWRTC_VEC(erf) EWRTC_VEC(erfc) EWRTC_VEC(tanh) EWRTC_VEC(expm1) EWRTC_VEC(log1p) EWRTC_VEC(exp2)
+EWRTC_VEC(log2) EWRTC_VEC(log10) EWRTC_VEC(sinh) EWRTC_VEC(cosh) EWRTC_VEC(tan) EWRTC_VEC(atan)
+EWRTC_VEC(asin) EWRTC_VEC(acos) EWRTC_VEC(cbrt)
+#endif
+}
+#undef EWRTC_VEC
+#endif
+"""
+
 PRELUDE = r"""
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define EWRTC_FN __device__ __forceinline__
@@ -41,6 +61,7 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+@MVEC@
 #define EWRTC_FN static inline
 #define EWRTC_M inline
 #define __device__
@@ -160,7 +181,7 @@ struct Ind {
     EWRTC_M long long size() const { return n; }
 };
 } /* namespace ewrtc */
-"""
+""".replace("@MVEC@", MVEC_DECLS.strip())
 
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
