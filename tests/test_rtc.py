@@ -185,6 +185,30 @@ def test_float16_bfloat16_round_to_nearest_even():
     np.testing.assert_array_equal(backh[ok], ref.astype(np.float32)[ok])
 
 
+def test_float16_conversions_every_half_and_every_rounding_case():
+    """The CPU's branch-free float16 conversions (they vectorise): every one of the 65536 halves to
+    float32 exactly (NaNs keep sign and payload), and float32 to float16 round to nearest even for
+    every float whose low 13 bits sit at or around a half's rounding point (2^19 x 6 inputs:
+    every half's ties, both sides, subnormals, overflow), against NumPy; NaNs quiet, payload kept."""
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    f = ewkern.ElementwiseKernel("float16 x", "float32 z", "z = x", "all_halves")(h.view(np.float16))
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(f.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    hb = h[nan].astype(np.uint32)
+    np.testing.assert_array_equal(f.view(np.uint32)[nan], ((hb & 0x8000) << 16) | 0x7f800000 | ((hb & 0x3ff) << 13))
+    hi = np.arange(2**19, dtype=np.uint32) << 13
+    x = (hi[:, None] | np.uint32([0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff])[None, :]).ravel().view(np.float32)
+    z = ewkern.ElementwiseKernel("float32 x", "float16 z", "z = x", "all_rounding")(x)
+    with np.errstate(all="ignore"):
+        ref = x.astype(np.float16)
+    ok = ~np.isnan(x)
+    np.testing.assert_array_equal(z.view(np.uint16)[ok], ref.view(np.uint16)[ok])
+    ax = x.view(np.uint32)[~ok] & 0x7fffffff
+    sign = (x.view(np.uint32)[~ok] >> 16) & 0x8000
+    np.testing.assert_array_equal(z.view(np.uint16)[~ok], (sign | 0x7e00 | ((ax >> 13) & 0x3ff)).astype(np.uint16))
+
+
 def test_math_names_and_integers():
     k = ewkern.ElementwiseKernel("T x", "T y", "y = max(exp(x) - 1, tanh(x)) + min(erf(x), sqrt(fabs(x)))",
                                  "mathy")
