@@ -700,13 +700,14 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
         launches = [getattr(fin, "launch", None) for *_, fin in colsum]
         if None in launches:   # the CPU's column sums take arrays: Python's plan runs them
             return
-        n, nout, nin = len(args), len(outs), len(kern.in_params)
-        tail = len(template)
+        nin, tail = len(kern.in_params), len(template)
         template += bytes(16 * len(colsum))
         ptrs = list(ptrs)
+        # C numbers the arguments, then the new results, then the hidden outputs: result k (given
+        # or new) is number nin + k either way
         for j, (off, pdt, shape, k, _) in enumerate(colsum):
-            part, res = n + nout + j, (nin + k if nin + k < n else n + k - (n - nin))
-            ptrs += [(off, part, 0), (tail + 16 * j, part, 0), (tail + 16 * j + 8, res, 0)]
+            part = len(args) + len(outs) + j
+            ptrs += [(off, part, 0), (tail + 16 * j, part, 0), (tail + 16 * j + 8, nin + k, 0)]
         outs = tuple(outs) + tuple((pdt, tuple(shape)) for _, pdt, shape, _, _ in colsum)
         run = _colsum_runner(run, tail, launches)
         hidden = (len(colsum),)
