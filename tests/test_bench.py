@@ -469,7 +469,7 @@ def test_merge_runs_made_in_parts(tmp_path, capsys):
 
 def test_merge_combines_an_experiment_run_in_parts(tmp_path):
     """--combine joins one experiment's measurements from two parts instead of the later
-    replacing the earlier."""
+    replacing the earlier; a cell measured in both parts keeps the later part's measurement."""
     from ewkern.bench import merge
     code1, p1 = run_main(tmp_path, "e2", out=tmp_path / "p1")
     code2, p2 = run_main(tmp_path, "e2", out=tmp_path / "p2")
@@ -478,5 +478,17 @@ def test_merge_combines_an_experiment_run_in_parts(tmp_path):
     assert merge.main([str(tmp_path / "m"), str(p1), str(p2), "--combine", "e2", "--no-plots"]) == 0
     res = json.loads((tmp_path / "m" / "results.json").read_text())
     e2 = res["experiments"]["e2"]
-    assert len(e2["measurements"]) == n1 + n2 and e2["status"] == "ok"
+    assert len(e2["measurements"]) == n2 == n1 and e2["status"] == "ok"   # the same cells, re-measured
     assert any("combined" in n for n in res["notes"])
+    a, b = bench_results.load(p1), bench_results.load(p2)
+    first = a["experiments"]["e2"]["measurements"]
+    for m in first:
+        m["time_s"] = -1.0                        # marks the earlier part's measurements
+    kept = b["experiments"]["e2"]["measurements"][1:]
+    b["experiments"]["e2"]["measurements"] = kept
+    got = merge.merge([a, b], combine=["e2"])["experiments"]["e2"]["measurements"]
+    assert len(got) == n1 and got[0] is first[0] and got[1:] == kept   # only the cell not re-run is kept
+    c = bench_results.load(p2)
+    for m in c["experiments"]["e2"]["measurements"]:
+        m["size_bytes"] = m["size_bytes"] + 1      # other cells: joined
+    assert len(merge.merge([a, c], combine=["e2"])["experiments"]["e2"]["measurements"]) == n1 + n2

@@ -637,25 +637,28 @@ def test_nvrtc_compiles_reduction_rows_engine(E):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rows_engine_with_a_whole_block_per_group_uses_fewer_registers(dtype, tmp_path):
-    """The rows entry compiled with G fixed at ROWS_BLOCK (its index arithmetic and load addresses
-    folded into constants) fits more blocks on an SM than the one that reads G at run time: ptxas's
-    resource report for sm_90, mse over rows of two inputs (float32: 64 registers at run-time G, 4
-    blocks of 256; Nsight Compute put the single-launch gap to torch.compile on that occupancy)."""
+def test_rows_engine_forms_fit_their_occupancy(dtype, tmp_path):
+    """The rows engine's entries by ptxas's resource report for sm_90, mse over rows of two
+    inputs: every form holds at least 5 blocks of 256 an SM (at 4, 64 registers with 64-bit
+    divisions for the group and chunk, Nsight Compute put the single-launch gap to torch.compile
+    on that occupancy), and the aligned short form (one chunk a row, no head or tail, 32-bit
+    vector indices) at least 6; without spills in any."""
     _nvrtc()
     E = 4 if dtype == "float32" else 8
     lay = _layout("contig", 1, [("T a", dtype, "array", 0), ("T b", dtype, "array", 0)])
     out = _layout("strided", 1, [("T y_out", dtype, "array", 0)])
-    regs = {}
+    blocks = {}
     for full in (False, True):
-        src, entries = _codegen.reduction_rows_source("msew", lay, out, E,
-                                                      "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
-                                                      "y_out = a", "0", "float", "",
-                                                      _codegen.typedefs((("T", dtype),), [], [], [], []), full)
-        assert ("const int _G = 256," in src) == full
-        ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
-        regs[full] = ptxas_registers(ptx, tmp_path)[entries[0]]
-    assert blocks_per_sm(regs[True], _codegen.ROWS_BLOCK) > blocks_per_sm(regs[False], _codegen.ROWS_BLOCK), regs
+        for aligned in (False, True):
+            src, entries = _codegen.reduction_rows_source("msew", lay, out, E,
+                                                          "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
+                                                          "y_out = a", "0", "float", "",
+                                                          _codegen.typedefs((("T", dtype),), [], [], [], []), full,
+                                                          aligned)
+            assert ("const int _G = 256," in src) == full and ("_task / PP.nchunks" in src) == (not aligned)
+            ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
+            blocks[full, aligned] = blocks_per_sm(ptxas_registers(ptx, tmp_path)[entries[0]], _codegen.ROWS_BLOCK)
+    assert min(blocks.values()) >= 5 and blocks[False, True] >= 6 and blocks[True, True] >= 6, blocks
 
 
 def test_broadcast_layout_kinds():
@@ -833,7 +836,10 @@ def test_gpu_reduction_rows_engine(dtype, rows, cols, start):
     buf = torch.randn(rows * cols + 8, dtype=tdt, device="cuda")
     x = buf[start:start + rows * cols].view(rows, cols)
     y = sumsq_rows(x, axis=1)
-    assert sumsq_rows._last_path.startswith("rows")
+    path = sumsq_rows._last_path
+    assert path.startswith("rows")
+    E = 4 if dtype == "float32" else 8   # the short form: one chunk, rows starting at whole vectors
+    assert path.endswith(" aligned") == (start == 0 and cols % E == 0 and " chunks=1 " in path), path
     want = (x.double() ** 2).sum(1)
     torch.testing.assert_close(y.double(), want, rtol=2e-6 * max(1, cols) ** 0.5, atol=1e-6)
     assert torch.equal(sumsq_rows(x, axis=1), y)

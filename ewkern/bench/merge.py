@@ -9,7 +9,8 @@ minutes a command). Run the experiments in parts, each into its own folder, then
 
 The merged results.json holds every part's experiments (a later part's experiment replaces an
 earlier one's of the same name, and says so; with --combine NAMES those experiments' measurements
-are joined instead, for one experiment run in parts, such as rmse_grid's dtypes), the first part's run metadata, and under "parts"
+are joined instead, for one experiment run in parts, such as rmse_grid's dtypes; a cell measured
+in both keeps the later part's), the first part's run metadata, and under "parts"
 each part's own: folder, command line, start and finish, git commit, ewkern and torch versions.
 Claims, CSVs, figures and summary.md are then made from the merged measurements exactly as a
 single run makes them. Parts measured on different GPUs are refused; parts built from different
@@ -42,11 +43,25 @@ def _union(a, b):
     return b
 
 
+# what a measurement measured, not what it names: a cell is named by its other scalar fields
+_MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
+                       "working_set_bytes", "bytes", "bytes_read", "bytes_written"))
+
+
+def _cell(m: dict) -> tuple:
+    """The cell a measurement belongs to (experiment, series, impl, op, dtype, size, method...)."""
+    return tuple(sorted((k, v) for k, v in m.items()
+                        if k not in _MEASURED and isinstance(v, (str, int, float, bool, type(None)))))
+
+
 def _combine(a: dict, b: dict) -> dict:
     """One experiment measured in two parts (for example rmse_grid's dtypes in two runs): the
-    measurements of both, their notes, skips and errors, the union of their parameters."""
+    measurements of both (a cell measured in both parts keeps the later part's, so a re-run of some
+    cells replaces them), their notes, skips and errors, the union of their parameters."""
     out = dict(a)
-    out["measurements"] = list(a.get("measurements") or []) + list(b.get("measurements") or [])
+    later = list(b.get("measurements") or [])
+    again = {_cell(m) for m in later}
+    out["measurements"] = [m for m in (a.get("measurements") or []) if _cell(m) not in again] + later
     for k in ("notes", "skipped", "errors"):
         out[k] = _union(list(a.get(k) or []), list(b.get(k) or []))
     out["params"] = _union(a.get("params") or {}, b.get("params") or {})

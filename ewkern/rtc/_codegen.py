@@ -291,12 +291,17 @@ def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") 
         return
     for p, dt, kind, _ in arrays:
         src.add(f"        long long off_{p.name}{suffix} = 0;")
+    # the outermost dimension takes what is left of the index (index < size): no division there,
+    # none at all for one dimension (a 64-bit division is a called routine of ~70 instructions)
     src.add(f"        {{ long long _r = {index};")
-    src.add(f"          for (int _d = {layout.ndim - 1}; _d >= 0; --_d) {{")
+    src.add(f"          for (int _d = {layout.ndim - 1}; _d > 0; --_d) {{")
     src.add("            const long long _n = P.shape[_d], _c = _r % _n; _r /= _n;")
     for p, dt, kind, _ in arrays:
         src.add(f"            off_{p.name}{suffix} += _c * P.st_{p.name}[_d];")
-    src.add("          } }")
+    src.add("          }")
+    for p, dt, kind, _ in arrays:
+        src.add(f"          off_{p.name}{suffix} += _r * P.st_{p.name}[0];")
+    src.add("        }")
 
 
 def _loads(src: Source, layout: Layout) -> list:
@@ -487,9 +492,36 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
 ROWS_BLOCK = 256
 
 
+def group_combine(src: Source, acc: str, sh: str, combine) -> None:
+    """The lanes of a group (_G lanes from _lane 0, a power of two; groups of 32 or more start at
+    a warp) combine their `acc`: a butterfly within the warp in which the lower lane's value is
+    always the left operand, then the group's warps in warp order through shared memory `sh` (32
+    slots); every lane ends with the group's value, in an order fixed by _G. combine(indent, acc,
+    lo, hi) emits acc = reduce(lo, hi). Every lane of the block must reach it (shuffles of whole
+    warps, one __syncthreads when _G > 32)."""
+    src.add("    for (int _m = 1; _m < _G && _m < 32; _m <<= 1) {")
+    src.add(f"        const type_reduce _o = ewrtc::shfl_xor({acc}, _m);")
+    src.add("        if (_lane & _m) {")
+    combine("            ", acc, "_o", acc)
+    src.add("        } else {")
+    combine("            ", acc, acc, "_o")
+    src.add("        }")
+    src.add("    }")
+    src.add("    if (_G > 32) {")
+    src.add(f"        __shared__ type_reduce {sh}[32];")
+    src.add(f"        if ((threadIdx.x & 31) == 0) {sh}[threadIdx.x >> 5] = {acc};")
+    src.add("        __syncthreads();")
+    src.add("        const int _w0 = int(threadIdx.x >> 5) & ~((_G >> 5) - 1);   /* the group's first warp */")
+    src.add(f"        {acc} = {sh}[_w0];")
+    src.add("        for (int _w = 1; _w < (_G >> 5); ++_w) {")
+    combine("            ", acc, acc, f"{sh}[_w0 + _w]")
+    src.add("        }")
+    src.add("    }")
+
+
 def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: int, map_expr: str, reduce_expr: str,
                           post_map_expr: str, identity: str, reduce_ctype: str, preamble: str,
-                          tdefs: str, full: bool = False) -> tuple[str, list[str]]:
+                          tdefs: str, full: bool = False, aligned: bool = False) -> tuple[str, list[str]]:
     """(source, [rows entry, combine entry]) of a CUDA reduction whose inputs are C-contiguous with
     the reduced axes last: output o reduces the R elements from o * R of every input (in_layout
     'contig': pointers and scalars). The two-step engine of rmse's default path, for any map and
@@ -500,14 +532,20 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                cannot be aligned together) go to the lanes in turn, all loads of a step before
                its math (unrolled by 4); then chunk 0 takes the row's head elements (before its
                first aligned vector) and the last chunk its tail, lane by lane; the lanes combine
-               in a fixed tree in shared memory. With one chunk per row the group applies post_map and
-               writes the output; otherwise it writes its partial value. With full, G is fixed at
-               ROWS_BLOCK (groups of a whole block: rows of 1024+ vectors, chunked rows), its
-               index arithmetic and the lanes' load addresses folded into constants (sm_90, (a - b)^2:
-               float32 64 registers -> 42, 4 -> 5 blocks of 256 an SM; bfloat16 54 -> 40, 4 -> 6);
-               else G is read at run time.
+               (group_combine: a butterfly of shuffles, then the group's warps in order). With one
+               chunk per row the group applies post_map and writes the output; otherwise it
+               writes its partial value. With full, G is fixed at ROWS_BLOCK (groups of a whole
+               block: rows of 1024+ vectors, chunked rows), its index arithmetic and the lanes'
+               load addresses folded into constants (sm_90, (a - b)^2: float32 64 registers ->
+               42, 4 -> 5 blocks of 256 an SM; bfloat16 54 -> 40, 4 -> 6); else G is read at
+               run time. With aligned (the host's promise: one chunk a row, every row starting
+               at a whole vector, R a multiple of E, R / E + 4 * 256 < 2^31), the rows entry is
+               the short form: no chunk or head arithmetic, no head or tail loops, vector indices
+               in 32 bits. Its first load comes after a few dozen instructions instead of about
+               200 (64-bit division and alignment arithmetic), which a single launch with cold
+               caches pays in full.
       combine  one group per output folds its chunks' partials (lanes over chunks, then the
-               same tree) and applies post_map.
+               same combination) and applies post_map.
 
     Every combination happens in an order fixed by the shape, E and the inputs' offset from a
     16-byte boundary, never by timing: results are the same from run to run."""
@@ -515,6 +553,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     src.add(f'#include "{VECTOR_HEADER}"')
     src.add(PRELUDE)
     src.add(VECTOR_PRELUDE)
+    src.add(SHFL_PRELUDE)
     src.add(tdefs)
     src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
     src.add(struct_source("ewrtc_in", in_layout))
@@ -525,8 +564,8 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.user(preamble, name, "preamble")
     arrays = [a for a in in_layout.args if a[2] == "array"]
 
-    def combine(src, indent, acc, other):
-        src.add(f"{indent}{{ const type_reduce a = {acc}, b = {other}; {acc} = (type_reduce)(")
+    def combine(src, indent, acc, lo, hi):
+        src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
         src.user(reduce_expr, name, "reduce_expr")
         src.add(f"{indent}); }}")
 
@@ -540,107 +579,123 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
         src.user(map_expr, name, "map_expr")
         src.add(f"{indent}    );")
-        combine(src, indent + "    ", acc, "_m")
+        combine(src, indent + "    ", acc, acc, "_m")
         src.add(f"{indent}}}")
 
-    def tree_and_finish(src, value_store):
-        """lanes of a group combine in shared memory; lane 0 ends with the group's value in _acc"""
-        src.add(f"    __shared__ type_reduce _sh[{ROWS_BLOCK}];")
-        src.add("    _sh[threadIdx.x] = _acc;")
-        src.add("    for (int _w = _G >> 1; _w > 0; _w >>= 1) {")
-        src.add("        __syncthreads();")
-        src.add("        if (_lane < _w) {")
-        src.add("            type_reduce _x = _sh[threadIdx.x];")
-        combine(src, "            ", "_x", "_sh[threadIdx.x + _w]")
-        src.add("            _sh[threadIdx.x] = _x;")
-        src.add("        }")
-        src.add("    }")
-        src.add("    __syncthreads();")
+    def finish(src, value_store):
+        """the group's lanes combine; lane 0 of a live group stores"""
+        group_combine(src, "_acc", "_sh", lambda indent, acc, lo, hi: combine(src, indent, acc, lo, hi))
         src.add("    if (_lane != 0 || !_live) return;")
-        src.add("    _acc = _sh[threadIdx.x];")
         value_store(src)
 
     def post(src):
         _post_map(src, "    ", name, out_layout, post_map_expr, "_acc", "_o")
 
     def header(src, entry, g=None):
-        """g: the lanes per group fixed at compile time (None: PP.G at run time)"""
+        """g: the lanes per group fixed at compile time (None: PP.G at run time, a power of two:
+        groups are counted by shifts, not divisions)"""
         src.add(f'extern "C" __global__ void __launch_bounds__({ROWS_BLOCK}) {entry}(const ewrtc_params PP)')
         src.add("{")
         src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
-        src.add(f"    const long long _task = (long long)blockIdx.x * ({ROWS_BLOCK} / _G) + threadIdx.x / _G;")
+        src.add("    const int _gs = __ffs(_G) - 1;   /* log2 G */")
+        src.add(f"    const long long _task = (long long)blockIdx.x * ({ROWS_BLOCK} >> _gs) + (threadIdx.x >> _gs);")
+
+    def scalars_and_packs(src):
+        for p, dt, kind, _ in in_layout.args:
+            S, C = DTYPES[dt][0], DTYPES[dt][1]
+            if kind == "scalar":
+                src.add(f"    const {C} {p.name} = PP.in.s_{p.name};")
+            else:
+                src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
+
+    def vector_loops(src, index, v0, v1):
+        """the lanes' vectors v0 + _lane, v0 + _lane + _G, ... below v1 (index: their C type),
+        four at a time with every load of a step before its math"""
+        src.add(f"        {index} _v = {v0} + _lane;")
+        src.add(f"        for (; _v + 3 * _G < {v1}; _v += 4 * _G) {{")
+        for p, dt, kind, _ in arrays:
+            src.add(f"            _U_{p.name} _r_{p.name}[4];")
+        src.add("#pragma unroll")
+        src.add("            for (int _q = 0; _q < 4; ++_q) {")
+        for p, dt, kind, _ in arrays:
+            src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v + _q * _G];")
+        src.add("            }")
+        src.add("#pragma unroll")
+        src.add("            for (int _q = 0; _q < 4; ++_q)")
+        src.add("#pragma unroll")
+        src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
+        map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}[_q].v[_k])")
+        src.add("        }")
+        src.add(f"        for (; _v < {v1}; _v += _G) {{")
+        for p, dt, kind, _ in arrays:
+            src.add(f"            const _U_{p.name} _r_{p.name} = _u_{p.name}[_v];")
+        src.add("#pragma unroll")
+        src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}.v[_k])")
+        src.add("        }")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
     header(src, rows, ROWS_BLOCK if full else None)
-    src.add("    const long long _o = _task / PP.nchunks, _c = _task % PP.nchunks;")
-    src.add("    const bool _live = _o < PP.nout;")
-    for p, dt, kind, _ in in_layout.args:
-        S, C = DTYPES[dt][0], DTYPES[dt][1]
-        if kind == "scalar":
-            src.add(f"    const {C} {p.name} = PP.in.s_{p.name};")
-        else:
-            src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
-    if arrays:
-        src.add("    if ((long long)blockIdx.x < PP.prefetch && _live) {")
-        src.add(f"        const long long _i0 = _o * PP.R, _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
-        src.add(f"        const long long _v = (_ia + (_c * PP.chunk_vecs + _lane) * {E});")
-        src.add("        if (_v + " + str(E) + " <= _i0 + PP.R) {")
+    if aligned:
+        src.add("    const long long _o = _task;")
+        src.add("    const bool _live = _o < PP.nout;")
+        scalars_and_packs(src)
+        src.add(f"    const int _nv = int(PP.R / {E});")
         for p, dt, kind, _ in arrays:
-            src.add(f"            prefetch_l2_line((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _v, "
-                    f"unsigned(sizeof(_U_{p.name})), _lane == 0);")
-        src.add("        }")
+            src.add(f"    const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
+                    f"PP.in.p_{p.name} + _o * PP.R);")
+        prefetch_then_wait(src, "(long long)blockIdx.x < PP.prefetch && _live && _lane < _nv", arrays, "_lane",
+                           "_lane == 0")
+        src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+        src.add("    if (_live) {")
+        vector_loops(src, "int", "0", "_nv")
         src.add("    }")
-    src.add("    pdl_wait();")
-    src.add("    pdl_launch_dependents();")
-    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
-    src.add("    if (_live) {")
-    src.add("        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
-    src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
-    src.add("        if (_ia > _end) _ia = _end;")
-    src.add(f"        const long long _nv = (_end - _ia) / {E}, _ta = _ia + _nv * {E};")
-    src.add("        const long long _v0 = _c * PP.chunk_vecs, _v1 = _v0 + PP.chunk_vecs < _nv ? _v0 + PP.chunk_vecs : _nv;")
-    for p, dt, kind, _ in arrays:
-        src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
-                f"PP.in.p_{p.name} + _ia);")
-    src.add("        long long _v = _v0 + _lane;")
-    src.add("        for (; _v + 3 * _G < _v1; _v += 4 * _G) {")
-    for p, dt, kind, _ in arrays:
-        src.add(f"            _U_{p.name} _r_{p.name}[4];")
-    src.add("#pragma unroll")
-    src.add("            for (int _q = 0; _q < 4; ++_q) {")
-    for p, dt, kind, _ in arrays:
-        src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v + _q * _G];")
-    src.add("            }")
-    src.add("#pragma unroll")
-    src.add("            for (int _q = 0; _q < 4; ++_q)")
-    src.add("#pragma unroll")
-    src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
-    map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}[_q].v[_k])")
-    src.add("        }")
-    src.add("        for (; _v < _v1; _v += _G) {")
-    for p, dt, kind, _ in arrays:
-        src.add(f"            const _U_{p.name} _r_{p.name} = _u_{p.name}[_v];")
-    src.add("#pragma unroll")
-    src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
-    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}.v[_k])")
-    src.add("        }")
-    # head (chunk 0) and tail (last chunk): lane j takes element j
-    src.add("        if (_c == 0)")
-    src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")
-    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
-    src.add("        if (_c == PP.nchunks - 1)")
-    src.add("            for (long long _e = _ta + _lane; _e < _end; _e += _G)")
-    map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
-    src.add("    }")
+        finish(src, post)
+        src.add("}")
+    else:
+        src.add("    const long long _o = _task / PP.nchunks, _c = _task % PP.nchunks;")
+        src.add("    const bool _live = _o < PP.nout;")
+        scalars_and_packs(src)
+        if arrays:
+            src.add("    if ((long long)blockIdx.x < PP.prefetch && _live) {")
+            src.add(f"        const long long _i0 = _o * PP.R, _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
+            src.add(f"        const long long _v = (_ia + (_c * PP.chunk_vecs + _lane) * {E});")
+            src.add("        if (_v + " + str(E) + " <= _i0 + PP.R) {")
+            for p, dt, kind, _ in arrays:
+                src.add(f"            prefetch_l2_line((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _v, "
+                        f"unsigned(sizeof(_U_{p.name})), _lane == 0);")
+            src.add("        }")
+            src.add("    }")
+        src.add("    pdl_wait();")
+        src.add("    pdl_launch_dependents();")
+        src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+        src.add("    if (_live) {")
+        src.add("        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
+        src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
+        src.add("        if (_ia > _end) _ia = _end;")
+        src.add(f"        const long long _nv = (_end - _ia) / {E}, _ta = _ia + _nv * {E};")
+        src.add("        const long long _v0 = _c * PP.chunk_vecs, _v1 = _v0 + PP.chunk_vecs < _nv ? _v0 + PP.chunk_vecs : _nv;")
+        for p, dt, kind, _ in arrays:
+            src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
+                    f"PP.in.p_{p.name} + _ia);")
+        vector_loops(src, "long long", "_v0", "_v1")
+        # head (chunk 0) and tail (last chunk): lane j takes element j
+        src.add("        if (_c == 0)")
+        src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
+        src.add("        if (_c == PP.nchunks - 1)")
+        src.add("            for (long long _e = _ta + _lane; _e < _end; _e += _G)")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
+        src.add("    }")
 
-    def rows_store(src):
-        src.add("    if (PP.nchunks > 1) {")
-        src.add("        ((type_reduce *)PP.partial)[_task] = _acc;")
-        src.add("        return;")
-        src.add("    }")
-        post(src)
-    tree_and_finish(src, rows_store)
-    src.add("}")
+        def rows_store(src):
+            src.add("    if (PP.nchunks > 1) {")
+            src.add("        ((type_reduce *)PP.partial)[_task] = _acc;")
+            src.add("        return;")
+            src.add("    }")
+            post(src)
+        finish(src, rows_store)
+        src.add("}")
     header(src, comb)
     src.add("    const long long _o = _task;")
     src.add("    const bool _live = _o < PP.nout;")
@@ -649,8 +704,8 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
     src.add("    if (_live)")
     src.add("        for (long long _c = _lane; _c < PP.nchunks; _c += _G)")
-    combine(src, "            ", "_acc", "((const type_reduce *)PP.partial)[_o * PP.nchunks + _c]")
-    tree_and_finish(src, post)
+    combine(src, "            ", "_acc", "_acc", "((const type_reduce *)PP.partial)[_o * PP.nchunks + _c]")
+    finish(src, post)
     src.add("}")
     return src.text(), [rows, comb]
 
@@ -1151,26 +1206,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     map_pass(1)
 
     def lane_combine(acc, sh, expr, what):
-        """the group's lanes combine: a butterfly within the warp (lower lane's value first),
-        then the group's warps in order through shared memory"""
-        src.add("    for (int _m = 1; _m < _G && _m < 32; _m <<= 1) {")
-        src.add(f"        const type_reduce _o = ewrtc::shfl_xor({acc}, _m);")
-        src.add("        if (_lane & _m) {")
-        combine("            ", acc, "_o", acc, expr, what)
-        src.add("        } else {")
-        combine("            ", acc, acc, "_o", expr, what)
-        src.add("        }")
-        src.add("    }")
-        src.add("    if (_G > 32) {")
-        src.add(f"        __shared__ type_reduce {sh}[32];")
-        src.add(f"        if ((threadIdx.x & 31) == 0) {sh}[threadIdx.x >> 5] = {acc};")
-        src.add("        __syncthreads();")
-        src.add("        const int _w0 = (int(threadIdx.x) / _G) * (_G >> 5);")
-        src.add(f"        {acc} = {sh}[_w0];")
-        src.add("        for (int _w = 1; _w < (_G >> 5); ++_w) {")
-        combine("            ", acc, acc, f"{sh}[_w0 + _w]", expr, what)
-        src.add("        }")
-        src.add("    }")
+        group_combine(src, acc, sh, lambda indent, a, lo, hi: combine(indent, a, lo, hi, expr, what))
 
     lane_combine("_acc", "_sh", reduce_expr, "reduce_expr")
     if stage2:

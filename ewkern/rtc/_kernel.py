@@ -1103,8 +1103,11 @@ class ReductionKernel:
         else:
             G, chunk_vecs = _codegen.ROWS_BLOCK, _codegen.ROWS_BLOCK * 8
         full = G == _codegen.ROWS_BLOCK     # the rows entry with G fixed (fewer registers)
-        key = (call.device, "rows", E, full, in_layout.key(), out_layout.key(), call.type_map, call.in_types,
-               call.out_types, rtype)
+        nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
+        # one chunk a row, every row starting at a whole vector: the rows entry's short form
+        aligned = nchunks == 1 and head0 == 0 and R % E == 0 and R // E + 4 * _codegen.ROWS_BLOCK < 2 ** 31
+        key = (call.device, "rows", E, full, aligned, in_layout.key(), out_layout.key(), call.type_map,
+               call.in_types, call.out_types, rtype)
         kern = self._compiled.get(key)
         if kern is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
@@ -1112,7 +1115,7 @@ class ReductionKernel:
                      "post_map_expr": self.post_map_expr, "preamble": self.preamble}
             src, entries = _codegen.reduction_rows_source(name, in_layout, out_layout, E, self.map_expr,
                                                           self.reduce_expr, self.post_map_expr, str(self.identity),
-                                                          rtype, self.preamble, tdefs, full)
+                                                          rtype, self.preamble, tdefs, full, aligned)
             image, _, _ = _build.compile_cuda(name, src, _device_facts(call.device)[0], parts=parts,
                                               options=self.options)
             dev = int(call.device.split(":")[1])
@@ -1120,7 +1123,6 @@ class ReductionKernel:
             wave = sms * _C()._rtc_occupancy(hs[0], _codegen.ROWS_BLOCK, dev)
             kern = self._compiled[key] = (hs, wave)
         (h_rows, h_comb), wave = kern
-        nchunks = max(1, -(-(R // E + 1) // chunk_vecs))
         from .. import pdl_enabled
         pdl = pdl_enabled()
         Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
@@ -1145,7 +1147,7 @@ class ReductionKernel:
         del keep   # the partials' memory goes back to its allocator in stream order
         if nchunks == 1:
             plan(P, in_layout, out_layout, run)
-        self._last_path = f"rows G={G} chunks={nchunks} E={E}"
+        self._last_path = f"rows G={G} chunks={nchunks} E={E}{' aligned' if aligned else ''}"
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
