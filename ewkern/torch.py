@@ -655,30 +655,62 @@ def _row_backward(kernel, ins, outs, scalars):
     afterwards) and comes shaped like the input. ValueError where the backward cannot be derived."""
     from .rtc import RowKernel
     from .rtc._autodiff import GRAD_PREFIX, row_backward_source
-    bw_in, bw_out, stage2, body = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
-                                                      kernel.identity, kernel.operation, ins, outs, scalars)
+    row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity, kernel.operation, ins,
+                        outs, scalars)   # ValueError now where it cannot be derived
     diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
     variants: dict = {}
 
-    def bk(g, *a):
-        rows = frozenset(p.name for k, p in diff if _one_row(g, a[k]))
-        k = variants.get(rows)
+    def bk(g, *a, need=None):
+        rows = frozenset(p.name for k, p in diff if _one_row(g, a[k]) and (need is None or p.name in need))
+        k = variants.get((rows, need))
         if k is None:
-            k = variants[rows] = RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0", f"{kernel.name}_backward",
-                                           reduce_type=kernel.reduce_type, preamble=kernel.preamble,
-                                           options=kernel.options, _stage2=stage2,
-                                           _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)))
+            bw_in, bw_out, stage2, body = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
+                                                              kernel.identity, kernel.operation, ins, outs, scalars,
+                                                              need)
+            k = variants[rows, need] = RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0",
+                                                 f"{kernel.name}_backward", reduce_type=kernel.reduce_type,
+                                                 preamble=kernel.preamble, options=kernel.options, _stage2=stage2,
+                                                 _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)))
         r = k(g, *a)
-        r = r if isinstance(r, tuple) else (r,)
-        r = tuple(gt.reshape(a[j].shape) if p.name in rows else gt for (j, p), gt in zip(diff, r))
-        return r[0] if len(r) == 1 else r
+        return _needed(diff, need, r, lambda j, p, gt: gt.reshape(a[j].shape) if p.name in rows else gt)
     return bk
 
 
-def _user_autograd(ins, scalars, run_backward):
+def _needed(diff, need, r, fix=lambda j, p, gt: gt):
+    """A backward kernel's result r (a tensor or a tuple, the gradients of the inputs in need, or
+    of every input in diff when need is None) as the backward returns it: one per input of diff
+    (None where not in need), fix(position, param, gradient) applied; a single tensor when diff
+    has one input."""
+    it = iter(r if isinstance(r, tuple) else (r,))
+    out = tuple(fix(j, p, next(it)) if need is None or p.name in need else None for j, p in diff)
+    return out[0] if len(out) == 1 else out
+
+
+def _elementwise_backward(kernel, ins, outs, scalars):
+    """The derived backward of an ElementwiseKernel: bk(g, *inputs, need=None) -> the gradients,
+    one ElementwiseKernel per set of wanted gradients (need: the input names, None for all).
+    ValueError where the backward cannot be derived."""
+    from .rtc import ElementwiseKernel
+    from .rtc._autodiff import backward_source
+    backward_source(kernel.name, kernel.operation, ins, outs, scalars)   # ValueError now
+    diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
+    variants: dict = {}
+
+    def bk(g, *a, need=None):
+        k = variants.get(need)
+        if k is None:
+            bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars, need)
+            k = variants[need] = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward",
+                                                   preamble=kernel.preamble)
+        return _needed(diff, need, k(g, *a))
+    return bk
+
+
+def _user_autograd(ins, scalars, run_backward, masked=False):
     """(setup_context, backward) of a user op: the tensor inputs saved, the scalars kept, and the
     gradients from run_backward(grad, *inputs) (one kernel that broadcasts the inputs against the
-    gradient), each summed to its input's shape."""
+    gradient), each summed to its input's shape. masked: run_backward takes need= (the names of
+    the inputs whose gradients autograd wants, when not all: a kernel that writes only those)."""
     def setup(ctx, inputs, output):
         ctx.scalar_values = [v for p, v in zip(ins, inputs) if p.name in scalars]
         ctx.save_for_backward(*[t for p, t in zip(ins, inputs) if p.name not in scalars])
@@ -686,7 +718,11 @@ def _user_autograd(ins, scalars, run_backward):
     def backward(ctx, grad):
         saved, sv = iter(ctx.saved_tensors), iter(ctx.scalar_values)
         a = [next(sv) if p.name in scalars else next(saved) for p in ins]
-        gs = run_backward(grad, *a)
+        want = frozenset(p.name for p, w in zip(ins, ctx.needs_input_grad) if w and p.name not in scalars)
+        if masked and len(want) < len(ins) - len(scalars):
+            gs = run_backward(grad, *a, need=want)
+        else:
+            gs = run_backward(grad, *a)
         it = iter(gs if isinstance(gs, tuple) else (gs,))
         res = []
         for p, t in zip(ins, a):
@@ -694,7 +730,7 @@ def _user_autograd(ins, scalars, run_backward):
                 res.append(None)
             else:
                 gt = next(it)
-                res.append(gt.sum_to_size(t.shape) if gt.shape != t.shape else gt)
+                res.append(None if gt is None else gt.sum_to_size(t.shape) if gt.shape != t.shape else gt)
         return tuple(res)
     return setup, backward
 
@@ -704,7 +740,7 @@ def _user_function(name, kernel, bk, ins, scalars, why):
     runs (the custom op's dispatch costs about 13 us of host time per call on the CI host, twice
     in a training step). kernel(*inputs) and bk(grad, *inputs) take any layout (kernel_op's impl
     and bimpl); bk None: no backward (why: the reason)."""
-    setup, grads = _user_autograd(ins, scalars, bk) if bk is not None else (None, None)
+    setup, grads = _user_autograd(ins, scalars, bk, masked=True) if bk is not None else (None, None)
 
     def forward(ctx, *a):
         r = kernel(*a)
@@ -778,7 +814,6 @@ def kernel_op(kernel, scalars=(), name=None):
     takes 150 us through torch.ops and 86 us this way), and through the kernel alone when no
     tensor needs a gradient (under torch.no_grad, or none requires it)."""
     from .rtc import ElementwiseKernel, RowKernel
-    from .rtc._autodiff import backward_source
     from .rtc._params import decide_types
     if not isinstance(kernel, (ElementwiseKernel, RowKernel)):
         raise TypeError(f"kernel_op takes an ewkern.ElementwiseKernel or ewkern.RowKernel, got {type(kernel).__name__}")
@@ -818,11 +853,7 @@ def kernel_op(kernel, scalars=(), name=None):
                                  schema=f"({args}) -> {ret}")
     op.register_fake(fake)
     try:
-        if isinstance(kernel, RowKernel):
-            bk = _row_backward(kernel, ins, outs, scalars)
-        else:
-            bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars)
-            bk = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward", preamble=kernel.preamble)
+        bk = (_row_backward if isinstance(kernel, RowKernel) else _elementwise_backward)(kernel, ins, outs, scalars)
     except ValueError as e:
         why = str(e)
 
@@ -833,8 +864,8 @@ def kernel_op(kernel, scalars=(), name=None):
     diff = [p for p in ins if p.name not in scalars]
     bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
 
-    def bimpl(g, *a):
-        r = bk(g.contiguous(), *(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a))
+    def bimpl(g, *a, need=None):
+        r = bk(g.contiguous(), *(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a), need=need)
         return tuple(r) if isinstance(r, tuple) else r
 
     def bfake(g, *a):

@@ -320,3 +320,44 @@ def test_row_backward_sums_a_repeated_row_in_the_kernel(colsum_on_cpu, monkeypat
     w = torch.randn(24, dtype=torch.float64, requires_grad=True)
     for a, b in zip(torch.autograd.grad(f(x, w), (x, w)), torch.autograd.grad((ref(x, w) * g).sum(), (x, w))):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("wanted", ["x", "w"])
+def test_backward_writes_only_the_gradients_autograd_wants(device, wanted, monkeypatch):
+    """An input that needs no gradient (a frozen weight, a constant input) gets none computed: the
+    backward kernel is derived for the wanted gradients only (a RowKernel's weight gradient is
+    then no column sum at all), and what it returns matches torch's autograd."""
+    from ewkern.rtc._autodiff import row_backward_source
+    ins = parse_params("T x, T w, float32 eps", False, "k")
+    outs = parse_params("T y", True, "k")
+    full = row_backward_source("k", "x * x", "a + b", "0", "y = x * rsqrt(a / _row_size + eps) * w", ins, outs,
+                               ("eps",))
+    part = row_backward_source("k", "x * x", "a + b", "0", "y = x * rsqrt(a / _row_size + eps) * w", ins, outs,
+                               ("eps",), frozenset({wanted}))
+    assert full[1].count(",") == 1 and "," not in part[1] and part[1].endswith("_" + wanted)
+    assert full[2] is not None and (part[2] is None) == (wanted == "w")   # only x's gradient reads S
+    calls = []
+    real = ewkern.RowKernel.__call__
+    monkeypatch.setattr(ewkern.RowKernel, "__call__",
+                        lambda self, *a, **k: calls.append(len(self.out_params)) or real(self, *a, **k))
+    rms = _row_op("T x, T w, float32 eps", "x * x", "y = x * rsqrt(a / _row_size + eps) * w", ("eps",))
+    ew = _op("T a, T b", "o = a / (1 + exp(-b))")
+    x = torch.randn(6, 256, dtype=torch.float64, device=device, requires_grad=wanted == "x")
+    w = (torch.rand(256, dtype=torch.float64, device=device) + 0.5).requires_grad_(wanted == "w")
+    g = torch.randn(6, 256, dtype=torch.float64, device=device)
+    (got,) = torch.autograd.grad(rms(x, w, 1e-5), (x if wanted == "x" else w,), g)
+    assert calls == [1, 1]   # the forward, then a backward with one output
+    xr, wr = x.detach().requires_grad_(), w.detach().requires_grad_()
+    want = torch.autograd.grad(xr * torch.rsqrt((xr * xr).mean(-1, keepdim=True) + 1e-5) * wr, (xr, wr), g)
+    torch.testing.assert_close(got, want[0 if wanted == "x" else 1])
+    b = w.expand(6, 256).detach().clone().requires_grad_(wanted == "w")
+    ecalls = []
+    ereal = ewkern.ElementwiseKernel.__call__
+    monkeypatch.setattr(ewkern.ElementwiseKernel, "__call__",
+                        lambda self, *a, **k: ecalls.append(len(self.out_params)) or ereal(self, *a, **k))
+    (got,) = torch.autograd.grad(ew(x, b), (x if wanted == "x" else b,), g)
+    assert ecalls == [1, 1]
+    want = torch.autograd.grad(xr * torch.sigmoid(b.detach().requires_grad_()), (xr,), g) if wanted == "x" else \
+        (g * x * torch.sigmoid(b) * (1 - torch.sigmoid(b))).detach()
+    torch.testing.assert_close(got, want[0] if wanted == "x" else want)

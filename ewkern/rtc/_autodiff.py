@@ -106,11 +106,13 @@ def derive(kernel: str, operation: str, in_params, out_params, scalars=()) -> di
     return grads
 
 
-def backward_source(kernel: str, operation: str, in_params, out_params, scalars=()) -> tuple[str, str, str]:
+def backward_source(kernel: str, operation: str, in_params, out_params, scalars=(), need=None) -> tuple[str, str, str]:
     """(in_params, out_params, operation) of the backward ElementwiseKernel: inputs the incoming
     gradient ``_g`` (the output's type) then the forward's inputs, outputs one gradient per
-    non-scalar input (its type), written in one pass."""
+    non-scalar input (its type; need: only those of the inputs named there), written in one pass."""
     grads = derive(kernel, operation, in_params, out_params, scalars)
+    if need is not None:
+        grads = {n: c for n, c in grads.items() if n in need}
     out = out_params[0]
     ins = [f"{out.ctype} _g"] + [f"{p.ctype} {p.name}" for p in in_params]
     outs = [f"{p.ctype} {GRAD_PREFIX}{p.name}" for p in in_params if p.name in grads]
@@ -123,7 +125,7 @@ def _word_sub(code: str, name: str, new: str) -> str:
 
 
 def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: str, operation: str, in_params,
-                        out_params, scalars=()) -> tuple[str, str, tuple[str, str, str], str]:
+                        out_params, scalars=(), need=None) -> tuple[str, str, tuple[str, str, str] | None, str]:
     """The backward of a RowKernel whose reduction is a sum: for each row, a = sum_j m(x_j) and
     y_i = f(x_i, a), so with g the incoming gradient
 
@@ -133,8 +135,9 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     first reduction is the forward's (map_expr, a sum from 0: a again), its second (stage2, with a
     in scope) reduces S into _ewk_s, and its operation writes every non-scalar input's gradient
     (its type) in the same pass over the row; inputs the incoming gradient ``_g`` then the
-    forward's inputs. ValueError for what it cannot derive (a reduction other than a sum from 0,
-    several outputs, what derive() refuses)."""
+    forward's inputs. need: the gradients of only the inputs named there (then stage2 is None
+    when none of them reads S). ValueError for what it cannot derive (a reduction other than a
+    sum from 0, several outputs, what derive() refuses)."""
     from ._codegen import ROW_STAGE2
     if re.sub(r"\s", "", reduce_expr) not in ("a+b", "b+a"):
         raise ValueError(f"{kernel}: a backward is derived only for a sum reduction ('a + b'), got {reduce_expr!r}")
@@ -157,7 +160,7 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     ins = [f"{out.ctype} _g"] + [f"{p.ctype} {p.name}" for p in in_params]
     outs, body = [], []
     for p in in_params:
-        if p.name in scalars:
+        if p.name in scalars or (need is not None and p.name not in need):
             continue
         outs.append(f"{p.ctype} {GRAD_PREFIX}{p.name}")
         term = f"_g * ({f_grads[p.name]})"
@@ -168,4 +171,5 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     # the row's length as a value of the compute type: a derivative such as -1/_row_size is not integer division
     fix = (lambda c: _word_sub(c, "_row_size", "decltype(_g)(_row_size)"))
     stage2 = (fix(f"_g * ({f_grads['a']})"), "a + b", "0")
-    return ", ".join(ins), ", ".join(outs), stage2, fix("; ".join(body))
+    return (", ".join(ins), ", ".join(outs), stage2 if any(ROW_STAGE2 in b for b in body) else None,
+            fix("; ".join(body)))
