@@ -1180,20 +1180,6 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                 src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v];")
             src.add("            }")
             src.add("        }")
-            if csum:
-                # the group's next tile row into L2 while this one is reduced and applied: the
-                # tiles of a block run one after another, each otherwise waiting a DRAM round trip
-                src.add("        if (_t + 1 < PP.tiles && _ew_r + _groups < PP.rows) {")
-                src.add("#pragma unroll")
-                src.add("            for (int _q = 0; _q < VPL; ++_q) {")
-                src.add("                const int _v = _lane + _q * _G;")
-                src.add("                if (_v < _nv) {")
-                for p, dt, kind, _ in held:
-                    src.add(f"                    prefetch_l2_line(_u_{p.name} + (long long)_groups * _nv + _v, "
-                            f"unsigned(sizeof(_U_{p.name})), _lane == 0);")
-                src.add("                }")
-                src.add("            }")
-                src.add("        }")
         src.add("#pragma unroll")
         src.add("        for (int _q = 0; _q < VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
