@@ -186,17 +186,22 @@ def test_float16_bfloat16_round_to_nearest_even():
 
 
 def test_float16_conversions_every_half_and_every_rounding_case():
-    """The CPU's branch-free float16 conversions (they vectorise): every one of the 65536 halves to
-    float32 exactly (NaNs keep sign and payload), and float32 to float16 round to nearest even for
-    every float whose low 13 bits sit at or around a half's rounding point (2^19 x 6 inputs:
-    every half's ties, both sides, subnormals, overflow), against NumPy; NaNs quiet, payload kept."""
+    """The CPU's float16 conversions (branch-free, they vectorise; F16C in float16 tiles where the
+    CPU has it): every one of the 65536 halves to float32 exactly (NaNs keep sign and payload and
+    come out quiet, as F16C and IEEE 754 have it; NumPy keeps a signaling NaN signaling), and
+    float32 to float16 round to nearest even for every float whose low 13 bits sit at or around a
+    half's rounding point (2^19 x 6 inputs: every half's ties, both sides, subnormals, overflow),
+    against NumPy; NaNs quiet, payload kept."""
     h = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     f = ewkern.ElementwiseKernel("float16 x", "float32 z", "z = x", "all_halves")(h.view(np.float16))
     want = h.view(np.float16).astype(np.float32)
     nan = np.isnan(want)
     np.testing.assert_array_equal(f.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
     hb = h[nan].astype(np.uint32)
-    np.testing.assert_array_equal(f.view(np.uint32)[nan], ((hb & 0x8000) << 16) | 0x7f800000 | ((hb & 0x3ff) << 13))
+    np.testing.assert_array_equal(f.view(np.uint32)[nan], ((hb & 0x8000) << 16) | 0x7fc00000 | ((hb & 0x3ff) << 13))
+    # the same bits where the tile's tail converts by software (n not a multiple of 8)
+    f7 = ewkern.ElementwiseKernel("float16 x", "float32 z", "z = x", "all_halves")(h[-7:].view(np.float16))
+    np.testing.assert_array_equal(f7.view(np.uint32), f.view(np.uint32)[-7:])
     hi = np.arange(2**19, dtype=np.uint32) << 13
     x = (hi[:, None] | np.uint32([0, 1, 0x0fff, 0x1000, 0x1001, 0x1fff])[None, :]).ravel().view(np.float32)
     z = ewkern.ElementwiseKernel("float32 x", "float16 z", "z = x", "all_rounding")(x)
@@ -574,9 +579,41 @@ def test_nvrtc_compiles_reduction_and_reports_user_line():
 
 def test_writes_only_finds_reads_of_an_output():
     w = _codegen.writes_only
-    assert w("o = a * b + c", "o") and w("if (a > 0) o = a; else o = -a", "o") and w("foo = o2; o = 1", "o")
+    assert w("o = a * b + c", "o") and w("o = a > 0 ? a : -a", "o") and w("foo = o2; o = 1", "o")
+    assert w("{ o = a; }", "o")
     assert not w("o += a", "o") and not w("o = o * 2", "o") and not w("if (o == 0) o = 1", "o")
     assert not w("f(o); o = 1", "o") and not w("o++", "o") and not w("p = &o", "o")
+    # assigned under a condition: the element keeps its value where the condition fails (CuPy's
+    # outputs are references), so the kernel must load it (conservative: any branching statement)
+    assert not w("if (a > 0) o = a", "o") and not w("a > 0 && (o = a)", "o") and not w("c ? (o = 1) : 0", "o")
+    assert not w("if (a > 0) o = a; else o = -a", "o") and not w("for (int k = 0; k < 2; ++k) o = k", "o")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_an_output_assigned_under_a_condition_keeps_its_other_elements(dtype):
+    """`if (x > 0) z = x;` writes only where x > 0; elsewhere z keeps what it held (CuPy's
+    semantics), on the CPU's element loop and its float16 tiles alike."""
+    k = ewkern.ElementwiseKernel("T x", "T z", "if (x > 0) z = x", "cond_assign")
+    x = np.linspace(-3, 3, 1001).astype(np_dtype(dtype))
+    z = np.full_like(x, 7)
+    k(x, z)
+    want = np.where(x.astype(np.float64) > 0, x.astype(np.float64), 7.0)
+    np.testing.assert_array_equal(z.astype(np.float64), want)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gpu_an_output_assigned_under_a_condition_keeps_its_other_elements(dtype):
+    """The default path's vector body loads an output assigned under a condition (CuPy's
+    outputs are references): elsewhere it keeps what it held."""
+    k = ewkern.ElementwiseKernel("T x", "T z", "if (x > 0) z = x", "cond_assign_gpu")
+    x = torch.linspace(-3, 3, 100003, device="cuda").to(getattr(torch, dtype))
+    z = torch.full_like(x, 7)
+    k(x, z)
+    assert k._last_path == "vector"
+    torch.testing.assert_close(z, torch.where(x > 0, x, torch.full_like(x, 7)), rtol=0, atol=0)
 
 
 class _FakeArr:

@@ -161,7 +161,10 @@ def _cpu_isa() -> tuple[list[str], str]:
     except OSError:
         return base
     have = set(line.split(":", 1)[-1].split())
-    return next(((flags, name) for need, flags, name in _CPU_ISAS if have.issuperset(need)), base)
+    flags, name = next(((flags, name) for need, flags, name in _CPU_ISAS if have.issuperset(need)), base)
+    if flags and "f16c" in have:   # float16 tiles widen and round by F16C (the PRELUDE's h2f_n, f2h_n)
+        flags, name = flags + ["-mf16c"], name + " + F16C"
+    return flags, name
 
 
 def cpu_target() -> tuple[list[str], list[str], str]:

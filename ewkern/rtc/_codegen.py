@@ -61,6 +61,9 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 @MVEC@
 #define EWRTC_FN static inline
 #define EWRTC_M inline
@@ -111,7 +114,8 @@ EWRTC_FN float bitsf(unsigned u)
 EWRTC_FN unsigned sel(unsigned c, unsigned x, unsigned y) { return (x & (0u - c)) | (y & (c - 1u)); }
 /* IEEE binary16 <-> float, round to nearest even (on the GPU cvt; the CPU's software form is
    branch-free and gives the bits of the branchy textbook form for every half and every float:
-   checked exhaustively, all 2^16 and 2^32) */
+   checked exhaustively, all 2^16 and 2^32; NaNs come out quiet with their payload, as F16C's
+   vcvtph2ps and vcvtps2ph give them) */
 EWRTC_FN float h2f(unsigned short h)
 {
 #if EWRTC_CUDA
@@ -119,7 +123,8 @@ EWRTC_FN float h2f(unsigned short h)
 #else
     const unsigned em = h & 0x7fffu, m = h & 0x3ffu;
     const unsigned sub = fbits((float)(int)m * 0x1p-24f);   /* subnormal: m 2^-24, a normal float */
-    const unsigned r = sel(em >= 0x7c00u, (em << 13) | 0x7f800000u, sel(em < 0x400u, sub, (em << 13) + 0x38000000u));
+    const unsigned inf_nan = (em << 13) | 0x7f800000u | sel(em > 0x7c00u, 0x400000u, 0u);   /* NaNs quiet, as F16C */
+    const unsigned r = sel(em >= 0x7c00u, inf_nan, sel(em < 0x400u, sub, (em << 13) + 0x38000000u));
     return bitsf(((unsigned)(h & 0x8000u) << 16) | r);
 #endif
 }
@@ -145,6 +150,32 @@ EWRTC_FN unsigned short f2b(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
     return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
+#if !EWRTC_CUDA
+/* n halves to floats and back, 8 at a time by F16C where the build has it (the same bits as h2f
+   and f2h: exact widening; round to nearest even, NaNs quiet with the payload's top bits); the
+   CPU's elementwise loops convert float16 tiles with these (gcc does not vectorise h2f/f2h's
+   integer forms into F16C) */
+EWRTC_FN void h2f_n(const half_bits *p, float *f, long long n)
+{
+    long long j = 0;
+#if defined(__F16C__)
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(f + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + j))));
+#endif
+    for (; j < n; ++j)
+        f[j] = h2f(p[j].v);
+}
+EWRTC_FN void f2h_n(const float *f, half_bits *p, long long n)
+{
+    long long j = 0;
+#if defined(__F16C__)
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(p + j), _mm256_cvtps_ph(_mm256_loadu_ps(f + j), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; j < n; ++j)
+        p[j].v = f2h(f[j]);
+}
+#endif
 EWRTC_FN float ld(const half_bits *p) { return h2f(p->v); }
 EWRTC_FN float ld(const bf16_bits *p) { return b2f(p->v); }
 template <class S> EWRTC_FN S ld(const S *p) { return *p; }
@@ -334,6 +365,10 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if preamble:
         src.user(preamble, name, "preamble")
     arrays = [a for a in layout.args if a[2] == "array"]
+    if backend == "cpu" and layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args) and \
+            any(dt == "float16" for _, dt, _, _ in arrays):
+        _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
+        return src.text(), entry
     if backend == "cpu":
         src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
         src.add("{")
@@ -373,6 +408,68 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         src.user(after_loop, name, "after_loop", ";")
     src.add("}")
     return src.text(), entry
+
+
+CPU_HALF_TILE = 512    # elements of a float16 tile converted at once (2 KiB of floats an array)
+
+
+def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operation: str, loop_prep: str,
+                    after_loop: str, arrays) -> None:
+    """The CPU body of a contiguous elementwise kernel with float16 arrays: the loop runs over
+    tiles of CPU_HALF_TILE elements (split among the threads); each tile's float16 inputs are
+    widened into float arrays by F16C (h2f_n), the body runs over the tile as an `omp simd` loop
+    with every other array read and written in place, and the float16 outputs are rounded back
+    (f2h_n) after it. Outputs the body may read (not only assigned: writes_only) are widened in
+    first. The same values as the element-by-element loop: a float16 value is a float in the body
+    either way, rounded once where it is stored."""
+    half = [a for a in arrays if a[1] == "float16"]
+    read = {p.name for p, dt, kind, _ in half if p.is_output and not writes_only(operation, p.name)}
+    T = CPU_HALF_TILE
+    src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
+    src.add("{")
+    src.add("    const ewrtc_params P = *P_;")
+    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+    if loop_prep:
+        src.user(loop_prep, name, "loop_prep", ";")
+    src.add("#ifdef _OPENMP")
+    src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
+    src.add("#endif")
+    src.add(f"    for (long long _t0 = 0; _t0 < P.size; _t0 += {T}) {{")
+    src.add(f"        const long long _tn = P.size - _t0 < {T} ? P.size - _t0 : {T};")
+    for p, dt, kind, _ in half:
+        src.add(f"        float _f_{p.name}[{T}];")
+        if not p.is_output or p.name in read:
+            src.add(f"        ewrtc::h2f_n((const ewrtc::half_bits *)P.p_{p.name} + _t0, _f_{p.name}, _tn);")
+    src.add("#pragma omp simd")
+    src.add("        for (long long _j = 0; _j < _tn; ++_j) {")
+    src.add("        const long long i = _t0 + _j;")
+    stores = []
+    for p, dt, kind, rnd in layout.args:
+        S, C = DTYPES[dt][0], DTYPES[dt][1]
+        q = "" if p.is_output else "const "
+        if kind == "scalar":
+            src.add(f"        const {C} {p.name} = P.s_{p.name};")
+        elif dt == "float16":
+            src.add(f"        {q}float {p.name} = _f_{p.name}[_j];" if not p.is_output or p.name in read
+                    else f"        float {p.name} = 0.0f;")
+            if p.is_output:
+                stores.append(f"        _f_{p.name}[_j] = {p.name};")
+        else:
+            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + i);")
+            if p.is_output:
+                stores.append(f"        ewrtc::st(({S} *)P.p_{p.name} + i, {p.name});")
+    src.add("        {")
+    src.user(operation, name, "operation", ";")
+    src.add("        }")
+    src.lines.extend(stores)
+    src.add("        }")
+    for p, dt, kind, _ in half:
+        if p.is_output:
+            src.add(f"        ewrtc::f2h_n(_f_{p.name}, (ewrtc::half_bits *)P.p_{p.name} + _t0, _tn);")
+    src.add("    }")
+    if after_loop:
+        src.user(after_loop, name, "after_loop", ";")
+    src.add("}")
 
 
 def _post_map(src: Source, indent: str, name: str, out_layout: Layout, post_map_expr: str, acc: str,
@@ -748,12 +845,25 @@ template <class P> __device__ __forceinline__ void stcs(P *dst, const P &x)
 """
 
 
+_BRANCHY = re.compile(r"\b(?:if|else|for|while|do|switch|case|return|goto|break|continue)\b")
+
+
 def writes_only(code: str, name: str) -> bool:
-    """Whether every use of `name` in code is the target of a plain assignment (`name = ...`), so
-    that a vector kernel need not load the output first. Conservative: any other use (a read, a
-    compound assignment, a mention in a comment or string) counts as a read."""
-    uses = [m.end() for m in re.finditer(r"\b%s\b" % re.escape(name), code)]
-    return all(re.match(r"\s*=(?!=)", code[e:]) for e in uses)
+    """Whether `name` is only assigned by code, unconditionally (every use the target of a plain
+    assignment `name = ...` that starts a statement, and no branch in the code), so that a
+    kernel need not load the output first: CuPy's outputs are references, and an assignment under
+    a condition (`if (x > 0) z = x;`) leaves the element as it was where the condition fails.
+    Conservative: any other use (a read, a compound assignment, an assignment inside an
+    expression such as `c && (z = 1)`, a mention in a comment or string) and any statement that
+    branches or loops anywhere count as a read; a conditional operator on the right-hand side
+    (`z = c ? a : b`) is an unconditional assignment."""
+    if _BRANCHY.search(code):
+        return False
+    for m in re.finditer(r"\b%s\b" % re.escape(name), code):
+        before = code[:m.start()].rstrip()
+        if (before and before[-1] not in ";{}") or not re.match(r"\s*=(?!=)", code[m.end():]):
+            return False
+    return True
 
 
 def vector_units(layout: Layout) -> int:
