@@ -488,6 +488,10 @@ def test_merge_combines_an_experiment_run_in_parts(tmp_path):
     b["experiments"]["e2"]["measurements"] = kept
     got = merge.merge([a, b], combine=["e2"])["experiments"]["e2"]["measurements"]
     assert len(got) == n1 and got[0] is first[0] and got[1:] == kept   # only the cell not re-run is kept
+    d = bench_results.load(p2)
+    for m in d["experiments"]["e2"]["measurements"]:
+        m["vs_torch"], m["check_max_err"] = 0.5, 0.1   # what a run derives does not name a cell
+    assert len(merge.merge([a, d], combine=["e2"])["experiments"]["e2"]["measurements"]) == n1
     c = bench_results.load(p2)
     for m in c["experiments"]["e2"]["measurements"]:
         m["size_bytes"] = m["size_bytes"] + 1      # other cells: joined

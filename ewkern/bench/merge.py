@@ -43,15 +43,18 @@ def _union(a, b):
     return b
 
 
-# what a measurement measured, not what it names: a cell is named by its other scalar fields
+# what a measurement measured or derived, not what it names: a cell is named by its other scalar
+# fields (ratios to other ways "vs_*", the reference check's "check_*", summary statistics "t_*")
 _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
-                       "working_set_bytes", "bytes", "bytes_read", "bytes_written"))
+                       "working_set_bytes", "bytes", "bytes_read", "bytes_written", "best_way"))
+_DERIVED = ("vs_", "check_", "t_")
 
 
 def _cell(m: dict) -> tuple:
     """The cell a measurement belongs to (experiment, series, impl, op, dtype, size, method...)."""
     return tuple(sorted((k, v) for k, v in m.items()
-                        if k not in _MEASURED and isinstance(v, (str, int, float, bool, type(None)))))
+                        if k not in _MEASURED and not k.startswith(_DERIVED)
+                        and isinstance(v, (str, int, float, bool, type(None)))))
 
 
 def _combine(a: dict, b: dict) -> dict:
