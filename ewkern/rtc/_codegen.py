@@ -370,14 +370,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
     if backend == "cpu":
-        src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
-        src.add("{")
-        # a copy: stores through the arrays' char pointers cannot alias it, so the loop keeps the
-        # pointers in registers and vectorises
-        src.add("    const ewrtc_params P = *P_;")
-        src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
-        if loop_prep:
-            src.user(loop_prep, name, "loop_prep", ";")
+        _cpu_entry_head(src, entry, name, loop_prep)
         # iterations are independent unless the body writes a raw array (it may write any element)
         simd = " simd" if layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args) else ""
         src.add("#ifdef _OPENMP")
@@ -413,6 +406,18 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
 CPU_HALF_TILE = 512    # elements of a float16 tile converted at once (2 KiB of floats an array)
 
 
+def _cpu_entry_head(src: Source, entry: str, name: str, loop_prep: str) -> None:
+    """The opening of a CPU elementwise entry: its signature, the argument struct copied (stores
+    through the arrays' char pointers cannot alias the copy, so the loop keeps the pointers in
+    registers and vectorises), _ind, the user's loop_prep."""
+    src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
+    src.add("{")
+    src.add("    const ewrtc_params P = *P_;")
+    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+    if loop_prep:
+        src.user(loop_prep, name, "loop_prep", ";")
+
+
 def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operation: str, loop_prep: str,
                     after_loop: str, arrays) -> None:
     """The CPU body of a contiguous elementwise kernel with float16 arrays: the loop runs over
@@ -425,12 +430,7 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
     half = [a for a in arrays if a[1] == "float16"]
     read = {p.name for p, dt, kind, _ in half if p.is_output and not writes_only(operation, p.name)}
     T = CPU_HALF_TILE
-    src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
-    src.add("{")
-    src.add("    const ewrtc_params P = *P_;")
-    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
-    if loop_prep:
-        src.user(loop_prep, name, "loop_prep", ";")
+    _cpu_entry_head(src, entry, name, loop_prep)
     src.add("#ifdef _OPENMP")
     src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
     src.add("#endif")
