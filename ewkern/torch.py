@@ -664,13 +664,13 @@ def _row_backward(kernel, ins, outs, scalars):
         rows = frozenset(p.name for k, p in diff if _one_row(g, a[k]) and (need is None or p.name in need))
         k = variants.get((rows, need))
         if k is None:
-            bw_in, bw_out, stage2, body = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
-                                                              kernel.identity, kernel.operation, ins, outs, scalars,
-                                                              need)
+            bw_in, bw_out, stage2, body, consts = row_backward_source(kernel.name, kernel.map_expr,
+                                                                      kernel.reduce_expr, kernel.identity,
+                                                                      kernel.operation, ins, outs, scalars, need)
             k = variants[rows, need] = RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0",
                                                  f"{kernel.name}_backward", reduce_type=kernel.reduce_type,
                                                  preamble=kernel.preamble, options=kernel.options, _stage2=stage2,
-                                                 _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)))
+                                                 _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)), _consts=consts)
         r = k(g, *a)
         return _needed(diff, need, r, lambda j, p, gt: gt.reshape(a[j].shape) if p.name in rows else gt)
     return bk

@@ -154,14 +154,15 @@ def _rmsnorm_backward_layout(dtype, colsum):
     except RuntimeError as e:
         pytest.skip(str(e))
     ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y", True, "k")
-    bw_in, bw_out, stage2, body = row_backward_source("k", "x * x", "a + b", "0",
-                                                      "y = x * rsqrt(a / _row_size + eps) * w", ins, outs, ("eps",))
+    bw_in, bw_out, stage2, body, consts = row_backward_source("k", "x * x", "a + b", "0",
+                                                              "y = x * rsqrt(a / _row_size + eps) * w", ins, outs,
+                                                              ("eps",))
     bi, bo = parse_params(bw_in, False, "kb"), parse_params(bw_out, True, "kb")
     kinds = {"_g": "array", "x": "array", "w": "bcol", "eps": "scalar"}
     in_dts = [{"eps": "float32"}.get(p.name, dtype) for p in bi]
     lay = _codegen.Layout("contig", 1, [(p, dt, kinds[p.name], 0) for p, dt in zip(bi, in_dts)] +
                           [(p, dtype, "colsum" if p.name in colsum else "array", 0) for p in bo])
-    return lay, _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo)), stage2, body
+    return lay, _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo)), stage2, body, consts
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
@@ -170,11 +171,11 @@ def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
     then both gradients) compiles with NVRTC to PTX in every form, and holds x and the gradient in
     registers through both reductions, the weight row not at all (no GPU needed)."""
     from ewkern.rtc import _build, _codegen
-    lay, tdefs, stage2, body = _rmsnorm_backward_layout(dtype, ())
+    lay, tdefs, stage2, body, consts = _rmsnorm_backward_layout(dtype, ())
     rt = "double" if dtype == "float64" else "float"
     E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
     src, entries = _codegen.row_source("cuda", "rowkb", lay, E, "x * x", "a + b", body, "0", rt, "", tdefs, set(),
-                                       stage2)
+                                       stage2, None, consts)
     assert "_r_x[VPL" in src and "_r__g[VPL" in src and "_r_w[" not in src   # w read where used (L1/L2)
     ptx, _, _ = _build.compile_cuda("rowkb", src, (9, 0), ptx_only=True)
     assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
@@ -190,13 +191,13 @@ def test_row_backward_with_a_column_sum_fits_its_plan_without_spills(tmp_path, d
     from conftest import blocks_per_sm, ptxas_registers
     from ewkern.rtc import _build, _codegen, _rowkernel
     from ewkern.rtc._autodiff import GRAD_PREFIX
-    lay, tdefs, stage2, body = _rmsnorm_backward_layout(dtype, (GRAD_PREFIX + "w",))
+    lay, tdefs, stage2, body, consts = _rmsnorm_backward_layout(dtype, (GRAD_PREFIX + "w",))
     E = 16 // (4 if dtype == "float32" else 2)
     G, vpl = _rowkernel.row_plan(4096 // E)
     lanes = {}
     for g, v in ((G, vpl), (2 * G, vpl // 2)):
         src, entries = _codegen.row_source("cuda", "rowkc", lay, E, "x * x", "a + b", body, "0", "float", "", tdefs,
-                                           set(), stage2, g)
+                                           set(), stage2, g, consts)
         assert f"__launch_bounds__({max(256, g)})" in src and "_ca_" + GRAD_PREFIX + "w[_q][_k] +=" in src
         ptx, _, _ = _build.compile_cuda("rowkc", src, (9, 0), ptx_only=True)
         regs = ptxas_registers(ptx, tmp_path)   # fails on any spill
@@ -336,6 +337,9 @@ def test_backward_writes_only_the_gradients_autograd_wants(device, wanted, monke
     part = row_backward_source("k", "x * x", "a + b", "0", "y = x * rsqrt(a / _row_size + eps) * w", ins, outs,
                                ("eps",), frozenset({wanted}))
     assert full[1].count(",") == 1 and "," not in part[1] and part[1].endswith("_" + wanted)
+    # rsqrt(eps + a / n) once a row, not once an element; S's factor too (x's gradient only)
+    assert [n for n, _ in full[4]] == ["_ewk_c0", "_ewk_c1"] and "rsqrt" not in full[3] + full[2][0]
+    assert len(part[4]) == (1 if wanted == "w" else 2)
     assert full[2] is not None and (part[2] is None) == (wanted == "w")   # only x's gradient reads S
     calls = []
     real = ewkern.RowKernel.__call__

@@ -1043,7 +1043,8 @@ def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str
 
 def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
                identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs,
-               stage2: tuple[str, str, str] | None = None, g: int | None = None) -> tuple[str, list[str]]:
+               stage2: tuple[str, str, str] | None = None, g: int | None = None,
+               consts: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str]]:
     """(source, entries) of a row kernel over rows of `cols` elements (ewkern.RowKernel): for
     each row, map_expr over its elements reduced by reduce_expr from identity into `a`, then
     operation over the same elements with `a` in scope. layout ('contig') holds the parameters:
@@ -1064,6 +1065,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     stage2 (map2_expr, reduce2_expr, identity2), for derived backwards: a second reduction over
     the same row after the first, its map with `a` (the first result) in scope, into
     ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again.
+
+    consts ((name, C++ expression), ...): row constants of the type in0_type, computed once a
+    row after the first reduction with `a` in scope (and the scalars, _row_size), in scope in the
+    second reduction's map and in the operation.
 
     g: on CUDA, the lanes per row fixed at compile time (None: read from the parameters at run
     time). The host compiles per G: the lanes' vector indices and load addresses fold into
@@ -1143,6 +1148,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"{indent}const long long _row_size = PP.cols; (void)_row_size;")
         src.add(f"{indent}const ewrtc::Ind _ind = {{PP.rows * PP.cols}}; (void)_ind;")
 
+    def row_consts(indent):
+        if not consts:
+            return
+        src.add(f"{indent}in0_type {', '.join(n for n, _ in consts)};")
+        src.add(f"{indent}{{")
+        src.add(f"{indent}    const type_reduce a = _acc; (void)a;")
+        for n, c in consts:
+            src.add(f"{indent}    {n} = {c};")
+        src.add(f"{indent}}}")
+
     if backend == "cpu":
         entry = f"ewrtc_{name}"
         src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
@@ -1173,7 +1188,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"        type_reduce _acc = (type_reduce)({identity});")
         if stage2:
             src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
-        for phase in ("map", "map2", "apply") if stage2 else ("map", "apply"):
+        for k, phase in enumerate(("map", "map2", "apply") if stage2 else ("map", "apply")):
+            if k == 1:   # after the first reduction
+                row_consts("        ")
             src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
             src.add("            const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
             val = (lambda p, dt, kind: _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
@@ -1319,6 +1336,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         group_combine(src, acc, sh, lambda indent, a, lo, hi: combine(indent, a, lo, hi, expr, what))
 
     lane_combine("_acc", "_sh", reduce_expr, "reduce_expr")
+    row_consts("    ")
     if stage2:
         # the second reduction: over the registers again (VPL > 0) or the row read again
         src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")

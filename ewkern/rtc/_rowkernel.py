@@ -146,7 +146,7 @@ class RowKernel:
     def __init__(self, in_params: str, out_params: str, map_expr: str, reduce_expr: str, operation: str,
                  identity: str, name: str = "row_kernel", reduce_type: str | None = None, preamble: str = "",
                  options: tuple[str, ...] = (), _stage2: tuple[str, str, str] | None = None,
-                 _colsum: tuple[str, ...] = ()) -> None:
+                 _colsum: tuple[str, ...] = (), _consts: tuple[tuple[str, str], ...] = ()) -> None:
         if not isinstance(name, str) or not _IDENT_OK(name):
             raise ValueError(f"RowKernel: name must be a C identifier, got {name!r}")
         for what, v in (("map_expr", map_expr), ("reduce_expr", reduce_expr), ("operation", operation),
@@ -189,6 +189,10 @@ class RowKernel:
                 raise ValueError(f"{name}: _colsum names {c!r}, which is not an output")
             if not _codegen.writes_only(operation, c):
                 raise ValueError(f"{name}: a column-sum output ({c}) must be written only")
+        # row constants ((name, expression with `a` in scope), ...): computed once a row after the
+        # first reduction, in scope in the second's map and in the operation (the derived
+        # backwards' parts over a, the row's length and the scalars)
+        self._consts = tuple((str(n), str(c)) for n, c in _consts)
         self.options = tuple(options)
         self._compiled: dict[tuple[Any, ...], Any] = {}
         self._waves: dict[tuple[int, int], int] = {}
@@ -204,6 +208,8 @@ class RowKernel:
                  "preamble": self.preamble}
         if self._stage2:
             parts.update(map2_expr=self._stage2[0], reduce2_expr=self._stage2[1])
+        if self._consts:
+            parts.update(row_consts="; ".join(f"{n} = {c}" for n, c in self._consts))
         return parts
 
     def _dense_input(self, call: _Call, k: int, v: _Arr, shape: tuple[int, ...]) -> _Arr:
@@ -318,7 +324,8 @@ class RowKernel:
                 reads: set[str], G: int | None = None) -> tuple[str, list[str]]:
         tdefs = _typedefs(call, self.in_params, self.out_params)
         return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
-                                   self.identity, rtype, self.preamble, tdefs, reads, self._stage2, G)
+                                   self.identity, rtype, self.preamble, tdefs, reads, self._stage2, G,
+                                   self._consts)
 
     def _cpu_run(self, call: _Call, layout: _codegen.Layout, rtype: str, reads: set[str], P: Any,
                  n: int) -> Callable[[bytearray, int], None]:
