@@ -640,11 +640,15 @@ _TORCH_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.
 _COLSUM_DEVICES = ("cuda",)
 
 
-def _one_row(g, t) -> bool:
+def _row_shaped(g, t) -> bool:
     """Whether input t broadcasts against the gradient g as one row repeated over g's rows (a
-    weight: shape [cols] or [1, ..., cols]) on a device where the backward sums it itself."""
-    return (g.device.type in _COLSUM_DEVICES and g.dim() >= 2 and t.dim() >= 1 and t.shape[-1] == g.shape[-1]
-            and t.numel() == g.shape[-1])
+    weight: shape [cols] or [1, ..., cols])."""
+    return g.dim() >= 2 and t.dim() >= 1 and t.shape[-1] == g.shape[-1] and t.numel() == g.shape[-1]
+
+
+def _one_row(g, t) -> bool:
+    """_row_shaped, on a device where the backward sums such an input's gradient itself."""
+    return g.device.type in _COLSUM_DEVICES and _row_shaped(g, t)
 
 
 def _row_backward(kernel, ins, outs, scalars):
@@ -661,7 +665,8 @@ def _row_backward(kernel, ins, outs, scalars):
     variants: dict = {}
 
     def bk(g, *a, need=None):
-        rows = frozenset(p.name for k, p in diff if _one_row(g, a[k]) and (need is None or p.name in need))
+        rows = frozenset(p.name for k, p in diff if (need is None or p.name in need) and _row_shaped(g, a[k])) \
+            if g.device.type in _COLSUM_DEVICES else frozenset()
         k = variants.get((rows, need))
         if k is None:
             bw_in, bw_out, stage2, body, consts = row_backward_source(kernel.name, kernel.map_expr,
@@ -711,26 +716,35 @@ def _user_autograd(ins, scalars, run_backward, masked=False):
     gradients from run_backward(grad, *inputs) (one kernel that broadcasts the inputs against the
     gradient), each summed to its input's shape. masked: run_backward takes need= (the names of
     the inputs whose gradients autograd wants, when not all: a kernel that writes only those)."""
+    nin = len(ins)
+    at = [k for k, p in enumerate(ins) if p.name not in scalars]      # the tensor inputs' positions
+    sat = [k for k, p in enumerate(ins) if p.name in scalars]
+    tnames = [ins[k].name for k in at]
+
     def setup(ctx, inputs, output):
-        ctx.scalar_values = [v for p, v in zip(ins, inputs) if p.name in scalars]
-        ctx.save_for_backward(*[t for p, t in zip(ins, inputs) if p.name not in scalars])
+        ctx.scalar_values = [inputs[k] for k in sat]
+        ctx.save_for_backward(*[inputs[k] for k in at])
 
     def backward(ctx, grad):
-        saved, sv = iter(ctx.saved_tensors), iter(ctx.scalar_values)
-        a = [next(sv) if p.name in scalars else next(saved) for p in ins]
-        want = frozenset(p.name for p, w in zip(ins, ctx.needs_input_grad) if w and p.name not in scalars)
-        if masked and len(want) < len(ins) - len(scalars):
-            gs = run_backward(grad, *a, need=want)
+        saved = ctx.saved_tensors
+        if sat:
+            a: list = [None] * nin
+            for k, t in zip(at, saved):
+                a[k] = t
+            for k, v in zip(sat, ctx.scalar_values):
+                a[k] = v
+        else:
+            a = list(saved)
+        flags = ctx.needs_input_grad
+        if masked and not all(flags[k] for k in at):
+            gs = run_backward(grad, *a, need=frozenset(n for k, n in zip(at, tnames) if flags[k]))
         else:
             gs = run_backward(grad, *a)
-        it = iter(gs if isinstance(gs, tuple) else (gs,))
-        res = []
-        for p, t in zip(ins, a):
-            if p.name in scalars:
-                res.append(None)
-            else:
-                gt = next(it)
-                res.append(None if gt is None else gt.sum_to_size(t.shape) if gt.shape != t.shape else gt)
+        res: list = [None] * nin
+        for k, gt in zip(at, gs if isinstance(gs, tuple) else (gs,)):
+            if gt is not None:
+                t = a[k]
+                res[k] = gt if gt.shape == t.shape else gt.sum_to_size(t.shape)
         return tuple(res)
     return setup, backward
 
