@@ -659,8 +659,9 @@ def _row_backward(kernel, ins, outs, scalars):
     afterwards) and comes shaped like the input. ValueError where the backward cannot be derived."""
     from .rtc import RowKernel
     from .rtc._autodiff import GRAD_PREFIX, row_backward_source
-    row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity, kernel.operation, ins,
-                        outs, scalars)   # ValueError now where it cannot be derived
+    # every gradient's source now (ValueError where it cannot be derived); others when asked for
+    sources = {None: row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity,
+                                         kernel.operation, ins, outs, scalars)}
     diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
     variants: dict = {}
 
@@ -669,9 +670,10 @@ def _row_backward(kernel, ins, outs, scalars):
             if g.device.type in _COLSUM_DEVICES else frozenset()
         k = variants.get((rows, need))
         if k is None:
-            bw_in, bw_out, stage2, body, consts = row_backward_source(kernel.name, kernel.map_expr,
-                                                                      kernel.reduce_expr, kernel.identity,
-                                                                      kernel.operation, ins, outs, scalars, need)
+            if need not in sources:
+                sources[need] = row_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
+                                                    kernel.identity, kernel.operation, ins, outs, scalars, need)
+            bw_in, bw_out, stage2, body, consts = sources[need]
             k = variants[rows, need] = RowKernel(bw_in, bw_out, kernel.map_expr, "a + b", body, "0",
                                                  f"{kernel.name}_backward", reduce_type=kernel.reduce_type,
                                                  preamble=kernel.preamble, options=kernel.options, _stage2=stage2,
@@ -697,14 +699,15 @@ def _elementwise_backward(kernel, ins, outs, scalars):
     ValueError where the backward cannot be derived."""
     from .rtc import ElementwiseKernel
     from .rtc._autodiff import backward_source
-    backward_source(kernel.name, kernel.operation, ins, outs, scalars)   # ValueError now
+    full = backward_source(kernel.name, kernel.operation, ins, outs, scalars)   # ValueError now
     diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
     variants: dict = {}
 
     def bk(g, *a, need=None):
         k = variants.get(need)
         if k is None:
-            bw_in, bw_out, bw_body = backward_source(kernel.name, kernel.operation, ins, outs, scalars, need)
+            bw_in, bw_out, bw_body = full if need is None else backward_source(kernel.name, kernel.operation, ins,
+                                                                               outs, scalars, need)
             k = variants[need] = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward",
                                                    preamble=kernel.preamble)
         return _needed(diff, need, k(g, *a))
@@ -734,7 +737,7 @@ def _user_autograd(ins, scalars, run_backward, masked=False):
             for k, v in zip(sat, ctx.scalar_values):
                 a[k] = v
         else:
-            a = list(saved)
+            a = saved
         flags = ctx.needs_input_grad
         if masked and not all(flags[k] for k in at):
             gs = run_backward(grad, *a, need=frozenset(n for k, n in zip(at, tnames) if flags[k]))

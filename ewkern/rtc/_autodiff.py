@@ -133,7 +133,7 @@ def derive(kernel: str, operation: str, in_params, out_params, scalars=(), invar
         grads[p.name] = c_code(d, p.name)
     if consts is not None:
         for e, c in table.items():
-            consts[c.name] = c_code(e, c.name, "in0_type").replace("decltype(_g)", "in0_type")
+            consts[c.name] = c_code(e, c.name, "in0_type")
     return grads
 
 
@@ -172,8 +172,9 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     after the first reduction (RowKernel's _consts) instead of once an element, where a float
     division's slow path kept the compiler from hoisting them (sm_90 SASS, rmsnorm's float16
     backward: 16 division calls and 23 MUFU in the 16 elements of a lane). need: the gradients of
-    only the inputs named there (then stage2 is None when none of them reads S). ValueError for what it cannot derive (a reduction other than a
-    sum from 0, several outputs, what derive() refuses)."""
+    only the inputs named there (then stage2 is None when none of them reads S). ValueError for
+    what it cannot derive (a reduction other than a sum from 0, several outputs, what derive()
+    refuses)."""
     from ._codegen import ROW_STAGE2
     if re.sub(r"\s", "", reduce_expr) not in ("a+b", "b+a"):
         raise ValueError(f"{kernel}: a backward is derived only for a sum reduction ('a + b'), got {reduce_expr!r}")
@@ -209,7 +210,8 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     # the row's length as a value of the compute type: a derivative such as -1/_row_size is not integer division
     fix = (lambda c: _word_sub(c, "_row_size", "decltype(_g)(_row_size)"))
     stage2 = (fix(f"_g * ({f_grads['a']})"), "a + b", "0") if any(ROW_STAGE2 in b for b in body) else None
-    code = fix("; ".join(body)) + " " + (stage2[0] if stage2 else "")
+    operation = fix("; ".join(body))
+    used = operation + " " + (stage2[0] if stage2 else "")
     row = tuple((n, _word_sub(c, "_row_size", "in0_type(_row_size)")) for n, c in consts.items()
-                if re.search(r"\b%s\b" % n, code))
-    return ", ".join(ins), ", ".join(outs), stage2, fix("; ".join(body)), row
+                if re.search(r"\b%s\b" % n, used))
+    return ", ".join(ins), ", ".join(outs), stage2, operation, row

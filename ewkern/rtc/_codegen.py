@@ -365,14 +365,14 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if preamble:
         src.user(preamble, name, "preamble")
     arrays = [a for a in layout.args if a[2] == "array"]
-    if backend == "cpu" and layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args) and \
-            any(dt == "float16" for _, dt, _, _ in arrays):
+    # iterations are independent unless the body writes a raw array (it may write any element)
+    dense = layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args)
+    if backend == "cpu" and dense and any(dt == "float16" for _, dt, _, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
     if backend == "cpu":
         _cpu_entry_head(src, entry, name, loop_prep)
-        # iterations are independent unless the body writes a raw array (it may write any element)
-        simd = " simd" if layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args) else ""
+        simd = " simd" if dense else ""
         src.add("#ifdef _OPENMP")
         src.add(f"#pragma omp parallel for{simd} schedule(static) num_threads(_threads) if(_threads > 1)")
         src.add("#endif")
