@@ -414,8 +414,11 @@ def run(ctx: Context, names: list[str], argv) -> int:
         if len(ran) < len(names) or any(res["experiments"][n]["status"] in ("running", "interrupted")
                                         for n in ran):
             res["partial"] = True
-    _finish_outputs(ctx)
-    return code
+    try:
+        _finish_outputs(ctx)
+    except KeyboardInterrupt:   # a second interrupt while writing: results.json already holds the runs
+        res["interrupted"] = True
+    return 130 if res.get("interrupted") else code
 
 
 def _finish_outputs(ctx: Context):
@@ -438,6 +441,11 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True):
     if plots:
         try:
             figures = _plots.save_all(res, out)
+        except KeyboardInterrupt:
+            # the figures take seconds (matplotlib's import alone): an interrupt here, after the last
+            # experiment, keeps the tables and the summary and leaves the figures out
+            res["interrupted"] = True
+            print("\ninterrupted: writing the results without figures", file=sys.stderr, flush=True)
         except Exception as exc:
             print(f"plotting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     res["figures"] = figures
