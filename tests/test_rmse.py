@@ -151,12 +151,14 @@ def test_auto_short_rows(device, dtype):
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_columns(device, dtype):
-    """Batch-last shapes across auto's column kernels: the shortcols kernel (at most 8 rows, at
-    least 128 blocks of 1024 column vectors) and the cols kernel's narrow and wide column tiles,
-    one row chunk or several (with the combine), rows fewer than a thread's unrolled step, and
-    column counts that are not whole 16-byte vectors."""
+    """Batch-last shapes across auto's column kernels: the shortcols kernel (at most 8 rows, 32 for
+    16-bit inputs, at least 128 blocks of 1024 column vectors; row counts that are and are not
+    multiples of its 4-row step) and the cols kernel's narrow and wide column tiles, one row chunk
+    or several (with the combine), rows fewer than a thread's unrolled step, and column counts that
+    are not whole 16-byte vectors."""
     rng = np.random.default_rng(32)
     for n, batches in ((1, 4096), (3, 100003), (4, 1 << 18), (3, 1 << 19), (5, (1 << 20) + 8), (7, 2048),
+                       (9, 1 << 20), (16, (1 << 20) + 8), (31, 1 << 20),
                        (32, 65536), (64, 8192), (1000, 1024),
                        (4096, 1024), (4099, 136), (65, 3), (20000, 16), (5, 6)):
         a = random_input(rng, (n, batches), dtype)
@@ -165,6 +167,40 @@ def test_auto_columns(device, dtype):
         r = ewkern.rmse(A, B, axis=0).numpy()
         check(r, a, b, 0, dtype, f"{dtype} {device} [{n}, {batches}] axis=0")
         assert np.array_equal(r.view(np.uint8), ewkern.rmse(A, B, axis=0).numpy().view(np.uint8)), (dtype, n, batches)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype,n", [("float16", 9), ("bfloat16", 32), ("float16", 18), ("float32", 7)])
+def test_auto_shortcols_units_change_no_bits(dtype, n):
+    """The shortcols kernel takes 1, 2 or 4 column units a thread by the grid it would start on
+    the device at hand (2^24 columns: 4 on an H100 or H200; 2^22: 2; 2^20: 1). Each column's sum
+    is in row order whatever that choice, so a column's result is the same bits in the wide array
+    as in a narrow copy of its first or last 2^20 columns, and the narrow one matches the float64
+    reference; with PDL on and off."""
+    torch = pytest.importorskip("torch")
+    cols = 1 << 24
+    g = torch.Generator(device="cuda").manual_seed(n)
+    tdt = getattr(torch, dtype)
+    a = (torch.randn((n, cols), device="cuda", generator=g) * 2).to(tdt)
+    b = (torch.randn((n, cols), device="cuda", generator=g) * 2).to(tdt)
+    for pdl in (True, False):
+        prev = ewkern.set_pdl(pdl)
+        try:
+            wide = torch.from_dlpack(ewkern.rmse(a, b, axis=0))
+            for width in (1 << 22, 1 << 20):
+                for sl in (slice(0, width), slice(cols - width, cols)):
+                    x, y = a[:, sl].contiguous(), b[:, sl].contiguous()
+                    part = torch.from_dlpack(ewkern.rmse(x, y, axis=0))
+                    assert torch.equal(part.view(torch.int32), wide[sl].view(torch.int32)), (dtype, n, width, sl, pdl)
+                    if width == 1 << 20 and sl.start == 0:
+                        want = ((x.double() - y.double()) ** 2).mean(0).sqrt()
+                        np.testing.assert_allclose(part.double().cpu().numpy(), want.cpu().numpy(),
+                                                   rtol=RTOL[dtype], atol=0)
+        finally:
+            ewkern.set_pdl(prev)
+    del a, b
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.gpu

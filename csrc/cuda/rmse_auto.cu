@@ -25,8 +25,8 @@
  *                  programmatic dependent launch on sm_90) when a batch has several chunks.
  *                  Under PDL the kernels prefetch the lines of each thread's first load into L2
  *                  before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
- *                  inner > 1: at most 8 rows, 16-byte units: four column units per thread, every
- *                  row of each (shortcols); else a coalesced column kernel (consecutive threads on
+ *                  inner > 1: at most 8 rows (32 for 16-bit inputs), 16-byte units: 1, 2 or 4
+ *                  column units per thread, every row of each (shortcols); else a coalesced column kernel (consecutive threads on
  *                  consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
  *                  row before i is split into chunks, when outer * inner is small.
  *                  Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
@@ -206,6 +206,7 @@ enum {
     AUTO_COL_MIN_WC = 8,       /* cols kernel: at least this many column units per block */
     AUTO_SHORT_N = 64,         /* rows: batches of at most this many elements take the short kernel */
     AUTO_SHORT_COLS_N = 8,     /* columns: at most this many rows take the shortcols kernel */
+    AUTO_SHORT_COLS_N16 = 32,  /* the same for 16-bit inputs */
     AUTO_SHORT_MIN_BLOCKS = 128 /* short and shortcols kernels: at least this many blocks, else the
                                    group / cols kernel (the grid of rmse_grid: 2^16-2^18 batches of
                                    1-8 elements ran at 0.2-0.6 of torch's best with 16-64 blocks);
@@ -596,21 +597,25 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
     }
 }
 
-/* inner > 1 with few rows (n <= AUTO_SHORT_COLS_N), 16-byte column units, a, b and out
- * 16-byte aligned: each thread takes AUTO_UNROLL column units 256 apart (unit U of all
- * outer x ncu, so consecutive threads read consecutive memory) and reads every row of each, all
- * AUTO_UNROLL loads of a row in flight, adding the n squares per element in the arithmetic type in
- * row order; its W results per unit go out as 16-byte stores. The cols kernel would give each
- * thread one unit, so n loads of each input, too few in flight for these shapes. */
-template <typename T>
-__global__ void __launch_bounds__(AUTO_BLOCK)
+/* inner > 1 with few rows (n <= short_cols_limit<T>()), 16-byte column units, a, b and out
+ * 16-byte aligned: each thread takes U column units AUTO_BLOCK apart (unit U of all outer x ncu,
+ * so consecutive threads read consecutive memory) and reads every row of each, R = AUTO_UNROLL / U
+ * rows a step, so that AUTO_UNROLL loads of each input are in flight whatever U is; it adds the n
+ * squares per element in the arithmetic type in row order (the same bits for every U); its W
+ * results per unit go out as 16-byte stores. U = 4 reads one row a step (the form measured in
+ * RMSE_NOTES.md); U = 1 and 2 start 4x and 2x the blocks, for shapes where U = 4 would leave
+ * the GPU under two waves (auto_shortcols). The cols kernel would give each thread one unit and
+ * a block reduction over row threads, too few loads in flight for these shapes. */
+template <typename T, int U>
+__global__ void __launch_bounds__(AUTO_BLOCK, U == 4 ? 0 : 1)
 rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
                            int64_t ncu, int64_t prefetch_blocks)
 {
     typedef unit_io<T, true> io;
     typedef acc_t<T> A;
     typedef out_t<T> O;
-    enum { W = io::W, SPAN = AUTO_BLOCK * AUTO_UNROLL };
+    enum { W = io::W, R = AUTO_UNROLL / U, SPAN = AUTO_BLOCK * U };
+    static_assert(U * R == AUTO_UNROLL, "U units x R rows = AUTO_UNROLL loads of each input a step");
     const int64_t units = outer * ncu;
     int64_t base = (int64_t)blockIdx.x * SPAN + threadIdx.x;
     if ((int64_t)blockIdx.x < prefetch_blocks && base < units) {
@@ -621,36 +626,52 @@ rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer,
     pdl_wait();
     pdl_launch_dependents();
     for (; base < units; base += (int64_t)gridDim.x * SPAN) {
-        int64_t off[AUTO_UNROLL];
-        A acc[AUTO_UNROLL][W];
+        int64_t off[U];
+        bool in[U];
+        A acc[U][W];
 #pragma unroll
-        for (int r = 0; r < AUTO_UNROLL; ++r) {
+        for (int r = 0; r < U; ++r) {
             const int64_t u = base + r * AUTO_BLOCK;
-            const int64_t o = outer == 1 || u >= units ? 0 : u / ncu;
+            in[r] = u < units;
+            const int64_t o = outer == 1 || !in[r] ? 0 : u / ncu;
             off[r] = (o * n) * inner + (u - o * ncu) * W;
 #pragma unroll
             for (int e = 0; e < W; ++e) acc[r][e] = A(0);
         }
-        for (int64_t i = 0; i < n; ++i) {
-            uint4 x[AUTO_UNROLL], y[AUTO_UNROLL];
+        int64_t i = 0;
+        for (; i + R <= n; i += R) {   /* R rows of U units: all loads, then the adds in row order */
+            uint4 x[R][U], y[R][U];
 #pragma unroll
-            for (int r = 0; r < AUTO_UNROLL; ++r) {
-                const bool in = base + r * AUTO_BLOCK < units;
-                x[r] = in ? io::load(a + off[r] + i * inner, 0) : io::zero();
-                y[r] = in ? io::load(b + off[r] + i * inner, 0) : io::zero();
-            }
+            for (int q = 0; q < R; ++q)
 #pragma unroll
-            for (int r = 0; r < AUTO_UNROLL; ++r) {
-                A d[W];
-                io::diffs(x[r], y[r], d);
+                for (int r = 0; r < U; ++r) {
+                    x[q][r] = in[r] ? io::load(a + off[r] + (i + q) * inner, 0) : io::zero();
+                    y[q][r] = in[r] ? io::load(b + off[r] + (i + q) * inner, 0) : io::zero();
+                }
 #pragma unroll
-                for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
-            }
+            for (int q = 0; q < R; ++q)
+#pragma unroll
+                for (int r = 0; r < U; ++r) {
+                    A d[W];
+                    io::diffs(x[q][r], y[q][r], d);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
+                }
         }
+        if (R > 1)
+            for (; i < n; ++i)   /* the last n % R rows, one at a time */
 #pragma unroll
-        for (int r = 0; r < AUTO_UNROLL; ++r) {
+                for (int r = 0; r < U; ++r) {
+                    A d[W];
+                    io::diffs(in[r] ? io::load(a + off[r] + i * inner, 0) : io::zero(),
+                              in[r] ? io::load(b + off[r] + i * inner, 0) : io::zero(), d);
+#pragma unroll
+                    for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
+                }
+#pragma unroll
+        for (int r = 0; r < U; ++r) {
             const int64_t u = base + r * AUTO_BLOCK;
-            if (u < units) {
+            if (in[r]) {
                 const int64_t o = outer == 1 ? 0 : u / ncu;
                 __align__(16) O res[W];
 #pragma unroll
@@ -881,28 +902,55 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
 }
 
 /* Batch-last shapes with at most this many rows take the shortcols kernel (16-byte units, out
- * aligned). EWKERN_RMSE_SHORT_COLS_N=<n> (read once) moves the limit: a knob for measuring the
- * rule, not for users (0 turns the kernel off). */
+ * aligned): AUTO_SHORT_COLS_N for float32 and float64 (H200, 2^20 batches of 16 float32 rows: the
+ * column kernel 3890 GB/s against 3320), AUTO_SHORT_COLS_N16 for 16-bit inputs, where the column
+ * kernel's one step of rows a thread before its block reduction ran at 0.56-0.75 of torch.dot at
+ * 2^20 x 16-32 on both GPUs (float sums of at most 32 squares a column). EWKERN_RMSE_SHORT_COLS_N=<n>
+ * (read once) sets both limits: a knob for measuring the rule, not for users (0 turns the kernel
+ * off). */
+template <typename T>
 static int64_t short_cols_limit()
 {
-    static const int64_t v = [] {
+    static const int64_t env = [] {
         const char *e = getenv("EWKERN_RMSE_SHORT_COLS_N");
-        return e ? (int64_t)atoll(e) : (int64_t)AUTO_SHORT_COLS_N;
+        return e ? (int64_t)atoll(e) : (int64_t)-1;
     }();
-    return v;
+    return env >= 0 ? env : sizeof(T) == 2 ? (int64_t)AUTO_SHORT_COLS_N16 : (int64_t)AUTO_SHORT_COLS_N;
 }
 
+/* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
+template <typename T, int U>
+static int64_t shortcols_wave(int dev)
+{
+    static std::atomic<int> occ[kMaxCachedDevices];
+    return wave_blocks(occ, (const void *)rmse_auto_shortcols_kernel<T, U>, AUTO_BLOCK, dev);
+}
+
+/* The shortcols kernel with U units a thread: one unit per AUTO_BLOCK x U of them, its first wave
+ * prefetching under PDL. */
+template <typename T, int U>
+static int launch_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
+                            int64_t ncu, int dev, cudaStream_t s)
+{
+    const bool pdl = ewcuda_pdl_active(dev);
+    return launch_auto_kernel(rmse_auto_shortcols_kernel<T, U>, min64(cdiv(outer * ncu, AUTO_BLOCK * U), GRID_CAP),
+                              pdl, s, a, b, out, outer, n, inner, ncu, pdl ? shortcols_wave<T, U>(dev) : (int64_t)0);
+}
+
+/* Units per thread: 4 (one row a step) where that still starts two waves of the U = 4 kernel's
+ * blocks on this device, else 2 where the U = 2 kernel's grid is two of its waves, else 1 (4 rows
+ * a step, the most blocks). Each element's sum is in row order whatever U is, so the choice,
+ * which depends on the device, changes no bits. */
 template <typename T>
 static int auto_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner, int dev,
                           cudaStream_t s)
 {
-    const int64_t ncu = inner / vec16<T>::W;
-    const int64_t blocks = cdiv(outer * ncu, AUTO_BLOCK * AUTO_UNROLL);
-    const bool pdl = ewcuda_pdl_active(dev);
-    static std::atomic<int> occ[kMaxCachedDevices];
-    const int64_t wave = wave_blocks(occ, (const void *)rmse_auto_shortcols_kernel<T>, AUTO_BLOCK, dev);
-    return launch_auto_kernel(rmse_auto_shortcols_kernel<T>, min64(blocks, GRID_CAP), pdl, s, a, b, out, outer, n,
-                              inner, ncu, pdl ? wave : (int64_t)0);
+    const int64_t ncu = inner / vec16<T>::W, units = outer * ncu;
+    if (cdiv(units, AUTO_BLOCK * 4) >= 2 * shortcols_wave<T, 4>(dev))
+        return launch_shortcols<T, 4>(a, b, out, outer, n, inner, ncu, dev, s);
+    if (cdiv(units, AUTO_BLOCK * 2) >= 2 * shortcols_wave<T, 2>(dev))
+        return launch_shortcols<T, 2>(a, b, out, outer, n, inner, ncu, dev, s);
+    return launch_shortcols<T, 1>(a, b, out, outer, n, inner, ncu, dev, s);
 }
 
 template <typename T>
@@ -923,7 +971,7 @@ static int launch_auto(const void *p)
     }
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
-        if (v.n <= short_cols_limit() && ((uintptr_t)out & 15u) == 0 &&
+        if (v.n <= short_cols_limit<T>() && ((uintptr_t)out & 15u) == 0 &&
             cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL) >= AUTO_SHORT_MIN_BLOCKS)
             return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
