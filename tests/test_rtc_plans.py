@@ -38,7 +38,7 @@ class FakeC:
         return hash(entry) & 0xFFFFFFF
 
     def _rtc_occupancy(self, h, block, dev):
-        return 8
+        return max(1, 2048 // block)   # lanes an SM, as registers would allow
 
     def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl):
         self.plans += 1
@@ -132,8 +132,10 @@ def kern_args_rms(b):
 @pytest.mark.parametrize("rows", [300, 5000])
 def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
     """A RowKernel with a column-sum output on CUDA: a wave of blocks (the occupancy the stand-in
-    reports) over tiles of rows, partial rows allocated per call, then the column sum's launch;
-    a warm call launches the same kernels with only the pointers moved."""
+    reports) over tiles of rows, in blocks of 512 lanes (two groups of 256, as many resident as
+    in blocks of 256) whose groups combine their sums into one partial row a block, partial rows
+    allocated per call, then the column sum's launch; a warm call launches the same kernels with
+    only the pointers moved."""
     k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
                          "fake_cs", _colsum=("gw",))
@@ -145,12 +147,13 @@ def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
     assert "tiles=" in k._last_path
     rows_launch = first[0]
     grid, block = rows_launch[1], rows_launch[2]
-    assert grid <= 132 * 8 and block == 256     # at most a wave of the stand-in's 8 blocks an SM
+    assert grid <= 132 * 4 and block == 512     # at most a wave of the stand-in's 4 blocks of 512 an SM
     (tiles,) = struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 8)
-    assert tiles * grid >= rows > (tiles - 1) * grid and tiles == -(-rows // (132 * 8))
+    pairs = -(-rows // 2)                        # two rows a block a tile
+    assert tiles * grid >= pairs > (tiles - 1) * grid and tiles == -(-pairs // (132 * 4))
     sum_launch = first[1]
     part, out, P, cols = struct.unpack("<QQqq", sum_launch[3])
-    assert sum_launch[1:3] == (4096 // 32, 1024) and (P, cols) == (grid * (block // 256), 4096)
+    assert sum_launch[1:3] == (4096 // 32, 1024) and (P, cols) == (grid, 4096)
     assert out == gw.ptr and part not in (gw.ptr, y.ptr)
     (p_gw,) = [struct.unpack_from("<Q", rows_launch[3], o)[0] for o in range(0, len(rows_launch[3]) - 40, 8)
                if struct.unpack_from("<Q", rows_launch[3], o)[0] == part]
@@ -167,20 +170,27 @@ def test_column_sum_takes_more_lanes_when_few_are_resident(fake, monkeypatch, oc
     """A column-sum RowKernel whose plan (G = 128, 4 vectors a lane for rows of 4096 float16)
     leaves fewer than _COLSUM_MIN_THREADS lanes resident an SM takes twice the lanes with half
     the vectors each when more of those fit (the stand-in reports the occupancy by the compiled
-    G); a plan that fills enough, and a kernel without column sums, keep row_plan's."""
+    G, for registers: lanes an SM / block); a plan that fills enough, and a kernel without column
+    sums, keep row_plan's. Its groups then combine their column sums in blocks of up to
+    COLSUM_BLOCK lanes where as many lanes stay resident (G 256: 2 blocks of 512 as 4 of 256;
+    G 128 at 3 blocks of 256 would fit 1 of 512, so not), one partial row a block."""
     monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
         re.search(r"const int _G = (\d+)", src).group(1).encode(), "cubin", {}))
     monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: (int(image), entry))
-    monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: occupancy_g128 if h[0] == 128 else 4)
+    monkeypatch.setattr(fake, "_rtc_occupancy",
+                        lambda h, block, dev: (occupancy_g128 if h[0] == 128 else 4) * 256 // block)
     args = (FakeArray(1 << 36, "float16", (2048, 4096)), FakeArray(1 << 37, "float16", (4096,)), 1e-6)
     k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
                          f"fake_wide_{occupancy_g128}", _colsum=("gw",))
     k(*args)
-    h, grid, block = fake.launches[-2][:3]
+    (h, grid, block), colsum = fake.launches[-2][:3], fake.launches[-1]
     assert h == (want_g, f"ewrtc_fake_wide_{occupancy_g128}_r{512 // want_g}")
     assert k._last_path.startswith(f"rows G={want_g} VPL={512 // want_g} E=8")
-    assert block == 256 and grid * (256 // want_g) * -(-2048 // (grid * (256 // want_g))) >= 2048
+    assert block == 2 * want_g and k._last_path.endswith(f"block={block}")
+    tiles = -(-2048 // (grid * (block // want_g)))
+    assert grid * (block // want_g) * tiles >= 2048 and grid <= 132 * (occupancy_g128 if want_g == 128 else 2)
+    assert struct.unpack("<QQqq", colsum[3])[2] == grid   # one partial row a block
     plain = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
                              "y = x * rsqrt(a / _row_size + eps) * w", "0", f"fake_narrow_{occupancy_g128}")
     plain(*args)

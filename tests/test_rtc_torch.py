@@ -184,29 +184,36 @@ def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_row_backward_with_a_column_sum_fits_its_plan_without_spills(tmp_path, dtype):
     """The derived rmsnorm backward with the weight's gradient as a column sum (held in registers
-    across the tiles), sm_90 by ptxas: no spills (the row entries are bounded by the block they
-    launch with, not 1024), and the lanes an SM holds at row_plan's G for rows of 4096 against
+    across the tiles), sm_90 by ptxas: no spills (the row entries are bounded by the largest block
+    they launch with, COLSUM_BLOCK, not 1024), the block's groups combining their sums in shared
+    memory, and the lanes an SM holds at row_plan's G for rows of 4096 against
     _COLSUM_MIN_THREADS: float32 (G 256, 4 vectors a lane) fills it; float16/bfloat16 (G 128, 4
-    vectors) do not, and G 256 with 2 vectors does, which _cuda_run then takes."""
+    vectors) do not, and G 256 with 2 vectors does, which _cuda_run then takes, in blocks of 512
+    lanes (two groups, half the partial rows) because as many of those are resident."""
     from conftest import blocks_per_sm, ptxas_registers
     from ewkern.rtc import _build, _codegen, _rowkernel
     from ewkern.rtc._autodiff import GRAD_PREFIX
     lay, tdefs, stage2, body, consts = _rmsnorm_backward_layout(dtype, (GRAD_PREFIX + "w",))
     E = 16 // (4 if dtype == "float32" else 2)
     G, vpl = _rowkernel.row_plan(4096 // E)
-    lanes = {}
+    lanes, wide = {}, {}
     for g, v in ((G, vpl), (2 * G, vpl // 2)):
         src, entries = _codegen.row_source("cuda", "rowkc", lay, E, "x * x", "a + b", body, "0", "float", "", tdefs,
                                            set(), stage2, g, consts)
-        assert f"__launch_bounds__({max(256, g)})" in src and "_ca_" + GRAD_PREFIX + "w[_q][_k] +=" in src
+        assert f"__launch_bounds__({max(256, g, _codegen.COLSUM_BLOCK)})" in src
+        assert "_ca_" + GRAD_PREFIX + "w[_q][_k] +=" in src and "__shared__ float _cb_" + GRAD_PREFIX + "w" in src
+        assert _codegen.colsum_combines(g, v, E, [4])
         ptx, _, _ = _build.compile_cuda("rowkc", src, (9, 0), ptx_only=True)
         regs = ptxas_registers(ptx, tmp_path)   # fails on any spill
         block = max(256, g)
-        lanes[g] = blocks_per_sm(regs[entries[_codegen.ROW_FORMS.index(v)]], block) * block
+        r = regs[entries[_codegen.ROW_FORMS.index(v)]]
+        lanes[g] = blocks_per_sm(r, block) * block
+        wide[g] = blocks_per_sm(r, 2 * block) * 2 * block
     if dtype == "float32":
         assert (G, vpl) == (256, 4) and lanes[G] >= _rowkernel._COLSUM_MIN_THREADS, lanes
     else:
         assert (G, vpl) == (128, 4) and lanes[G] < _rowkernel._COLSUM_MIN_THREADS <= lanes[2 * G], lanes
+        assert wide[2 * G] >= lanes[2 * G], (lanes, wide)
 
 
 def test_row_kernel_without_a_derivable_backward_raises_on_backward_only():

@@ -1009,6 +1009,24 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
 ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (groups of G)
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
+COLSUM_BLOCK = 512         # a column-sum row kernel's block may hold up to this many lanes
+COLSUM_SMEM = 32768        # bytes of shared memory a block's groups combine their column sums in
+
+
+_CTYPE_BYTES = {v[0]: v[2] for v in DTYPES.values()}   # a compute type's bytes, by its C name
+
+
+def colsum_bytes(dtypes) -> list[int]:
+    """The bytes of the compute type each column-sum output (of these dtypes) sums in."""
+    return [_CTYPE_BYTES[DTYPES[dt][1]] for dt in dtypes]
+
+
+def colsum_combines(g: int | None, vpl: int, E: int, csizes) -> bool:
+    """Whether a row kernel's column sums are combined across a block's groups (one partial row
+    a block instead of one a group): the register forms (VPL > 0) at a compile-time G whose
+    columns (G x VPL x E of each column-sum output, csizes: their compute types' bytes) fit in
+    COLSUM_SMEM. The host sizes the partials by the same rule."""
+    return bool(g) and vpl > 0 and g * vpl * E * sum(csizes) <= COLSUM_SMEM
 ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
 
 SHFL_PRELUDE = r"""
@@ -1239,10 +1257,15 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("    pdl_launch_dependents();")
         scalars_and_sizes("    ")
         src.add("    const int _groups = int(blockDim.x) / _G, _group = int(threadIdx.x) / _G;")
+        # the register forms at a compile-time G combine the block's groups (colsum_combines):
+        # one partial row a block, which group 0 writes
+        csizes = colsum_bytes([dt for _, dt, _, _ in csum])
+        cb = [v for v in ROW_FORMS if colsum_combines(g, v, E, csizes)]
+        src.add(f"    constexpr bool _CB = {' || '.join(f'VPL == {v}' for v in cb) or 'false'};")
         for p, dt, kind, _ in csum:
             C = DTYPES[dt][1]
-            src.add(f"    {C} *const _cs_{p.name} = ({C} *)P.p_{p.name} + ((long long)blockIdx.x * _groups + _group)"
-                    " * PP.cols;")
+            src.add(f"    {C} *const _cs_{p.name} = ({C} *)P.p_{p.name} + (_CB ? (long long)blockIdx.x"
+                    " : (long long)blockIdx.x * _groups + _group) * PP.cols;")
             src.add(f"    {C} _ca_{p.name}[VPL > 0 ? VPL : 1][E];")
             src.add("#pragma unroll")
             src.add("    for (int _q = 0; _q < (VPL > 0 ? VPL : 1); ++_q)")
@@ -1376,7 +1399,28 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("    }")
     if csum:
         src.add("    }")
+        src.add("    if constexpr (_CB) {")
+        # groups _groups - 1 .. 1 in turn add into shared memory, then group 0 adds the sum: a
+        # fixed order (g0 + (g1 + (g2 + ...))), each lane its own columns
+        for p, dt, kind, _ in csum:
+            src.add(f"        __shared__ {DTYPES[dt][1]} _cb_{p.name}[VPL > 0 ? VPL : 1][E][{g or 1}];")
+        src.add("        for (int _s = _groups - 1; _s >= 0; --_s) {")
+        src.add("            if (_group == _s && _groups > 1)")
+        src.add("#pragma unroll")
+        src.add("                for (int _q = 0; _q < VPL; ++_q)")
+        src.add("#pragma unroll")
+        src.add("                    for (int _k = 0; _k < E; ++_k) {")
+        for p, dt, kind, _ in csum:
+            src.add(f"                        if (_s < _groups - 1) _ca_{p.name}[_q][_k] += _cb_{p.name}[_q][_k][_lane];")
+            src.add(f"                        if (_s > 0) _cb_{p.name}[_q][_k][_lane] = _ca_{p.name}[_q][_k];")
+        src.add("                    }")
+        src.add("            if (_s > 0)")
+        src.add("                __syncthreads();")
+        src.add("        }")
+        src.add("    }")
         src.add("    if constexpr (VPL > 0) {")
+        src.add("        if (_CB && _group != 0)")
+        src.add("            return;")
         src.add("#pragma unroll")
         src.add("        for (int _q = 0; _q < VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
@@ -1395,7 +1439,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         entries.append(entry)
         # the bound is the block the host launches (ROW_MIN_BLOCK or G lanes): 1024 would cap a
         # lane at 64 registers, and the derived backwards spilled under it
-        src.add(f'extern "C" __global__ void __launch_bounds__({max(ROW_MIN_BLOCK, g) if g else 1024}) {entry}'
+        bound = max(ROW_MIN_BLOCK, g, COLSUM_BLOCK if csum else 0) if g else 1024
+        src.add(f'extern "C" __global__ void __launch_bounds__({bound}) {entry}'
                 "(const ewrtc_params PP)")
         src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")
     if csum:

@@ -368,10 +368,14 @@ class RowKernel:
                 hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
             block = max(_MIN_BLOCK, G)
             h = hs[_codegen.ROW_FORMS.index(vpl)]
+            return hs, h, block, wave(h, block)
+
+        def wave(h: int, block: int) -> int:
+            """blocks of `block` lanes of entry h resident on the device at once"""
             w = self._waves.get((h, block))
             if w is None:
                 w = self._waves[(h, block)] = sms * _C()._rtc_occupancy(h, block, dev)
-            return hs, h, block, w
+            return w
 
         G, vpl = row_plan(cols // E)
         hs, h, block, w = form(G, vpl)
@@ -383,12 +387,24 @@ class RowKernel:
                 G, vpl = 2 * G, vpl // 2
                 hs, h, block, w = wide
         P.G = G
+        combine = bool(self._colsum) and _codegen.colsum_combines(
+            G, vpl, E, _codegen.colsum_bytes([dt for _, dt, kind, _ in layout.args if kind == "colsum"]))
+        if combine:
+            # the block's groups add their column sums together (one partial row a block, written
+            # and read again by the column sum): the most lanes a block, up to COLSUM_BLOCK, that
+            # keep as many lanes resident (float16 rmsnorm, G 256 at 63 registers: 2 blocks of 512
+            # an SM, as 4 of 256, and half the partial rows)
+            resident, b = w * block, 2 * block
+            while b <= _codegen.COLSUM_BLOCK:
+                if wave(h, b) * b >= resident:
+                    block, w = b, wave(h, b)
+                b *= 2
         grid = -(-rows // (block // G))
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
             P.tiles = -(-grid // min(grid, w))
             grid = -(-grid // P.tiles)
-        self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles}" if self._colsum else "")
-        nparts = grid * (block // G)
+        self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles} block={block}" if self._colsum else "")
+        nparts = grid if combine else grid * (block // G)
         finish = [_CudaColumnSum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
                   for j in range(len(self._colsum))]
         return _prefetch_runner(h, grid, block, dev, type(P).prefetch.offset, w), nparts, finish
