@@ -197,6 +197,32 @@ def test_column_sum_takes_more_lanes_when_few_are_resident(fake, monkeypatch, oc
     assert fake.launches[-1][0] == (128, f"ewrtc_fake_narrow_{occupancy_g128}_r4")
 
 
+def test_column_sum_with_one_group_a_block_compiles_without_the_combine(fake, monkeypatch):
+    """A column-sum plan whose block holds one group (float32 rows of 4096: G 256) and whose
+    blocks of 512 would leave fewer lanes resident (the stand-in: 3 blocks of 256 an SM, 1 of
+    512) runs the form compiled without the combine: bound 256, no shared memory for the sums,
+    one partial row a group."""
+    sources = []
+
+    def compile_cuda(name, src, *a, **k):
+        sources.append(src)
+        g = re.search(r"const int _G = (\d+)", src).group(1).encode()
+        return g + (b"c" if "_cb_" in src else b""), "cubin", {}
+    monkeypatch.setattr(_build, "compile_cuda", compile_cuda)
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: (image, entry))
+    monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: 3 if block == 256 else 1)
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
+                         "fake_one_group", _colsum=("gw",))
+    k(FakeArray(1 << 36, "float32", (3000, 4096)), FakeArray(1 << 37, "float32", (4096,)), 1e-6)
+    (h, grid, block), colsum = fake.launches[-2][:3], fake.launches[-1]
+    assert h == (b"256", "ewrtc_fake_one_group_r4") and block == 256
+    bounds = [re.findall(r"__launch_bounds__\((\d+)\)", x)[:4] for x in sources]
+    assert len(sources) == 2 and bounds == [["512"] * 4, ["256"] * 4], bounds
+    assert "_cb_" in sources[0] and "_cb_" not in sources[1]
+    assert struct.unpack("<QQqq", colsum[3])[2] == grid and grid <= 132 * 3
+
+
 def test_column_sum_c_plan_carries_the_partial_rows_as_hidden_outputs(fake, monkeypatch):
     """On CUDA a column-sum RowKernel records a plan for the C path too: its partial rows are
     hidden outputs after the results, their address goes into the kernel's slot and, with the

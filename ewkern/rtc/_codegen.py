@@ -1062,7 +1062,7 @@ def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str
 def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
                identity: str, reduce_ctype: str, preamble: str, tdefs: str, read_outputs,
                stage2: tuple[str, str, str] | None = None, g: int | None = None,
-               consts: tuple[tuple[str, str], ...] = ()) -> tuple[str, list[str]]:
+               consts: tuple[tuple[str, str], ...] = (), combine_groups: bool = True) -> tuple[str, list[str]]:
     """(source, entries) of a row kernel over rows of `cols` elements (ewkern.RowKernel): for
     each row, map_expr over its elements reduced by reduce_expr from identity into `a`, then
     operation over the same elements with `a` in scope. layout ('contig') holds the parameters:
@@ -1088,6 +1088,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     row after the first reduction with `a` in scope (and the scalars, _row_size), in scope in the
     second reduction's map and in the operation.
 
+    combine_groups: column-sum outputs of the register forms that colsum_combines admits are added
+    across a block's groups in shared memory and written as one partial row a block (launch bound
+    COLSUM_BLOCK); False: one partial row a group, no shared memory for it, bound max(256, g).
+
     g: on CUDA, the lanes per row fixed at compile time (None: read from the parameters at run
     time). The host compiles per G: the lanes' vector indices and load addresses fold into
     constants (sm_90 rmsnorm without a weight, float32 at VPL 4: 46 registers at run-time G, 5
@@ -1110,6 +1114,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     scalars = [a for a in layout.args if a[2] == "scalar"]
     csum = [a for a in outs if a[2] == "colsum"]
     csum_names = {a[0].name for a in csum}
+    # the register forms whose column sums a block's groups combine (colsum_combines)
+    cb = [v for v in ROW_FORMS if csum and combine_groups and colsum_combines(g, v, E, colsum_bytes([a[1] for a in csum]))]
     if csum and backend == "cpu":
         src.add("#ifdef _OPENMP\n#include <omp.h>\n#endif")
 
@@ -1259,8 +1265,6 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("    const int _groups = int(blockDim.x) / _G, _group = int(threadIdx.x) / _G;")
         # the register forms at a compile-time G combine the block's groups (colsum_combines):
         # one partial row a block, which group 0 writes
-        csizes = colsum_bytes([dt for _, dt, _, _ in csum])
-        cb = [v for v in ROW_FORMS if colsum_combines(g, v, E, csizes)]
         src.add(f"    constexpr bool _CB = {' || '.join(f'VPL == {v}' for v in cb) or 'false'};")
         for p, dt, kind, _ in csum:
             C = DTYPES[dt][1]
@@ -1399,6 +1403,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("    }")
     if csum:
         src.add("    }")
+    if csum and cb:
         src.add("    if constexpr (_CB) {")
         # groups _groups - 1 .. 1 in turn add into shared memory, then group 0 adds the sum: a
         # fixed order (g0 + (g1 + (g2 + ...))), each lane its own columns
@@ -1418,9 +1423,11 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("                __syncthreads();")
         src.add("        }")
         src.add("    }")
+    if csum:
         src.add("    if constexpr (VPL > 0) {")
-        src.add("        if (_CB && _group != 0)")
-        src.add("            return;")
+        if cb:
+            src.add("        if (_CB && _group != 0)")
+            src.add("            return;")
         src.add("#pragma unroll")
         src.add("        for (int _q = 0; _q < VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
@@ -1439,7 +1446,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         entries.append(entry)
         # the bound is the block the host launches (ROW_MIN_BLOCK or G lanes): 1024 would cap a
         # lane at 64 registers, and the derived backwards spilled under it
-        bound = max(ROW_MIN_BLOCK, g, COLSUM_BLOCK if csum else 0) if g else 1024
+        bound = max(ROW_MIN_BLOCK, g, COLSUM_BLOCK if cb else 0) if g else 1024
         src.add(f'extern "C" __global__ void __launch_bounds__({bound}) {entry}'
                 "(const ewrtc_params PP)")
         src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")

@@ -321,11 +321,11 @@ class RowKernel:
         return ret
 
     def _source(self, backend: str, call: _Call, layout: _codegen.Layout, E: int, rtype: str,
-                reads: set[str], G: int | None = None) -> tuple[str, list[str]]:
+                reads: set[str], G: int | None = None, combine: bool = True) -> tuple[str, list[str]]:
         tdefs = _typedefs(call, self.in_params, self.out_params)
         return _codegen.row_source(backend, self.name, layout, E, self.map_expr, self.reduce_expr, self.operation,
                                    self.identity, rtype, self.preamble, tdefs, reads, self._stage2, G,
-                                   self._consts)
+                                   self._consts, combine)
 
     def _cpu_run(self, call: _Call, layout: _codegen.Layout, rtype: str, reads: set[str], P: Any,
                  n: int) -> Callable[[bytearray, int], None]:
@@ -353,16 +353,17 @@ class RowKernel:
         dev = int(device.split(":")[1])
         sms = _device_facts(device)[1]
 
-        def form(G: int, vpl: int) -> tuple[tuple[Any, ...], Any, int, int]:
+        def form(G: int, vpl: int, combine: bool = True) -> tuple[tuple[Any, ...], Any, int, int]:
             """(the entries compiled for G lanes, the VPL form's entry, its block, resident blocks
-            of it a wave holds)"""
+            of it a wave holds); combine=False: without the column sums' combine across a block's
+            groups (its shared memory and its larger launch bound)"""
             # compiled per G (the lanes' arithmetic in constants): one hidden size, one compile
-            key = (device, E, G, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
+            key = (device, E, G, combine, layout.key(), call.type_map, call.in_types, call.out_types, rtype)
             hs = self._compiled.get(key)
             if hs is None:
                 if rtype not in _REDUCE_SIZES and self.reduce_type is None:
                     raise TypeError(f"{self.name}: cannot reduce in {rtype}")
-                src, entries = self._source("cuda", call, layout, E, rtype, reads, G)
+                src, entries = self._source("cuda", call, layout, E, rtype, reads, G, combine)
                 cc, _ = _device_facts(device)
                 image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
                 hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
@@ -394,11 +395,19 @@ class RowKernel:
             # and read again by the column sum): the most lanes a block, up to COLSUM_BLOCK, that
             # keep as many lanes resident (float16 rmsnorm, G 256 at 63 registers: 2 blocks of 512
             # an SM, as 4 of 256, and half the partial rows)
-            resident, b = w * block, 2 * block
+            resident, b, wider = w * block, 2 * block, block
             while b <= _codegen.COLSUM_BLOCK:
                 if wave(h, b) * b >= resident:
-                    block, w = b, wave(h, b)
+                    wider = b
                 b *= 2
+            if block // G == 1 and wider == block:
+                # one group a block: nothing to combine, and the combine's shared memory (up to
+                # COLSUM_SMEM a block) would only take L1's share. Its form without (float32
+                # rmsnorm, G 256 x 4 at 80 registers: 3 blocks of 256 an SM, 1 of 512)
+                combine = False
+                hs, h, block, w = form(G, vpl, False)
+            else:
+                block, w = wider, wave(h, wider)
         grid = -(-rows // (block // G))
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
             P.tiles = -(-grid // min(grid, w))
