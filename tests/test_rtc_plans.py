@@ -197,6 +197,28 @@ def test_column_sum_takes_more_lanes_when_few_are_resident(fake, monkeypatch, oc
     assert fake.launches[-1][0] == (128, f"ewrtc_fake_narrow_{occupancy_g128}_r4")
 
 
+@pytest.mark.parametrize("rows, block", [(2048, 512), (8192, 512), (32768, 256)])
+def test_column_sum_widens_its_blocks_where_the_partials_weigh(fake, monkeypatch, rows, block):
+    """float16 rows of 4096 at G 256 (4 blocks of 256 an SM or 2 of 512 in the stand-in): blocks
+    of 512 where one partial row a group (528 of 4096 float32) would add at least
+    _COLSUM_WIDEN_SHARE to the bytes of x, g and the gradient (6 bytes an element): 2048 rows
+    34%, 8192 rows 8.6%; at 32768 rows (2.1%) blocks of 256, one group each, without the combine."""
+    monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
+        re.search(r"const int _G = (\d+)", src).group(1).encode(), "cubin", {}))
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: (int(image), entry))
+    # G 128 x 4 vectors holds 512 lanes an SM (the plan then takes G 256 x 2), G 256 1024
+    monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (512 if h[0] == 128 else 1024) // block)
+    k = ewkern.RowKernel("T x, T g, T w", "T gx, T gw", "x * g", "a + b",
+                         "gx = g * w - x * a; gw = g * x", "0", f"fake_widen_{rows}", _colsum=("gw",))
+    k(FakeArray(1 << 36, "float16", (rows, 4096)), FakeArray(1 << 37, "float16", (rows, 4096)),
+      FakeArray(1 << 38, "float16", (4096,)))
+    (h, grid, got), colsum = fake.launches[-2][:3], fake.launches[-1]
+    assert h[0] == 256 and got == block, k._last_path
+    assert struct.unpack("<QQqq", colsum[3])[2] == grid   # one partial row a block either way
+    share = 2 * 528 * 4 / (rows * 6)
+    assert (share >= _rowkernel._COLSUM_WIDEN_SHARE) == (block == 512)
+
+
 def test_column_sum_with_one_group_a_block_compiles_without_the_combine(fake, monkeypatch):
     """A column-sum plan whose block holds one group (float32 rows of 4096: G 256) and whose
     blocks of 512 would leave fewer lanes resident (the stand-in: 3 blocks of 256 an SM, 1 of
