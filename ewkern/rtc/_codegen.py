@@ -1011,7 +1011,7 @@ ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 COLSUM_BLOCK = 512         # a column-sum row kernel's block may hold up to this many lanes
 COLSUM_SMEM = 32768        # bytes of shared memory a block's groups combine their column sums in
-
+ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
 
 _CTYPE_BYTES = {v[0]: v[2] for v in DTYPES.values()}   # a compute type's bytes, by its C name
 
@@ -1027,7 +1027,7 @@ def colsum_combines(g: int | None, vpl: int, E: int, csizes) -> bool:
     columns (G x VPL x E of each column-sum output, csizes: their compute types' bytes) fit in
     COLSUM_SMEM. The host sizes the partials by the same rule."""
     return bool(g) and vpl > 0 and g * vpl * E * sum(csizes) <= COLSUM_SMEM
-ROW_STAGE2 = "_ewk_s"      # a row kernel's second reduction, in scope in its operation
+
 
 SHFL_PRELUDE = r"""
 namespace ewrtc {
@@ -1115,7 +1115,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     csum = [a for a in outs if a[2] == "colsum"]
     csum_names = {a[0].name for a in csum}
     # the register forms whose column sums a block's groups combine (colsum_combines)
-    cb = [v for v in ROW_FORMS if csum and combine_groups and colsum_combines(g, v, E, colsum_bytes([a[1] for a in csum]))]
+    csizes = colsum_bytes([a[1] for a in csum])
+    cb = [v for v in ROW_FORMS if csum and combine_groups and colsum_combines(g, v, E, csizes)]
     if csum and backend == "cpu":
         src.add("#ifdef _OPENMP\n#include <omp.h>\n#endif")
 

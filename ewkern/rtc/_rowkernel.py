@@ -393,12 +393,12 @@ class RowKernel:
                 G, vpl = 2 * G, vpl // 2
                 hs, h, block, w = wide
         P.G = G
-        combine = bool(self._colsum) and _codegen.colsum_combines(
-            G, vpl, E, _codegen.colsum_bytes([dt for _, dt, kind, _ in layout.args if kind == "colsum"]))
+        csizes = _codegen.colsum_bytes([dt for _, dt, kind, _ in layout.args if kind == "colsum"])
+        combine = bool(self._colsum) and _codegen.colsum_combines(G, vpl, E, csizes)
         if combine:
             # the block's groups add their column sums together (one partial row a block, written
-            # and read again by the column sum). Where the partial rows of one a group would add
-            # at least COLSUM_WIDEN_SHARE to the row kernel's traffic, the most lanes a block, up
+            # and read again by the column sum). Where one partial row a group would add at least
+            # _COLSUM_WIDEN_SHARE to the row kernel's traffic, the most lanes a block, up
             # to COLSUM_BLOCK, that keep as many lanes resident (float16 rmsnorm, G 256 at 64
             # registers: 2 blocks of 512 an SM, as 4 of 256, and half the partial rows). A wider
             # block's barrier between tiles holds more warps: H200, float16 rmsnorm's training
@@ -408,8 +408,7 @@ class RowKernel:
             groups = -(-rows // (block // G))
             parts = -(-groups // -(-groups // min(groups, w))) * (block // G)
             dense = sum(DTYPES[dt][2] for _, dt, kind, _ in layout.args if kind == "array")
-            csum_bytes = sum(_codegen.colsum_bytes([dt for _, dt, kind, _ in layout.args if kind == "colsum"]))
-            while b <= _codegen.COLSUM_BLOCK and 2 * parts * csum_bytes >= _COLSUM_WIDEN_SHARE * rows * dense:
+            while b <= _codegen.COLSUM_BLOCK and 2 * parts * sum(csizes) >= _COLSUM_WIDEN_SHARE * rows * dense:
                 if wave(h, b) * b >= resident:
                     wider = b
                 b *= 2
