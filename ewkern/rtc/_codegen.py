@@ -1417,8 +1417,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("#pragma unroll")
         src.add("                    for (int _k = 0; _k < E; ++_k) {")
         for p, dt, kind, _ in csum:
-            src.add(f"                        if (_s < _groups - 1) _ca_{p.name}[_q][_k] += _cb_{p.name}[_q][_k][_lane];")
-            src.add(f"                        if (_s > 0) _cb_{p.name}[_q][_k][_lane] = _ca_{p.name}[_q][_k];")
+            ca, sh = f"_ca_{p.name}[_q][_k]", f"_cb_{p.name}[_q][_k][_lane]"
+            src.add(f"                        if (_s < _groups - 1) {ca} += {sh};")
+            src.add(f"                        if (_s > 0) {sh} = {ca};")
         src.add("                    }")
         src.add("            if (_s > 0)")
         src.add("                __syncthreads();")
