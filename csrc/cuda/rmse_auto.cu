@@ -26,7 +26,8 @@
  *                  Under PDL the kernels prefetch the lines of each thread's first load into L2
  *                  before the wait (pdl.cuh, prefetch_l2); the short kernel in its first wave only.
  *                  inner > 1: at most 8 rows (32 for 16-bit inputs), 16-byte units: 1, 2 or 4
- *                  column units per thread, every row of each (shortcols); else a coalesced column kernel (consecutive threads on
+ *                  column units per thread, every row of each (shortcols); else a coalesced
+ *                  column kernel (consecutive threads on
  *                  consecutive j, each looping over i) whose column tiles narrow to 128 bytes of a
  *                  row before i is split into chunks, when outer * inner is small.
  *                  Time it with `python -m ewkern.bench peers` (16 x 2^20, 16 x 3*2^20,
@@ -905,9 +906,9 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
  * aligned): AUTO_SHORT_COLS_N for float32 and float64 (H200, 2^20 batches of 16 float32 rows: the
  * column kernel 3890 GB/s against 3320), AUTO_SHORT_COLS_N16 for 16-bit inputs, where the column
  * kernel's one step of rows a thread before its block reduction ran at 0.56-0.75 of torch.dot at
- * 2^20 x 16-32 on both GPUs (float sums of at most 32 squares a column). EWKERN_RMSE_SHORT_COLS_N=<n>
- * (read once) sets both limits: a knob for measuring the rule, not for users (0 turns the kernel
- * off). */
+ * 2^20 x 16-32 on both GPUs (float sums of at most 32 squares a column).
+ * EWKERN_RMSE_SHORT_COLS_N=<n> (read once) sets both limits: a knob for measuring the rule, not
+ * for users (0 turns the kernel off). */
 template <typename T>
 static int64_t short_cols_limit()
 {
