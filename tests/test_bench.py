@@ -298,8 +298,10 @@ def test_interrupt_from_the_shell_exits_130(tmp_path):
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 130, stderr
     res = bench.load(out)
-    assert res["partial"] is True
+    assert res["interrupted"] is True
     assert res["experiments"]["e2"]["status"] == "ok"
+    # e3 cut short, unless a fast host finished it and the signal came while the figures were drawn
+    assert res["partial"] is True or (res["experiments"]["e3"]["status"] == "ok" and res["figures"] == [])
 
 
 def test_interrupt_while_plotting_keeps_the_tables(tmp_path, monkeypatch):
