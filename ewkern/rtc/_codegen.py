@@ -1026,7 +1026,7 @@ def colsum_combines(g: int | None, vpl: int, E: int, csizes) -> bool:
     a block instead of one a group): the register forms (VPL > 0) at a compile-time G whose
     columns (G x VPL x E of each column-sum output, csizes: their compute types' bytes) fit in
     COLSUM_SMEM. The host sizes the partials by the same rule."""
-    return bool(g) and vpl > 0 and g * vpl * E * sum(csizes) <= COLSUM_SMEM
+    return g is not None and g > 0 and vpl > 0 and g * vpl * E * sum(csizes) <= COLSUM_SMEM
 
 
 SHFL_PRELUDE = r"""
