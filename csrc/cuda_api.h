@@ -95,6 +95,12 @@ int ewcuda_graph_destroy(void *exec);
 int ewcuda_pdl_set(int on);
 int ewcuda_pdl_get(void);
 int ewcuda_pdl_active(int device);
+/* Around each PDL-aware launch on stream: decide returns whether to launch with PDL given the
+ * caller's wish pdl (where stream is being captured, only when the node the launch depends on is
+ * one such launch's, see csrc/cuda/runtime.cu) and sets *capture for launched, which records the
+ * launch's node after a successful launch. */
+int ewcuda_pdl_decide(void *stream, int pdl, unsigned long long *capture);
+void ewcuda_pdl_launched(void *stream, unsigned long long capture);
 
 /* Run-time kernels (csrc/rtc.c): load a CUBIN/PTX image (cudaLibraryLoadData) and get its kernel
  * `name` (cudaLibraryGetKernel; the library stays loaded); launch a kernel handle with

@@ -69,7 +69,9 @@ def test_dependent_chain_in_cuda_graph(pdl):
     a = torch.randn(n, device="cuda", generator=g0)
     b = torch.randn(n, device="cuda", generator=g0)
     x = torch.empty_like(a)
-    r = torch.empty((), device="cuda")
+    r = torch.empty(64, device="cuda")
+    rows = (64, 1024)
+    fma = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + 1", "pdl_fma")
     prev = ewkern.set_pdl(pdl)
     try:
         s = torch.cuda.Stream()
@@ -95,3 +97,81 @@ def test_dependent_chain_in_cuda_graph(pdl):
         xr = (xr + b.double()) * 0.5
     torch.testing.assert_close(x.double(), xr, rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(r.double(), torch.sqrt(((xr - b.double()) ** 2).mean()), rtol=1e-5, atol=0)
+
+
+def _programmatic_edges(graph_handle):
+    """(programmatic, all) edge counts of a cudaGraph_t, read with the driver's cuGraphGetEdges_v2
+    (an edge's type 1 is CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)."""
+    import ctypes
+
+    class EdgeData(ctypes.Structure):
+        _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                    ("reserved", ctypes.c_ubyte * 5)]
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    fn = cu.cuGraphGetEdges_v2
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t)]
+    n = ctypes.c_size_t(0)
+    assert fn(graph_handle, None, None, None, ctypes.byref(n)) == 0
+    frm = (ctypes.c_void_p * n.value)()
+    to = (ctypes.c_void_p * n.value)()
+    data = (EdgeData * n.value)()
+    assert fn(graph_handle, frm, to, data, ctypes.byref(n)) == 0
+    return sum(1 for e in data if e.type == 1), n.value
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")
+@pytest.mark.parametrize("pdl", [True, False])
+def test_capture_asks_pdl_only_behind_ewkern_kernels(pdl):
+    """In a captured graph an ewkern launch is a programmatic dependent only of a kernel ewkern
+    launched: behind torch's kernels (which never trigger the early launch, so the edge would only
+    cost) its edge is a plain one. Graph: mul (torch), add, add, mul (torch), exp, add, rmse, add,
+    a user's ElementwiseKernel (ewkern's): programmatic edges add->add, exp->add, add->rmse,
+    rmse->add, add->kernel with PDL on, none with it off (rmse per row of 64 x 1024 is one
+    kernel); the results match torch's."""
+    import torch
+    n = (1 << 16) + 5
+    g0 = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.rand(n, device="cuda", generator=g0) + 0.5
+    b = torch.rand(n, device="cuda", generator=g0) + 0.5
+    x = torch.empty_like(a)
+    y = torch.empty_like(a)
+    r = torch.empty(64, device="cuda")
+    rows = (64, 1024)
+    fma = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + 1", "pdl_fma")
+    prev = ewkern.set_pdl(pdl)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ewkern.add(a, b, out=x)
+            ewkern.rmse(x[:65536].view(rows), b[:65536].view(rows), axis=1, out=r)
+            fma(x, b, x)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g, stream=s):
+                torch.mul(a, b, out=x)
+                ewkern.add(x, b, out=x)
+                ewkern.add(x, a, out=x)
+                torch.mul(x, 0.25, out=y)
+                ewkern.exp(y, out=y)
+                ewkern.add(y, a, out=y)
+                ewkern.rmse(y[:65536].view(rows), b[:65536].view(rows), axis=1, out=r)
+                ewkern.add(y, b, out=y)
+                fma(y, a, y)
+            prog, edges = _programmatic_edges(g.raw_cuda_graph())
+            g.instantiate()
+        g.replay()
+        torch.cuda.synchronize()
+    finally:
+        ewkern.set_pdl(prev)
+    assert edges == 8
+    assert prog == (5 if pdl and ewkern.pdl_enabled() else 0)
+    a64, b64 = a.double(), b.double()
+    x64 = a64 * b64 + b64 + a64
+    y64 = torch.exp(x64 * 0.25) + a64
+    d = (y64 - b64)[:65536].view(rows)
+    torch.testing.assert_close(r.double(), torch.sqrt((d ** 2).mean(dim=1)), rtol=1e-5, atol=0)
+    torch.testing.assert_close(y.double(), (y64 + b64) * a64 + 1, rtol=4e-6, atol=4e-6)
+    torch.testing.assert_close(x.double(), x64, rtol=2e-6, atol=2e-6)

@@ -19,7 +19,8 @@
 #include "pdl_device.cuh"
 
 /* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous
- * work in s when pdl is true. Returns the launch's cudaError_t. */
+ * work in s when pdl is true and, where s is being captured into a graph, that work is one kernel
+ * ewkern launched (ewcuda_pdl_decide). Returns the launch's cudaError_t. */
 template <typename K, typename... A>
 static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
                                      const A &...args)
@@ -32,12 +33,16 @@ static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t sme
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = 0;
-    if (pdl) {
+    unsigned long long capture;
+    if (ewcuda_pdl_decide((void *)s, pdl, &capture)) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.numAttrs = 1;
     }
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (err == cudaSuccess)
+        ewcuda_pdl_launched((void *)s, capture);
+    return err;
 }
 
 #endif /* EWKERN_PDL_CUH */
