@@ -173,3 +173,38 @@ def test_capture_asks_pdl_only_behind_ewkern_kernels(pdl):
     torch.testing.assert_close(r.double(), torch.sqrt((d ** 2).mean(dim=1)), rtol=1e-5, atol=0)
     torch.testing.assert_close(y.double(), (y64 + b64) * a64 + 1, rtol=4e-6, atol=4e-6)
     torch.testing.assert_close(x.double(), x64, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")
+def test_capture_keeps_pdl_between_forward_and_autograds_backward():
+    """autograd runs a backward on its own device thread: the backward kernel of ewkern.torch's exp
+    must still be a programmatic dependent of the forward kernel (launched on the capturing
+    thread), and the next step's forward of that backward, in a graph of two training steps."""
+    import torch
+
+    import ewkern.torch as ewt
+    n = (1 << 16) + 3
+    g0 = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(n, device="cuda", generator=g0).requires_grad_(True)
+    g = torch.randn(n, device="cuda", generator=g0)
+    prev = ewkern.set_pdl(True)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            (dx,) = torch.autograd.grad(ewt.exp(x), x, g)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(graph, stream=s):
+                for _ in range(2):
+                    (dx,) = torch.autograd.grad(ewt.exp(x), x, g)
+            prog, edges = _programmatic_edges(graph.raw_cuda_graph())
+            graph.instantiate()
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        ewkern.set_pdl(prev)
+    assert edges == 3
+    assert prog == (3 if ewkern.pdl_enabled() else 0)
+    torch.testing.assert_close(dx.double(), g.double() * torch.exp(x.detach().double()), rtol=4e-6, atol=1e-6)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "../cuda_api.h"
 
@@ -374,17 +375,21 @@ int ewcuda_pdl_active(int device)
  * of torch's with PDL and 0.92 without on the H100, 0.74 and 0.90 on the H200 (about 0.5 us a
  * launch). Eagerly the kernel before a launch cannot be known, and the caller's choice stands. In
  * capture it can: PDL is asked for only when the one node the launch will depend on is the node a
- * PDL-aware launch of ewkern's added to that capture. Each thread keeps the last OWN_NODES (capture
- * id, node) pairs it launched; a missing or stale entry can cost time, never correctness (the
- * kernel's pdl_wait waits for the whole previous grid when it never triggered). */
+ * PDL-aware launch of ewkern's added to that capture. The process keeps the last OWN_NODES (capture
+ * id, node) pairs such launches made, from any thread: autograd runs a backward on its own device
+ * thread, and a table per thread lost the forward -> backward and step -> step edges of a captured
+ * training step (H200, train back-to-back at 1 MiB: exp 2.80 -> 4.42 us a step). A missing or stale
+ * entry can cost time, never correctness (the kernel's pdl_wait waits for the whole previous grid
+ * when it never triggered). The lock is taken only while a stream is being captured. */
 namespace {
-enum { OWN_NODES = 8 };
+enum { OWN_NODES = 64 };
 struct OwnNode {
     unsigned long long id;
     cudaGraphNode_t node;
 };
-thread_local OwnNode t_own[OWN_NODES];
-thread_local unsigned t_own_next;
+std::mutex g_own_lock;
+OwnNode g_own[OWN_NODES];
+unsigned g_own_next;
 
 /* The capture id of s (0 when s is not capturing) and in *dep the one node the next work in s will
  * depend on (NULL unless exactly one). */
@@ -420,7 +425,8 @@ int ewcuda_pdl_decide(void *stream, int pdl, unsigned long long *capture)
     *capture = id;
     if (!pdl || !dep)
         return 0;
-    for (const OwnNode &o : t_own)
+    const std::lock_guard<std::mutex> hold(g_own_lock);
+    for (const OwnNode &o : g_own)
         if (o.id == id && o.node == dep)
             return 1;
     return 0;
@@ -433,7 +439,8 @@ void ewcuda_pdl_launched(void *stream, unsigned long long capture)
     cudaGraphNode_t dep;
     if (capture_dep(S(stream), &dep) != capture || !dep)
         return;
-    t_own[t_own_next++ % OWN_NODES] = OwnNode{capture, dep};
+    const std::lock_guard<std::mutex> hold(g_own_lock);
+    g_own[g_own_next++ % OWN_NODES] = OwnNode{capture, dep};
 }
 
 int ewcuda_library_load(const void *image, const char *name, void **library, void **kernel)
