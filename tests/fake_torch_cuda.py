@@ -5,6 +5,10 @@ clock. Install it with monkeypatch.setitem(sys.modules, "torch", FakeTorch()).
 
 A kernel's cost may depend on the kernel that ran before it (what programmatic dependent launch
 changes on a GPU): kernel(tag, cost) where cost is a number or cost(previous_tag) -> seconds.
+
+A host that queues work late: with late_left = N, the next N spin kernels end before the host
+queues what follows them; the first kernel after such a spin starts host_delay seconds late, and
+the event recorded right after that spin reports itself done (Event.query()).
 """
 
 import contextlib
@@ -22,6 +26,10 @@ class _Event:
 
     def record(self):
         self.t = self.fake.clock
+        self.done = self.fake.late_sample
+
+    def query(self):
+        return self.done
 
     def elapsed_time(self, end):   # milliseconds, as torch's
         return (end.t - self.t) * 1e3
@@ -75,7 +83,9 @@ class _Cuda:
         raise RuntimeError("fake torch: no device memory")
 
     def _sleep(self, cycles):
-        pass
+        f = self.fake
+        f.late_sample = f.delay_due = f.late_left > 0
+        f.late_left -= f.late_sample
 
     def Event(self, enable_timing=False):
         return _Event(self.fake, enable_timing)
@@ -105,6 +115,10 @@ class FakeTorch:
         self.refuse_capture = False
         self.graph_replays = 0
         self.ran = []             # tags of the kernels run, in order
+        self.late_left = 0        # spin kernels still to end before the host queues the next work
+        self.late_sample = False  # the last spin ended before the work after it was queued
+        self.delay_due = False    # the next kernel starts host_delay late
+        self.host_delay = 50e-6
         self.cuda = _Cuda(self)
 
     def device(self, device):
@@ -114,7 +128,11 @@ class FakeTorch:
         return _Flush(self)
 
     def launch(self, tag, cost):
-        """Run a kernel now: advance the clock by its cost after the previous kernel."""
+        """Run a kernel now: advance the clock by its cost after the previous kernel (and by the
+        host's delay when it is the first after a spin that ended before it was queued)."""
+        if self.delay_due and tag != "flush":
+            self.clock += self.host_delay
+            self.delay_due = False
         self.clock += cost(self.previous) if callable(cost) else cost
         self.previous = tag
         self.ran.append(tag)

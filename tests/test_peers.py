@@ -99,6 +99,35 @@ def test_back_to_back_and_single_are_unchanged(fake):
     assert one.launches == 1 and one.sets == 1 and "flush mode" in one.method
 
 
+@pytest.mark.parametrize("cache", ["flush", "rotate"])
+def test_a_sample_queued_after_the_spin_ended_is_taken_again(fake, cache):
+    """The host queues 3 samples' work only after their spin kernel ended (each would time 50 us of
+    host delay): they are taken again, the median is the kernel's, and the notes count them."""
+    n = 1 << 14
+    make = lambda: fake.kernel("ewkern", ewkern_cost(True))
+    fake.late_left = 3
+    t = frameworks.time_calls(cfg(samples=5), "torch", make, 3 * n * 4, cache)
+    rec = t.record()
+    assert fake.late_left == 0 and len(rec["samples_s"]) == 5
+    assert max(rec["samples_s"]) < 2 * US
+    assert "3 samples taken again: the host queued them after the spin kernel had ended" in rec["notes"]
+    assert "still queued late" not in rec["notes"]
+
+
+def test_a_sample_late_in_every_try_is_kept_and_said(fake):
+    n = 1 << 14
+    make = lambda: fake.kernel("ewkern", ewkern_cost(True))
+    fake.late_left = frameworks.LATE_TRIES + 1       # the first sample's every try, then one of the second's
+    rec = frameworks.time_calls(cfg(samples=5), "torch", make, 3 * n * 4, "flush").record()
+    assert sorted(rec["samples_s"])[-1] == pytest.approx(1.05 * US + fake.host_delay)
+    assert sorted(rec["samples_s"])[-2] == pytest.approx(1.05 * US)
+    assert f"{frameworks.LATE_TRIES} samples taken again" in rec["notes"]
+    assert f"1 samples still queued late after {frameworks.LATE_TRIES} tries" in rec["notes"]
+    fake.late_left = 0
+    clean = frameworks.time_calls(cfg(samples=5), "torch", make, 3 * n * 4, "flush").record()
+    assert "taken again" not in clean["notes"] and "late" not in clean["notes"]
+
+
 def test_after_torch_refuses_what_it_cannot_time(fake):
     before = (lambda: fake.kernel("mul", FOREIGN_US * US), 12)
     with pytest.raises(ValueError, match="rotate"):

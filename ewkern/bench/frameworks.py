@@ -38,6 +38,11 @@ EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's
 EWKERN_NOPDL = "ewkern (PDL off)"       # ewkern's auto kernels with programmatic dependent launch off
 
 SPIN_US = 300.0
+# A sample is queued behind the spin kernel only if the host queues it before the spin (and the flush)
+# end; if the start event has already fired by then, the sample timed the host, not the GPU (a 16-core
+# host busy elsewhere gave medians of 38 and 164 us for 8 us launches, H100 single launch). Such a
+# sample is taken again, up to LATE_TRIES times, and the run's notes count them.
+LATE_TRIES = 4
 
 
 def release_peer_memory():
@@ -496,7 +501,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
-        secs, k, method, alone = _time_torch(cfg, calls, cache, n, foreign, spin_us)
+        secs, k, method, alone, late = _time_torch(cfg, calls, cache, n, foreign, spin_us)
         if foreign is not None:
             extra = {"foreign": FOREIGN, "pair_time_s": statistics.median(secs),
                      "foreign_time_s": statistics.median(alone), "pair_samples_s": secs,
@@ -507,12 +512,40 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
                            f"({extra['pair_time_s'] * 1e6:.2f} us) is not above {FOREIGN} alone "
                            f"({extra['foreign_time_s'] * 1e6:.2f} us)")
     elif impl == "cupy":
-        secs, k, method = _time_cupy(cfg, calls, cache, n)
+        secs, k, method, late = _time_cupy(cfg, calls, cache, n)
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
+    if impl != "numpy" and not cfg.is_cpu:
+        notes = list(notes) + late_notes(late)
     return Timing(secs, k, nsets, working, cache, method, notes, extra=extra)
+
+
+def late_notes(late) -> list:
+    """The notes for late[0] samples taken again because the host queued them after the spin kernel
+    had ended, and late[1] samples still late after LATE_TRIES tries (kept: their times include the
+    host's)."""
+    out = []
+    if late[0]:
+        out.append(f"{late[0]} samples taken again: the host queued them after the spin kernel had ended")
+    if late[1]:
+        out.append(f"{late[1]} samples still queued late after {LATE_TRIES} tries: their times include the host's")
+    return out
+
+
+def queued_sample(start, launch, done) -> tuple:
+    """One sample behind the spin kernel: start() queues the spin (and flush), launch() the timed
+    work between two events and returns them, done(first_event) says whether that event had already
+    fired when the work was queued. Returns (events, late tries, still late)."""
+    tries = 0
+    for _ in range(LATE_TRIES):
+        start()
+        ev = launch()
+        if not done(ev[0]):
+            return ev, tries, 0
+        tries += 1
+    return ev, tries - 1, 1
 
 
 class _Eager(Exception):
@@ -582,21 +615,33 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
                         seq[i % len(seq)]()
             return g
 
+        late = [0, 0]
+
+        def start():
+            torch.cuda._sleep(spin)
+            if flush is not None:
+                flush.sum()
+
         def timed(queues, k, samples):
             """Seconds per step of each queue, the queues taking turns: each sample is
-            [spin] [flush] ev0 queue() ev1, k steps."""
+            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late)."""
             events = [[] for _ in queues]
-            for _ in range(samples):
-                for queue, pairs in zip(queues, events):
-                    torch.cuda._sleep(spin)
-                    if flush is not None:
-                        flush.sum()
+
+            def between(queue):
+                def launch():
                     a = torch.cuda.Event(enable_timing=True)
                     b = torch.cuda.Event(enable_timing=True)
                     a.record()
                     queue()
                     b.record()
-                    pairs.append((a, b))
+                    return a, b
+                return launch
+            for _ in range(samples):
+                for queue, pairs in zip(queues, events):
+                    ev, tries, still = queued_sample(start, between(queue), lambda e: e.query())
+                    late[0] += tries
+                    late[1] += still
+                    pairs.append(ev)
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
@@ -621,7 +666,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
             del g0
             graphs = [capture(k)] + ([] if foreign is None else [capture(k, [foreign])])
             secs, alone = split(run(graphs, k, n))
-            return secs, k, f"CUDA events around a replayed CUDA graph ({what}torch.cuda.CUDAGraph)", alone
+            return secs, k, f"CUDA events around a replayed CUDA graph ({what}torch.cuda.CUDAGraph)", alone, late
         except Exception as exc:   # capture refused: time eager launches behind the spin instead
             torch.cuda.synchronize()
             if isinstance(exc, _Eager):
@@ -639,7 +684,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
                 return launch
             queues = [queue(steps)] + ([] if foreign is None else [queue([foreign])])
             secs, alone = split(timed(queues, k, n))
-            return secs, k, f"CUDA events around eager launches behind a spin kernel ({what}{reason})", alone
+            return secs, k, f"CUDA events around eager launches behind a spin kernel ({what}{reason})", alone, late
 
 
 _CUPY_SPIN = {}
@@ -692,19 +737,30 @@ def _time_cupy(cfg, calls, cache, n):
                 for i in range(k):
                     calls[i % len(calls)]()
 
+            late = [0, 0]
+
+            def start():
+                if spin is not None:
+                    spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
+                if flush is not None:
+                    flush.sum()
+
             def run(g, k, samples, launch):
                 launch(g, k)
                 pairs = []
-                for _ in range(samples):
-                    if spin is not None:
-                        spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
-                    if flush is not None:
-                        flush.sum()
+
+                def between():
                     a, b = cupy.cuda.Event(), cupy.cuda.Event()
                     a.record(stream)
                     launch(g, k)
                     b.record(stream)
-                    pairs.append((a, b))
+                    return a, b
+                for _ in range(samples):
+                    # without a spin kernel (no NVRTC) nothing holds the stream: no sample is late
+                    ev, tries, still = queued_sample(start, between, lambda e: spin is not None and e.done)
+                    late[0] += tries
+                    late[1] += still
+                    pairs.append(ev)
                 stream.synchronize()
                 return [cupy.cuda.get_elapsed_time(a, b) * 1e-3 / k for a, b in pairs]
 
@@ -726,4 +782,4 @@ def _time_cupy(cfg, calls, cache, n):
                 method = f"CUDA events around eager launches behind a spin kernel ({why})"
             if spin is None:
                 method += " (no spin kernel: NVRTC unavailable)"
-            return secs, k, method
+            return secs, k, method, late
