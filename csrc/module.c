@@ -121,7 +121,9 @@ static PyMethodDef module_methods[] = {
      "set_pdl(enabled)\n--\n\nTurn programmatic dependent launch of the default CUDA kernels on or off; returns "
      "the previous setting.\nWith it on (the default unless the environment has EWKERN_PDL=0), on compute "
      "capability 9.0+ each\nauto kernel may be scheduled while the previous kernel in its stream finishes; "
-     "it waits for that\nkernel's results before touching memory. Builds without CUDA always report False."},
+     "it waits for that\nkernel's results before touching memory. While a stream is captured into a CUDA graph, "
+     "a launch asks for it\nonly behind a kernel ewkern launched (other kernels never trigger the early launch). "
+     "Builds without\nCUDA always report False."},
     {"pdl_enabled", (PyCFunction)m_get_pdl, METH_NOARGS,
      "pdl_enabled()\n--\n\nWhether programmatic dependent launch is switched on (see set_pdl)."},
     {"prepare", (PyCFunction)(void (*)(void))ew_prepare, METH_FASTCALL | METH_KEYWORDS,
