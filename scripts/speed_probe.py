@@ -26,6 +26,11 @@
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
+    python scripts/speed_probe.py cold OP DTYPE SIZE[,SIZE...] [REPEATS]
+        for Nsight Compute (scripts/ncu-cold.sh runs it): per size, REPEATS (default 3) rounds of
+        [L2 flush, sleep kernel, ewkern's op (PDL as set), L2 flush, sleep kernel, torch's op, and
+        with PDL on, the same ewkern launch with PDL off], each launch inside an NVTX range named
+        "<impl> OP DTYPE SIZE" that ncu's --nvtx-include can pick, on inputs in the op's domain.
 """
 import math
 import re
@@ -292,6 +297,43 @@ def rtc(sizes, dtypes):
                                        if k != "ewkern") + f" | vs best {best / res['ewkern']:.3f}", flush=True)
 
 
+def cold(op, dtype, sizes, repeats=3):
+    """Queued cold launches of ewkern's op and torch's, each behind an L2 flush and a sleep kernel
+    (the single-launch method's conditions), in NVTX ranges for ncu."""
+    info = ewkern.device_info("cuda:0")
+    flush = torch.empty(2 * int(info["l2_bytes"]) // 4, dtype=torch.float32, device="cuda:0")
+    for size in sizes:
+        n = size // ITEMSIZE[dtype]
+        make_torch, _, _, _ = frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0")
+        ew_fn = getattr(ewkern, op)
+        nsc = {"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)
+        ins = frameworks.op_inputs("torch", op, (n,), dtype, "cuda:0")
+        out = torch.empty((n,), dtype=frameworks._torch_dtype(dtype), device="cuda:0")
+        scalars = (1.0, 0.5)[:nsc]
+        ew_call = (lambda: ew_fn(out, *scalars)) if op == "fill" else (lambda: ew_fn(*ins, *scalars, out=out))
+        torch_call = make_torch()
+        label = f"{op} {dtype} {size >> 20} MiB"
+        ways = [("ewkern", ew_call, None), ("torch", torch_call, None)]
+        if ewkern.pdl_enabled():
+            ways.append(("ewkern PDL off", ew_call, False))
+        for _ in range(repeats):
+            for name, call, pdl in ways:
+                prev = ewkern.set_pdl(pdl) if pdl is not None else None
+                try:
+                    flush.add_(1.0)
+                    torch.cuda._sleep(int(200e-6 * 2e9))
+                    torch.cuda.nvtx.range_push(f"{name} {label}")
+                    call()
+                    torch.cuda.nvtx.range_pop()
+                finally:
+                    if prev is not None:
+                        ewkern.set_pdl(prev)
+        torch.cuda.synchronize()
+        ins = out = torch_call = ew_call = None
+        frameworks.release_peer_memory()
+    print("cold launches queued:", op, dtype, ", ".join(f"{s >> 20} MiB" for s in sizes), flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
@@ -307,5 +349,8 @@ if __name__ == "__main__":
         rownorm([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
     elif cmd == "rmse-overhead":
         rmse_overhead()
+    elif cmd == "cold":
+        cold(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
+             int(sys.argv[5]) if len(sys.argv) > 5 else 3)
     else:
         sys.exit(__doc__)
