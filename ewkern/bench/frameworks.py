@@ -498,6 +498,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     foreign = None if before is None else [before[0]() for _ in range(nsets)]
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
     extra = {}
+    late = (0, 0)    # samples taken again, samples still late (the GPU methods, behind the spin kernel)
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
@@ -517,9 +518,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
-    if impl != "numpy" and not cfg.is_cpu:
-        notes = list(notes) + late_notes(late)
-    return Timing(secs, k, nsets, working, cache, method, notes, extra=extra)
+    return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
 
 
 def late_notes(late) -> list:
