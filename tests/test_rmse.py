@@ -205,6 +205,37 @@ def test_auto_shortcols_units_change_no_bits(dtype, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_auto_one_element_batches_are_elementwise(dtype):
+    """n == 1: each result is the square root of one square, in the arithmetic type (float32, or
+    float64 for float64 inputs), rounded once to the output type, whatever kernel runs it (the
+    shortcols kernel over one row when a, b and out are 16-byte aligned and the batch count is
+    whole 16-byte vectors; the short / cols kernels otherwise). Batch-first [k, 1] and batch-last
+    [1, k] (the same memory), aligned and misaligned starts, batch counts from one vector to
+    enough for 4 units a thread, with PDL on and off: bit for bit against NumPy."""
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    acc = torch.float64 if dtype == "float64" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(41)
+    for k in (8, 24, 1000, 4096 + 8, 1 << 18, (1 << 20) + 16, 1 << 23):
+        flat_a = (torch.randn(k + 8, device="cuda", generator=g) * 3).to(tdt)
+        flat_b = (torch.randn(k + 8, device="cuda", generator=g) * 3).to(tdt)
+        for start in (0, 1, 8):
+            a, b = flat_a[start:start + k], flat_b[start:start + k]
+            want = ((a.to(acc) - b.to(acc)) ** 2).sqrt()
+            for pdl in (True, False):
+                prev = ewkern.set_pdl(pdl)
+                try:
+                    for shape, axis in (((k, 1), 1), ((1, k), 0)):
+                        got = torch.from_dlpack(ewkern.rmse(a.view(shape), b.view(shape), axis=axis))
+                        assert got.dtype == acc and got.shape == (k,)
+                        assert torch.equal(got, want), (dtype, k, start, shape, pdl)
+                finally:
+                    ewkern.set_pdl(prev)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("layout", ["first", "last"])
 def test_auto_past_2_31_elements(layout):
     """float16 rows of 3 with 2^31 + 4 elements in each input (64-bit offsets in the short and
