@@ -970,7 +970,7 @@ static int launch_auto(const void *p)
      * that with 16-byte loads and stores (1, 2 or 4 units a thread by the grid), from one block up;
      * before, batch-first shapes took the short kernel, which stages each square through shared
      * memory, and batch-last ones under 128 blocks the cols kernel: 2^18-2^20 batches of one
-     * element ran at 0.43-0.66 of torch.compile's one fused kernel (rmse_grid, H100 and H200). The
+     * element ran at 0.33-0.78 of torch.compile's one fused kernel (rmse_grid, H100 and H200). The
      * same bits: one square in the arithmetic type, then its square root rounded to the output
      * type (sqrtf, or sqrt in double then float as the cols kernel's finish_double: sqrt rounded
      * twice through double is correctly rounded in float). */
