@@ -5,8 +5,10 @@
 # DLPack header, see README "GPU machine"):
 #     bash scripts/gpu-check.sh [ewkern.bench arguments, e.g. peers --quick]
 # Output is kept short; full logs go to $OUT (or ./gpu-check-out) when set. The whole suite takes
-# about 8 minutes on an H100: GPU_CHECK_TESTS="tests/test_rtc.py tests/test_rowkernel.py" runs those
-# files only (one call each part), GPU_CHECK_TESTS=none skips the tests.
+# about 10 minutes on an H100 or an H200 (16 cores, 2026-11-26), more than one device call's 600 s:
+# run it in two calls, GPU_CHECK_TESTS="tests --ignore=tests/test_torch.py" then
+# GPU_CHECK_TESTS=tests/test_torch.py (about 8.5 and 2 minutes). GPU_CHECK_TESTS names any files
+# (one call each part); GPU_CHECK_TESTS=none skips the tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-gpu-check-out}
