@@ -533,18 +533,21 @@ def late_notes(late) -> list:
     return out
 
 
-def queued_sample(start, launch, done) -> tuple:
+def queued_sample(start, launch, done, late) -> tuple:
     """One sample behind the spin kernel: start() queues the spin (and flush), launch() the timed
     work between two events and returns them, done(first_event) says whether that event had already
-    fired when the work was queued. Returns (events, late tries, still late)."""
-    tries = 0
-    for _ in range(LATE_TRIES):
+    fired when the work was queued. Returns the events; adds the tries taken again to late[0] and
+    a sample still late after LATE_TRIES tries to late[1]."""
+    for k in range(LATE_TRIES):
         start()
         ev = launch()
         if not done(ev[0]):
-            return ev, tries, 0
-        tries += 1
-    return ev, tries - 1, 1
+            break
+        if k == LATE_TRIES - 1:
+            late[1] += 1
+        else:
+            late[0] += 1
+    return ev
 
 
 class _Eager(Exception):
@@ -637,10 +640,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
                 return launch
             for _ in range(samples):
                 for queue, pairs in zip(queues, events):
-                    ev, tries, still = queued_sample(start, between(queue), lambda e: e.query())
-                    late[0] += tries
-                    late[1] += still
-                    pairs.append(ev)
+                    pairs.append(queued_sample(start, between(queue), lambda e: e.query(), late))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
@@ -756,10 +756,7 @@ def _time_cupy(cfg, calls, cache, n):
                     return a, b
                 for _ in range(samples):
                     # without a spin kernel (no NVRTC) nothing holds the stream: no sample is late
-                    ev, tries, still = queued_sample(start, between, lambda e: spin is not None and e.done)
-                    late[0] += tries
-                    late[1] += still
-                    pairs.append(ev)
+                    pairs.append(queued_sample(start, between, lambda e: spin is not None and e.done, late))
                 stream.synchronize()
                 return [cupy.cuda.get_elapsed_time(a, b) * 1e-3 / k for a, b in pairs]
 
