@@ -480,6 +480,11 @@ def test_merge_runs_made_in_parts(tmp_path, capsys):
     other["device_name"] = "another GPU"
     with pytest.raises(ValueError, match="different devices"):
         merge.merge([bench_results.load(p1), other])
+    # a merged folder merged again keeps its parts; a part whose experiments were all replaced goes
+    code3, p3 = run_main(tmp_path, "e2", out=tmp_path / "p3")
+    assert code3 == 0 and merge.main([str(tmp_path / "m3"), str(m), str(p3), "--no-plots"]) == 0
+    parts = json.loads((tmp_path / "m3" / "results.json").read_text())["parts"]
+    assert [(p["folder"], p["experiments"]) for p in parts] == [(str(p2), ["overhead"]), (str(p3), ["e2"])]
     capsys.readouterr()
     assert merge.main([str(tmp_path / "m2"), str(tmp_path / "absent")]) == 2
     assert "no results.json" in capsys.readouterr().err

@@ -11,7 +11,9 @@ The merged results.json holds every part's experiments (a later part's experimen
 earlier one's of the same name, and says so; with --combine NAMES those experiments' measurements
 are joined instead, for one experiment run in parts, such as rmse_grid's dtypes; a cell measured
 in both keeps the later part's), the first part's run metadata, and under "parts"
-each part's own: folder, command line, start and finish, git commit, ewkern and torch versions.
+each part's own: folder, command line, start and finish, git commit, ewkern and torch versions,
+and the experiments it still gives (a merged folder given as a part brings its own parts; a part
+whose experiments all were replaced is left out).
 Claims, CSVs, figures and summary.md are then made from the merged measurements exactly as a
 single run makes them. Parts measured on different GPUs are refused; parts built from different
 commits are merged with a warning on stderr and in the results ("notes").
@@ -27,6 +29,7 @@ from .results import load
 
 __all__ = ["merge", "main"]
 
+_COMMITS_NOTE = "the parts were built from different commits: "
 _PART_KEYS = ("argv", "started", "finished", "git", "versions", "pdl", "cache", "quick", "partial", "elapsed_s")
 
 
@@ -90,18 +93,23 @@ def merge(parts: list, combine=()) -> dict:
     res["parts"] = []
     notes = []
     for p in parts:
-        res["parts"].append({"folder": p.get("_path"), **{k: p.get(k) for k in _PART_KEYS},
-                             "experiments": list(p.get("experiments", {}))})
+        # a folder merged before keeps its own parts (each part lists the experiments it still gives)
+        own = p.get("parts") or [{"folder": p.get("_path"), **{k: p.get(k) for k in _PART_KEYS},
+                                  "experiments": list(p.get("experiments", {}))}]
         for name, exp in p.get("experiments", {}).items():
             if name in res["experiments"] and name in combine:
                 notes.append(f"{name}: the run in {p.get('_path')} is combined with the earlier part's")
                 exp = _combine(res["experiments"][name], exp)
             elif name in res["experiments"]:
                 notes.append(f"{name}: the run in {p.get('_path')} replaces the earlier part's")
+                for q in res["parts"]:
+                    q["experiments"] = [e for e in q["experiments"] if e != name]
             res["experiments"][name] = exp
-    commits = {(p.get("git") or {}).get("commit") for p in parts}
+        res["parts"] += [dict(q, experiments=list(q.get("experiments", []))) for q in own]
+    res["parts"] = [q for q in res["parts"] if q["experiments"]]
+    commits = {(q.get("git") or {}).get("commit") for q in res["parts"]}
     if len(commits) > 1:
-        notes.append("the parts were built from different commits: "
+        notes.append(_COMMITS_NOTE
                      + ", ".join(str(c) for c in commits))
     res["started"] = min((p["started"] for p in parts if p.get("started")), default=None)
     finished = [p["finished"] for p in parts if p.get("finished")]
@@ -109,7 +117,7 @@ def merge(parts: list, combine=()) -> dict:
     res["elapsed_s"] = round(sum(p.get("elapsed_s") or 0.0 for p in parts), 3)
     res["partial"] = any(p.get("partial") for p in parts)
     res["interrupted"] = any(p.get("interrupted") for p in parts)
-    res["notes"] = list(res.get("notes") or []) + notes
+    res["notes"] = [n for n in res.get("notes") or [] if not n.startswith(_COMMITS_NOTE)] + notes
     res.pop("claims", None)
     res.pop("figures", None)
     return res
