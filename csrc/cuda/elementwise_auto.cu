@@ -91,7 +91,7 @@ int run_gs(const ew_args *a, GridRule rule)
     if (w.n <= 0)
         return 0;
     const int64_t units = w.head >= 0 ? w.nvec + w.nedge : w.n;
-    const int block = a->block > 0 ? a->block : kAutoBlock;
+    const int block = a->block > 0 ? a->block : auto_block();
     int64_t grid = ceil_div(units, block);
     if (rule == GRID_2) {
         const int64_t cap = wave_grid(a, block, 32);
@@ -125,7 +125,7 @@ static int run_fast(const ew_args *a)
         return 0;
     if (w.head < 0)
         return run_gs<Op, T>(a, GRID_1);
-    const int block = a->block > 0 ? a->block : kAutoBlock;
+    const int block = a->block > 0 ? a->block : auto_block();
     const int dev = a->device;
     const bool pdl = ewcuda_pdl_active(dev);
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];

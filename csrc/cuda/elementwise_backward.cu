@@ -101,7 +101,7 @@ static int run_grad(const ew_args *a)
     const GradView<Op, T> w(a);
     if (w.n <= 0)
         return 0;
-    const int block = a->block > 0 ? a->block : kAutoBlock;
+    const int block = a->block > 0 ? a->block : auto_block();
     const int dev = a->device;
     const bool pdl = ewcuda_pdl_active(dev);
     const cudaStream_t s = stream_of(a);

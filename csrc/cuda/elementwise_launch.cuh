@@ -23,6 +23,18 @@ namespace ewk {
 
 static const int kAutoBlock = 256;
 
+/* EWKERN_AUTO_BLOCK=32..1024 (a multiple of 32, read once) replaces kAutoBlock where the caller
+ * names no block: a knob for measuring the launch rules, not for users. */
+static int auto_block()
+{
+    static const int b = [] {
+        const char *e = getenv("EWKERN_AUTO_BLOCK");
+        const int x = e ? atoi(e) : 0;
+        return (x >= 32 && x <= 1024 && x % 32 == 0) ? x : kAutoBlock;
+    }();
+    return b;
+}
+
 template <class T> static T host_round(double x);
 template <> inline float host_round<float>(double x) { return float(x); }
 template <> inline double host_round<double>(double x) { return x; }
