@@ -135,7 +135,7 @@ static int run_fast(const ew_args *a)
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-    }, Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 8);
+    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0);
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
@@ -227,7 +227,7 @@ extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, lon
 {
     const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, false,
                                               heavy && elems == 8, [&] { return int64_t(wave4); },
-                                              heavy && elems == 2);
+                                              heavy && elems == 2 ? int(ewk::H64_EXP) : 0);
     *vpt = plan.vpt;
     *grid = plan.grid;
     *prefetch = plan.prefetch;

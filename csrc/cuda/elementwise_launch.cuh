@@ -64,8 +64,9 @@ static OpArgs<T> op_args(const ew_args *a)
  * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
- * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64:
- * 4 beyond 4 waves (heavy64).
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64
+ * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log,
+ * tanh and gelu 1 up to 4 waves and 2 beyond.
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
@@ -107,7 +108,7 @@ struct AutoPlan {
  * fill: a write-only op; heavy16: libm-class math on 16-bit elements; heavy64: on float64 elements. */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          bool heavy16, Wave4 wave4, bool heavy64 = false)
+                          bool heavy16, Wave4 wave4, int heavy64 = 0)
 {
     int vpt = 1;
     if (!i32) {
@@ -124,6 +125,15 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * (0.86 / 0.79 / 1.00); but at 4 MiB (about one wave) 1 beats 4: sigmoid 1.10 against 0.87,
          * gelu 1.52 against 0.94. */
         vpt = nvec > 2 * wave1 ? 4 : 1;
+        /* but not every float64 function alike (H200, forced 1 / 2 / 4, back-to-back and single
+         * launch against torch): erf, log, tanh, gelu at 16 MiB (4 waves) 1.17-1.21 / 1.03-1.07 with
+         * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB 2 is best (1.06-1.10 / 0.96-1.01). silu at 4 MiB
+         * (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against 0.94 /
+         * 0.83); exp and sigmoid keep the rule above (1 at 4 MiB: 1.10-1.21 back-to-back) */
+        if (heavy64 == H64_POLY)
+            vpt = nvec > 4 * wave1 ? 2 : 1;
+        else if (heavy64 == H64_SILU)
+            vpt = 2 * nvec > wave1 ? 4 : 1;
     } else if (fill) {
         /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
