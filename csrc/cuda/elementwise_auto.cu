@@ -226,7 +226,7 @@ extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, lon
                                  int i32, int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch)
 {
     const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, false,
-                                              heavy && elems == 8, [&] { return int64_t(wave4); },
+                                              heavy && elems == 8 ? 2 : 0, [&] { return int64_t(wave4); },
                                               heavy && elems == 2 ? int(ewk::H64_EXP) : 0);
     *vpt = plan.vpt;
     *grid = plan.grid;

@@ -65,8 +65,9 @@ static OpArgs<T> op_args(const ew_args *a)
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64
- * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log,
- * tanh and gelu 1 up to 4 waves and 2 beyond.
+ * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
+ * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
+ * 16-bit math (heavy16 == 2): 1 at any size.
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
@@ -105,10 +106,11 @@ struct AutoPlan {
 
 /* nvec 16-byte vectors and nedge head/tail elements; wave1: the threads of one wave of the 1-vector
  * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
- * fill: a write-only op; heavy16: libm-class math on 16-bit elements; heavy64: on float64 elements. */
+ * fill: a write-only op; heavy16: libm-class math on 16-bit elements (1: ewkern's ops, 2: a run-time
+ * kernel's); heavy64: Heavy64's class of float64 math. */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          bool heavy16, Wave4 wave4, int heavy64 = 0)
+                          int heavy16, Wave4 wave4, int heavy64 = 0)
 {
     int vpt = 1;
     if (!i32) {
@@ -127,11 +129,12 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         vpt = nvec > 2 * wave1 ? 4 : 1;
         /* but not every float64 function alike (H200, forced 1 / 2 / 4, back-to-back and single
          * launch against torch): erf, log, tanh, gelu at 16 MiB (4 waves) 1.17-1.21 / 1.03-1.07 with
-         * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB 2 is best (1.06-1.10 / 0.96-1.01). silu at 4 MiB
-         * (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against 0.94 /
-         * 0.83); exp and sigmoid keep the rule above (1 at 4 MiB: 1.10-1.21 back-to-back) */
-        if (heavy64 == H64_POLY)
-            vpt = nvec > 4 * wave1 ? 2 : 1;
+         * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB erf, log, tanh run best with 2 (1.06-1.10 /
+         * 0.96-1.01), gelu with 4 (1.01 against 0.99 with 2, 256 MiB-1 GiB 1.01 against 0.97). silu at
+         * 4 MiB (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against
+         * 0.94 / 0.83); exp and sigmoid keep the rule above (1 at 4 MiB: 1.10-1.21 back-to-back) */
+        if (heavy64 == H64_POLY || heavy64 == H64_GELU)
+            vpt = nvec <= 4 * wave1 ? 1 : heavy64 == H64_POLY ? 2 : 4;
         else if (heavy64 == H64_SILU)
             vpt = 2 * nvec > wave1 ? 4 : 1;
     } else if (fill) {
@@ -140,8 +143,12 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         vpt = nvec > wave1 ? 2 : 1;
     } else if (heavy16) {
         /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
-         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32 */
-        vpt = nvec > 32 * wave1 ? 2 : 1;
+         * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32.
+         * Not for the run-time kernels (heavy16 == 2), whose 16-bit math in float32 takes more
+         * registers: on the H200 at 256 MiB (62 waves), 1 / 2 / 4 per thread against the better of
+         * torch.compile and CuPy, back-to-back: a * sigmoid(b) bfloat16 1.01 / 0.84 / 0.64, float16
+         * 1.01 / 0.99 / 0.99; gelu(a) * b bfloat16 1.05 / 0.98 / 1.04, float16 1.06 / 1.12 / 1.14 */
+        vpt = heavy16 == 1 && nvec > 32 * wave1 ? 2 : 1;
     } else if (nvec > wave1 && nvec <= 2 * wave1) {
         vpt = 2;
     } else if (nvec > 2 * wave1 && nvec <= 4 * wave1) {
