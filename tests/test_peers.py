@@ -291,19 +291,3 @@ def test_peers_methods_pick_after_torch_alone(fake, monkeypatch, tmp_path):
     assert {m["timing_method"] for m in ms} == {"after_torch"}
     assert {m["impl"] for m in ms} == {"ewkern", "torch"} and {m["op"] for m in ms} == {"add", "sub"}
     assert sorted(p.name for p in out.glob("peers_*.png")) == ["peers_after_torch.png"]
-
-
-def test_release_peer_memory_waits_only_when_asked(fake, monkeypatch):
-    """release_peer_memory empties torch's cache and, with settle_s, synchronizes and waits that
-    long (peers, per dtype: the first measurement after gigabytes were freed ran slow on the
-    H100); without it no wait, as the per-cell releases of rmse_grid and fused need."""
-    import time
-    calls = []
-    monkeypatch.setattr(fake.cuda, "empty_cache", lambda: calls.append("empty"))
-    monkeypatch.setattr(fake.cuda, "synchronize", lambda: calls.append("sync"))
-    monkeypatch.setattr(time, "sleep", lambda s: calls.append(("sleep", s)))
-    frameworks.release_peer_memory()
-    assert calls == ["sync", "empty"]
-    calls.clear()
-    frameworks.release_peer_memory(frameworks.SETTLE_S)
-    assert calls == ["sync", "empty", "sync", ("sleep", frameworks.SETTLE_S)] and frameworks.SETTLE_S > 0

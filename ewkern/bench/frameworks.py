@@ -32,7 +32,7 @@ from .units import ITEMSIZE
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
            "op_inputs",
            "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
-           "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory", "SETTLE_S", "FOREIGN", "foreign_call"]
+           "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory", "FOREIGN", "foreign_call"]
 
 EWKERN_GRAPH = "ewkern (torch graph)"   # the label of ewkern timed with torch's method
 EWKERN_NOPDL = "ewkern (PDL off)"       # ewkern's auto kernels with programmatic dependent launch off
@@ -45,20 +45,11 @@ SPIN_US = 300.0
 LATE_TRIES = 4
 
 
-# seconds peers waits after handing gigabytes back, before the next measurement (release_peer_memory)
-SETTLE_S = 0.25
-
-
-def release_peer_memory(settle_s: float = 0.0):
+def release_peer_memory():
     """Hand the peers' cached device memory back to the driver (torch's caching allocator and
-    CuPy's pool keep freed blocks, which ewkern's own allocations cannot use), then wait settle_s
-    seconds. On the H100 the first implementation timed after gigabytes were freed and allocated
-    again ran 15% slow for tens of milliseconds (fill 2 GiB: 750 us a launch for the first, 652 for
-    the next three in the same cell, in every dtype), as if the device were still busy with the
-    memory; peers waits SETTLE_S there before anyone is timed."""
+    CuPy's pool keep freed blocks, which ewkern's own allocations cannot use)."""
     torch = sys.modules.get("torch")
-    gpu = torch is not None and torch.cuda.is_available()
-    if gpu:
+    if torch is not None and torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     cupy = sys.modules.get("cupy")
@@ -67,10 +58,6 @@ def release_peer_memory(settle_s: float = 0.0):
             cupy.get_default_memory_pool().free_all_blocks()
         except Exception:
             pass
-    if gpu and settle_s > 0:
-        import time
-        torch.cuda.synchronize()
-        time.sleep(settle_s)
 
 
 def pdl_active(info: dict) -> bool:

@@ -43,7 +43,7 @@ import statistics
 from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call,
-                         pdl_active, pdl_off, release_peer_memory, rmse_call, SETTLE_S)
+                         pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
 
@@ -292,8 +292,7 @@ def run(ctx, xr):
                                         build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
                                         before=before, variant=p, **common)
             pool.clear()
-            # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB; then a wait
-            release_peer_memory(SETTLE_S)
+            release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
 
     for shape, last in shapes:
         label = _shape_label(shape, last)
