@@ -214,6 +214,9 @@ def run(ctx, xr):
     if nopdl:
         xr.note(f"'{EWKERN_NOPDL}': ewkern's auto kernels timed the same way with programmatic dependent "
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
+    xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
+            "another in an order that rotates by one from cell to cell, so whatever the cells before leave "
+            "behind does not always fall on the same one")
     rmse_versions = ["auto"]
     if not ctx.quick:
         rmse_versions += [v for v in variants("rmse", "float32", ctx.device) if v != "auto"]
@@ -248,6 +251,7 @@ def run(ctx, xr):
                         series="reference", op="dot", variant=f"{ref_impl}.dot", dtype="float32", n=n_ref,
                         size_bytes=ref, reference="dot read")
 
+    cell = 0
     for size in sizes:
         pool = BufferPool()
         for dtype in dtypes:
@@ -263,34 +267,50 @@ def run(ctx, xr):
                     # after_torch: torch.mul on a set of its own before each call, ewkern's and torch's alike
                     before = ((lambda dtype=dtype, n=n: foreign_call(dtype, (n,), ctx.device))
                               if method == "after_torch" else None)
+                    series = []   # one call per timed series, run in an order that rotates by cell
                     if gpu_torch:
                         # ewkern on torch tensors, timed by the torch peer's code
                         build = (lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device))
-                        xr.measure_peer(what=f"ewkern {tag}", impl="torch", impl_label="ewkern", cache=cache,
-                                        build=build, before=before, variant="auto", **common)
+                        series.append(lambda tag=tag, cache=cache, build=build, before=before, common=common:
+                                      xr.measure_peer(what=f"ewkern {tag}", impl="torch", impl_label="ewkern",
+                                                      cache=cache, build=build, before=before, variant="auto",
+                                                      **common))
                         if nopdl:
-                            with pdl_off():
-                                xr.measure_peer(what=f"{EWKERN_NOPDL} {tag}", impl="torch", impl_label=EWKERN_NOPDL,
-                                                cache=cache, build=build, before=before, variant="auto", **common)
-                    else:
-                        try:
-                            make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool,
-                                                                    random_inputs=not gpu)
-                            xr.measure(what=f"ewkern {tag}", make_plan=make_plan, set_bytes=set_bytes, cache=cache,
-                                       variant="auto", **common)
-                            if nopdl:
+                            def ewkern_nopdl(tag=tag, cache=cache, build=build, before=before, common=common):
                                 with pdl_off():
-                                    xr.measure(what=f"{EWKERN_NOPDL} {tag}", make_plan=make_plan,
-                                               set_bytes=set_bytes, cache=cache, variant="auto", impl=EWKERN_NOPDL,
-                                               **common)
-                        except Skip as exc:
-                            xr.skip(f"ewkern {tag}", str(exc))
+                                    xr.measure_peer(what=f"{EWKERN_NOPDL} {tag}", impl="torch",
+                                                    impl_label=EWKERN_NOPDL, cache=cache, build=build,
+                                                    before=before, variant="auto", **common)
+                            series.append(ewkern_nopdl)
+                    else:
+                        def ewkern_plans(op=op, dtype=dtype, n=n, tag=tag, cache=cache, common=common):
+                            try:
+                                make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool,
+                                                                        random_inputs=not gpu)
+                                xr.measure(what=f"ewkern {tag}", make_plan=make_plan, set_bytes=set_bytes,
+                                           cache=cache, variant="auto", **common)
+                                if nopdl:
+                                    with pdl_off():
+                                        xr.measure(what=f"{EWKERN_NOPDL} {tag}", make_plan=make_plan,
+                                                   set_bytes=set_bytes, cache=cache, variant="auto",
+                                                   impl=EWKERN_NOPDL, **common)
+                            except Skip as exc:
+                                xr.skip(f"ewkern {tag}", str(exc))
+                        series.append(ewkern_plans)
                     for p in live:
                         if p == "cupy" and method in TORCH_ONLY:
                             continue   # CuPy: back-to-back only (single launch and after_torch compare with torch)
-                        xr.measure_peer(what=f"{p} {tag}", impl=p, cache=cache,
-                                        build=lambda p=p, op=op, dtype=dtype, n=n: elementwise_call(p, op, dtype, (n,), ctx.device),
-                                        before=before, variant=p, **common)
+                        series.append(lambda p=p, op=op, dtype=dtype, n=n, tag=tag, cache=cache, before=before,
+                                      common=common: xr.measure_peer(
+                                          what=f"{p} {tag}", impl=p, cache=cache,
+                                          build=lambda: elementwise_call(p, op, dtype, (n,), ctx.device),
+                                          before=before, variant=p, **common))
+                    # whoever is timed first in a cell meets what the cells before left behind (the
+                    # first series after copy's 1-2 GiB cells ran 15% slow now and then): rotate
+                    first = cell % len(series)
+                    for timed in series[first:] + series[:first]:
+                        timed()
+                    cell += 1
             pool.clear()
             release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
 
