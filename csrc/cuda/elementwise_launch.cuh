@@ -128,7 +128,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * gelu 1.52 against 0.94. */
         vpt = nvec > 2 * wave1 ? 4 : 1;
         /* but not every float64 function alike (H200, forced 1 / 2 / 4, back-to-back and single
-         * launch against torch): erf, log, tanh, gelu at 16 MiB (4 waves) 1.17-1.21 / 1.03-1.07 with
+         * launch against torch): erf, log, tanh, gelu at 16 MiB (4 waves) 1.12-1.21 / 0.97-1.07 with
          * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB erf, log, tanh run best with 2 (1.06-1.10 /
          * 0.96-1.01), gelu with 4 (1.01 against 0.99 with 2, 256 MiB-1 GiB 1.01 against 0.97). silu at
          * 4 MiB (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against
