@@ -10,6 +10,7 @@ import csv
 import math
 import sys
 
+import numpy as np
 import pytest
 
 import ewkern
@@ -291,3 +292,26 @@ def test_peers_methods_pick_after_torch_alone(fake, monkeypatch, tmp_path):
     assert {m["timing_method"] for m in ms} == {"after_torch"}
     assert {m["impl"] for m in ms} == {"ewkern", "torch"} and {m["op"] for m in ms} == {"add", "sub"}
     assert sorted(p.name for p in out.glob("peers_*.png")) == ["peers_after_torch.png"]
+
+
+def test_ratio_intervals_tell_a_real_gap_from_the_samples_spread():
+    """ratio_intervals bootstraps both series' medians: a cell 10% slower with tight samples has
+    its interval wholly below 0.99; a cell at 0.98 whose samples spread 15% has one that reaches
+    past 1; the summary counts only the first as below for sure; the same interval every time."""
+    rng = np.random.default_rng(5)
+
+    def rows(op, impl, centre, spread):
+        return {"op": op, "dtype": "float32", "size_bytes": 1 << 20, "timing_method": "single",
+                "impl": impl, "samples_s": list(centre * (1 + spread * rng.standard_normal(50))),
+                "gbs": 1.0 / centre}
+    exp = {"measurements": [rows("copy", "torch", 5e-6, 0.002), rows("copy", "ewkern", 5.5e-6, 0.002),
+                            rows("add", "torch", 5e-6, 0.15), rows("add", "ewkern", 5.1e-6, 0.15)]}
+    ci = peers.ratio_intervals(exp)
+    lo, hi = ci[("single", "copy", "float32", 1 << 20)]
+    assert 0.88 < lo < hi < 0.93
+    lo, hi = ci[("single", "add", "float32", 1 << 20)]
+    assert lo < 0.99 < hi
+    assert peers.ratio_intervals(exp) == ci
+    text = peers.elementwise_summary(exp)
+    assert "Of the 2 cells below 0.99 (ewkern, single), 1 have the 90% bootstrap interval" in text
+    assert "copy float32 1 MiB" in text.split("Of the 2 cells")[1]

@@ -110,7 +110,7 @@ def merge(parts: list, combine=()) -> dict:
     commits = {(q.get("git") or {}).get("commit") for q in res["parts"]}
     if len(commits) > 1:
         notes.append(_COMMITS_NOTE
-                     + ", ".join(str(c) for c in commits))
+                     + ", ".join(sorted(str(c) for c in commits)))
     res["started"] = min((p["started"] for p in parts if p.get("started")), default=None)
     finished = [p["finished"] for p in parts if p.get("finished")]
     res["finished"] = max(finished) if len(finished) == len(parts) else None
