@@ -541,3 +541,19 @@ def test_peers_rotates_the_order_of_a_cells_series(tmp_path):
     assert set(firsts) == set(impls), firsts                       # each series leads some cell
     assert all(sorted(c[1]) == impls for c in cells)
     assert cells[1][1] == cells[0][1][1:] + cells[0][1][:1]        # the next cell: rotated by one
+
+
+def test_median_ratio_interval():
+    """The bootstrap interval of median(theirs) / median(mine): around the true ratio, narrow for
+    tight samples and wide for spread ones, the same for the same key, None without samples."""
+    from ewkern.bench.common import median_ratio_interval
+    import numpy as np
+    rng = np.random.default_rng(3)
+    theirs = list(1.0 + 0.001 * rng.standard_normal(60))
+    mine = list(1.1 + 0.001 * rng.standard_normal(60))
+    lo, hi = median_ratio_interval(theirs, mine, "tight")
+    assert lo < 1 / 1.1 < hi and hi - lo < 0.005
+    wide = median_ratio_interval(list(1.0 + 0.1 * rng.standard_normal(60)), mine, "wide")
+    assert wide[1] - wide[0] > 0.02
+    assert median_ratio_interval(theirs, mine, "tight") == (lo, hi)
+    assert median_ratio_interval([], mine, "x") is None and median_ratio_interval(theirs, [1.0], "x") is None

@@ -129,3 +129,20 @@ def size_table(ms, series_key="series", x_key="size_bytes"):
             row.append("-" if m is None else f"{fmt_gbs(m.get('gbs'))} ({fmt_pct(m.get('pct_peak'))})")
         rows.append(row)
     return md_table(["size"] + [f"{g} GB/s" for g in groups], rows)
+
+
+def median_ratio_interval(theirs, mine, key, level=0.90, resamples=200):
+    """(low, high): the central `level` interval of median(theirs) / median(mine), the speed ratio
+    of `mine` against `theirs` from two series of per-sample times, over `resamples` bootstrap
+    resamples of both, seeded by repr(key) (the same interval every time); None with fewer than two
+    samples on either side."""
+    import zlib
+    import numpy as np
+    a, b = (np.asarray(x or [], dtype=float) for x in (theirs, mine))
+    if a.size < 2 or b.size < 2:
+        return None
+    rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
+    r = np.median(rng.choice(a, (resamples, a.size)), axis=1) / np.median(rng.choice(b, (resamples, b.size)), axis=1)
+    tail = (1.0 - level) / 2 * 100
+    return float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))
+

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from .common import bars_figure, check_bytes, list_arg, md_table, sizes_arg, fmt_gbs
+from .common import bars_figure, check_bytes, list_arg, md_table, median_ratio_interval, sizes_arg, fmt_gbs
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
@@ -480,25 +480,17 @@ def figures(results, exp):
 
 def ratio_intervals(exp, impl="ewkern", level=0.90, resamples=200):
     """{(method, op, dtype, size): (low, high)}: the central `level` interval of the impl / peer
-    speed ratio (peer median time / impl median time) over `resamples` bootstrap resamples of both
-    series' samples, seeded by the cell (the same interval every time it is computed). A cell's
-    ratio below a threshold says little when its interval straddles it: single launches spread
-    10-15% from sample to sample, so a median of 50 moves by about 1.5% (H100, 2026-11-26)."""
-    import zlib
-    import numpy as np
+    speed ratio (peer median time / impl median time) over bootstrap resamples of both series'
+    samples (common.median_ratio_interval). A cell's ratio below a threshold says little when its
+    interval straddles it: single launches spread 10-15% from sample to sample, so a median of 50
+    moves by about 1.5% (H100, 2026-11-26)."""
     cells, peer = _ew_cells(exp)
     out = {}
     for key, c in cells.items():
-        if not peer or impl not in c or peer not in c:
-            continue
-        mine, theirs = (np.asarray(c[x].get("samples_s") or [], dtype=float) for x in (impl, peer))
-        if mine.size < 2 or theirs.size < 2:
-            continue
-        rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
-        r = (np.median(rng.choice(theirs, (resamples, theirs.size)), axis=1)
-             / np.median(rng.choice(mine, (resamples, mine.size)), axis=1))
-        tail = (1.0 - level) / 2 * 100
-        out[key] = (float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail)))
+        if peer and impl in c and peer in c:
+            ci = median_ratio_interval(c[peer].get("samples_s"), c[impl].get("samples_s"), key, level, resamples)
+            if ci:
+                out[key] = ci
     return out
 
 
