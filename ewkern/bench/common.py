@@ -9,7 +9,8 @@ from .summary import fmt_gbs, fmt_pct, md_table
 from .units import fmt_bytes, parse_bytes, parse_count, parse_list, parse_shape
 
 __all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_bytes", "pow2_sizes",
-           "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table"]
+           "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table",
+           "median_ratio_interval", "below_beyond_spread", "spread_note"]
 
 
 def sizes_arg(text):
@@ -145,4 +146,27 @@ def median_ratio_interval(theirs, mine, key, level=0.90, resamples=200):
     r = np.median(rng.choice(a, (resamples, a.size)), axis=1) / np.median(rng.choice(b, (resamples, b.size)), axis=1)
     tail = (1.0 - level) / 2 * 100
     return float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))
+
+
+def below_beyond_spread(cells, threshold=0.99, level=0.90):
+    """cells: {key: (ratio, their samples, my samples)}. Returns (the keys whose ratio is under
+    threshold, lowest first; those of them whose `level` bootstrap interval of the ratio lies wholly
+    under it, as {key: (low, high)}): the cells that are behind beyond their samples' spread."""
+    below = sorted((k for k, v in cells.items() if v[0] < threshold), key=lambda k: cells[k][0])
+    sure = {}
+    for k in below:
+        ci = median_ratio_interval(cells[k][1], cells[k][2], k, level)
+        if ci and ci[1] < threshold:
+            sure[k] = ci
+    return below, sure
+
+
+def spread_note(below, sure):
+    """The summaries' sentence end for below_beyond_spread's result: how many cells below are
+    behind beyond their samples' spread, and which (op, dtype, size) they are."""
+    if not below:
+        return "."
+    return (f", {len(sure)} of them with the 90% bootstrap interval of the ratio wholly below 0.99"
+            + (" (" + "; ".join(f"{k[-3]} {k[-2]} {fmt_bytes(k[-1])} {lo:.3f}-{hi:.3f}"
+                                for k, (lo, hi) in sure.items()) + ")" if sure else "") + ".")
 

@@ -60,7 +60,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .common import md_table, median_ratio_interval, sizes_arg
+from .common import below_beyond_spread, md_table, sizes_arg, spread_note
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
 
@@ -761,20 +761,13 @@ def summary(results, exp):
                              f"{statistics.median(v[0] for v in cells.values()):.2f}" if cells else "-"]
                             + ([f"{min(ce):.2f}" if ce else "-"] if eager else [])
                             + [" ".join(f"{fmt_bytes(s)}:{v[0]:.2f}" for s, v in sorted(cells.items()))])
-        below = [k for k, v in r.items() if v[0] < 0.99]
         head = f"### {labels.get(launch, launch)}\n\n"
         if r:
-            head += f"{len(below)} of {len(r)} cells below 0.99 of {base_text}"
             samples = {(m["op"], m["dtype"], m["size_bytes"], m["series"]): m.get("samples_s") for m in ms
                        if m.get("launch") == launch}
-            sure = []
-            for k in below:
-                ci = median_ratio_interval(samples.get(k + (r[k][1],)), samples.get(k + ("ewkern",)), (launch,) + k)
-                if ci and ci[1] < 0.99:
-                    sure.append(k)
-            head += (f", {len(sure)} of them with the 90% bootstrap interval of the ratio wholly below 0.99"
-                     + (" (" + "; ".join(f"{k[0]} {k[1]} {fmt_bytes(k[2])}" for k in sure) + ")" if sure else "")
-                     + "." if below else ".")
+            below, sure = below_beyond_spread({k: (v[0], samples.get(k + (v[1],)), samples.get(k + ("ewkern",)))
+                                               for k, v in r.items()})
+            head += f"{len(below)} of {len(r)} cells below 0.99 of {base_text}" + spread_note(below, sure)
         if radd:
             worst_add = min(v[0] for v in radd.values())
             head += f" Control z = x + y: ewkern's kernel / ewkern.add worst {worst_add:.2f} (target >= 0.99)."

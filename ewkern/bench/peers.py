@@ -40,7 +40,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from .common import bars_figure, check_bytes, list_arg, md_table, median_ratio_interval, sizes_arg, fmt_gbs
+from .common import (below_beyond_spread, bars_figure, check_bytes, list_arg, md_table, median_ratio_interval,
+                     sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
@@ -520,6 +521,9 @@ def elementwise_summary(exp) -> str:
     cells, peer = _ew_cells(exp)
     if not cells or not peer:
         return ""
+    cells_by_method = {}
+    for (method, *rest), c in cells.items():
+        cells_by_method.setdefault(method, {})[tuple(rest)] = c
     out = []
     for impl in ("ewkern", EWKERN_NOPDL):
         per_method, _ = method_cells(exp, impl)
@@ -541,15 +545,11 @@ def elementwise_summary(exp) -> str:
             out.append(f"Cells below 1.00 ({impl}, {method}): {len(below)} of {len(r)}" +
                        (": " + "; ".join(f"{k[0]} {k[1]} {fmt_bytes(k[2])} {r[k]:.3f}" for k in below)
                         if below else ""))
-            ci = {k[1:]: v for k, v in ratio_intervals(exp, impl).items() if k[0] == method}
-            near = [k for k in r if r[k] < 0.99 and k in ci]
-            if near:
-                sure = [k for k in near if ci[k][1] < 0.99]
-                out.append(f"Of the {len(near)} cells below 0.99 ({impl}, {method}), {len(sure)} have the 90% "
-                           f"bootstrap interval of their ratio wholly below 0.99" +
-                           (": " + "; ".join(f"{k[0]} {k[1]} {fmt_bytes(k[2])} {ci[k][0]:.3f}-{ci[k][1]:.3f}"
-                                             for k in sorted(sure, key=r.get)) if sure else "") +
-                           "; the others' intervals reach 0.99")
+            c = cells_by_method[method]
+            below, sure = below_beyond_spread({k: (r[k], c[k][peer].get("samples_s"), c[k][impl].get("samples_s"))
+                                               for k in r if impl in c.get(k, {}) and peer in c.get(k, {})})
+            if below:
+                out.append(f"Cells below 0.99 ({impl}, {method}): {len(below)}" + spread_note(below, sure))
             pr = pair_ratios(exp, impl)[0] if method == "after_torch" else {}
             if pr:
                 lo = min(pr, key=pr.get)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from .common import md_table
+from .common import below_beyond_spread, md_table, spread_note
 from .timing import Skip
 from .units import fmt_bytes
 
@@ -341,7 +341,11 @@ def summary(results, exp):
                 rows.append([op, dt, f"{min(cells.values()):.2f}", f"{statistics.median(cells.values()):.2f}",
                              f"{min(cc):.2f}" if cc else "-",
                              " ".join(f"{fmt_bytes(s)}:{v:.2f}" for s, v in sorted(cells.items()))])
-        below = sum(1 for v in r.values() if v < 0.99)
-        text.append(f"### {METHOD_LABEL.get(method, method)}\n\n{below} of {len(r)} cells below 0.99 of torch eager.\n\n" +
+        samples = {(m["op"], m["dtype"], m["size_bytes"], m["series"]): m.get("samples_s") for m in ms
+                   if m.get("step_method") == method}
+        below, sure = below_beyond_spread({k: (v, samples.get(k + ("torch eager",)), samples.get(k + ("ewkern.torch",)))
+                                           for k, v in r.items()})
+        text.append(f"### {METHOD_LABEL.get(method, method)}\n\n{len(below)} of {len(r)} cells below 0.99 of torch "
+                    f"eager{spread_note(below, sure)}\n\n" +
                     md_table(["op", "dtype", "worst vs eager", "median vs eager", "worst vs compile", "by size"], rows))
     return "\n\n".join(text)
