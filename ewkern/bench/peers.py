@@ -489,7 +489,8 @@ def ratio_intervals(exp, impl="ewkern", level=0.90, resamples=200):
     out = {}
     for key, c in cells.items():
         if peer and impl in c and peer in c:
-            ci = median_ratio_interval(c[peer].get("samples_s"), c[impl].get("samples_s"), key, level, resamples)
+            # seeded by (op, dtype, size), as the summary's count is
+            ci = median_ratio_interval(c[peer].get("samples_s"), c[impl].get("samples_s"), key[1:], level, resamples)
             if ci:
                 out[key] = ci
     return out
