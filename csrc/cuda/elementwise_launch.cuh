@@ -125,18 +125,19 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * 1 / 2 / 4 per thread, back-to-back (single launch): sigmoid 16 MiB 0.84 / 0.80 / 1.07 (0.76 /
          * 0.72 / 0.98), 64 MiB 0.78 / 0.72 / 1.01 (0.71 / 0.66 / 0.96); exp 64 MiB 0.94 / 0.87 / 1.04
          * (0.86 / 0.79 / 1.00); but at 4 MiB (about one wave) 1 beats 4: sigmoid 1.10 against 0.87,
-         * gelu 1.52 against 0.94. */
-        vpt = nvec > 2 * wave1 ? 4 : 1;
-        /* but not every float64 function alike (H200, forced 1 / 2 / 4, back-to-back and single
+         * gelu 1.52 against 0.94.
+         * But not every float64 function alike (H200, forced 1 / 2 / 4, back-to-back and single
          * launch against torch): erf, log, tanh, gelu at 16 MiB (4 waves) 1.12-1.21 / 0.97-1.07 with
          * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB erf, log, tanh run best with 2 (1.06-1.10 /
          * 0.96-1.01), gelu with 4 (1.01 against 0.99 with 2, 256 MiB-1 GiB 1.01 against 0.97). silu at
          * 4 MiB (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against
-         * 0.94 / 0.83); exp and sigmoid keep the rule above (1 at 4 MiB: 1.10-1.21 back-to-back) */
+         * 0.94 / 0.83); exp and sigmoid keep the first rule (1 at 4 MiB: 1.10-1.21 back-to-back) */
         if (heavy64 == H64_POLY || heavy64 == H64_GELU)
             vpt = nvec <= 4 * wave1 ? 1 : heavy64 == H64_POLY ? 2 : 4;
         else if (heavy64 == H64_SILU)
             vpt = 2 * nvec > wave1 ? 4 : 1;
+        else
+            vpt = nvec > 2 * wave1 ? 4 : 1;
     } else if (fill) {
         /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from functools import partial
 
 from .common import (below_beyond_spread, bars_figure, check_bytes, list_arg, md_table, median_ratio_interval,
                      sizes_arg, spread_note, fmt_gbs)
@@ -174,6 +175,14 @@ def check(ctx):
     check_bytes(ctx, 2 * ref, "peers' copy/dot reference")
 
 
+def _without_pdl(call):
+    """call, run with programmatic dependent launch switched off."""
+    def run():
+        with pdl_off():
+            call()
+    return run
+
+
 def _shape_label(shape, last):
     return f"{fmt_count(shape[0])}x{fmt_count(shape[1])}" + (" (batch-last)" if last else "")
 
@@ -271,20 +280,15 @@ def run(ctx, xr):
                     series = []   # one call per timed series, run in an order that rotates by cell
                     if gpu_torch:
                         # ewkern on torch tensors, timed by the torch peer's code
-                        build = (lambda op=op, dtype=dtype, n=n: ewkern_in_torch_call(op, dtype, (n,), ctx.device))
-                        series.append(lambda tag=tag, cache=cache, build=build, before=before, common=common:
-                                      xr.measure_peer(what=f"ewkern {tag}", impl="torch", impl_label="ewkern",
-                                                      cache=cache, build=build, before=before, variant="auto",
-                                                      **common))
+                        ewkern_series = partial(
+                            xr.measure_peer, impl="torch", cache=cache, before=before, variant="auto",
+                            build=partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device), **common)
+                        series.append(partial(ewkern_series, what=f"ewkern {tag}", impl_label="ewkern"))
                         if nopdl:
-                            def ewkern_nopdl(tag=tag, cache=cache, build=build, before=before, common=common):
-                                with pdl_off():
-                                    xr.measure_peer(what=f"{EWKERN_NOPDL} {tag}", impl="torch",
-                                                    impl_label=EWKERN_NOPDL, cache=cache, build=build,
-                                                    before=before, variant="auto", **common)
-                            series.append(ewkern_nopdl)
+                            series.append(_without_pdl(partial(ewkern_series, what=f"{EWKERN_NOPDL} {tag}",
+                                                               impl_label=EWKERN_NOPDL)))
                     else:
-                        def ewkern_plans(op=op, dtype=dtype, n=n, tag=tag, cache=cache, common=common):
+                        def ewkern_plans():   # run in this iteration: the loop's names are this cell's
                             try:
                                 make_plan, set_bytes = plan_elementwise(op, dtype, (n,), ctx.device, pool=pool,
                                                                         random_inputs=not gpu)
@@ -301,11 +305,9 @@ def run(ctx, xr):
                     for p in live:
                         if p == "cupy" and method in TORCH_ONLY:
                             continue   # CuPy: back-to-back only (single launch and after_torch compare with torch)
-                        series.append(lambda p=p, op=op, dtype=dtype, n=n, tag=tag, cache=cache, before=before,
-                                      common=common: xr.measure_peer(
-                                          what=f"{p} {tag}", impl=p, cache=cache,
-                                          build=lambda: elementwise_call(p, op, dtype, (n,), ctx.device),
-                                          before=before, variant=p, **common))
+                        series.append(partial(xr.measure_peer, what=f"{p} {tag}", impl=p, cache=cache,
+                                              build=partial(elementwise_call, p, op, dtype, (n,), ctx.device),
+                                              before=before, variant=p, **common))
                     # whoever is timed first in a cell meets what the cells before left behind (the
                     # first series after copy's 1-2 GiB cells ran 15% slow now and then): rotate
                     first = cell % len(series)
