@@ -37,6 +37,14 @@ template <class Op, class T> int run_gs(const ew_args *a, GridRule rule);
 /* ew_gs<Op, T, int, true>, the kernel of the 16-byte-vector case */
 template <class Op, class T> const void *gs_kernel();
 
+/* auto for float64 gelu, made in elementwise_gelu64.cu: its launcher (the table row's) and main
+ * kernel. That op's coefficients sit in __constant__ memory (elementwise_ops.cuh), and a module
+ * with any __constant__ data costs each launch of every kernel in it about 0.12 us, used or not
+ * (H200, a 1 MiB add: 1.70 against 1.57 us back-to-back without PDL, 0.12 us after a torch kernel;
+ * ELEMENTWISE_NOTES.md), so they get a file, and module, of their own. */
+int launch_auto_gelu64(const void *args);
+const void *auto_gelu64_kernel();
+
 } /* namespace ewk */
 
 #endif /* EWKERN_ELEMENTWISE_AUTO_CUH */

@@ -177,8 +177,13 @@ struct Op_copy {
     X(9.68809426655027e-08) X(1.5500992080500426e-06) X(2.1701388933119873e-05) X(0.00026041666666656453) \
     X(0.0026041666666640102) X(0.020833333333333336) X(0.12500000000000003)
 #define EWK_COEF_ITEM(v) v,
+/* Only in the file that defines EWK_GELU64_HERE (elementwise_gelu64.cu): a module with __constant__
+ * data costs every one of its kernels about 0.12 us a launch, whether it reads the data or not
+ * (elementwise_auto.cuh), so the other kernel files must not have these. */
+#ifdef EWK_GELU64_HERE
 static __constant__ double kGelu64P[20] = {EWK_GELU64_P(EWK_COEF_ITEM)};
 static __constant__ double kExp64Q[10] = {EWK_EXP64_Q(EWK_COEF_ITEM)};
+#endif
 
 __host__ __device__ __forceinline__ double bits_f64(long long b)
 {
@@ -235,10 +240,15 @@ __host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, c
     const double E = m * bits_f64(static_cast<long long>(k2 + 1023) << 52);                /* Phi(-y) */
     return x * (hi < 0 ? E : 1.0 - E);
 }
+/* float64 gelu's math, defined only where the coefficients are (EWK_GELU64_HERE): a kernel file
+ * without them that instantiated it would fail to link (the declared function is never defined). */
 struct Op_gelu_f64 {
     enum { NIN = 1, KIND = KIND_COMPUTE };
-    EW_DEV double operator()(double x, double, double, double) const { return gelu_f64(x, kGelu64P, kExp64Q); }
+    EW_DEV double operator()(double x, double, double, double) const;
 };
+#ifdef EWK_GELU64_HERE
+EW_DEV double Op_gelu_f64::operator()(double x, double, double, double) const { return gelu_f64(x, kGelu64P, kExp64Q); }
+#endif
 
 /* One PTX approximation on a float, each a single MUFU instruction of the SFU in SASS. Without
  * .ftz, subnormal inputs and results keep their value (a few more instructions around the MUFU). */
