@@ -30,7 +30,7 @@ FILES = {
     "elementwise_ops_on_gpus.cu": ({"ewkern_kernels.h", "elementwise_common.cuh", "elementwise_auto.cuh"},
                                    "elementwise", "study"),
     "elementwise_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "ops.def", "elementwise_common.cuh", "elementwise_launch.cuh",
-                             "elementwise_ops.cuh", "elementwise_kernel.cuh", "elementwise_auto.cuh"},
+                             "elementwise_ops.cuh", "elementwise_kernel.cuh", "elementwise_auto.cuh", "elementwise_run.cuh"},
                             "elementwise", "default"),
     "batched_rmse_kernel_analysis.cu": ({"ewkern_kernels.h", "device_cache.cuh", "rmse_common.cuh"}, "rmse", "study"),
     "rmse_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "rmse_common.cuh"}, "rmse", "default"),
@@ -39,10 +39,16 @@ FILES = {
                                 "elementwise", "default"),
 }
 NOT_KERNEL_FILES = {"runtime.cu"}  # the CUDA runtime calls of the host code: no table
+# kernel files without a table of their own, whose kernels are rows of another file's table:
+# file -> (headers, family, kind, the file whose table holds the rows). float64 gelu's __constant__
+# coefficients would cost every kernel of a shared module a launch-time toll (elementwise_auto.cuh).
+PART_FILES = {
+    "elementwise_gelu64.cu": ({"ewkern_kernels.h", "elementwise_run.cuh"}, "elementwise", "default", "elementwise_auto.cu"),
+}
 DEFAULT_PATH_MATH = {"elementwise_ops.cuh", "elementwise_kernel.cuh"}
 DEVICE_ONLY = ("elementwise_kernel.cuh", "elementwise_ops.cuh", "elementwise_types.cuh", "elementwise_grads.cuh")
 HOST_ONLY_HEADERS = {"atomic", "cstdlib", "stdlib.h", "device_cache.cuh", "elementwise_common.cuh",
-                     "elementwise_auto.cuh", "rmse_common.cuh"}
+                     "elementwise_auto.cuh", "elementwise_run.cuh", "rmse_common.cuh"}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
@@ -86,12 +92,14 @@ def _table_name(cu):
 
 def test_every_cu_file_is_known():
     found = {os.path.basename(p) for p in glob.glob(os.path.join(CUDA, "*.cu"))}
-    assert found - NOT_KERNEL_FILES == set(FILES), "kernel files changed: add them to FILES with their headers"
+    assert found - NOT_KERNEL_FILES == set(FILES) | set(PART_FILES), \
+        "kernel files changed: add them to FILES (or PART_FILES) with their headers"
+    assert all(owner in FILES for *_, owner in PART_FILES.values())
 
 
-@pytest.mark.parametrize("cu", sorted(FILES))
+@pytest.mark.parametrize("cu", sorted(FILES) + sorted(PART_FILES))
 def test_includes_only_its_family(cu):
-    allowed, family, kind = FILES[cu]
+    allowed, family, kind = FILES[cu] if cu in FILES else PART_FILES[cu][:3]
     incs = _includes(cu)
     assert not [i for i in incs if i.endswith(".cu")], "%s includes a .cu file" % cu
     project = {i for i in incs if _locate(i)}
@@ -102,6 +110,17 @@ def test_includes_only_its_family(cu):
     if kind == "study":
         assert not reached & DEFAULT_PATH_MATH, "study %s reaches the default path's %s" % (
             cu, sorted(reached & DEFAULT_PATH_MATH))
+
+
+def test_constant_memory_only_where_gelu64_is_made():
+    """__constant__ data costs every kernel of its module time at each launch (elementwise_auto.cuh):
+    outside the EWK_GELU64_HERE blocks, which only elementwise_gelu64.cu opens, no source has any."""
+    for p in glob.glob(os.path.join(CUDA, "*.cu")) + glob.glob(os.path.join(CUDA, "*.cuh")):
+        code = _code(_read(p))
+        outside = re.sub(r"#\s*ifdef\s+EWK_GELU64_HERE\b.*?#\s*endif", " ", code, flags=re.S)
+        assert "__constant__" not in outside, "%s has __constant__ data" % os.path.basename(p)
+        if re.search(r"#\s*define\s+EWK_GELU64_HERE\b", code):
+            assert os.path.basename(p) == "elementwise_gelu64.cu", "%s defines EWK_GELU64_HERE" % p
 
 
 def test_no_cu_includes_a_cu():
@@ -124,6 +143,10 @@ def test_each_file_exports_its_table_once():
         code = _code(_read(os.path.join(CUDA, cu)))
         defs = re.findall(r'extern\s+"C"\s+const\s+ew_kernel\s*\*\s*(ew_cuda_\w+_table)\s*\(', code)
         assert defs == [_table_name(cu)], "%s defines %s, expected one %s" % (cu, defs, _table_name(cu))
+    for cu in PART_FILES:
+        code = _code(_read(os.path.join(CUDA, cu)))
+        assert not re.search(r"\bew_cuda_\w+_table\b", code), "%s names a table; its rows are %s's" % (
+            cu, PART_FILES[cu][3])
     header = _code(_read(os.path.join(CSRC, "ewkern_kernels.h")))
     declared = re.findall(r"\b(ew_cuda_\w+_table)\s*\(", header)
     assert sorted(declared) == sorted(_table_name(cu) for cu in FILES), "ewkern_kernels.h declares %s" % declared

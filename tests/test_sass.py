@@ -216,3 +216,23 @@ def test_copy_loop_32_bit_index_is_shorter(sass, vec, dtype):
     assert any(t.startswith("LDG") or " LDG" in t for t in loop32), "%s: first loop has no load" % n32
     assert len(loop32) < len(loop64), "%s: %d instructions per iteration, %s: %d\n%s\n%s" % (
         n32, len(loop32), n64, len(loop64), "\n".join(loop32), "\n".join(loop64))
+
+
+def test_constant_bank_only_in_float64_gelus_module():
+    """A module with __constant__ data (.nv.constant3) costs each launch of every kernel in it about
+    0.12 us, read or not (elementwise_auto.cuh): float64 gelu's coefficients are the only such data,
+    and its kernels (elementwise_gelu64.cu) the only ones in that module."""
+    path = _extension_path()
+    cuobjdump = _find_tool("cuobjdump")
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found (PATH, CUDA_HOME, /usr/local/cuda, pip nvidia-cuda-cuobjdump)")
+    proc = subprocess.run([cuobjdump, "--dump-elf", "--gpu-architecture", PREFERRED_ARCH, path],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or "Fatbin elf code" not in proc.stdout:
+        pytest.skip("no %s ELF in the extension: %s" % (PREFERRED_ARCH, proc.stderr.strip()[:200]))
+    modules = proc.stdout.split("Fatbin elf code:")[1:]
+    with_constants = [m for m in modules if re.search(r"\s\.nv\.constant3\s", m)]
+    assert len(with_constants) == 1, "%d modules have __constant__ data" % len(with_constants)
+    entries = set(re.findall(r"\bFUNC\s+GLOBAL\s+\S+\s+ENTRY\s+\S+\s+(_Z\w+)", with_constants[0]))
+    assert entries, "no kernels found in the module with __constant__ data"
+    assert all("Op_geluEd" in e for e in entries), sorted(e for e in entries if "Op_geluEd" not in e)[:5]
