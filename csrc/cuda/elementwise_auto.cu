@@ -6,8 +6,9 @@
  * function. Time any row with the benchmark (ewkern.bench: op, dtype, variant; `python -m ewkern.bench
  * e3` times every op x dtype, `python -m ewkern.bench peers` auto against torch); registers, SASS and the
  * measurements behind each launch rule are in ELEMENTWISE_NOTES.md. The kernels themselves are device
- * templates in elementwise_kernel.cuh, the op math in elementwise_ops.cuh; this file holds the launch
- * rules and instantiates every kernel it launches.
+ * templates in elementwise_kernel.cuh, the op math in elementwise_ops.cuh, the launch rules in
+ * elementwise_launch.cuh and elementwise_run.cuh; this file instantiates every kernel its table
+ * launches but float64 gelu's, which elementwise_gelu64.cu makes (elementwise_auto.cuh says why).
  *
  *  5. "auto"   every op x every dtype, the fast default: 16-byte vectors, 1, 2 or 4 per thread
  *              (the fewest that let the grid fit one wave of resident blocks, from the device's SM

@@ -1,9 +1,10 @@
 /*
  * elementwise_auto.cuh: what elementwise_auto.cu (the default path) makes for another kernel file:
  * the grid-stride launches of auto's body under the elementwise study's grid rules, for family 6 of
- * elementwise_ops_on_gpus.cu. run_gs is also auto's path when the pointers' offsets differ, so its
- * kernels are instantiated in elementwise_auto.cu alone, for the (op, dtype) pairs of EWK_GS_LIST
- * (explicit instantiations there). The host stub of a __global__ template instance is local to the
+ * elementwise_ops_on_gpus.cu. run_gs (defined in elementwise_run.cuh) is also auto's path when the
+ * pointers' offsets differ, so its kernels for the (op, dtype) pairs of EWK_GS_LIST are made in
+ * elementwise_auto.cu alone (explicit instantiations there; elementwise_gelu64.cu makes float64
+ * gelu's own). The host stub of a __global__ template instance is local to the
  * file that makes it (nvcc's -static-global-template-stub in whole-program mode), so that file also
  * hands out the kernel's address (gs_kernel) for the table rows.
  */
