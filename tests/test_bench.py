@@ -543,6 +543,49 @@ def test_peers_rotates_the_order_of_a_cells_series(tmp_path):
     assert cells[1][1] == cells[0][1][1:] + cells[0][1][:1]        # the next cell: rotated by one
 
 
+def test_peers_warm_up_after_a_release_is_not_recorded(tmp_path, monkeypatch):
+    """peers times one ewkern series before the first cell after each release of the memory (each
+    size and dtype) and keeps nothing of it: the recorded cells are the same, each series once,
+    and ewkern is timed once more per (size, dtype)."""
+    from ewkern.bench import runner
+    calls = []
+    real = runner.ExperimentRun.measure
+
+    def counting(self, **kw):
+        calls.append((kw.get("what"), self._discard))
+        return real(self, **kw)
+    monkeypatch.setattr(runner.ExperimentRun, "measure", counting)
+    code, out = run_main(tmp_path, "peers")
+    assert code == 0
+    res = json.loads((out / "results.json").read_text())["experiments"]["peers"]
+    ms = [m for m in res["measurements"] if not m.get("reference") and m.get("op") != "rmse"]
+    cells = {}
+    for m in ms:
+        cells.setdefault((m["op"], m["dtype"], m["size_bytes"], m.get("timing_method")), []).append(m["impl"])
+    assert all(len(v) == len(set(v)) for v in cells.values()), "a series recorded twice in a cell"
+    warm = [w for w, d in calls if d]
+    groups = {(k[1], k[2]) for k in cells}
+    assert len(warm) == len(groups) and all(w.startswith("ewkern ") for w in warm), warm
+    assert any("thrown away" in n for n in res["notes"])
+
+
+def test_discarding_keeps_nothing(tmp_path):
+    """ExperimentRun.discarding(): what is measured, skipped or fails inside is not recorded."""
+    from ewkern.bench import runner
+
+    class Spec:
+        name, title, description, paper = "x", "x", "x", None
+    xr = runner.ExperimentRun(None, Spec())
+    with xr.discarding():
+        xr.add({"time_s": 1.0})
+        xr.skip("a", "b")
+        xr.error("c", ValueError("d"))
+    assert xr.data["measurements"] == [] and xr.data["skipped"] == [] and xr.data["errors"] == []
+    xr.add({"time_s": 1.0})
+    xr.skip("a", "b")
+    assert len(xr.data["measurements"]) == 1 and len(xr.data["skipped"]) == 1
+
+
 def test_median_ratio_interval():
     """The bootstrap interval of median(theirs) / median(mine): around the true ratio, narrow for
     tight samples and wide for spread ones, the same for the same key, None without samples."""

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +132,7 @@ class ExperimentRun:
                      "notes": [], "measurements": [], "skipped": [], "errors": [], "tables": {},
                      "elapsed_s": None}
         self._bar = None
+        self._discard = 0   # > 0 inside discarding(): measurements are timed and not kept
 
     # --- bookkeeping ---
     def param(self, **kw):
@@ -153,17 +155,30 @@ class ExperimentRun:
 
     def add(self, record: dict) -> dict:
         rec = {"experiment": self.spec.name, **{k: _jsonable(v) for k, v in record.items()}}
-        self.data["measurements"].append(rec)
+        if not self._discard:
+            self.data["measurements"].append(rec)
         return rec
 
     def skip(self, what: str, reason: str):
-        self.data["skipped"].append({"what": what, "reason": str(reason)})
-        self._step(f"{what}: skipped ({reason})")
+        if not self._discard:
+            self.data["skipped"].append({"what": what, "reason": str(reason)})
+            self._step(f"{what}: skipped ({reason})")
 
     def error(self, what: str, exc: BaseException):
-        self.data["errors"].append({"what": what, "error": f"{type(exc).__name__}: {exc}",
-                                    "traceback": traceback.format_exc(limit=6)})
-        self._step(f"{what}: ERROR {type(exc).__name__}: {exc}")
+        if not self._discard:
+            self.data["errors"].append({"what": what, "error": f"{type(exc).__name__}: {exc}",
+                                        "traceback": traceback.format_exc(limit=6)})
+            self._step(f"{what}: ERROR {type(exc).__name__}: {exc}")
+
+    @contextmanager
+    def discarding(self):
+        """Inside, measure / measure_peer time as usual but keep nothing (no measurement, skip or
+        error recorded, no progress step): a warm-up that takes what only a first run meets."""
+        self._discard += 1
+        try:
+            yield
+        finally:
+            self._discard -= 1
 
     # --- measuring ---
     def _finish(self, timing: Timing, base: dict, bytes_read: int, bytes_written: int) -> dict:
@@ -193,7 +208,8 @@ class ExperimentRun:
             self.error(what, exc)
             return None
         rec = self._finish(timing, {"impl": "ewkern", **fields}, bytes_read, bytes_written)
-        self._step(f"{what}: {_fmt_rate(rec)}")
+        if not self._discard:
+            self._step(f"{what}: {_fmt_rate(rec)}")
         return rec
 
     def measure_peer(self, *, what: str, impl: str, build, cache: str, samples: int | None = None,
@@ -219,7 +235,8 @@ class ExperimentRun:
             self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             return None
         rec = self._finish(timing, {"impl": fields.pop("impl_label", impl), **fields}, br, bw)
-        self._step(f"{what}: {_fmt_rate(rec)}")
+        if not self._discard:
+            self._step(f"{what}: {_fmt_rate(rec)}")
         return rec
 
 
