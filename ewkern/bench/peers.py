@@ -312,8 +312,6 @@ def run(ctx, xr):
                         series.append(partial(xr.measure_peer, what=f"{p} {tag}", impl=p, cache=cache,
                                               build=partial(elementwise_call, p, op, dtype, (n,), ctx.device),
                                               before=before, variant=p, **common))
-                    # whoever is timed first in a cell meets what the cells before left behind (the
-                    # first series after copy's 1-2 GiB cells ran 15% slow now and then): rotate
                     if settle:
                         # the first series after a release ran 15% slow at 2 GiB (fill, every series
                         # alike, samples of a series all slow, the next series fast on the memory it
@@ -321,6 +319,8 @@ def run(ctx, xr):
                         with xr.discarding():
                             series[0]()
                         settle = False
+                    # whoever is timed first in a cell meets what the cells before left behind (the
+                    # first series after copy's 1-2 GiB cells ran 15% slow now and then): rotate
                     first = cell % len(series)
                     for timed in series[first:] + series[:first]:
                         timed()
