@@ -46,8 +46,10 @@ def _union(a, b):
     return b
 
 
-# what a measurement measured or derived, not what it names: a cell is named by its other scalar
-# fields (ratios to other ways "vs_*", the reference check's "check_*", summary statistics "t_*")
+# what a measurement measured or derived, not what it names: a cell is named by its other fields
+# that are strings, integers or None (ratios to other ways "vs_*", the reference check's "check_*",
+# summary statistics "t_*"; no experiment names a cell by a float, and floats such as after_torch's
+# pair_time_s, a1's total_error or overhead's us_per_call are measured)
 _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
                        "working_set_bytes", "bytes", "bytes_read", "bytes_written", "best_way"))
 _DERIVED = ("vs_", "check_", "t_")
@@ -57,7 +59,7 @@ def _cell(m: dict) -> tuple:
     """The cell a measurement belongs to (experiment, series, impl, op, dtype, size, method...)."""
     return tuple(sorted((k, v) for k, v in m.items()
                         if k not in _MEASURED and not k.startswith(_DERIVED)
-                        and isinstance(v, (str, int, float, bool, type(None)))))
+                        and isinstance(v, (str, int, bool, type(None)))))
 
 
 def _combine(a: dict, b: dict) -> dict:
