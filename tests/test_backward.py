@@ -296,6 +296,7 @@ def test_rmse_backward_errors():
         ewkern.rmse_backward(r, a, a, r, axis=5)
 
 
+@pytest.mark.serial
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")

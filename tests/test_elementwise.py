@@ -318,6 +318,7 @@ def test_variant_dtype_not_supported():
     assert f16 is not None
 
 
+@pytest.mark.serial
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")

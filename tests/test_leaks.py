@@ -58,6 +58,7 @@ def test_errors_leak_nothing():
     assert run(bad) <= 2
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None or not ewkern.cuda_available(),
                     reason="needs torch and a CUDA GPU")
 def test_device_memory_does_not_grow():

@@ -234,6 +234,7 @@ def test_auto_one_element_batches_are_elementwise(dtype):
                     ewkern.set_pdl(prev)
 
 
+@pytest.mark.serial
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("layout", ["first", "last"])

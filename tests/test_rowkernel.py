@@ -370,6 +370,7 @@ def test_gpu_broadcast_kinds_in_place_and_max():
     torch.testing.assert_close(ym, xm / m, rtol=2e-16, atol=0)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @gpu
 @pytest.mark.skipif(torch is None, reason="torch not installed")

@@ -833,6 +833,7 @@ def test_gpu_user_add_equals_ewkern_add(dtype):
     assert _took_vector_path(useradd)
 
 
+@pytest.mark.serial
 @pytest.mark.gpu
 @pytest.mark.slow
 @gpu
