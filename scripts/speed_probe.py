@@ -23,6 +23,12 @@
         an rmsnorm RowKernel over rows of 4096 against torch.compile's, both timing methods;
         PLAN is auto, G (lanes per row, vectors per lane the fewest that hold the row) or Gl (G
         lanes, the two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
+    python scripts/speed_probe.py rows SIZE[,SIZE...] DTYPE[,DTYPE...] VARIANT[,VARIANT...]
+        the mean of (a - b)^2 over rows of 4096 (the `fused` experiment's mse_rows) as an
+        ewkern.ReductionKernel built from source variants of the rows engine (_rows_source_variants:
+        base; lbN: __launch_bounds__(256, N); bulk: one cp.async.bulk.prefetch.L2 of each input's
+        row by lane 0 before the loads), against torch.compile and CuPy's ReductionKernel of the
+        same source, both timing methods. SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
@@ -168,6 +174,84 @@ def _row_source_variants():
                 src = re.sub(r"(_r_\w+\[_q\]) = (_u_\w+)\[_v\];", r"\1 = ewrtc::ldh(\2 + _v);", src)
         return src, entries
     _codegen.row_source = wrapped
+
+
+_ROWS_BULK = """    if (_live && _lane == 0) {   /* probe: the whole row of each input, one bulk L2 prefetch */
+%s    }
+    pdl_wait();"""
+
+
+def _rows_source_variants():
+    """Wrap _codegen.reduction_rows_source so that a kernel named probe_mse_<variant> is generated
+    with source changes. Why: in the rows entry's 4-vector loop ptxas issues the first two vectors'
+    loads, converts and adds the first, and only then issues the third's (sm_90, 16-bit (a - b)^2 over
+    rows of 4096, G = 128 read at run time: 32 registers, 4 of the 8 loads before the first
+    conversion), although the PTX has all 8 loads first; __launch_bounds__(256, 4) keeps all 8 ahead
+    (54 registers, 4 blocks of 256 an SM), (256, 5) 6 (48), (256, 6) 4 (40). bulk asks the TMA unit
+    for each input's row instead (no registers)."""
+    from ewkern.rtc import _codegen
+    base = _codegen.reduction_rows_source
+
+    def wrapped(name, in_layout, *a, **kw):
+        src, entries = base(name, in_layout, *a, **kw)
+        variant = name.split("_")[-1]
+        text = str(src)
+        m = re.match(r"lb(\d)$", variant)
+        if m:
+            text = text.replace(f"__launch_bounds__({_codegen.ROWS_BLOCK}) ewrtc_{name}_rows",
+                                f"__launch_bounds__({_codegen.ROWS_BLOCK}, {m.group(1)}) ewrtc_{name}_rows", 1)
+        elif variant == "bulk":
+            arrays = [p.name for p, _, kind, _ in in_layout.args if kind == "array"]
+            pf = "".join(f'        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(_u_{x}), '
+                         f'"r"(unsigned(PP.R * sizeof(_u_{x}->v[0]))) : "memory");\n' for x in arrays)
+            anchor = "    pdl_wait();"
+            i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
+            text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
+        elif variant != "base":
+            raise ValueError(f"rows variant {variant!r}: base, lb4, lb5, lb6 or bulk")
+        return text, entries
+    _codegen.reduction_rows_source = wrapped
+
+
+def rows(sizes, dtypes, variants, cols=4096):
+    """mse over rows of `cols` (fused's mse_rows) for each rows-engine source variant."""
+    import cupy
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    _rows_source_variants()
+    args = ("T a, T b", "T y", "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
+            f"y = (T)(a * {1 / cols!r}f)", "0")
+    kernels = {v: ewkern.ReductionKernel(*args, name=f"probe_mse_{v}", reduce_type="float") for v in variants}
+    ck = cupy.ReductionKernel(*args, name="probe_mse", reduce_type="float")
+    tc = torch.compile(lambda a, b: ((a.float() - b.float()) ** 2).mean(-1).to(a.dtype), dynamic=False)
+    for dtype in dtypes:
+        tdt = frameworks._torch_dtype(dtype)
+        for size in sizes:
+            rows_n = max(1, size // ITEMSIZE[dtype] // cols)
+            nbytes = 2 * rows_n * cols * ITEMSIZE[dtype] + rows_n * ITEMSIZE[dtype]
+            torch._dynamo.reset()
+            for method, cache in (("b2b", "rotate"), ("single", "flush")):
+                res = {}
+                ways = [("torch.compile", "torch", lambda a, b: tc(a, b)),
+                        ("cupy", "cupy", lambda a, b: ck(a, b, axis=1))]
+                ways += [(v, "torch", lambda a, b, k=k: k(a, b, axis=1)) for v, k in kernels.items()]
+                for way, impl, fn in ways:
+                    def make_call(fn=fn, impl=impl):
+                        a = torch.randn(rows_n, cols, device="cuda:0").to(tdt)
+                        b = torch.randn(rows_n, cols, device="cuda:0").to(tdt)
+                        if impl == "cupy":
+                            a, b = cupy.from_dlpack(a), cupy.from_dlpack(b)
+                        return lambda: fn(a, b)
+                    try:
+                        res[way] = median_s(frameworks.time_calls(cfg, impl, make_call, nbytes, cache))
+                    except Exception as e:   # report and go on: a probe, not a test
+                        res[way] = float("nan")
+                        print(f"  {way}: {type(e).__name__}: {e}", flush=True)
+                    frameworks.release_peer_memory()
+                best = min(res["torch.compile"], res["cupy"])
+                print(f"rows {dtype} {size >> 20} MiB {method}: torch.compile {res['torch.compile'] * 1e6:.2f} us, "
+                      f"cupy {res['cupy'] * 1e6:.2f} | " + " | ".join(
+                          f"{v} {res[v] * 1e6:.2f} us ({best / res[v]:.3f})" for v in variants), flush=True)
 
 
 def rownorm(sizes, dtypes, plans, cols=4096):
@@ -347,6 +431,8 @@ if __name__ == "__main__":
             sys.argv[3].split(",") if len(sys.argv) > 3 else ["float32", "float16", "bfloat16"])
     elif cmd == "rownorm":
         rownorm([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
+    elif cmd == "rows":
+        rows([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
     elif cmd == "rmse-overhead":
         rmse_overhead()
     elif cmd == "cold":
