@@ -60,6 +60,18 @@ def median_s(t):
     return summarize(t.samples_s)["median"]
 
 
+def median_or_nan(cfg, label, impl, make_call, nbytes, cache):
+    """median_s of one way's timing, or NaN with the error printed (a probe, not a test); the
+    peers' cached memory goes back to the driver after it."""
+    try:
+        return median_s(frameworks.time_calls(cfg, impl, make_call, nbytes, cache))
+    except Exception as e:
+        print(f"  {label}: {type(e).__name__}: {e}", flush=True)
+        return float("nan")
+    finally:
+        frameworks.release_peer_memory()
+
+
 def variants(op, dtype, names, sizes):
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
@@ -242,12 +254,7 @@ def rows(sizes, dtypes, variants, cols=4096):
                         if impl == "cupy":
                             a, b = cupy.from_dlpack(a), cupy.from_dlpack(b)
                         return lambda: fn(a, b)
-                    try:
-                        res[way] = median_s(frameworks.time_calls(cfg, impl, make_call, nbytes, cache))
-                    except Exception as e:   # report and go on: a probe, not a test
-                        res[way] = float("nan")
-                        print(f"  {way}: {type(e).__name__}: {e}", flush=True)
-                    frameworks.release_peer_memory()
+                    res[way] = median_or_nan(cfg, way, impl, make_call, nbytes, cache)
                 best = min(res["torch.compile"], res["cupy"])
                 print(f"rows {dtype} {size >> 20} MiB {method}: torch.compile {res['torch.compile'] * 1e6:.2f} us, "
                       f"cupy {res['cupy'] * 1e6:.2f} | " + " | ".join(
@@ -368,12 +375,7 @@ def rtc(sizes, dtypes):
                             if impl == "cupy":
                                 arrs = [cupy.from_dlpack(t) for t in arrs]
                             return lambda: fn(*arrs)
-                        try:
-                            res[way] = median_s(frameworks.time_calls(cfg, impl, make_call, set_b, cache))
-                        except Exception as e:   # report and go on: a probe, not a test
-                            res[way] = float("nan")
-                            print(f"  {case} {way}: {type(e).__name__}: {e}", flush=True)
-                        frameworks.release_peer_memory()
+                        res[way] = median_or_nan(cfg, f"{case} {way}", impl, make_call, set_b, cache)
                     best = min(v for k, v in res.items() if k != "ewkern")
                     print(f"{case} {dtype} {size >> 20} MiB {method}: ewkern {res['ewkern'] * 1e6:.2f} us "
                           f"({set_b / res['ewkern'] / 1e9:.0f} GB/s) | "
