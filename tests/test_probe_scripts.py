@@ -1,0 +1,54 @@
+"""scripts/speed_probe.py's source variants of the run-time kernels still find their anchors in
+the generated source (a probe whose variant silently equals the base would waste a GPU run), and
+each variant compiles to PTX that ptxas accepts where the toolkit is here."""
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ewkern.rtc import _codegen  # noqa: E402
+from test_rtc import _layout, _nvrtc  # noqa: E402
+
+
+@pytest.fixture
+def rows_variants(monkeypatch):
+    import speed_probe
+    monkeypatch.setattr(_codegen, "reduction_rows_source", _codegen.reduction_rows_source)
+    speed_probe._rows_source_variants()
+    return _codegen.reduction_rows_source
+
+
+def _mse_rows(gen, variant, dtype="float16"):
+    lay = _layout("contig", 1, [("T a", dtype, "array", 0), ("T b", dtype, "array", 0)])
+    out = _layout("strided", 1, [("T y_out", dtype, "array", 0)])
+    return gen("probe_mse_" + variant, lay, out, 8, "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
+               "y_out = a", "0", "float", "", _codegen.typedefs((("T", dtype),), [], [], [], []), False, True)
+
+
+def test_rows_variants_change_the_rows_entry_only(rows_variants):
+    base, entries = _mse_rows(rows_variants, "base")
+    lb4, _ = _mse_rows(rows_variants, "lb4")
+    bulk, _ = _mse_rows(rows_variants, "bulk")
+    assert "__launch_bounds__(256) ewrtc_probe_mse_base_rows" in base
+    assert "__launch_bounds__(256, 4) ewrtc_probe_mse_lb4_rows" in lb4
+    assert "__launch_bounds__(256) ewrtc_probe_mse_lb4_comb" in lb4        # the combine entry as it was
+    assert "cp.async.bulk.prefetch" not in base
+    assert bulk.count("cp.async.bulk.prefetch.L2.global") == 2             # one per input array
+    rows_part = bulk[bulk.index("ewrtc_probe_mse_bulk_rows"):bulk.index("ewrtc_probe_mse_bulk_comb")]
+    assert rows_part.index("cp.async.bulk") < rows_part.index("pdl_wait();")
+    with pytest.raises(ValueError, match="rows variant"):
+        _mse_rows(rows_variants, "nope")
+
+
+def test_rows_variants_compile(rows_variants):
+    _nvrtc()
+    from ewkern.rtc import _build
+    for v in ("base", "lb4", "bulk"):
+        src, entries = _mse_rows(rows_variants, v)
+        ptx, _, _ = _build.compile_cuda("probe_mse_" + v, src, (9, 0), ptx_only=True)
+        assert all((".entry " + e).encode() in ptx for e in entries)
