@@ -49,9 +49,10 @@ if [ "${GPU_CHECK_TESTS:-tests}" != none ]; then
     JOBS=${GPU_CHECK_JOBS:-4}
     if [ "$JOBS" -gt 1 ] && python3 -c "import xdist" 2>/dev/null; then
         # Much of the suite's time should be host work (float64 NumPy references, compiles; not
-        # yet timed on a GPU): JOBS test processes share the GPU (pytest-xdist, on the GPU machine's image). The tests marked
-        # serial size themselves by the device's free memory (2^31-element arrays, the leak
-        # check), so they run afterwards in one process, with the device to themselves.
+        # yet timed on a GPU): JOBS test processes share the GPU (pytest-xdist, on the GPU
+        # machine's image). The tests marked serial size themselves by the device's free memory
+        # (2^31-element arrays, the leak check), so they run afterwards in one process, with the
+        # device to themselves.
         echo "== tests $TESTS ($JOBS processes, then the serial ones)"
         # shellcheck disable=SC2086
         python3 -m pytest -q -p no:cacheprovider -n "$JOBS" -m "not serial" $TESTS -x -rs --timeout=600 \
