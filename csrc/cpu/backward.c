@@ -3,31 +3,40 @@
  * (op, dtype).
  *
  * Versions:
- *   auto  one loop per (op, dtype) that reads each array once and writes each gradient once:
- *         float32/float64 straight from the arrays (compiler-vectorised where the arithmetic
- *         allows), float16/bfloat16 converted to float per element (half.h, round to nearest
- *         even on the way back). On the OpenMP team from EW_BW_PAR_MIN elements.
+ *   auto  one pass per (op, dtype) that reads each array once and writes each gradient once. The
+ *         loop over elements of the compute type (float, double) is compiled for AVX-512, AVX2 +
+ *         FMA and the baseline and picked per call (cpu_math.h), so exp and erfc in it are
+ *         libmvec's vector functions of that ISA, as in the forward math ops; float32/float64 run
+ *         it on the arrays, float16/bfloat16 on float tiles of EW_BW_TILE elements converted by
+ *         the forward's block converters (the same bits as element by element: round to nearest
+ *         even on the way back). On the OpenMP team from EW_BW_PAR_MIN elements, in blocks.
+ *         CI host (AMD EPYC, AVX-512, 2 threads), 2^22 elements, before (a scalar libm call per
+ *         element, 16-bit converted per element at the baseline ISA): see CPU_NOTES.md.
  *
  * The arithmetic of each op is written once below (EWB_<op>, for compute type T) and matches
  * the CUDA kernels' (csrc/cuda/elementwise_backward.cu): the same formulas, the same rounding
- * order, so both backends meet grads.def's bounds the same way.
+ * order, so both backends meet grads.def's bounds the same way (libmvec's ISA variants differ
+ * in the last bits of exp and erfc, within those bounds, as the forward ops' do).
  */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "../ewkern_kernels.h"
+#include "cpu_math.h"
 #include "half.h"
 
 #define EW_BW_PAR_MIN ((int64_t)1 << 14)
+/* elements per OpenMP block (float32/float64) and per float tile (float16/bfloat16: five float
+ * tiles of 4 KiB stay in L1) */
+#define EW_BW_BLOCK ((int64_t)1 << 13)
+#define EW_BW_TILE 1024
 
 #ifdef _OPENMP
-#define EW_BW_PARALLEL _Pragma("omp parallel for simd schedule(static)")
 #define EW_BW_SIMD _Pragma("omp simd")
 #define EW_BW_PRAGMA(x) _Pragma(#x)
 #define EW_BW_PARALLEL_IF(cond) EW_BW_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
-#define EW_BW_PARALLEL
 #define EW_BW_SIMD
 #define EW_BW_PARALLEL_IF(cond)
 #endif
@@ -42,21 +51,26 @@
 #define EW_BW_INV_SQRT_2PI 0.398942280401432677939946059934381868
 #define EW_BW_2_SQRTPI 1.12837916709551257389615890312154517
 
-/* e^(-a^2 / 2^k) with a^2 split into p + e exactly (e = fma(a, a, -p)): e^(-(p + e) / 2^k) =
+/* Every ?: below selects between values computed before it: an arm with float work in it becomes
+ * a branch that gcc, under the default -ftrapping-math, will not if-convert, and the loop stays
+ * scalar wherever the ISA has no masked vectors (AVX2, SSE); AVX-512's masks hide it.
+ *
+ * e^(-a^2 / 2^k) with a^2 split into p + e exactly (e = fma(a, a, -p)): e^(-(p + e) / 2^k) =
  * e^(-p / 2^k) (1 - e / 2^k) to first order, so the rounding of a^2 (relative 2^-24 of an
  * exponent that reaches 100) costs nothing. */
 #define EW_BW_DEFINE_GAUSS(T)                                                                \
     static inline T ew_bw_gauss_##T(T a, T scale)                                            \
     {                                                                                        \
         const T p = a * a;                                                                   \
-        const T e = p < (T)INFINITY ? EW_BW_M(T, fma)(a, a, -p) : (T)0; /* inf - inf: none */ \
+        const T f = EW_BW_M(T, fma)(a, a, -p);                                               \
+        const T e = p < (T)INFINITY ? f : (T)0; /* p = inf: f = -inf, and no correction */   \
         return EW_BW_M(T, exp)(-p * scale) * ((T)1 - e * scale);                             \
     }                                                                                        \
     static inline T ew_bw_sigmoid_##T(T a)                                                   \
     {                                                                                        \
         const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
-        const T r = (T)1 / ((T)1 + e);                                                       \
-        return a >= 0 ? r : e * r;                                                           \
+        const T r = (T)1 / ((T)1 + e), er = e * r;                                           \
+        return a >= 0 ? r : er;                                                              \
     }                                                                                        \
     static inline T ew_bw_gelu_##T(T g, T a)                                                 \
     {                                                                                        \
@@ -69,8 +83,8 @@
     static inline T ew_bw_silu_##T(T g, T a)                                                 \
     {                                                                                        \
         const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
-        const T r = (T)1 / ((T)1 + e);                                                       \
-        const T s = a >= 0 ? r : e * r, t = a >= 0 ? e * r : r;                              \
+        const T r = (T)1 / ((T)1 + e), er = e * r;                                           \
+        const T s = a >= 0 ? r : er, t = a >= 0 ? er : r;                                    \
         return g * (s * EW_BW_M(T, fma)(a, t, (T)1));                                        \
     }                                                                                        \
     static inline T ew_bw_sign_##T(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
@@ -111,7 +125,55 @@ EW_BW_DEFINE_GAUSS(double)
     } while (0)
 #define EWB_axpby_backward(T)   O1 = S0 * G; O2 = S1 * G
 
-/* ---- dtypes: storage type, compute type, load and store of one element ---------------------- */
+/* ---- the loop over compute-type elements, one function per ISA ----------------------------
+ * ew_bwr_<op>_<T>(g, a, b, o1, o2, S0, S1, m): elements 0..m-1 of arrays of T; a gradient whose
+ * pointer is NULL (nobody asked for it) is computed and dropped, the branch the same for every
+ * element. */
+#define EW_BW_RANGE_VARIANT(name, inputs, outputs, T, sfx, attr)                             \
+    attr static void ew_bwr_##name##_##T##_##sfx(const T *g, const T *a, const T *b, T *o1, T *o2, \
+                                                 T S0, T S1, int64_t m)                        \
+    {                                                                                        \
+        EW_BW_SIMD                                                                           \
+        for (int64_t i = 0; i < m; i++) {                                                    \
+            const T G = g[i];                                                                \
+            const T A = (inputs) >= 2 ? a[i] : (T)0;                                         \
+            const T B = (inputs) >= 3 ? b[i] : (T)0;                                         \
+            T O1, O2 = (T)0;                                                                 \
+            (void)A; (void)B; (void)S0; (void)S1;                                            \
+            EWB_##name(T);                                                                   \
+            if (o1)                                                                          \
+                o1[i] = O1;                                                                  \
+            if ((outputs) >= 2 && o2)                                                        \
+                o2[i] = O2;                                                                  \
+        }                                                                                    \
+    }
+
+#if EW_X86_DISPATCH
+#define EW_BW_RANGE(name, inputs, outputs, T)                                                \
+    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, base, )                                    \
+    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, avx2, EW_ISA_AVX2)                         \
+    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, avx512, EW_ISA_AVX512)                     \
+    static void ew_bwr_##name##_##T(const T *g, const T *a, const T *b, T *o1, T *o2, T S0, T S1, \
+                                    int64_t m)                                               \
+    {                                                                                        \
+        if (EW_HAVE_AVX512())                                                                \
+            ew_bwr_##name##_##T##_avx512(g, a, b, o1, o2, S0, S1, m);                        \
+        else if (EW_HAVE_AVX2_FMA())                                                         \
+            ew_bwr_##name##_##T##_avx2(g, a, b, o1, o2, S0, S1, m);                          \
+        else                                                                                 \
+            ew_bwr_##name##_##T##_base(g, a, b, o1, o2, S0, S1, m);                          \
+    }
+#else
+#define EW_BW_RANGE(name, inputs, outputs, T)                                                \
+    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, base, )                                    \
+    static void ew_bwr_##name##_##T(const T *g, const T *a, const T *b, T *o1, T *o2, T S0, T S1, \
+                                    int64_t m)                                               \
+    {                                                                                        \
+        ew_bwr_##name##_##T##_base(g, a, b, o1, o2, S0, S1, m);                              \
+    }
+#endif
+
+/* ---- dtypes: storage type, compute type, the block converters (16-bit) ----------------------- */
 #define EW_BW_f32_ST float
 #define EW_BW_f32_CT float
 #define EW_BW_f32_ENUM EW_FLOAT32
@@ -127,62 +189,88 @@ EW_BW_DEFINE_GAUSS(double)
 #define EW_BW_f16_ENUM EW_FLOAT16
 #define EW_BW_f16_LD(x) ew_half_to_float(x)
 #define EW_BW_f16_SV(x) ew_float_to_half(x)
+#define EW_BW_f16_TOF ew_f16_to_f32_block
+#define EW_BW_f16_FROMF ew_f32_to_f16_block
 #define EW_BW_bf16_ST uint16_t
 #define EW_BW_bf16_CT float
 #define EW_BW_bf16_ENUM EW_BFLOAT16
 #define EW_BW_bf16_LD(x) ew_bf16_to_float(x)
 #define EW_BW_bf16_SV(x) ew_float_to_bf16(x)
+#define EW_BW_bf16_TOF ew_bf16_to_f32_block
+#define EW_BW_bf16_FROMF ew_f32_to_bf16_block
 #define EW_BW(dt, what) EW_BW_##dt##_##what
-#define EW_BW_CAT(a, b) EW_BW_CAT_I(a, b)
-#define EW_BW_CAT_I(a, b) a##b
 
-/* One element i. An output whose pointer is NULL (a gradient nobody asked for) is computed and
- * dropped; the branch is the same for every element. */
-#define EW_BW_BODY(name, inputs, outputs, dt, CT)                                            \
-    const CT G = EW_BW(dt, LD)(g[i]);                                                        \
-    const CT A = (inputs) >= 2 ? EW_BW(dt, LD)(a[i]) : (CT)0;                                \
-    const CT B = (inputs) >= 3 ? EW_BW(dt, LD)(b[i]) : (CT)0;                                \
-    CT O1, O2 = (CT)0;                                                                       \
-    (void)A; (void)B; (void)S0; (void)S1;                                                    \
-    EWB_##name(CT);                                                                          \
-    if (o1)                                                                                  \
-        o1[i] = EW_BW(dt, SV)(O1);                                                           \
-    if ((outputs) >= 2 && o2)                                                                \
-        o2[i] = EW_BW(dt, SV)(O2)
+/* the arguments of a launch, checked: 0 to run, else the return value */
+#define EW_BW_ARGS(inputs, st_t, CT)                                                         \
+    const ew_args *args = (const ew_args *)argp;                                             \
+    const int64_t n = args->n;                                                               \
+    const st_t *g = (const st_t *)args->in[0];                                               \
+    const st_t *a = (inputs) >= 2 ? (const st_t *)args->in[1] : NULL;                        \
+    const st_t *b = (inputs) >= 3 ? (const st_t *)args->in[2] : NULL;                        \
+    st_t *o1 = (st_t *)args->out;                                                            \
+    st_t *o2 = (st_t *)args->out2;                                                           \
+    const CT S0 = (CT)args->scalar[0];                                                       \
+    const CT S1 = (CT)args->scalar[1];                                                       \
+    if (n <= 0)                                                                              \
+        return n == 0 ? 0 : EINVAL;                                                          \
+    if (!g || ((inputs) >= 2 && !a) || ((inputs) >= 3 && !b) || (!o1 && !o2))                \
+        return EINVAL;
 
-#define EW_BW_LAUNCHER(name, inputs, outputs, dt)                                            \
+#define EW_BW_AT(p, i) ((p) ? (p) + (i) : NULL)
+#define EW_BW_FN(name, T) EW_BW_FN_I(name, T)   /* ew_bwr_<name>_<T>, T expanded first */
+#define EW_BW_FN_I(name, T) ew_bwr_##name##_##T
+
+/* float32/float64: the loop on the arrays, in blocks of EW_BW_BLOCK on the OpenMP team */
+#define EW_BW_LAUNCHER_DIRECT(name, inputs, outputs, dt)                                     \
     static int ew_cpu_##name##_##dt(const void *argp)                                        \
     {                                                                                        \
-        const ew_args *args = (const ew_args *)argp;                                         \
         typedef EW_BW(dt, ST) st_t;                                                          \
-        const int64_t n = args->n;                                                           \
-        const st_t *g = (const st_t *)args->in[0];                                           \
-        const st_t *a = (const st_t *)args->in[1];                                           \
-        const st_t *b = (const st_t *)args->in[2];                                           \
-        st_t *o1 = (st_t *)args->out;                                                        \
-        st_t *o2 = (st_t *)args->out2;                                                       \
-        const EW_BW(dt, CT) S0 = (EW_BW(dt, CT))args->scalar[0];                             \
-        const EW_BW(dt, CT) S1 = (EW_BW(dt, CT))args->scalar[1];                             \
-        if (n <= 0)                                                                          \
-            return n == 0 ? 0 : EINVAL;                                                      \
-        if (!g || ((inputs) >= 2 && !a) || ((inputs) >= 3 && !b) || (!o1 && !o2))            \
-            return EINVAL;                                                                   \
-        if (n < EW_BW_PAR_MIN) {                                                             \
-            EW_BW_SIMD                                                                       \
-            for (int64_t i = 0; i < n; i++) { EW_BW_BODY(name, inputs, outputs, dt, EW_BW(dt, CT)); } \
-        } else {                                                                             \
-            EW_BW_PARALLEL                                                                   \
-            for (int64_t i = 0; i < n; i++) { EW_BW_BODY(name, inputs, outputs, dt, EW_BW(dt, CT)); } \
+        EW_BW_ARGS(inputs, st_t, st_t)                                                       \
+        const int64_t nb = (n + EW_BW_BLOCK - 1) / EW_BW_BLOCK;                              \
+        EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                                \
+        for (int64_t k = 0; k < nb; k++) {                                                   \
+            const int64_t i0 = k * EW_BW_BLOCK, m = n - i0 < EW_BW_BLOCK ? n - i0 : EW_BW_BLOCK; \
+            EW_BW_FN(name, EW_BW(dt, CT))(g + i0, EW_BW_AT(a, i0), EW_BW_AT(b, i0),           \
+                                          EW_BW_AT(o1, i0), EW_BW_AT(o2, i0), S0, S1, m);    \
+        }                                                                                    \
+        return 0;                                                                            \
+    }
+
+/* float16/bfloat16: float tiles (in, the loop, out), tiles on the OpenMP team. Every input of
+ * a tile is converted before a gradient is written, so a gradient may be written over an input. */
+#define EW_BW_LAUNCHER_TILED(name, inputs, outputs, dt)                                      \
+    static int ew_cpu_##name##_##dt(const void *argp)                                        \
+    {                                                                                        \
+        EW_BW_ARGS(inputs, uint16_t, float)                                                  \
+        const int64_t nt = (n + EW_BW_TILE - 1) / EW_BW_TILE;                                \
+        EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                                \
+        for (int64_t t = 0; t < nt; t++) {                                                   \
+            _Alignas(64) float tg[EW_BW_TILE], ta[EW_BW_TILE], tb[EW_BW_TILE];               \
+            _Alignas(64) float t1[EW_BW_TILE], t2[EW_BW_TILE];                               \
+            const int64_t i0 = t * EW_BW_TILE;                                               \
+            const int m = (int)(n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE);                  \
+            EW_BW(dt, TOF)(g + i0, tg, m);                                                   \
+            if ((inputs) >= 2)                                                               \
+                EW_BW(dt, TOF)(a + i0, ta, m);                                               \
+            if ((inputs) >= 3)                                                               \
+                EW_BW(dt, TOF)(b + i0, tb, m);                                               \
+            ew_bwr_##name##_float(tg, ta, tb, o1 ? t1 : NULL, o2 ? t2 : NULL, S0, S1, m);    \
+            if (o1)                                                                          \
+                EW_BW(dt, FROMF)(t1, o1 + i0, m);                                            \
+            if ((outputs) >= 2 && o2)                                                        \
+                EW_BW(dt, FROMF)(t2, o2 + i0, m);                                            \
         }                                                                                    \
         return 0;                                                                            \
     }
 
 /* the per-op helpers are named by compute type: ew_bw_gelu_float, ew_bw_gelu_double */
 #define EW_GRAD(name, args, inputs, outputs, scalars, def, acc)                              \
-    EW_BW_LAUNCHER(name, inputs, outputs, f32)                                               \
-    EW_BW_LAUNCHER(name, inputs, outputs, f16)                                               \
-    EW_BW_LAUNCHER(name, inputs, outputs, bf16)                                              \
-    EW_BW_LAUNCHER(name, inputs, outputs, f64)
+    EW_BW_RANGE(name, inputs, outputs, float)                                                \
+    EW_BW_RANGE(name, inputs, outputs, double)                                               \
+    EW_BW_LAUNCHER_DIRECT(name, inputs, outputs, f32)                                        \
+    EW_BW_LAUNCHER_TILED(name, inputs, outputs, f16)                                         \
+    EW_BW_LAUNCHER_TILED(name, inputs, outputs, bf16)                                        \
+    EW_BW_LAUNCHER_DIRECT(name, inputs, outputs, f64)
 #include "../grads.def"
 #undef EW_GRAD
 

@@ -20,8 +20,40 @@
 #define EWKERN_CPU_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
 const char *ew_cpu_math_library(void);
+
+/* ISA dispatch (elementwise.c's math ops and 16-bit converters, backward.c's loops): a loop
+ * compiled three times, for AVX-512 (F, DQ, VL, BW), AVX2 + FMA and the build's baseline, and
+ * picked at each call (__builtin_cpu_supports reads a table libgcc fills before constructors
+ * run). EWKERN_CPU_ISA=avx2 or =baseline in the environment (read once, ew_cpu_isa_cap) caps the
+ * pick, so that one machine can run and test every form; the run-time kernels read the same
+ * variable. Build with -DEW_CPU_NO_DISPATCH for the baseline alone (and the portable 16-bit
+ * converters). */
+int ew_cpu_isa_cap(void);   /* 2: any, 1: up to AVX2 (+ FMA, F16C), 0: the baseline */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) \
+    && !defined(EW_CPU_NO_DISPATCH)
+#define EW_X86_DISPATCH 1
+#define EW_ISA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
+#define EW_ISA_AVX2 __attribute__((target("avx2,fma")))
+#define EW_HAVE_AVX512() (ew_cpu_isa_cap() >= 2 && __builtin_cpu_supports("avx512f")                 \
+                          && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") \
+                          && __builtin_cpu_supports("avx512bw"))
+#define EW_HAVE_AVX2_FMA() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx2") \
+                            && __builtin_cpu_supports("fma"))
+#else
+#define EW_X86_DISPATCH 0
+#define EW_HAVE_AVX512() 0
+#define EW_HAVE_AVX2_FMA() 0
+#endif
+
+/* float16/bfloat16 <-> float over a block of m elements, the widest form this CPU has (F16C,
+ * AVX-512 or AVX2 compiled, portable C): the same bits in every form (elementwise.c). */
+void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m);
+void ew_f32_to_f16_block(const float *src, uint16_t *dst, int m);
+void ew_bf16_to_f32_block(const uint16_t *src, float *dst, int m);
+void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m);
 
 #if defined(EW_CPU_LIBMVEC) && EW_CPU_LIBMVEC
 #if !defined(__x86_64__) || !defined(__GNUC__) || !defined(_OPENMP)

@@ -44,13 +44,10 @@
 #include "cpu_math.h"
 #include "half.h"
 
-/* Build with -DEW_CPU_NO_DISPATCH to use only the portable float16/bfloat16 converters. */
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__)) \
-    && !defined(EW_CPU_NO_DISPATCH)
-#define EW_X86_DISPATCH 1
+/* EW_X86_DISPATCH (cpu_math.h): the per-ISA forms below; -DEW_CPU_NO_DISPATCH builds the
+ * baseline and the portable float16/bfloat16 converters only. */
+#if EW_X86_DISPATCH
 #include <immintrin.h>
-#else
-#define EW_X86_DISPATCH 0
 #endif
 
 /* ---- loop shapes ------------------------------------------------------------------------- */
@@ -131,8 +128,8 @@ static void ew_copy_bytes(void *dst, const void *src, int64_t nbytes, int parall
     static inline T ew_sigmoid_##T(T a)                                                      \
     {                                                                                        \
         const T e = EW_M(T, exp)(-EW_M(T, fabs)(a));                                         \
-        const T r = (T)1 / ((T)1 + e);                                                       \
-        return a >= 0 ? r : e * r;                                                           \
+        const T r = (T)1 / ((T)1 + e), er = e * r; /* both arms before the ?: (backward.c) */ \
+        return a >= 0 ? r : er;                                                              \
     }
 EW_DEFINE_SIGMOID(float)
 EW_DEFINE_SIGMOID(double)
@@ -243,17 +240,6 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
  * in every variant (-std=c11 keeps fp-contract off: no FMA is formed from a * b + c), so
  * variants differ only where libmvec's ISA variants do, within the bounds in CPU_NOTES.md.
  * EWV_<op> names the block function of a MATH op (a placeholder for the others, never called). */
-#if EW_X86_DISPATCH
-#define EW_ISA_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")))
-#define EW_ISA_AVX2 __attribute__((target("avx2,fma")))
-#define EW_HAVE_AVX512() (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") \
-                          && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw"))
-#define EW_HAVE_AVX2_FMA() (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-#else
-#define EW_HAVE_AVX512() 0
-#define EW_HAVE_AVX2_FMA() 0
-#endif
-
 #define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
     attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
     {                                                                                        \
@@ -321,14 +307,28 @@ static void ew_math_none_double(const double *a, double *out, int64_t m) { (void
 /* the block function of op name for compute type T */
 #define EWV_FN(name, T) EW_CAT(EWV_##name(name), T)
 
+int ew_cpu_isa_cap(void)
+{
+    static _Atomic int cap = -1;   /* read once; a race only computes the same value twice */
+    int c = atomic_load_explicit(&cap, memory_order_relaxed);
+    if (c < 0) {
+        const char *e = getenv("EWKERN_CPU_ISA");
+        c = e && !strcmp(e, "baseline") ? 0 : e && !strcmp(e, "avx2") ? 1 : 2;
+        atomic_store_explicit(&cap, c, memory_order_relaxed);
+    }
+    return c;
+}
+
 const char *ew_cpu_math_library(void)
 {
 #if EW_CPU_LIBMVEC
     if (EW_HAVE_AVX512())
         return "glibc libmvec, AVX-512 variants (picked at run time on this CPU)";
     if (EW_HAVE_AVX2_FMA())
-        return "glibc libmvec, AVX2 variants (picked at run time on this CPU)";
-    return "glibc libmvec, SSE variants (picked at run time on this CPU)";
+        return ew_cpu_isa_cap() < 2 ? "glibc libmvec, AVX2 variants (EWKERN_CPU_ISA=avx2)"
+                                    : "glibc libmvec, AVX2 variants (picked at run time on this CPU)";
+    return ew_cpu_isa_cap() < 1 ? "glibc libmvec, SSE variants (EWKERN_CPU_ISA=baseline)"
+                                : "glibc libmvec, SSE variants (picked at run time on this CPU)";
 #else
     return "scalar libm (this build has no libmvec: not found, or EWKERN_NO_LIBMVEC=1)";
 #endif
@@ -394,8 +394,8 @@ __attribute__((target("avx,f16c"))) static void ew_f32_to_f16_f16c(const float *
 
 /* __builtin_cpu_supports reads a table libgcc fills before constructors run; "avx" includes
  * the check that the OS saves the YMM registers. */
-#define EW_HAVE_F16C() (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"))
-#define EW_HAVE_AVX2() (__builtin_cpu_supports("avx2"))
+#define EW_HAVE_F16C() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"))
+#define EW_HAVE_AVX2() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx2"))
 #else
 #define EW_HAVE_F16C() 0
 #define EW_HAVE_AVX2() 0
@@ -407,7 +407,7 @@ __attribute__((target("avx,f16c"))) static void ew_f32_to_f16_f16c(const float *
 #define ew_f32_to_bf16_avx512 ew_f32_to_bf16_portable
 #endif
 
-static void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m)
+void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m)
 {
     if (EW_HAVE_F16C())
         ew_f16_to_f32_f16c(src, dst, m);
@@ -415,7 +415,7 @@ static void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m)
         ew_f16_to_f32_portable(src, dst, m);
 }
 
-static void ew_f32_to_f16_block(const float *src, uint16_t *dst, int m)
+void ew_f32_to_f16_block(const float *src, uint16_t *dst, int m)
 {
     if (EW_HAVE_F16C())
         ew_f32_to_f16_f16c(src, dst, m);
@@ -423,7 +423,7 @@ static void ew_f32_to_f16_block(const float *src, uint16_t *dst, int m)
         ew_f32_to_f16_portable(src, dst, m);
 }
 
-static void ew_bf16_to_f32_block(const uint16_t *src, float *dst, int m)
+void ew_bf16_to_f32_block(const uint16_t *src, float *dst, int m)
 {
     if (EW_HAVE_AVX512())
         ew_bf16_to_f32_avx512(src, dst, m);
@@ -433,7 +433,7 @@ static void ew_bf16_to_f32_block(const uint16_t *src, float *dst, int m)
         ew_bf16_to_f32_portable(src, dst, m);
 }
 
-static void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
+void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 {
     if (EW_HAVE_AVX512())
         ew_f32_to_bf16_avx512(src, dst, m);

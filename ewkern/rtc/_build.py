@@ -151,9 +151,11 @@ _cpu_target_info: tuple[list[str], list[str], str] | None = None
 
 def _cpu_isa() -> tuple[list[str], str]:
     """(gcc flags, name) of the widest vector ISA this CPU has (Linux x86_64; else the baseline:
-    no flags); EWKERN_CPU_ISA=baseline keeps the baseline."""
+    no flags); EWKERN_CPU_ISA=baseline keeps the baseline, =avx2 goes no wider than AVX2 + FMA
+    (the built-in CPU kernels read the same variable: cpu_math.h)."""
     base: tuple[list[str], str] = ([], "the baseline ISA")
-    if os.environ.get("EWKERN_CPU_ISA") == "baseline" or not sys.platform.startswith("linux"):
+    cap = os.environ.get("EWKERN_CPU_ISA")
+    if cap == "baseline" or not sys.platform.startswith("linux"):
         return base
     try:
         with open("/proc/cpuinfo") as f:
@@ -161,7 +163,8 @@ def _cpu_isa() -> tuple[list[str], str]:
     except OSError:
         return base
     have = set(line.split(":", 1)[-1].split())
-    flags, name = next(((flags, name) for need, flags, name in _CPU_ISAS if have.issuperset(need)), base)
+    isas = [isa for isa in _CPU_ISAS if cap != "avx2" or "avx512f" not in isa[0]]
+    flags, name = next(((flags, name) for need, flags, name in isas if have.issuperset(need)), base)
     if flags and "f16c" in have:   # float16 tiles widen and round by F16C (the PRELUDE's h2f_n, f2h_n)
         flags, name = flags + ["-mf16c"], name + " + F16C"
     return flags, name
