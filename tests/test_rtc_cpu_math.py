@@ -74,6 +74,11 @@ def test_cpu_target_flags_follow_the_cpu_and_the_switches(monkeypatch):
     monkeypatch.setenv("EWKERN_NO_LIBMVEC", "1")
     base = _build.cpu_target()
     assert base == ([], [], "the baseline ISA")
+    monkeypatch.setenv("EWKERN_CPU_ISA", "avx2")   # no wider than AVX2 + FMA (as the built-in kernels)
+    isa_flags, isa_name = _build._cpu_isa()
+    assert not any(f.startswith("-mavx512") for f in isa_flags) and "AVX-512" not in isa_name
+    if sys.platform.startswith("linux") and os.uname().machine == "x86_64" and " avx2" in cpu and " fma" in cpu:
+        assert "-mavx2" in isa_flags and isa_name.startswith("AVX2 + FMA"), (isa_flags, isa_name)
     monkeypatch.setattr(_build, "_cpu_target_info", None)   # the next call probes again
 
 
