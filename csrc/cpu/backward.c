@@ -10,13 +10,13 @@
  *         it on the arrays, float16/bfloat16 on float tiles of EW_BW_TILE elements converted by
  *         the forward's block converters (the same bits as element by element: round to nearest
  *         even on the way back). On the OpenMP team from EW_BW_PAR_MIN elements, in blocks.
- *         CI host (AMD EPYC, AVX-512, 2 threads), 2^22 elements, before (a scalar libm call per
- *         element, 16-bit converted per element at the baseline ISA): see CPU_NOTES.md.
+ *         Before 2026-11-26 it was one baseline loop calling scalar libm per element: gelu, silu
+ *         and erf gradients 3-23x and every float16 gradient 11-50x slower (CPU_NOTES.md).
  *
- * The arithmetic of each op is written once below (EWB_<op>, for compute type T) and matches
- * the CUDA kernels' (csrc/cuda/elementwise_backward.cu): the same formulas, the same rounding
- * order, so both backends meet grads.def's bounds the same way (libmvec's ISA variants differ
- * in the last bits of exp and erfc, within those bounds, as the forward ops' do).
+ * The arithmetic of each op is written once below (EWB_<op>, for compute type T); the CUDA
+ * kernels (csrc/cuda/elementwise_backward.cu) compute the same functions, some through fits of
+ * their own, and both meet grads.def's bounds (libmvec's ISA variants differ in the last bits of
+ * exp and erfc, within those bounds, as the forward ops' do).
  */
 #include <errno.h>
 #include <math.h>
@@ -51,9 +51,9 @@
 #define EW_BW_INV_SQRT_2PI 0.398942280401432677939946059934381868
 #define EW_BW_2_SQRTPI 1.12837916709551257389615890312154517
 
-/* Every ?: below selects between values computed before it: an arm with float work in it becomes
- * a branch that gcc, under the default -ftrapping-math, will not if-convert, and the loop stays
- * scalar wherever the ISA has no masked vectors (AVX2, SSE); AVX-512's masks hide it.
+/* The ?: below become vector selects because the sources build with -fno-trapping-math
+ * (setup.py): under the default, gcc sinks an arm's float work into a branch it will not
+ * if-convert, and the AVX2 and SSE forms of these loops stayed scalar (AVX-512's masks hid it).
  *
  * e^(-a^2 / 2^k) with a^2 split into p + e exactly (e = fma(a, a, -p)): e^(-(p + e) / 2^k) =
  * e^(-p / 2^k) (1 - e / 2^k) to first order, so the rounding of a^2 (relative 2^-24 of an
