@@ -259,7 +259,9 @@ def test_stated_bounds():
 # ---- rmse_backward ------------------------------------------------------------------------------
 
 RMSE_CASES = [((16, 33), None), ((5, 3, 7), (1, 2)), ((64, 8), (0,)), ((3, 4, 5), (0, 1)), ((7,), None),
-              ((2, 1024 + 3), None), ((1000, 3), (0,))]
+              ((2, 1024 + 3), None), ((1000, 3), (0,)),
+              # past the CPU's pieces of 1024 and its OpenMP threshold, in each kind of row
+              ((300, 2049), None), ((2050, 37), (0,)), ((20, 700, 33), (1,))]
 
 
 @pytest.mark.parametrize("device", device_params())
