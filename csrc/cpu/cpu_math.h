@@ -1,6 +1,7 @@
 /*
  * cpu_math.h: which vector math library the CPU kernels call, for the kernels and for
- * ewkern.build_info().
+ * ewkern.build_info(); which ISA form of a loop runs (the dispatch below); the 16-bit block
+ * converters that elementwise.c defines and backward.c shares.
  *
  *     const char *ew_cpu_math_library(void)
  *         "glibc libmvec, <ISA> variants" when the build links libmvec (setup.py defines

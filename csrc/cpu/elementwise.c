@@ -394,7 +394,8 @@ __attribute__((target("avx,f16c"))) static void ew_f32_to_f16_f16c(const float *
 
 /* __builtin_cpu_supports reads a table libgcc fills before constructors run; "avx" includes
  * the check that the OS saves the YMM registers. */
-#define EW_HAVE_F16C() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"))
+#define EW_HAVE_F16C() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx") \
+                        && __builtin_cpu_supports("f16c"))
 #define EW_HAVE_AVX2() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx2"))
 #else
 #define EW_HAVE_F16C() 0
