@@ -85,6 +85,9 @@ def _check_same_launch(first, second, moved):
 def test_elementwise_plan_launch_is_the_full_paths(fake, pdl):
     saved = ewkern.pdl_enabled()
     ewkern.set_pdl(pdl)
+    if ewkern.pdl_enabled() != pdl:   # a build without CUDA keeps PDL off
+        ewkern.set_pdl(saved)
+        pytest.skip("PDL cannot be switched on in this build (no CUDA)")
     try:
         k = ewkern.ElementwiseKernel("T x, T y, float32 s", "T z", "z = x * s + y", "fake_fma")
         for n, start in ((100003, 0), (1 << 20, 4), (7, 0)):
