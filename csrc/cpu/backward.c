@@ -25,7 +25,6 @@
 
 #include "../ewkern_kernels.h"
 #include "cpu_math.h"
-#include "half.h"
 
 #define EW_BW_PAR_MIN ((int64_t)1 << 14)
 /* elements per OpenMP block (float32/float64) and per float tile (float16/bfloat16: five float
@@ -174,29 +173,25 @@ EW_BW_DEFINE_GAUSS(double)
     }
 #endif
 
-/* ---- dtypes: storage type, compute type, the block converters (16-bit) ----------------------- */
+/* ---- dtypes: storage type, compute type, float tiles or not, the block converters (16-bit) ------ */
 #define EW_BW_f32_ST float
 #define EW_BW_f32_CT float
 #define EW_BW_f32_ENUM EW_FLOAT32
-#define EW_BW_f32_LD(x) (x)
-#define EW_BW_f32_SV(x) (x)
+#define EW_BW_f32_TILED 0
 #define EW_BW_f64_ST double
 #define EW_BW_f64_CT double
 #define EW_BW_f64_ENUM EW_FLOAT64
-#define EW_BW_f64_LD(x) (x)
-#define EW_BW_f64_SV(x) (x)
+#define EW_BW_f64_TILED 0
 #define EW_BW_f16_ST uint16_t
 #define EW_BW_f16_CT float
 #define EW_BW_f16_ENUM EW_FLOAT16
-#define EW_BW_f16_LD(x) ew_half_to_float(x)
-#define EW_BW_f16_SV(x) ew_float_to_half(x)
+#define EW_BW_f16_TILED 1
 #define EW_BW_f16_TOF ew_f16_to_f32_block
 #define EW_BW_f16_FROMF ew_f32_to_f16_block
 #define EW_BW_bf16_ST uint16_t
 #define EW_BW_bf16_CT float
 #define EW_BW_bf16_ENUM EW_BFLOAT16
-#define EW_BW_bf16_LD(x) ew_bf16_to_float(x)
-#define EW_BW_bf16_SV(x) ew_float_to_bf16(x)
+#define EW_BW_bf16_TILED 1
 #define EW_BW_bf16_TOF ew_bf16_to_f32_block
 #define EW_BW_bf16_FROMF ew_f32_to_bf16_block
 #define EW_BW(dt, what) EW_BW_##dt##_##what
@@ -283,10 +278,6 @@ EW_BW_DEFINE_GAUSS(double)
  * float16/bfloat16 pieces go through float tiles (the block converters: the same bits as element
  * by element). Before 2026-11-26 one loop formed s per element and converted per element at the
  * baseline: float16 [256, 2048] 3.87 ms, 12x the forward's time (CPU_NOTES.md). */
-#define EW_BW_f32_TILED 0
-#define EW_BW_f64_TILED 0
-#define EW_BW_f16_TILED 1
-#define EW_BW_bf16_TILED 1
 #define EW_BW_RMSE_LAUNCHER(dt)                                                              \
     static int ew_cpu_rmse_backward_##dt(const void *argp)                                   \
     {                                                                                        \
