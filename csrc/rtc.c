@@ -21,6 +21,9 @@
  *                                     the generated kernel's argument struct).
  *   _rtc_occupancy(kernel, block, device)
  *                                     resident blocks per SM of a loaded kernel.
+ *   _rtc_attrs(kernel, device)        (registers a thread, local memory bytes a thread) of a loaded
+ *                                     kernel (cudaFuncGetAttributes): local bytes are spills (the
+ *                                     generated kernels keep no local arrays).
  *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl)
  *                                     (vectors per thread, grid, prefetch) by the default path's
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
@@ -558,6 +561,26 @@ PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
     return PyLong_FromLong(nb);
 }
 
+PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
+{
+    unsigned long long kernel;
+    int device;
+    if (!PyArg_ParseTuple(args, "Ki:_rtc_attrs", &kernel, &device))
+        return NULL;
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    const ew_device dev = {EW_CUDA, device};
+    if (ew_device_enter(&g, dev) < 0)
+        return NULL;
+    ew_func_attrs fa;
+    const int err = ewcuda_func_attrs((const void *)(uintptr_t)kernel, &fa);
+    ew_device_exit(&g);
+    if (err != 0) {
+        ew_raise_cuda(err, "a run-time kernel's attributes");
+        return NULL;
+    }
+    return Py_BuildValue("(in)", fa.num_regs, (Py_ssize_t)fa.local_size_bytes);
+}
+
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4;
@@ -588,6 +611,10 @@ PyObject *ew_rtc_launch(PyObject *module, PyObject *args)
     return ew_rtc_load(module, args);
 }
 PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
 }

@@ -20,6 +20,7 @@ PyObject *ew_rtc_result(PyObject *module, PyObject *args);
 PyObject *ew_rtc_load(PyObject *module, PyObject *args);
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
 PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args);
+PyObject *ew_rtc_attrs(PyObject *module, PyObject *args);
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
@@ -44,6 +45,8 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."}, \
     {"_rtc_occupancy", (PyCFunction)ew_rtc_occupancy, METH_VARARGS, \
      "_rtc_occupancy(kernel, block, device, /)\n--\n\nResident blocks per SM of a loaded kernel at block threads."}, \
+    {"_rtc_attrs", (PyCFunction)ew_rtc_attrs, METH_VARARGS, \
+     "_rtc_attrs(kernel, device, /)\n--\n\n(registers a thread, local memory bytes a thread) of a loaded kernel."}, \
     {"_rtc_plan", (PyCFunction)ew_rtc_plan, METH_VARARGS, \
      "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, /)\n--\n\n(vectors per thread, grid, " \
      "prefetch) of a run-time vector kernel by the default path's launch rule."},

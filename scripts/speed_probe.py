@@ -26,7 +26,8 @@
     python scripts/speed_probe.py rows SIZE[,SIZE...] DTYPE[,DTYPE...] VARIANT[,VARIANT...]
         the mean of (a - b)^2 over rows of 4096 (the `fused` experiment's mse_rows) as an
         ewkern.ReductionKernel built from source variants of the rows engine (_rows_source_variants:
-        base; lbN: __launch_bounds__(256, N); bulk: one cp.async.bulk.prefetch.L2 of each input's
+        base (as the host builds it); lbN: __launch_bounds__(256, N), lb0 none; bulk: one
+        cp.async.bulk.prefetch.L2 of each input's
         row by lane 0 before the loads), against torch.compile and CuPy's ReductionKernel of the
         same source, both timing methods. SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
@@ -200,7 +201,9 @@ def _rows_source_variants():
     rows of 4096, G = 128 read at run time: 32 registers, 4 of the 8 loads before the first
     conversion), although the PTX has all 8 loads first; __launch_bounds__(256, 4) keeps all 8 ahead
     (54 registers, 4 blocks of 256 an SM), (256, 5) 6 (48), (256, 6) 4 (40). bulk asks the TMA unit
-    for each input's row instead (no registers)."""
+    for each input's row instead (no registers). Measured on both GPUs (2026-11-26): lb4 won, bulk
+    lost; the host now builds the rows entry with (256, 4) where that does not spill, so base is
+    lb4 there and lb0 is the form before."""
     from ewkern.rtc import _codegen
     base = _codegen.reduction_rows_source
 
@@ -209,9 +212,10 @@ def _rows_source_variants():
         variant = name.split("_")[-1]
         text = str(src)
         m = re.match(r"lb(\d)$", variant)
-        if m:
-            text = text.replace(f"__launch_bounds__({_codegen.ROWS_BLOCK}) ewrtc_{name}_rows",
-                                f"__launch_bounds__({_codegen.ROWS_BLOCK}, {m.group(1)}) ewrtc_{name}_rows", 1)
+        if m:   # lb0: no minimum (the rows entry before the host asked for 4 blocks)
+            bound = f"{_codegen.ROWS_BLOCK}, {m.group(1)}" if m.group(1) != "0" else f"{_codegen.ROWS_BLOCK}"
+            text = re.sub(rf"__launch_bounds__\({_codegen.ROWS_BLOCK}(, \d+)?\) ewrtc_{name}_rows",
+                          f"__launch_bounds__({bound}) ewrtc_{name}_rows", text, count=1)
         elif variant == "bulk":
             arrays = [p.name for p, _, kind, _ in in_layout.args if kind == "array"]
             pf = "".join(f'        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(_u_{x}), '
@@ -220,7 +224,7 @@ def _rows_source_variants():
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
         elif variant != "base":
-            raise ValueError(f"rows variant {variant!r}: base, lb4, lb5, lb6 or bulk")
+            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6 or bulk")
         return text, entries
     _codegen.reduction_rows_source = wrapped
 

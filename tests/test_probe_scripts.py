@@ -23,19 +23,22 @@ def rows_variants(monkeypatch):
     return _codegen.reduction_rows_source
 
 
-def _mse_rows(gen, variant, dtype="float16"):
+def _mse_rows(gen, variant, dtype="float16", blocks=0):
     lay = _layout("contig", 1, [("T a", dtype, "array", 0), ("T b", dtype, "array", 0)])
     out = _layout("strided", 1, [("T y_out", dtype, "array", 0)])
     return gen("probe_mse_" + variant, lay, out, 8, "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
-               "y_out = a", "0", "float", "", _codegen.typedefs((("T", dtype),), [], [], [], []), False, True)
+               "y_out = a", "0", "float", "", _codegen.typedefs((("T", dtype),), [], [], [], []), False, True,
+               blocks)
 
 
 def test_rows_variants_change_the_rows_entry_only(rows_variants):
     base, entries = _mse_rows(rows_variants, "base")
     lb4, _ = _mse_rows(rows_variants, "lb4")
+    lb0, _ = _mse_rows(rows_variants, "lb0", blocks=4)
     bulk, _ = _mse_rows(rows_variants, "bulk")
     assert "__launch_bounds__(256) ewrtc_probe_mse_base_rows" in base
     assert "__launch_bounds__(256, 4) ewrtc_probe_mse_lb4_rows" in lb4
+    assert "__launch_bounds__(256) ewrtc_probe_mse_lb0_rows" in lb0      # the host's bound taken off
     assert "__launch_bounds__(256) ewrtc_probe_mse_lb4_comb" in lb4        # the combine entry as it was
     assert "cp.async.bulk.prefetch" not in base
     assert bulk.count("cp.async.bulk.prefetch.L2.global") == 2             # one per input array

@@ -679,23 +679,32 @@ def test_rows_engine_forms_fit_their_occupancy(dtype, tmp_path):
     inputs: every form holds at least 5 blocks of 256 an SM (at 4, 64 registers with 64-bit
     divisions for the group and chunk, Nsight Compute put the single-launch gap to torch.compile
     on that occupancy), and the aligned short form (one chunk a row, no head or tail, 32-bit
-    vector indices) at least 6; without spills in any."""
+    vector indices) at least 6; without spills in any. Built with __launch_bounds__(256, 4) (what
+    the host asks for first, and keeps where the entry has no local memory), the aligned forms keep
+    every load of the 4-vector step ahead of the math in more registers, still without spills."""
     _nvrtc()
     E = 4 if dtype == "float32" else 8
     lay = _layout("contig", 1, [("T a", dtype, "array", 0), ("T b", dtype, "array", 0)])
     out = _layout("strided", 1, [("T y_out", dtype, "array", 0)])
-    blocks = {}
+    blocks, regs = {}, {}
     for full in (False, True):
         for aligned in (False, True):
-            src, entries = _codegen.reduction_rows_source("msew", lay, out, E,
-                                                          "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
-                                                          "y_out = a", "0", "float", "",
-                                                          _codegen.typedefs((("T", dtype),), [], [], [], []), full,
-                                                          aligned)
-            assert ("const int _G = 256," in src) == full and ("_task / PP.nchunks" in src) == (not aligned)
-            ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
-            blocks[full, aligned] = blocks_per_sm(ptxas_registers(ptx, tmp_path)[entries[0]], _codegen.ROWS_BLOCK)
+            for bound in ((0, 4) if aligned else (0,)):
+                src, entries = _codegen.reduction_rows_source("msew", lay, out, E,
+                                                              "((float)a - (float)b) * ((float)a - (float)b)",
+                                                              "a + b", "y_out = a", "0", "float", "",
+                                                              _codegen.typedefs((("T", dtype),), [], [], [], []),
+                                                              full, aligned, bound)
+                assert ("const int _G = 256," in src) == full and ("_task / PP.nchunks" in src) == (not aligned)
+                assert (f"__launch_bounds__(256, {bound}) ewrtc_msew_rows" in src) == (bound > 0)
+                assert "__launch_bounds__(256) ewrtc_msew_comb" in src
+                ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
+                regs[full, aligned, bound] = ptxas_registers(ptx, tmp_path)[entries[0]]
+                if not bound:
+                    blocks[full, aligned] = blocks_per_sm(regs[full, aligned, bound], _codegen.ROWS_BLOCK)
     assert min(blocks.values()) >= 5 and blocks[False, True] >= 6 and blocks[True, True] >= 6, blocks
+    for full in (False, True):   # the bound lets ptxas keep more in flight: more registers, 4 blocks
+        assert regs[full, True, 0] < regs[full, True, 4] <= 64, regs
 
 
 def test_broadcast_layout_kinds():
@@ -888,6 +897,28 @@ def test_gpu_reduction_rows_engine(dtype, rows, cols, start):
         return
     # a user's (a - b)^2 -> sum -> sqrt(r / n) is rmse
     torch.testing.assert_close(r, ewkern.rmse(x, b, axis=1).float(), rtol=1e-5, atol=1e-7)
+
+
+heavy_rows = ewkern.ReductionKernel("T a, T b, T c", "T y", "erf(a) * exp(b) * tanh(c)", "a + b", "y = a", "0",
+                                    "heavy_rows")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_reduction_rows_launch_bound_where_it_does_not_spill():
+    """The rows entry is built with __launch_bounds__(256, 4) where ptxas fits it without local
+    memory (two-input mse, the aligned short form: 54 registers for sm_90), and without the bound
+    where that would spill (three float64 inputs through erf, exp and tanh: over 300 bytes of
+    spill stores at 64 registers): both give the float64 reference's result."""
+    a, b = (torch.randn(64, 4096, dtype=torch.float16, device="cuda") for _ in range(2))
+    r = mse_rows(a, b, axis=1)
+    assert " blocks=4 " in mse_rows._last_path + " ", mse_rows._last_path
+    torch.testing.assert_close(r.double(), ((a.double() - b.double()) ** 2).mean(1).sqrt(), rtol=1e-5, atol=1e-6)
+    x, y, z = (torch.rand(32, 1024, dtype=torch.float64, device="cuda") for _ in range(3))
+    h = heavy_rows(x, y, z, axis=1)
+    assert " blocks=0" in heavy_rows._last_path, heavy_rows._last_path
+    torch.testing.assert_close(h, (torch.erf(x) * torch.exp(y) * torch.tanh(z)).sum(1), rtol=1e-12, atol=0)
 
 
 @gpu

@@ -26,6 +26,7 @@ class FakeC:
 
     def __init__(self):
         self.launches, self.plans, self.next_ptr = [], 0, 1 << 32
+        self.images, self.bounded_local = {}, 0   # handle -> image; local bytes of a bounded build
 
     def _rtc_views(self, objs, names):
         return tuple((o.ptr, o.dtype, "cuda:0", o.shape, False) for o in objs), 77
@@ -35,7 +36,12 @@ class FakeC:
         return FakeArray(self.next_ptr, dt, shape)
 
     def _rtc_load(self, image, entry, dev):
-        return hash(entry) & 0xFFFFFFF
+        h = hash((entry, image)) & 0xFFFFFFF
+        self.images[h] = image
+        return h
+
+    def _rtc_attrs(self, h, dev):
+        return 64, (self.bounded_local if b"bounded" in self.images[h] else 0)
 
     def _rtc_occupancy(self, h, block, dev):
         return max(1, 2048 // block)   # lanes an SM, as registers would allow
@@ -62,7 +68,9 @@ def fake(monkeypatch):
     monkeypatch.setattr(_kernel, "_C", lambda: c)
     monkeypatch.setattr(_rowkernel, "_C", lambda: c)
     monkeypatch.setitem(_kernel._dev_facts, "cuda:0", ((9, 0), 132))
-    monkeypatch.setattr(_build, "compile_cuda", lambda *a, **k: (b"image", "cubin", {}))
+    # the image says whether its source asked __launch_bounds__ for a minimum of blocks
+    monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
+        b"image" + (b" bounded" if re.search(r"__launch_bounds__\(\d+, \d+\)", str(src)) else b""), "cubin", {}))
     return c
 
 
@@ -126,6 +134,18 @@ def test_row_and_reduction_plan_launches_are_the_full_paths(fake):
             moved = {struct.unpack_from("<Q", second[3], o)[0] - struct.unpack_from("<Q", full[3], o)[0]
                      for o in _ptr_offsets(full[3], second[3])}
             assert 1 << 28 in moved and moved <= {1 << 28, r2.ptr - r1.ptr}
+
+
+@pytest.mark.parametrize("local", [0, 48])
+def test_reduction_rows_entry_bound_kept_unless_it_spills(fake, local):
+    """The rows entry is built first with __launch_bounds__(256, 4); where the loaded kernel has
+    local memory (ptxas spilled under the bound) it is built again without, and that one runs."""
+    fake.bounded_local = local
+    msq = ewkern.ReductionKernel("T x", "float32 y", "x * x", "a + b", "y = a", "0", f"fake_bound{local}")
+    msq(FakeArray(1 << 36, "bfloat16", (64, 4096)), axis=1)
+    assert f" blocks={4 if not local else 0}" in msq._last_path, msq._last_path
+    launched = fake.images[fake.launches[-1][0]]
+    assert (b"bounded" in launched) == (not local)
 
 
 def kern_args_rms(b):

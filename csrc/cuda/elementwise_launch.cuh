@@ -67,7 +67,7 @@ static OpArgs<T> op_args(const ew_args *a)
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64
  * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
  * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
- * 16-bit math (heavy16 == 2): 1 at any size.
+ * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
@@ -139,9 +139,12 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         else
             vpt = nvec > 2 * wave1 ? 4 : 1;
     } else if (fill) {
-        /* write-only: past one wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
-         * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way */
-        vpt = nvec > wave1 ? 2 : 1;
+        /* write-only: past half a wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
+         * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way.
+         * At 4 MiB (0.97 waves) single launch, ewkern / torch with 1 -> 2 (b5c9590): H200 float64
+         * 0.905 -> 0.984 (back-to-back 1.29 -> 1.35); H100 float64 1.02 -> 1.00, float32 0.98 -> 0.99
+         * (back-to-back 1.29 -> 1.31-1.32). 1 MiB and 2 MiB (0.24, 0.48 waves) keep 1. */
+        vpt = 2 * nvec > wave1 ? 2 : 1;
     } else if (heavy16) {
         /* 8 transcendental evaluations per vector: more threads beat more loads in flight up to
          * tens of waves (log float16 at 16 MiB: 2590 GB/s with 1, 2396 with 4); 2 per thread past 32.

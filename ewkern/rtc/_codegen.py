@@ -618,7 +618,8 @@ def group_combine(src: Source, acc: str, sh: str, combine) -> None:
 
 def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: int, map_expr: str, reduce_expr: str,
                           post_map_expr: str, identity: str, reduce_ctype: str, preamble: str,
-                          tdefs: str, full: bool = False, aligned: bool = False) -> tuple[str, list[str]]:
+                          tdefs: str, full: bool = False, aligned: bool = False,
+                          min_blocks: int = 0) -> tuple[str, list[str]]:
     """(source, [rows entry, combine entry]) of a CUDA reduction whose inputs are C-contiguous with
     the reduced axes last: output o reduces the R elements from o * R of every input (in_layout
     'contig': pointers and scalars). The two-step engine of rmse's default path, for any map and
@@ -640,7 +641,9 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                the short form: no chunk or head arithmetic, no head or tail loops, vector indices
                in 32 bits. Its first load comes after a few dozen instructions instead of about
                200 (64-bit division and alignment arithmetic), which a single launch with cold
-               caches pays in full.
+               caches pays in full. min_blocks > 0: the rows entry's __launch_bounds__ asks for
+               that many resident blocks of 256 (the host takes 4 where it costs no spill: see
+               ReductionKernel's rows path).
       combine  one group per output folds its chunks' partials (lanes over chunks, then the
                same combination) and applies post_map.
 
@@ -688,10 +691,12 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     def post(src):
         _post_map(src, "    ", name, out_layout, post_map_expr, "_acc", "_o")
 
-    def header(src, entry, g=None):
+    def header(src, entry, g=None, blocks=0):
         """g: the lanes per group fixed at compile time (None: PP.G at run time, a power of two:
-        groups are counted by shifts, not divisions)"""
-        src.add(f'extern "C" __global__ void __launch_bounds__({ROWS_BLOCK}) {entry}(const ewrtc_params PP)')
+        groups are counted by shifts, not divisions); blocks: __launch_bounds__'s minimum resident
+        blocks (0: none)"""
+        bounds = f"{ROWS_BLOCK}, {blocks}" if blocks else f"{ROWS_BLOCK}"
+        src.add(f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}(const ewrtc_params PP)')
         src.add("{")
         src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
         src.add("    const int _gs = __ffs(_G) - 1;   /* log2 G */")
@@ -732,7 +737,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add("        }")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
-    header(src, rows, ROWS_BLOCK if full else None)
+    header(src, rows, ROWS_BLOCK if full else None, min_blocks)
     if aligned:
         src.add("    const long long _o = _task;")
         src.add("    const bool _live = _o < PP.nout;")

@@ -1113,16 +1113,28 @@ class ReductionKernel:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
                      "post_map_expr": self.post_map_expr, "preamble": self.preamble}
-            src, entries = _codegen.reduction_rows_source(name, in_layout, out_layout, E, self.map_expr,
-                                                          self.reduce_expr, self.post_map_expr, str(self.identity),
-                                                          rtype, self.preamble, tdefs, full, aligned)
-            image, _, _ = _build.compile_cuda(name, src, _device_facts(call.device)[0], parts=parts,
-                                              options=self.options)
             dev = int(call.device.split(":")[1])
-            hs = tuple(_C()._rtc_load(image, e, dev) for e in entries)
+            # The rows entry asks ptxas for 4 resident blocks of 256 (64 registers a thread at most):
+            # without that bound it fitted 16-bit (a - b)^2 into 32 registers by issuing only 4 of
+            # the 4-vector step's 8 loads before the first conversion; with it all 8 go first (54
+            # registers). mse over rows of 4096 (scripts/speed_probe.py rows, ewkern / torch.compile
+            # without -> with): H200 16 MiB float16 back-to-back 0.97 -> 1.07, single launch 0.89 ->
+            # 0.96; H100 0.99 -> 1.10 and 0.95 -> 0.96; float32 and 256 MiB alike or better. Where
+            # the bound makes ptxas spill (local memory: 3+ inputs, libm-class or float64 maps) the
+            # entry is built without it.
+            for blocks in (4, 0):
+                src, entries = _codegen.reduction_rows_source(name, in_layout, out_layout, E, self.map_expr,
+                                                              self.reduce_expr, self.post_map_expr,
+                                                              str(self.identity), rtype, self.preamble, tdefs, full,
+                                                              aligned, blocks)
+                image, _, _ = _build.compile_cuda(name, src, _device_facts(call.device)[0], parts=parts,
+                                                  options=self.options)
+                hs = tuple(_C()._rtc_load(image, e, dev) for e in entries)
+                if blocks == 0 or _C()._rtc_attrs(hs[0], dev)[1] == 0:
+                    break
             wave = sms * _C()._rtc_occupancy(hs[0], _codegen.ROWS_BLOCK, dev)
-            kern = self._compiled[key] = (hs, wave)
-        (h_rows, h_comb), wave = kern
+            kern = self._compiled[key] = (hs, wave, blocks)
+        (h_rows, h_comb), wave, blocks = kern
         from .. import pdl_enabled
         pdl = pdl_enabled()
         Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
@@ -1147,7 +1159,7 @@ class ReductionKernel:
         del keep   # the partials' memory goes back to its allocator in stream order
         if nchunks == 1:
             plan(P, in_layout, out_layout, run)
-        self._last_path = f"rows G={G} chunks={nchunks} E={E}{' aligned' if aligned else ''}"
+        self._last_path = f"rows G={G} chunks={nchunks} E={E} blocks={blocks}{' aligned' if aligned else ''}"
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
