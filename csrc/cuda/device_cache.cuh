@@ -49,6 +49,30 @@ static inline DeviceShape device_shape(int dev)
     return DeviceShape{s, t};
 }
 
+static std::atomic<int> g_sm_gbs[kMaxCachedDevices];
+
+/* The device memory's peak bandwidth per SM in GB/s by the formula (2 x memory clock x bus width
+ * / SMs: H100 SXM 25, H200 37), or 0 where the device does not say. */
+static inline int sm_bandwidth_gbs(int dev)
+{
+    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
+    if (cached) {
+        const int v = g_sm_gbs[dev].load(std::memory_order_relaxed);
+        if (v != 0)
+            return v > 0 ? v : 0;
+    }
+    int khz = 0, bits = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess) {
+        cudaGetLastError();
+        khz = bits = 0;
+    }
+    const int v = int(2.0 * khz * 1e3 * (bits / 8.0) / device_shape(dev).sms / 1e9);
+    if (cached)
+        g_sm_gbs[dev].store(v > 0 ? v : -1, std::memory_order_relaxed);
+    return v > 0 ? v : 0;
+}
+
 /* Resident blocks per SM of kernel k at `block` threads on device dev (occupancy API; 1 when it
  * fails). slots is the calling launcher's own cache, one word per device holding block << 8 |
  * blocks, so a block size other than the cached one asks again. */

@@ -64,7 +64,8 @@ static OpArgs<T> op_args(const ew_args *a)
  * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
- * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves; in float64
+ * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
+ * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
  * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
  * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
@@ -104,13 +105,28 @@ struct AutoPlan {
     int prefetch;
 };
 
+/* The waves past which ewkern's heavy 16-bit ops (heavy16 == 1) take 2 vectors a thread: 6 where
+ * the device's memory moves at least 30 GB/s an SM by the formula (the H200: 37), else 32 (the
+ * H100: 25). More bytes a second per SM need more bytes in flight per SM, and a thread busy with 8
+ * evaluations of libm-class math keeps only its one vector in flight. EWKERN_AUTO_VPT=2 against
+ * 1 at 32-128 MiB (7.8-31 waves), ewkern / torch back-to-back and single launch (b7171f1, 02551d4):
+ * H200 silu 0.96-1.00 -> 1.00-1.06, erf 0.98-1.04 -> 1.04-1.11, sigmoid and gelu 1-5% up, in every
+ * cell; H100 within 0.03 either way (silu 64 MiB single 1.00 -> 0.98, erf single 1.00 -> 1.03-1.05),
+ * and at 16 MiB (3.9 waves) single launch 0.93-0.97 against 0.99-1.02 with 1. The backward kernels
+ * keep 32 (not measured). */
+static int64_t heavy16_waves(int dev)
+{
+    return sm_bandwidth_gbs(dev) >= 30 ? 6 : 32;
+}
+
 /* nvec 16-byte vectors and nedge head/tail elements; wave1: the threads of one wave of the 1-vector
  * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
  * fill: a write-only op; heavy16: libm-class math on 16-bit elements (1: ewkern's ops, 2: a run-time
- * kernel's); heavy64: Heavy64's class of float64 math. */
+ * kernel's); heavy64: Heavy64's class of float64 math; heavy16_from: the waves past which heavy16 ==
+ * 1 takes 2 vectors a thread (heavy16_waves). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          int heavy16, Wave4 wave4, int heavy64 = 0)
+                          int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32)
 {
     int vpt = 1;
     if (!i32) {
@@ -152,7 +168,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * registers: on the H200 at 256 MiB (62 waves), 1 / 2 / 4 per thread against the better of
          * torch.compile and CuPy, back-to-back: a * sigmoid(b) bfloat16 1.01 / 0.84 / 0.64, float16
          * 1.01 / 0.99 / 0.99; gelu(a) * b bfloat16 1.05 / 0.98 / 1.04, float16 1.06 / 1.12 / 1.14 */
-        vpt = heavy16 == 1 && nvec > 32 * wave1 ? 2 : 1;
+        vpt = heavy16 == 1 && nvec > heavy16_from * wave1 ? 2 : 1;
     } else if (nvec > wave1 && nvec <= 2 * wave1) {
         vpt = 2;
     } else if (nvec > 2 * wave1 && nvec <= 4 * wave1) {

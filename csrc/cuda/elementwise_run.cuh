@@ -104,7 +104,7 @@ static int run_fast(const ew_args *a)
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0);
+    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16_waves(dev));
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
