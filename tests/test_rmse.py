@@ -34,7 +34,10 @@ def layouts(rng):
     """(shape, axis) pairs: contiguous batches (trailing axes reduced) and batch-last."""
     return [((5, 1000), None), ((3, 7, 33), None), ((1, 1), None), ((9, 1), None), ((17, 4097), -1),
             ((2, 3, 5, 7), (2, 3)), ((1000, 5), 0), ((33, 7, 3), (0, 1)), ((4097, 3), 0), ((6,), None),
-            ((int(rng.integers(1, 50)), int(rng.integers(1, 3000))), None)]
+            ((int(rng.integers(1, 50)), int(rng.integers(1, 3000))), None),
+            # rows cut into chunks (the CPU's 2^16-element units, float16's 256-element tiles with a
+            # tail), and batch-last rows wider than one 256-column unit
+            ((2, 70001), -1), ((37, 300), 0)]
 
 
 @pytest.mark.parametrize("device", device_params())
