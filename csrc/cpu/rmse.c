@@ -79,9 +79,8 @@ RM_DEFINE(bf16, uint16_t, RM_LD_BF16)
  * the loops take tiles of RM_TILE elements through the block converter (F16C where the CPU has
  * it, elementwise.c) and then run the float loop over the tiles. The columns loop adds each
  * column's rows in the same order as before (the same bits); the rows loop's vectorised sum runs a
- * tile at a time (a fixed order for a build, as before). CI host (AMD EPYC), 2 threads, best of 15
- * in three runs, us: [256, 2048] over axis 1 314 -> 156-196, [2048, 256] over axis 0 375 ->
- * 176-221, 2^22 elements 3207 -> 859-1461 (bfloat16: 118-141, 139-148, 996-1088). */
+ * tile at a time (a fixed order for a build, as before). CI host (AMD EPYC), 2 threads, us:
+ * [256, 2048] over axis 1 314 -> 156-196, 2^22 elements 3207 -> 859-1461 (CPU_NOTES.md). */
 #define RM_TILE 256
 static double rm_rows_f16(const void *a_, const void *b_, int64_t off, int64_t len)
 {
