@@ -24,6 +24,9 @@
  *   _rtc_attrs(kernel, device)        (registers a thread, local memory bytes a thread) of a loaded
  *                                     kernel (cudaFuncGetAttributes): local bytes are spills (the
  *                                     generated kernels keep no local arrays).
+ *   _auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from)
+ *                                     the same rule with every input given (ewcuda_auto_plan_rule):
+ *                                     what the tests check the built-in ops' launches against.
  *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl)
  *                                     (vectors per thread, grid, prefetch) by the default path's
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
@@ -599,6 +602,28 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
                      &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
+
+PyObject *ew_auto_plan(PyObject *module, PyObject *args)
+{
+    long long nvec, nedge, wave1, wave4, heavy16_from;
+    int block, i32, pdl, fill, heavy16, heavy64;
+    if (!PyArg_ParseTuple(args, "LLiLLpppiiL:_auto_plan", &nvec, &nedge, &block, &wave1, &wave4, &i32, &pdl, &fill,
+                          &heavy16, &heavy64, &heavy16_from))
+        return NULL;
+    if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1 ||
+        heavy16 < 0 || heavy16 > 2 || heavy64 < 0 || heavy64 > 4 || heavy16_from < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "_auto_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld, heavy16 %d, heavy64 %d, "
+                     "heavy16_from %lld out of range",
+                     nvec, nedge, block, wave1, wave4, heavy16, heavy64, heavy16_from);
+        return NULL;
+    }
+    int vpt, prefetch;
+    long long grid;
+    ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, &vpt,
+                          &grid, &prefetch);
+    return Py_BuildValue("(iLi)", vpt, grid, prefetch);
+}
 #else
 PyObject *ew_rtc_load(PyObject *module, PyObject *args)
 {
@@ -619,6 +644,10 @@ PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
     return ew_rtc_load(module, args);
 }
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_auto_plan(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
 }

@@ -22,6 +22,7 @@ PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
 PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args);
 PyObject *ew_rtc_attrs(PyObject *module, PyObject *args);
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
+PyObject *ew_auto_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
@@ -49,6 +50,10 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      "_rtc_attrs(kernel, device, /)\n--\n\n(registers a thread, local memory bytes a thread) of a loaded kernel."}, \
     {"_rtc_plan", (PyCFunction)ew_rtc_plan, METH_VARARGS, \
      "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, /)\n--\n\n(vectors per thread, grid, " \
-     "prefetch) of a run-time vector kernel by the default path's launch rule."},
+     "prefetch) of a run-time vector kernel by the default path's launch rule."}, \
+    {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
+     "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, /)\n--\n\n" \
+     "(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \
+     "(the built-in ops' launchers ask it with the device's waves): for tests."},
 
 #endif /* EWKERN_RTC_H */

@@ -140,6 +140,17 @@ extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, lon
     *prefetch = plan.prefetch;
 }
 
+extern "C" void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4,
+                                      int i32, int pdl, int fill, int heavy16, int heavy64, long long heavy16_from,
+                                      int *vpt, long long *grid, int *prefetch)
+{
+    const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, fill != 0, heavy16,
+                                              [&] { return int64_t(wave4); }, heavy64, heavy16_from);
+    *vpt = plan.vpt;
+    *grid = plan.grid;
+    *prefetch = plan.prefetch;
+}
+
 extern "C" const ew_kernel *ew_cuda_elementwise_auto_table(int *count)
 {
     if (count)

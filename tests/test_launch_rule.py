@@ -1,0 +1,93 @@
+"""The default path's launch rule (auto_plan, csrc/cuda/elementwise_launch.cuh) as the built-in
+ops' launchers ask it, checked on the host: vectors per thread by waves for plain, write-only,
+16-bit libm-class and float64 ops, and the grid. Runs wherever ewkern is built with CUDA (the rule
+is host code; CI builds it without a GPU); a GPU gives each launcher its waves from the device."""
+import os
+
+import pytest
+
+import ewkern
+
+pytestmark = pytest.mark.skipif(not ewkern.build_info().get("cuda"), reason="ewkern built without CUDA")
+
+BLOCK = 256
+WAVE1 = 132 * 2048          # threads of one wave of the 1-vector kernel: 132 SMs x 8 blocks of 256
+WAVE4 = 132 * 2048 * 4      # vectors of one wave of the 4-vector kernel at the same occupancy
+H64_NONE, H64_EXP, H64_POLY, H64_GELU, H64_SILU = range(5)
+
+
+def plan(nvec, *, fill=False, heavy16=0, heavy64=H64_NONE, heavy16_from=32, pdl=False, i32=True, nedge=0,
+         wave4=WAVE4):
+    return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from)
+
+
+@pytest.fixture(autouse=True)
+def _no_knob():
+    if os.environ.get("EWKERN_AUTO_VPT"):
+        pytest.skip("EWKERN_AUTO_VPT fixes the vectors per thread in this process")
+
+
+def vpt(nvec, **kw):
+    return plan(nvec, **kw)[0]
+
+
+def test_plain_ops_by_waves():
+    assert vpt(WAVE1) == 1                       # up to one wave: 1
+    assert vpt(WAVE1 + 1) == 2                   # 1-2 waves: 2
+    assert vpt(2 * WAVE1) == 2
+    n = 7 * WAVE1 // 2                           # 3.5 waves: the 4-vector grid fills 87.5% of a wave
+    assert vpt(n) == 4
+    assert vpt(n, pdl=True) == 1                 # ... but not under PDL (each thread prefetches one)
+    assert vpt(3 * WAVE1) == 1                   # 75% of the 4-vector kernel's wave: 1
+    assert vpt(3 * WAVE1, wave4=3 * WAVE1) == 4  # where that kernel holds fewer blocks, a full wave
+    assert vpt(5 * WAVE1) == 1                   # many waves: 1
+    assert vpt(5 * WAVE1, i32=False) == 1
+    assert vpt(WAVE1 + 1, i32=False) == 1        # the 64-bit instance takes 1
+
+
+def test_fill_takes_two_stores_from_half_a_wave():
+    """4 MiB (0.97 waves of 16-byte vectors on 132 SMs) takes 2; 1-2 MiB (0.24, 0.48 waves) keep 1."""
+    mib = 1 << 20
+    assert vpt(WAVE1 // 2, fill=True) == 1
+    assert vpt(WAVE1 // 2 + 1, fill=True) == 2
+    assert [vpt(s // 16, fill=True) for s in (mib, 2 * mib, 4 * mib, 64 * mib, 1024 * mib)] == [1, 1, 2, 2, 2]
+
+
+@pytest.mark.parametrize("waves_from", [32, 6])
+def test_16bit_libm_ops_take_two_past_the_devices_threshold(waves_from):
+    """heavy16 == 1 (ewkern's ops): 1 a thread up to heavy16_from waves, 2 beyond (heavy16_waves
+    gives 6 where the memory moves >= 30 GB/s an SM, else 32); a run-time kernel's (2): 1 always."""
+    assert vpt(waves_from * WAVE1, heavy16=1, heavy16_from=waves_from) == 1
+    assert vpt(waves_from * WAVE1 + 1, heavy16=1, heavy16_from=waves_from) == 2
+    assert vpt(2 * WAVE1, heavy16=1, heavy16_from=waves_from) == 1     # not the plain ops' 2 at 1-2 waves
+    assert vpt(64 * WAVE1, heavy16=2, heavy16_from=waves_from) == 1
+
+
+def test_float64_math_classes():
+    assert vpt(2 * WAVE1, heavy64=H64_EXP) == 1 and vpt(2 * WAVE1 + 1, heavy64=H64_EXP) == 4
+    assert vpt(4 * WAVE1, heavy64=H64_POLY) == 1 and vpt(4 * WAVE1 + 1, heavy64=H64_POLY) == 2
+    assert vpt(4 * WAVE1, heavy64=H64_GELU) == 1 and vpt(4 * WAVE1 + 1, heavy64=H64_GELU) == 4
+    assert vpt(WAVE1 // 2, heavy64=H64_SILU) == 1 and vpt(WAVE1 // 2 + 1, heavy64=H64_SILU) == 4
+
+
+@pytest.mark.parametrize("nvec,nedge", [(1, 0), (1000, 3), (WAVE1 + 1, 0), (3 * WAVE1 + 7, 5), (40 * WAVE1, 255)])
+def test_grid_covers_every_vector_and_leaves_the_edge_threads_free(nvec, nedge):
+    """grid x vpt x block threads cover the vectors, and the last block's last nedge threads (which
+    take the head and tail elements) own no vector."""
+    for kw in ({}, {"fill": True}, {"heavy16": 1}, {"heavy64": H64_EXP}):
+        v, grid, prefetch = plan(nvec, nedge=nedge, **kw)
+        per_block = v * BLOCK
+        assert grid >= 1 and (grid - 1) * per_block < nvec + per_block
+        assert (grid - 1) * per_block + (BLOCK - nedge) >= nvec, (kw, v, grid)
+        assert prefetch == 0                       # PDL off: nothing to prefetch before a wait
+
+
+def test_pdl_prefetch_is_the_first_wave():
+    assert plan(10 * WAVE1, pdl=True)[2] == WAVE1 // BLOCK
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="out of range"):
+        ewkern._C._auto_plan(10, 0, 0, WAVE1, WAVE4, True, False, False, 0, 0, 32)
+    with pytest.raises(ValueError, match="out of range"):
+        ewkern._C._auto_plan(10, 0, BLOCK, WAVE1, WAVE4, True, False, False, 3, 0, 32)
