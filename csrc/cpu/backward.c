@@ -148,30 +148,13 @@ EW_BW_DEFINE_GAUSS(double)
         }                                                                                    \
     }
 
-#if EW_X86_DISPATCH
 #define EW_BW_RANGE(name, inputs, outputs, T)                                                \
-    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, base, )                                    \
-    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, avx2, EW_ISA_AVX2)                         \
-    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, avx512, EW_ISA_AVX512)                     \
+    EW_ISA_FORMS(EW_BW_RANGE_VARIANT, name, inputs, outputs, T)                              \
     static void ew_bwr_##name##_##T(const T *g, const T *a, const T *b, T *o1, T *o2, T S0, T S1, \
                                     int64_t m)                                               \
     {                                                                                        \
-        if (EW_HAVE_AVX512())                                                                \
-            ew_bwr_##name##_##T##_avx512(g, a, b, o1, o2, S0, S1, m);                        \
-        else if (EW_HAVE_AVX2_FMA())                                                         \
-            ew_bwr_##name##_##T##_avx2(g, a, b, o1, o2, S0, S1, m);                          \
-        else                                                                                 \
-            ew_bwr_##name##_##T##_base(g, a, b, o1, o2, S0, S1, m);                          \
+        EW_ISA_CALL(ew_bwr_##name##_##T, g, a, b, o1, o2, S0, S1, m);                        \
     }
-#else
-#define EW_BW_RANGE(name, inputs, outputs, T)                                                \
-    EW_BW_RANGE_VARIANT(name, inputs, outputs, T, base, )                                    \
-    static void ew_bwr_##name##_##T(const T *g, const T *a, const T *b, T *o1, T *o2, T S0, T S1, \
-                                    int64_t m)                                               \
-    {                                                                                        \
-        ew_bwr_##name##_##T##_base(g, a, b, o1, o2, S0, S1, m);                              \
-    }
-#endif
 
 /* ---- dtypes: storage type, compute type, float tiles or not, the block converters (16-bit) ------ */
 #define EW_BW_f32_ST float

@@ -49,6 +49,27 @@ int ew_cpu_isa_cap(void);   /* 2: any, 1: up to AVX2 (+ FMA, F16C), 0: the basel
 #define EW_HAVE_AVX2_FMA() 0
 #endif
 
+/* A loop in every ISA form, and the call of the form this CPU runs: EW_ISA_FORMS(VARIANT, x...)
+ * expands VARIANT(x..., sfx, attr) for each form (sfx base, avx2, avx512; attr the target
+ * attribute), which defines fn_<sfx>; EW_ISA_CALL(fn, args...) calls the widest fn_<sfx> this CPU
+ * has under the EWKERN_CPU_ISA cap. */
+#if EW_X86_DISPATCH
+#define EW_ISA_FORMS(VARIANT, ...) \
+    VARIANT(__VA_ARGS__, base, ) VARIANT(__VA_ARGS__, avx2, EW_ISA_AVX2) VARIANT(__VA_ARGS__, avx512, EW_ISA_AVX512)
+#define EW_ISA_CALL(fn, ...)            \
+    do {                                \
+        if (EW_HAVE_AVX512())           \
+            fn##_avx512(__VA_ARGS__);   \
+        else if (EW_HAVE_AVX2_FMA())    \
+            fn##_avx2(__VA_ARGS__);     \
+        else                            \
+            fn##_base(__VA_ARGS__);     \
+    } while (0)
+#else
+#define EW_ISA_FORMS(VARIANT, ...) VARIANT(__VA_ARGS__, base, )
+#define EW_ISA_CALL(fn, ...) fn##_base(__VA_ARGS__)
+#endif
+
 /* float16/bfloat16 <-> float over a block of m elements, the widest form this CPU has (F16C,
  * AVX-512 or AVX2 compiled, portable C): the same bits in every form (elementwise.c). */
 void ew_f16_to_f32_block(const uint16_t *src, float *dst, int m);

@@ -250,28 +250,12 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
         }                                                                                    \
     }
 
-#if EW_X86_DISPATCH
 #define EW_DEFINE_MATH(name, T)                                                              \
-    EW_DEFINE_MATH_VARIANT(name, T, base, )                                                  \
-    EW_DEFINE_MATH_VARIANT(name, T, avx2, EW_ISA_AVX2)                                       \
-    EW_DEFINE_MATH_VARIANT(name, T, avx512, EW_ISA_AVX512)                                   \
+    EW_ISA_FORMS(EW_DEFINE_MATH_VARIANT, name, T)                                            \
     static void ew_math_##name##_##T(const T *a, T *out, int64_t m)                          \
     {                                                                                        \
-        if (EW_HAVE_AVX512())                                                                \
-            ew_math_##name##_##T##_avx512(a, out, m);                                        \
-        else if (EW_HAVE_AVX2_FMA())                                                         \
-            ew_math_##name##_##T##_avx2(a, out, m);                                          \
-        else                                                                                 \
-            ew_math_##name##_##T##_base(a, out, m);                                          \
+        EW_ISA_CALL(ew_math_##name##_##T, a, out, m);                                        \
     }
-#else
-#define EW_DEFINE_MATH(name, T)                                                              \
-    EW_DEFINE_MATH_VARIANT(name, T, base, )                                                  \
-    static void ew_math_##name##_##T(const T *a, T *out, int64_t m)                          \
-    {                                                                                        \
-        ew_math_##name##_##T##_base(a, out, m);                                              \
-    }
-#endif
 
 #define EW_MATH_OPS(X) X(exp) X(log) X(sqrt) X(rsqrt) X(erf) X(tanh) X(sigmoid) X(gelu) X(silu)
 #define EW_DEFINE_MATH_BOTH(name) EW_DEFINE_MATH(name, float) EW_DEFINE_MATH(name, double)

@@ -101,10 +101,10 @@ static int run_fast(const ew_args *a)
     const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
     /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
-    const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL,
-                                    Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
+    const bool heavy16 = Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2;
+    const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL, heavy16, [&] {
         return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16_waves(dev));
+    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16 ? heavy16_waves(dev) : 32);
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
