@@ -128,18 +128,8 @@ static const ew_kernel kTable[] = {
 
 } /* namespace ewk */
 
-/* auto's rule for the run-time kernels of ewkern.rtc (declared in cuda_api.h) */
-extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4,
-                                 int i32, int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch)
-{
-    const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, false,
-                                              heavy && elems == 8 ? 2 : 0, [&] { return int64_t(wave4); },
-                                              heavy && elems == 2 ? int(ewk::H64_EXP) : 0);
-    *vpt = plan.vpt;
-    *grid = plan.grid;
-    *prefetch = plan.prefetch;
-}
-
+/* auto's rule with every input given, and for the run-time kernels of ewkern.rtc (declared in
+ * cuda_api.h) */
 extern "C" void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4,
                                       int i32, int pdl, int fill, int heavy16, int heavy64, long long heavy16_from,
                                       int *vpt, long long *grid, int *prefetch)
@@ -149,6 +139,13 @@ extern "C" void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block
     *vpt = plan.vpt;
     *grid = plan.grid;
     *prefetch = plan.prefetch;
+}
+
+extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4,
+                                 int i32, int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch)
+{
+    ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, 0, heavy && elems == 8 ? 2 : 0,
+                          heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, vpt, grid, prefetch);
 }
 
 extern "C" const ew_kernel *ew_cuda_elementwise_auto_table(int *count)
