@@ -22,12 +22,22 @@ def reduced_axes(ndim, axis):
     return axis
 
 
-def check(got, a, b, axis, dtype, what):
+def check(got, a, b, axis, dtype, what, rtol=None):
     want = rmse_reference(a, b, reduced_axes(np.ndim(a), axis))
     got = np.asarray(got)
     assert got.dtype == (np.float64 if dtype == "float64" else np.float32), what
     assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=RTOL[dtype], atol=0, err_msg=what)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol or RTOL[dtype], atol=0, err_msg=what)
+
+
+def ladder_rtol(variant, dtype, n):
+    """The study's versions (all but auto) add a batch's n squares into one float32 sum in the
+    order their atomics or strides land: that error grows as sqrt(n) float32 epsilons (random
+    rounding of a sum of positive terms), about 6e-6 of the rmse at n = 70001 on the H200. auto
+    adds fixed chunks in a fixed tree and keeps RTOL at every n."""
+    if variant == "auto" or dtype == "float64":
+        return RTOL[dtype]
+    return max(RTOL[dtype], 2 * float(np.finfo(np.float32).eps) * np.sqrt(n))
 
 
 def layouts(rng):
@@ -56,7 +66,9 @@ def test_all_versions(device, dtype):
                     ewkern.rmse(A, B, axis=axis, variant=variant)
                 continue
             r = ewkern.rmse(A, B, axis=axis, variant=variant)
-            check(r.numpy(), a, b, axis, dtype, f"rmse {variant} {dtype} {device} {shape} axis={axis}")
+            n = int(np.prod([shape[k] for k in np.atleast_1d(reduced_axes(len(shape), axis))]))
+            check(r.numpy(), a, b, axis, dtype, f"rmse {variant} {dtype} {device} {shape} axis={axis}",
+                  ladder_rtol(variant, dtype, n))
             assert info["variant"] == variant
 
 
