@@ -4,7 +4,9 @@
         ewkern's variants against torch's op, both timing methods of `ewkern.bench peers`
         (back-to-back graph replay over rotated inputs; single launch after an L2 flush and a
         sleep kernel), through the same frameworks.time_calls code. Environment knobs
-        (EWKERN_AUTO_VPT, EWKERN_PDL, EWKERN_PDL_PREFETCH) apply as set.
+        (EWKERN_AUTO_VPT, EWKERN_AUTO_BLOCK, EWKERN_PDL, EWKERN_PDL_PREFETCH) apply as set.
+        PROBE_METHODS=b2b,single,after picks the methods (after: peers' after_torch, the op's
+        cost after a torch.mul); default b2b,single.
     python scripts/speed_probe.py gelu-accuracy [N]
         ewkern.gelu in float32 on N (default 2^24) inputs spread over [-15, 6] plus random bit
         patterns, against a float64 reference (torch.special.erfc on the GPU): the largest error
@@ -81,10 +83,12 @@ def variants(op, dtype, names, sizes):
     scalars = (1.0, 0.5)[:nsc]
     for size in sizes:
         n = size // ITEMSIZE[dtype]
-        for method, cache in (("b2b", "rotate"), ("single", "flush")):
-            row = []
+        methods = {"b2b": "rotate", "single": "flush", "after": "rotate"}
+        for method in os.environ.get("PROBE_METHODS", "b2b,single").split(","):
+            cache, row = methods[method], []
+            before = frameworks.foreign_call(dtype, (n,), "cuda:0") if method == "after" else None
             make_t, set_b, _, _ = frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0")
-            t_torch = frameworks.time_calls(cfg, "torch", make_t, set_b, cache)
+            t_torch = frameworks.time_calls(cfg, "torch", make_t, set_b, cache, before=before)
             med_torch = median_s(t_torch)
             for v in names:
                 def make_call(v=v):
@@ -93,7 +97,7 @@ def variants(op, dtype, names, sizes):
                     if op == "fill":
                         return lambda: fn(out, *scalars, variant=v)
                     return lambda: fn(*ins, *scalars, out=out, variant=v)
-                t = frameworks.time_calls(cfg, "torch", make_call, set_b, cache)
+                t = frameworks.time_calls(cfg, "torch", make_call, set_b, cache, before=before)
                 med = median_s(t)
                 row.append(f"{v} {med_torch / med:.3f}")
             print(f"{op} {dtype} {size >> 20} MiB {method}: torch {med_torch * 1e6:.2f} us | " + " | ".join(row),

@@ -118,6 +118,39 @@ def _programmatic_edges(graph_handle):
     return sum(1 for e in data if e.type == 1), n.value
 
 
+def _kernel_names(graph_handle):
+    """The mangled names of a cudaGraph_t's kernel nodes, read with the driver's cuGraphGetNodes,
+    cuGraphNodeGetType, cuGraphKernelNodeGetParams_v2 and cuFuncGetName (cuKernelGetName where
+    the node names a CUkernel only)."""
+    import ctypes
+
+    class KernelParams(ctypes.Structure):   # CUDA_KERNEL_NODE_PARAMS_v2
+        _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                    ("shared_bytes", ctypes.c_uint), ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                    ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    n = ctypes.c_size_t(0)
+    assert cu.cuGraphGetNodes(ctypes.c_void_p(graph_handle), None, ctypes.byref(n)) == 0
+    nodes = (ctypes.c_void_p * n.value)()
+    assert cu.cuGraphGetNodes(ctypes.c_void_p(graph_handle), nodes, ctypes.byref(n)) == 0
+    names = []
+    for node in nodes:
+        kind = ctypes.c_int(-1)
+        assert cu.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)) == 0
+        if kind.value != 0:   # CU_GRAPH_NODE_TYPE_KERNEL
+            continue
+        p = KernelParams()
+        assert cu.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), ctypes.byref(p)) == 0
+        name = ctypes.c_char_p()
+        if p.func:
+            assert cu.cuFuncGetName(ctypes.byref(name), ctypes.c_void_p(p.func)) == 0
+        else:
+            assert cu.cuKernelGetName(ctypes.byref(name), ctypes.c_void_p(p.kern)) == 0
+        names.append(name.value.decode())
+    return names
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")
 @pytest.mark.parametrize("pdl", [True, False])
@@ -127,7 +160,8 @@ def test_capture_asks_pdl_only_behind_ewkern_kernels(pdl):
     cost) its edge is a plain one. Graph: mul (torch), add, add, mul (torch), exp, add, rmse, add,
     a user's ElementwiseKernel (ewkern's): programmatic edges add->add, exp->add, add->rmse,
     rmse->add, add->kernel with PDL on, none with it off (rmse per row of 64 x 1024 is one
-    kernel); the results match torch's."""
+    kernel); the results match torch's. The auto kernels launched without PDL (the two behind a
+    torch kernel; all five with PDL off) are ew_fast's plain form, which does not wait."""
     import torch
     n = (1 << 16) + 5
     g0 = torch.Generator(device="cuda").manual_seed(7)
@@ -159,13 +193,18 @@ def test_capture_asks_pdl_only_behind_ewkern_kernels(pdl):
                 ewkern.add(y, b, out=y)
                 fma(y, a, y)
             prog, edges = _programmatic_edges(g.raw_cuda_graph())
+            names = _kernel_names(g.raw_cuda_graph())
             g.instantiate()
         g.replay()
         torch.cuda.synchronize()
     finally:
         ewkern.set_pdl(prev)
     assert edges == 8
-    assert prog == (5 if pdl and ewkern.pdl_enabled() else 0)
+    on = pdl and ewkern.pdl_enabled()
+    assert prog == (5 if on else 0)
+    auto = [k for k in names if "7ew_fastI" in k]
+    plain = [k for k in auto if "Lb0EEEv" in k]   # ew_fast<..., WB false, PDL false>
+    assert (len(auto), len(plain)) == (5, 2 if on else 5), names
     a64, b64 = a.double(), b.double()
     x64 = a64 * b64 + b64 + a64
     y64 = torch.exp(x64 * 0.25) + a64

@@ -142,16 +142,26 @@ def test_auto_loads_first_then_streams_stores(sass, op, vpt):
     # auto: every 128-bit load of a thread's vectors issues before its first store, the stores are
     # streaming (st.global.cs shows as STG.E.EF), and the kernel waits for its PDL primary
     # (griddepcontrol.wait = ACQBULK) before any global access; auto_wb keeps write-back stores
-    for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi%sELb0" % vpt).items():
-        text = [t for _, t in ins]
-        loads = [i for i, t in enumerate(text) if LDG128.search(t)]
-        stores = [i for i, t in enumerate(text) if STG128.search(t)]
-        assert len(loads) >= int(vpt) and len(stores) == int(vpt), name
-        assert max(loads) < min(stores), "%s: a 128-bit store before the last vector load" % name
-        assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
-        waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
-        assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
-        _assert_prefetch_before_wait(name, text)
+    # The plain form (launches without PDL) has the same loads and stores, triggers its dependents
+    # early (griddepcontrol.launch_dependents = PREEXIT) and neither waits nor prefetches.
+    forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
+    for form, funcs in forms.items():
+        for name, ins in funcs.items():
+            text = [t for _, t in ins]
+            loads = [i for i, t in enumerate(text) if LDG128.search(t)]
+            stores = [i for i, t in enumerate(text) if STG128.search(t)]
+            assert len(loads) >= int(vpt) and len(stores) == int(vpt), name
+            assert max(loads) < min(stores), "%s: a 128-bit store before the last vector load" % name
+            assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
+            waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
+            triggers = [i for i, t in enumerate(text) if t.startswith("PREEXIT")]
+            assert triggers and triggers[0] < min(stores), "%s: no early trigger of the dependents" % name
+            if form == "1":
+                assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
+                _assert_prefetch_before_wait(name, text)
+            else:
+                assert not waits, "%s: the plain form waits for a PDL primary" % name
+                assert not any(PREFETCH_L2.search(t) for t in text), "%s: the plain form prefetches" % name
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 

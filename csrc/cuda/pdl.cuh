@@ -20,10 +20,12 @@
 
 /* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous
  * work in s when pdl is true and, where s is being captured into a graph, that work is one kernel
- * ewkern launched (ewcuda_pdl_decide). Returns the launch's cudaError_t. */
-template <typename K, typename... A>
-static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
-                                     const A &...args)
+ * ewkern launched (ewcuda_pdl_decide); otherwise plain<<<...>>>(args) instead: a kernel of the
+ * same signature that does not wait for a primary (the launch is ordered after the previous work)
+ * and may skip what only a PDL launch needs. Returns the launch's cudaError_t. */
+template <typename K, typename K0, typename... A>
+static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                        bool pdl, const A &...args)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
@@ -34,15 +36,25 @@ static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t sme
     cfg.attrs = attr;
     cfg.numAttrs = 0;
     unsigned long long capture;
-    if (ewcuda_pdl_decide((void *)s, pdl, &capture)) {
+    const bool programmatic = ewcuda_pdl_decide((void *)s, pdl, &capture);
+    if (programmatic) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.numAttrs = 1;
     }
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, args...);
+    const cudaError_t err = programmatic ? cudaLaunchKernelEx(&cfg, kernel, args...)
+                                         : cudaLaunchKernelEx(&cfg, plain, args...);
     if (err == cudaSuccess)
         ewcuda_pdl_launched((void *)s, capture);
     return err;
+}
+
+/* pdl_launch_or with one kernel for both kinds of launch (its pdl_wait is a no-op without PDL) */
+template <typename K, typename... A>
+static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
+                                     const A &...args)
+{
+    return pdl_launch_or(kernel, kernel, grid, block, smem, s, pdl, args...);
 }
 
 #endif /* EWKERN_PDL_CUH */
