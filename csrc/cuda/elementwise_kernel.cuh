@@ -212,9 +212,9 @@ ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n
  * later loads when VPT = 4 (to save registers), halving the loads in flight.
  * PDL: the form for launches with programmatic dependent launch (prefetch, then pdl_wait). The
  * plain form (PDL false) is launched only without it (pdl_launch_or): it neither prefetches nor
- * waits, which saved the launch after a foreign kernel in a graph about 0.1 us (notes: "The fixed
- * 0.2 us after a torch kernel"); it still triggers its dependents early, so an ewkern kernel after
- * it keeps its PDL launch. */
+ * waits, which took add float32 at 1 MiB after a torch kernel in a graph from 0.945 to 0.985 of
+ * torch's on the H200 (notes: "The plain form for launches without PDL"); it still triggers its
+ * dependents early, so an ewkern kernel after it keeps its PDL launch. */
 template <class Op, class T, class Idx, int VPT, bool WB, bool PDL = true>
 __global__ void __launch_bounds__(1024)
 ew_fast(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T> p)
