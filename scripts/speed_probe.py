@@ -40,6 +40,13 @@
         [L2 flush, sleep kernel, ewkern's op (PDL as set), L2 flush, sleep kernel, torch's op, and
         with PDL on, the same ewkern launch with PDL off], each launch inside an NVTX range named
         "<impl> OP DTYPE SIZE" that ncu's --nvtx-include can pick, on inputs in the op's domain.
+    python scripts/speed_probe.py placement OP DTYPE SIZE[,SIZE...] [ROUNDS]
+        does where the buffers lie move a single launch? Per size, ROUNDS (default 4) rounds,
+        each on two fresh buffer sets X and Y: single launches (the peers' method) of ewkern on X,
+        torch on X, ewkern on Y, torch on Y and ewkern with PDL off on X; prints the same-buffer
+        ratios (torch X / ewkern X, torch Y / ewkern Y) and the cross ones (torch Y / ewkern X,
+        torch X / ewkern Y), as the harness compares buffers of their own. PROBE_METHODS=single,b2b
+        (b2b: each way rotates through the same list of sets).
 """
 import math
 import re
@@ -428,6 +435,64 @@ def cold(op, dtype, sizes, repeats=3):
     print("cold launches queued:", op, dtype, ", ".join(f"{s >> 20} MiB" for s in sizes), flush=True)
 
 
+def placement(op, dtype, sizes, rounds=4):
+    """Same buffers against own buffers, single launch (and back-to-back) as peers times them."""
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    fn = getattr(ewkern, op)
+    nsc = {"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)
+    scalars = (1.0, 0.5)[:nsc]
+    torch_fn = frameworks._op_fn("torch", op)
+    for size in sizes:
+        n = size // ITEMSIZE[dtype]
+        _, set_b, _, _ = frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0")
+        for method in os.environ.get("PROBE_METHODS", "single").split(","):
+            cache = {"single": "flush", "b2b": "rotate"}[method]
+            nsets, _ = frameworks.choose_sets(cfg, cache, set_b)
+            same, cross, off = [], [], []
+            for r in range(rounds):
+                bufs = {k: [(frameworks.op_inputs("torch", op, (n,), dtype, "cuda:0"),
+                             torch.empty((n,), dtype=frameworks._torch_dtype(dtype), device="cuda:0"))
+                            for _ in range(nsets)] for k in "XY"}
+
+                def maker(k, impl):
+                    it = iter(bufs[k])
+
+                    def make_call():
+                        ins, out = next(it)
+                        if impl == "torch":
+                            return lambda: torch_fn(ins, out)
+                        if op == "fill":
+                            return lambda: fn(out, *scalars)
+                        return lambda: fn(*ins, *scalars, out=out)
+                    return make_call
+                t = {}
+                order = [("ew", "X"), ("torch", "X"), ("ew", "Y"), ("torch", "Y"), ("off", "X")]
+                order = order[r % 4:4] + order[:r % 4] + order[4:]
+                for impl, k in order:
+                    prev = ewkern.set_pdl(False) if impl == "off" else None
+                    try:
+                        t[impl, k] = median_s(frameworks.time_calls(
+                            cfg, "torch", maker(k, "torch" if impl == "torch" else "ew"), set_b, cache))
+                    finally:
+                        if prev is not None:
+                            ewkern.set_pdl(prev)
+                same += [t["torch", "X"] / t["ew", "X"], t["torch", "Y"] / t["ew", "Y"]]
+                cross += [t["torch", "Y"] / t["ew", "X"], t["torch", "X"] / t["ew", "Y"]]
+                off.append(t["torch", "X"] / t["off", "X"])
+                print(f"{op} {dtype} {size >> 20} MiB {method} round {r}: us ew X {t['ew', 'X'] * 1e6:.2f} "
+                      f"Y {t['ew', 'Y'] * 1e6:.2f} torch X {t['torch', 'X'] * 1e6:.2f} Y {t['torch', 'Y'] * 1e6:.2f} "
+                      f"off X {t['off', 'X'] * 1e6:.2f}", flush=True)
+                bufs = None
+                frameworks.release_peer_memory()
+
+            def fmt(v):
+                v = sorted(v)
+                return f"median {v[len(v) // 2]:.3f} range {v[0]:.3f}-{v[-1]:.3f}"
+            print(f"== {op} {dtype} {size >> 20} MiB {method}: same buffers {fmt(same)} | own buffers "
+                  f"{fmt(cross)} | PDL off, same {fmt(off)}", flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
@@ -448,5 +513,8 @@ if __name__ == "__main__":
     elif cmd == "cold":
         cold(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
              int(sys.argv[5]) if len(sys.argv) > 5 else 3)
+    elif cmd == "placement":
+        placement(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
+                  int(sys.argv[5]) if len(sys.argv) > 5 else 4)
     else:
         sys.exit(__doc__)

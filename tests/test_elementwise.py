@@ -242,13 +242,14 @@ def test_cuda_variant(op, dtype, variant):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("variant", ["auto", "auto_wb"])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("op", ["add", "copy", "log"])
 def test_auto_grid_shapes(op, dtype, variant):
     """auto picks 1, 2 or 4 vectors per thread from the device's waves (SMs x threads per SM):
     sizes around 0.6, 1.5, 3.9 and 5 waves take each path, with a misaligned start so the
-    head and tail land on the last block's spare threads; with PDL on (prefetching, never 4
-    vectors) and off (4 vectors at 3.9 waves where the 4-vector kernel fills a wave)."""
+    head and tail land on the last block's spare threads; with PDL on (1 vector prefetched at 3.9
+    waves, or 4 without the prefetch where the memory moves >= 30 GB/s an SM, the H200) and off
+    (4 vectors at 3.9 waves where the 4-vector kernel fills a wave)."""
     info = ewkern.device_info("cuda:0")
     per_wave = info["sm_count"] * info["max_threads_per_sm"]
     vec = 16 // np.dtype(np_dtype(dtype)).itemsize

@@ -17,8 +17,9 @@ H64_NONE, H64_EXP, H64_POLY, H64_GELU, H64_SILU = range(5)
 
 
 def plan(nvec, *, fill=False, heavy16=0, heavy64=H64_NONE, heavy16_from=32, pdl=False, i32=True, nedge=0,
-         wave4=WAVE4):
-    return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from)
+         wave4=WAVE4, wide=False):
+    return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from,
+                                wide)
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +39,12 @@ def test_plain_ops_by_waves():
     n = 7 * WAVE1 // 2                           # 3.5 waves: the 4-vector grid fills 87.5% of a wave
     assert vpt(n) == 4
     assert vpt(n, pdl=True) == 1                 # ... but not under PDL (each thread prefetches one)
+    assert plan(n, pdl=True)[2] > 0
+    assert vpt(n, wide=True) == 4
+    # ... unless the memory moves >= 30 GB/s an SM (wide): 4 there too, and no prefetch
+    assert (vpt(n, pdl=True, wide=True), plan(n, pdl=True, wide=True)[2]) == (4, 0)
+    assert vpt(3 * WAVE1, pdl=True, wide=True) == 1
+    assert plan(3 * WAVE1, pdl=True, wide=True)[2] > 0   # 1 a thread keeps its prefetch
     assert vpt(3 * WAVE1) == 1                   # 75% of the 4-vector kernel's wave: 1
     assert vpt(3 * WAVE1, wave4=3 * WAVE1) == 4  # where that kernel holds fewer blocks, a full wave
     assert vpt(5 * WAVE1) == 1                   # many waves: 1

@@ -61,9 +61,12 @@ static OpArgs<T> op_args(const ew_args *a)
  * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
  * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
- * and PDL is off, else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * and PDL is off or the device's memory moves at least 30 GB/s an SM (wide_sm; then without the
+ * prefetch), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
- * before the wait, and there 1 vector per thread beat 4 (copy 16 MiB: 2815 against 2665 GB/s).
+ * before the wait, and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against
+ * 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
+ * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
@@ -114,21 +117,29 @@ struct AutoPlan {
  * cell; H100 within 0.03 either way (silu 64 MiB single 1.00 -> 0.98, erf single 1.00 -> 1.03-1.05),
  * and at 16 MiB (3.9 waves) single launch 0.93-0.97 against 0.99-1.02 with 1. The backward kernels
  * keep 32 (not measured). */
+static bool wide_sm(int dev)
+{
+    return sm_bandwidth_gbs(dev) >= 30;
+}
+
 static int64_t heavy16_waves(int dev)
 {
-    return sm_bandwidth_gbs(dev) >= 30 ? 6 : 32;
+    return wide_sm(dev) ? 6 : 32;
 }
 
 /* nvec 16-byte vectors and nedge head/tail elements; wave1: the threads of one wave of the 1-vector
  * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
  * fill: a write-only op; heavy16: libm-class math on 16-bit elements (1: ewkern's ops, 2: a run-time
  * kernel's); heavy64: Heavy64's class of float64 math; heavy16_from: the waves past which heavy16 ==
- * 1 takes 2 vectors a thread (heavy16_waves). */
+ * 1 takes 2 vectors a thread (heavy16_waves); wide: the device's memory moves at least 30 GB/s an SM
+ * (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves under PDL too; given by ewkern's own ops,
+ * not yet by the backward and run-time kernels, which were not measured with it). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32)
+                          int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false)
 {
     int vpt = 1;
+    bool lean = false; /* under PDL, no prefetch */
     if (!i32) {
         vpt = 1; /* the 64-bit instance takes 1 vector per thread */
     } else if (const int forced = forced_vpt()) {
@@ -173,8 +184,17 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         vpt = 2;
     } else if (nvec > 2 * wave1 && nvec <= 4 * wave1) {
         const int64_t w4 = wave4();
-        if (nvec <= w4 && 100 * nvec >= 85 * w4 && !pdl)
+        if (nvec <= w4 && 100 * nvec >= 85 * w4 && (!pdl || wide)) {
+            /* H200 (wide), 16 MiB, ewkern / torch single launch (back-to-back) with 1 vector a thread
+             * and the prefetch -> 4 and none (f91d7f0, EWKERN_AUTO_VPT=4 EWKERN_PDL_PREFETCH=none):
+             * copy float32 0.981 -> 1.029 (1.104 -> 1.017), neg float16 0.996 -> 1.036 (1.111 ->
+             * 1.023), exp float32 0.980 -> 1.036, add float32 0.976 -> 1.004 (1.101 -> 1.044), add
+             * float64 0.994 -> 1.004 (1.147 -> 1.082), mul bfloat16 0.986 -> 0.998 (1.092 -> 1.027).
+             * With 4 and the prefetch: 0.963-1.018 single. Nsight Compute, cold copy: 4 a thread
+             * 9.0-9.3 us without the prefetch, 9.7-10.5 with it, 1 a thread 9.7-10.1. */
             vpt = 4;
+            lean = pdl;
+        }
     }
     const int64_t per_block = int64_t(vpt) * block;
     int64_t grid = ceil_div(nvec, per_block);
@@ -184,7 +204,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
     if ((grid - 1) * per_block + (block - nedge) < nvec)
         grid += 1;
     int prefetch = 0;
-    if (pdl) {
+    if (pdl && !lean) {
         /* only blocks that can be resident before the previous kernel ends have a wait to hide a
          * prefetch behind: the first wave (later blocks would issue it and load at once) */
         const PrefetchRule r = prefetch_rule();

@@ -104,7 +104,8 @@ static int run_fast(const ew_args *a)
     const bool heavy16 = Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2;
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL, heavy16, [&] {
         return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
-    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16 ? heavy16_waves(dev) : 32);
+    }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16 ? heavy16_waves(dev) : 32,
+                                    wide_sm(dev));
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
