@@ -250,6 +250,8 @@ def test_auto_grid_shapes(op, dtype, variant):
     head and tail land on the last block's spare threads; with PDL on (1 vector prefetched at 3.9
     waves, or 4 without the prefetch where the memory moves >= 30 GB/s an SM, the H200) and off
     (4 vectors at 3.9 waves where the 4-vector kernel fills a wave)."""
+    if variant == "auto_wb" and dtype == "float64":
+        pytest.skip("auto_wb (a study variant) has no float64 kernels")
     info = ewkern.device_info("cuda:0")
     per_wave = info["sm_count"] * info["max_threads_per_sm"]
     vec = 16 // np.dtype(np_dtype(dtype)).itemsize
