@@ -61,12 +61,13 @@ static OpArgs<T> op_args(const ew_args *a)
  * one-vector kernel (the SM count and the kernel's occupancy at this block size come from the
  * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
- * and PDL is off or the device's memory moves at least 30 GB/s an SM (wide_sm; then without the
- * prefetch), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * and PDL is off, or the launch is a programmatic dependent on a device whose memory moves at least
+ * 30 GB/s an SM (wide_sm; then without the prefetch), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against
  * 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
- * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08.
+ * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08; a plain
+ * launch there (behind a foreign kernel in a graph) keeps 1: 4 lost 3-5% after torch.mul.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
@@ -131,9 +132,10 @@ static int64_t heavy16_waves(int dev)
  * kernel; wave4(): the vectors of one wave of the 4-vector kernel (asked only when it matters);
  * fill: a write-only op; heavy16: libm-class math on 16-bit elements (1: ewkern's ops, 2: a run-time
  * kernel's); heavy64: Heavy64's class of float64 math; heavy16_from: the waves past which heavy16 ==
- * 1 takes 2 vectors a thread (heavy16_waves); wide: the device's memory moves at least 30 GB/s an SM
- * (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves under PDL too; given by ewkern's own ops,
- * not yet by the backward and run-time kernels, which were not measured with it). */
+ * 1 takes 2 vectors a thread (heavy16_waves); wide: the launch is a programmatic dependent on a device
+ * whose memory moves at least 30 GB/s an SM (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves
+ * under PDL too; given by ewkern's own ops, not yet by the backward and run-time kernels, which were
+ * not measured with it). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false)

@@ -18,14 +18,28 @@
 #include "cuda_api.h"
 #include "pdl_device.cuh"
 
-/* Launch kernel<<<grid, block, smem, s>>>(args), as a programmatic dependent of the previous
- * work in s when pdl is true and, where s is being captured into a graph, that work is one kernel
- * ewkern launched (ewcuda_pdl_decide); otherwise plain<<<...>>>(args) instead: a kernel of the
- * same signature that does not wait for a primary (the launch is ordered after the previous work)
- * and may skip what only a PDL launch needs. Returns the launch's cudaError_t. */
+/* Whether the next launch into s is a programmatic dependent of the previous work (pdl true and,
+ * where s is being captured into a graph, that work is one kernel ewkern launched:
+ * ewcuda_pdl_decide), for a launcher whose launch shape depends on it; hand it to pdl_launch_as,
+ * with nothing launched into s in between. */
+struct PdlDecision {
+    bool programmatic;
+    unsigned long long capture;
+};
+static inline PdlDecision pdl_decide(cudaStream_t s, bool pdl)
+{
+    PdlDecision d;
+    d.programmatic = ewcuda_pdl_decide((void *)s, pdl, &d.capture) != 0;
+    return d;
+}
+
+/* Launch kernel<<<grid, block, smem, s>>>(args) as a programmatic dependent when d says so, else
+ * plain<<<...>>>(args): a kernel of the same signature that does not wait for a primary (the launch
+ * is ordered after the previous work) and may skip what only a PDL launch needs. Returns the
+ * launch's cudaError_t. */
 template <typename K, typename K0, typename... A>
-static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                        bool pdl, const A &...args)
+static inline cudaError_t pdl_launch_as(K kernel, K0 plain, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                        PdlDecision d, const A &...args)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
@@ -35,8 +49,8 @@ static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 bloc
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = 0;
-    unsigned long long capture;
-    const bool programmatic = ewcuda_pdl_decide((void *)s, pdl, &capture);
+    const bool programmatic = d.programmatic;
+    const unsigned long long capture = d.capture;
     if (programmatic) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -49,7 +63,17 @@ static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 bloc
     return err;
 }
 
+/* pdl_launch_as with the decision taken here: a programmatic dependent of the previous work in s
+ * when pdl is true and, where s is being captured, that work is one kernel ewkern launched. */
+template <typename K, typename K0, typename... A>
+static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                                        bool pdl, const A &...args)
+{
+    return pdl_launch_as(kernel, plain, grid, block, smem, s, pdl_decide(s, pdl), args...);
+}
+
 /* pdl_launch_or with one kernel for both kinds of launch (its pdl_wait is a no-op without PDL) */
+
 template <typename K, typename... A>
 static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
                                      const A &...args)
