@@ -52,8 +52,9 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, /)\n--\n\n(vectors per thread, grid, " \
      "prefetch) of a run-time vector kernel by the default path's launch rule."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
-     "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, /)\n--\n\n" \
-     "(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \
-     "(the built-in ops' launchers ask it with the device's waves): for tests."},
+     "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, /)" \
+     "\n--\n\n(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \
+     "(the built-in ops' launchers ask it with the device's waves; wide: a programmatic launch on a GPU " \
+     "whose memory moves >= 30 GB/s an SM): for tests."},
 
 #endif /* EWKERN_RTC_H */
