@@ -45,6 +45,12 @@ def test_plain_ops_by_waves():
     assert (vpt(n, pdl=True, wide=True), plan(n, pdl=True, wide=True)[2]) == (4, 0)
     assert vpt(3 * WAVE1, pdl=True, wide=True) == 1
     assert plan(3 * WAVE1, pdl=True, wide=True)[2] > 0   # 1 a thread keeps its prefetch
+    # where the 4-vector kernel holds half the blocks (a binary op's 54 registers), 3.9 waves of the
+    # 1-vector kernel are 1.95 of its waves: 4 on a wide programmatic launch only
+    n2 = int(3.9 * WAVE1)
+    assert (vpt(n2, wave4=2 * WAVE1, pdl=True, wide=True), plan(n2, wave4=2 * WAVE1, pdl=True, wide=True)[2]) == (4, 0)
+    assert vpt(n2, wave4=2 * WAVE1) == 1 and vpt(n2, wave4=2 * WAVE1, pdl=True) == 1
+    assert vpt(3 * WAVE1, wave4=2 * WAVE1, pdl=True, wide=True) == 1    # 1.5 waves: the second half empty
     assert vpt(3 * WAVE1) == 1                   # 75% of the 4-vector kernel's wave: 1
     assert vpt(3 * WAVE1, wave4=3 * WAVE1) == 4  # where that kernel holds fewer blocks, a full wave
     assert vpt(5 * WAVE1) == 1                   # many waves: 1

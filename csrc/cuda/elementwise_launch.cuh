@@ -62,7 +62,8 @@ static OpArgs<T> op_args(const ew_args *a)
  * device): W <= 1: 1; 1 < W <= 2: 2 (one wave of blocks, each thread issuing 2 + 2 loads before
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
  * and PDL is off, or the launch is a programmatic dependent on a device whose memory moves at least
- * 30 GB/s an SM (wide_sm; then without the prefetch), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
+ * 30 GB/s an SM (wide_sm; then without the prefetch, and also where the grid is two waves of the
+ * 4-vector kernel, the second at least 85% full), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
  * block more than others (measured slower). Under PDL each thread prefetches its first vector
  * before the wait, and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against
  * 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
@@ -186,14 +187,20 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         vpt = 2;
     } else if (nvec > 2 * wave1 && nvec <= 4 * wave1) {
         const int64_t w4 = wave4();
-        if (nvec <= w4 && 100 * nvec >= 85 * w4 && (!pdl || wide)) {
+        /* one wave of the 4-vector kernel at least 85% full; on a wide programmatic launch also two
+         * waves, the second at least 85% full (the binary ops: their 4-vector kernel takes 54
+         * registers, 4 blocks of 256 an SM, so 16 MiB is 1.94 of its waves) */
+        const bool one = nvec <= w4 && 100 * nvec >= 85 * w4;
+        const bool two = wide && pdl && nvec > w4 && nvec <= 2 * w4 && 100 * nvec >= 185 * w4;
+        if ((one && (!pdl || wide)) || two) {
             /* H200 (wide), 16 MiB, ewkern / torch single launch (back-to-back) with 1 vector a thread
              * and the prefetch -> 4 and none (f91d7f0, EWKERN_AUTO_VPT=4 EWKERN_PDL_PREFETCH=none):
              * copy float32 0.981 -> 1.029 (1.104 -> 1.017), neg float16 0.996 -> 1.036 (1.111 ->
              * 1.023), exp float32 0.980 -> 1.036, add float32 0.976 -> 1.004 (1.101 -> 1.044), add
              * float64 0.994 -> 1.004 (1.147 -> 1.082), mul bfloat16 0.986 -> 0.998 (1.092 -> 1.027).
              * With 4 and the prefetch: 0.963-1.018 single. Nsight Compute, cold copy: 4 a thread
-             * 9.0-9.3 us without the prefetch, 9.7-10.5 with it, 1 a thread 9.7-10.1. */
+             * 9.0-9.3 us without the prefetch, 9.7-10.5 with it, 1 a thread 9.7-10.1. The two-wave
+             * case (add, mul above) is in the rule since 2026-11-26's last tree, not yet run as code. */
             vpt = 4;
             lean = pdl;
         }
