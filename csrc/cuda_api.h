@@ -119,8 +119,8 @@ void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave
                       int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch);
 /* auto_plan with every input given, as the built-in ops' launchers give them (fill: a write-only
  * op; heavy16: 0, 1 for ewkern's 16-bit libm-class ops, 2 for a run-time kernel's; heavy64: the
- * float64 class, H64_*; heavy16_from: heavy16_waves's threshold; wide: wide_sm's answer, the memory
- * moves >= 30 GB/s an SM): the tests' view of the rule. */
+ * float64 class, H64_*; heavy16_from: heavy16_waves's threshold; wide: a programmatic launch on a
+ * device whose memory moves >= 30 GB/s an SM, wide_sm): the tests' view of the rule. */
 void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
                            int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide, int *vpt,
                            long long *grid, int *prefetch);

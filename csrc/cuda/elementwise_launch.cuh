@@ -63,10 +63,10 @@ static OpArgs<T> op_args(const ew_args *a)
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
  * and PDL is off, or the launch is a programmatic dependent on a device whose memory moves at least
  * 30 GB/s an SM (wide_sm; then without the prefetch, and also where the grid is two waves of the
- * 4-vector kernel, the second at least 85% full), else 1; W > 4: 1 (many waves). A grid much below one wave leaves SMs with a
- * block more than others (measured slower). Under PDL each thread prefetches its first vector
- * before the wait, and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against
- * 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
+ * 4-vector kernel, the second at least 85% full), else 1; W > 4: 1 (many waves). A grid much below
+ * one wave leaves SMs with a block more than others (measured slower). Under PDL each thread
+ * prefetches its first vector before the wait, and there 1 vector per thread beat 4 on the H100
+ * (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
  * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08; a plain
  * launch there (behind a foreign kernel in a graph) keeps 1: 4 lost 3-5% after torch.mul.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
@@ -200,7 +200,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
              * float64 0.994 -> 1.004 (1.147 -> 1.082), mul bfloat16 0.986 -> 0.998 (1.092 -> 1.027).
              * With 4 and the prefetch: 0.963-1.018 single. Nsight Compute, cold copy: 4 a thread
              * 9.0-9.3 us without the prefetch, 9.7-10.5 with it, 1 a thread 9.7-10.1. The two-wave
-             * case (add, mul above) is in the rule since 2026-11-26's last tree, not yet run as code. */
+             * case (add, mul above) is in the rule since 67db6ff, not yet run as code. */
             vpt = 4;
             lean = pdl;
         }

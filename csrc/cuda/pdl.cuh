@@ -73,7 +73,6 @@ static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 bloc
 }
 
 /* pdl_launch_or with one kernel for both kinds of launch (its pdl_wait is a no-op without PDL) */
-
 template <typename K, typename... A>
 static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
                                      const A &...args)
