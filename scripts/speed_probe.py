@@ -82,12 +82,19 @@ def median_or_nan(cfg, label, impl, make_call, nbytes, cache):
         frameworks.release_peer_memory()
 
 
+def ew_call(op, ins, out, **kw):
+    """A zero-argument call of ewkern's op on ins into out (fill writes out), with the scalars the
+    peers' torch ops use (1.0, and 0.5 for axpby's beta); kw goes to the op (variant=...)."""
+    fn = getattr(ewkern, op)
+    scalars = (1.0, 0.5)[:{"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)]
+    if op == "fill":
+        return lambda: fn(out, *scalars, **kw)
+    return lambda: fn(*ins, *scalars, out=out, **kw)
+
+
 def variants(op, dtype, names, sizes):
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
-    fn = getattr(ewkern, op)
-    nsc = {"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)
-    scalars = (1.0, 0.5)[:nsc]
     for size in sizes:
         n = size // ITEMSIZE[dtype]
         methods = {"b2b": "rotate", "single": "flush", "after": "rotate"}
@@ -101,9 +108,7 @@ def variants(op, dtype, names, sizes):
                 def make_call(v=v):
                     ins = frameworks.op_inputs("torch", op, (n,), dtype, "cuda:0")
                     out = torch.empty((n,), dtype=frameworks._torch_dtype(dtype), device="cuda:0")
-                    if op == "fill":
-                        return lambda: fn(out, *scalars, variant=v)
-                    return lambda: fn(*ins, *scalars, out=out, variant=v)
+                    return ew_call(op, ins, out, variant=v)
                 t = frameworks.time_calls(cfg, "torch", make_call, set_b, cache, before=before)
                 med = median_s(t)
                 row.append(f"{v} {med_torch / med:.3f}")
@@ -406,17 +411,14 @@ def cold(op, dtype, sizes, repeats=3):
     for size in sizes:
         n = size // ITEMSIZE[dtype]
         make_torch, _, _, _ = frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0")
-        ew_fn = getattr(ewkern, op)
-        nsc = {"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)
         ins = frameworks.op_inputs("torch", op, (n,), dtype, "cuda:0")
         out = torch.empty((n,), dtype=frameworks._torch_dtype(dtype), device="cuda:0")
-        scalars = (1.0, 0.5)[:nsc]
-        ew_call = (lambda: ew_fn(out, *scalars)) if op == "fill" else (lambda: ew_fn(*ins, *scalars, out=out))
+        ew = ew_call(op, ins, out)
         torch_call = make_torch()
         label = f"{op} {dtype} {size >> 20} MiB"
-        ways = [("ewkern", ew_call, None), ("torch", torch_call, None)]
+        ways = [("ewkern", ew, None), ("torch", torch_call, None)]
         if ewkern.pdl_enabled():
-            ways.append(("ewkern PDL off", ew_call, False))
+            ways.append(("ewkern PDL off", ew, False))
         for _ in range(repeats):
             for name, call, pdl in ways:
                 prev = ewkern.set_pdl(pdl) if pdl is not None else None
@@ -430,7 +432,7 @@ def cold(op, dtype, sizes, repeats=3):
                     if prev is not None:
                         ewkern.set_pdl(prev)
         torch.cuda.synchronize()
-        ins = out = torch_call = ew_call = None
+        ins = out = torch_call = ew = None
         frameworks.release_peer_memory()
     print("cold launches queued:", op, dtype, ", ".join(f"{s >> 20} MiB" for s in sizes), flush=True)
 
@@ -439,9 +441,6 @@ def placement(op, dtype, sizes, rounds=4):
     """Same buffers against own buffers, single launch (and back-to-back) as peers times them."""
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
-    fn = getattr(ewkern, op)
-    nsc = {"fill": 1, "add_const": 1, "mul_const": 1, "axpby": 2}.get(op, 0)
-    scalars = (1.0, 0.5)[:nsc]
     torch_fn = frameworks._op_fn("torch", op)
     for size in sizes:
         n = size // ITEMSIZE[dtype]
@@ -462,9 +461,7 @@ def placement(op, dtype, sizes, rounds=4):
                         ins, out = next(it)
                         if impl == "torch":
                             return lambda: torch_fn(ins, out)
-                        if op == "fill":
-                            return lambda: fn(out, *scalars)
-                        return lambda: fn(*ins, *scalars, out=out)
+                        return ew_call(op, ins, out)
                     return make_call
                 t = {}
                 order = [("ew", "X"), ("torch", "X"), ("ew", "Y"), ("torch", "Y"), ("off", "X")]

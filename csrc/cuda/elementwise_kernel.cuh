@@ -211,7 +211,7 @@ ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n
  * No __restrict__: out may be an input (add(a, b, out=a)), and with it ptxas moved stores above
  * later loads when VPT = 4 (to save registers), halving the loads in flight.
  * PDL: the form for launches with programmatic dependent launch (prefetch, then pdl_wait). The
- * plain form (PDL false) is launched only without it (pdl_launch_or): it neither prefetches nor
+ * plain form (PDL false) is launched only without it (pdl_launch_as): it neither prefetches nor
  * waits, which took add float32 at 1 MiB after a torch kernel in a graph from 0.945 to 0.985 of
  * torch's on the H200 (notes: "The plain form for launches without PDL"); it still triggers its
  * dependents early, so an ewkern kernel after it keeps its PDL launch. */

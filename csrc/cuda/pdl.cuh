@@ -49,35 +49,26 @@ static inline cudaError_t pdl_launch_as(K kernel, K0 plain, dim3 grid, dim3 bloc
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = 0;
-    const bool programmatic = d.programmatic;
-    const unsigned long long capture = d.capture;
-    if (programmatic) {
+    if (d.programmatic) {
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[0].val.programmaticStreamSerializationAllowed = 1;
         cfg.numAttrs = 1;
     }
-    const cudaError_t err = programmatic ? cudaLaunchKernelEx(&cfg, kernel, args...)
-                                         : cudaLaunchKernelEx(&cfg, plain, args...);
+    const cudaError_t err = d.programmatic ? cudaLaunchKernelEx(&cfg, kernel, args...)
+                                           : cudaLaunchKernelEx(&cfg, plain, args...);
     if (err == cudaSuccess)
-        ewcuda_pdl_launched((void *)s, capture);
+        ewcuda_pdl_launched((void *)s, d.capture);
     return err;
 }
 
-/* pdl_launch_as with the decision taken here: a programmatic dependent of the previous work in s
- * when pdl is true and, where s is being captured, that work is one kernel ewkern launched. */
-template <typename K, typename K0, typename... A>
-static inline cudaError_t pdl_launch_or(K kernel, K0 plain, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                                        bool pdl, const A &...args)
-{
-    return pdl_launch_as(kernel, plain, grid, block, smem, s, pdl_decide(s, pdl), args...);
-}
-
-/* pdl_launch_or with one kernel for both kinds of launch (its pdl_wait is a no-op without PDL) */
+/* pdl_launch_as with the decision taken here (a programmatic dependent of the previous work in s
+ * when pdl is true and, where s is being captured, that work is one kernel ewkern launched) and
+ * one kernel for both kinds of launch (its pdl_wait is a no-op without PDL) */
 template <typename K, typename... A>
 static inline cudaError_t pdl_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
                                      const A &...args)
 {
-    return pdl_launch_or(kernel, kernel, grid, block, smem, s, pdl, args...);
+    return pdl_launch_as(kernel, kernel, grid, block, smem, s, pdl_decide(s, pdl), args...);
 }
 
 #endif /* EWKERN_PDL_CUH */
