@@ -9,7 +9,9 @@
  *          and NOUT gradients out (ew_fast_n): 16-byte vectors, 1, 2 or 4 per thread by the same
  *          rule as the forward ops, loads before stores, streaming stores, head and tail on the
  *          last block's spare threads, 32-bit index unless n is too large, PDL with the first
- *          vector prefetched; a gradient not asked for (output_mask) is not stored; arrays whose
+ *          vector prefetched (a launch without PDL takes the plain form, which neither prefetches
+ *          nor waits; on a wide device a programmatic launch at 2-4 waves 4 vectors a thread and
+ *          no prefetch, as the forward ops); a gradient not asked for (output_mask) is not stored; arrays whose
  *          offsets from a 16-byte boundary differ take one element per thread (ew_elem_n).
  *          float16/bfloat16 computed in float32 (gelu, silu, erf on the SFU), float64 in double.
  *  "auto" rmse_backward: grad_a = (a - b) grad / (n r) and grad_b = -grad_a over the [outer][n]
@@ -116,23 +118,30 @@ static int run_grad(const ew_args *a)
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
     const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast_n<Op, T, int, 1>, block, dev) * block;
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
+    /* as run_fast: the decision first, so that a programmatic launch on a wide device takes 4 vectors
+     * a thread without the prefetch at 2-4 waves, and a plain one the plain form */
+    const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)ew_fast_n<Op, T, int, 4>, block, dev) * block * 4;
-    });
+    }, 0, 32, wide_sm(dev) && d.programmatic);
     p.prefetch = plan.prefetch;
     const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
     const Arrays<T, Op::NIN, Op::NOUT> arr = w.at_head();
     if (i32) {
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (plan.vpt == 1)
-            err = pdl_launch(ew_fast_n<Op, T, int, 1>, g, bl, 0, s, pdl, arr, n32, h32, p);
+            err = pdl_launch_as(ew_fast_n<Op, T, int, 1>, ew_fast_n<Op, T, int, 1, false>, g, bl, 0, s, d, arr, n32,
+                                h32, p);
         else if (plan.vpt == 2)
-            err = pdl_launch(ew_fast_n<Op, T, int, 2>, g, bl, 0, s, pdl, arr, n32, h32, p);
+            err = pdl_launch_as(ew_fast_n<Op, T, int, 2>, ew_fast_n<Op, T, int, 2, false>, g, bl, 0, s, d, arr, n32,
+                                h32, p);
         else
-            err = pdl_launch(ew_fast_n<Op, T, int, 4>, g, bl, 0, s, pdl, arr, n32, h32, p);
+            err = pdl_launch_as(ew_fast_n<Op, T, int, 4>, ew_fast_n<Op, T, int, 4, false>, g, bl, 0, s, d, arr, n32,
+                                h32, p);
     } else {
-        err = pdl_launch(ew_fast_n<Op, T, int64_t, 1>, g, bl, 0, s, pdl, arr, w.n - w.head, w.head, p);
+        err = pdl_launch_as(ew_fast_n<Op, T, int64_t, 1>, ew_fast_n<Op, T, int64_t, 1>, g, bl, 0, s, d, arr,
+                            w.n - w.head, w.head, p);
     }
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }

@@ -318,20 +318,23 @@ EW_DEV void elem_grad(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx i, const OpAr
             arr.out[q][i] = from_c<T>(yi[q]);
 }
 
-/* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary) */
-template <class Op, class T, class Idx, int VPT>
+/* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary);
+ * PDL false: the plain form, as ew_fast's (no prefetch, no wait) */
+template <class Op, class T, class Idx, int VPT, bool PDL = true>
 __global__ void __launch_bounds__(1024)
 ew_fast_n(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
 {
     enum { N = Vec16<T>::N, NI = Op::NIN, NO = Op::NOUT };
     const Idx nvec = n / Idx(N);
     const Idx base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);
-    if (int(blockIdx.x) < p.prefetch && base < nvec) {
+    if constexpr (PDL) {
+        if (int(blockIdx.x) < p.prefetch && base < nvec) {
 #pragma unroll
-        for (int q = 0; q < NI; ++q)
-            prefetch_l2_line(reinterpret_cast<const uint4 *>(arr.in[q]) + base, 16u, threadIdx.x == 0);
+            for (int q = 0; q < NI; ++q)
+                prefetch_l2_line(reinterpret_cast<const uint4 *>(arr.in[q]) + base, 16u, threadIdx.x == 0);
+        }
+        pdl_wait();
     }
-    pdl_wait();
     pdl_launch_dependents();
     uint4 r[VPT][NI];
 #pragma unroll

@@ -135,8 +135,8 @@ static int64_t heavy16_waves(int dev)
  * kernel's); heavy64: Heavy64's class of float64 math; heavy16_from: the waves past which heavy16 ==
  * 1 takes 2 vectors a thread (heavy16_waves); wide: the launch is a programmatic dependent on a device
  * whose memory moves at least 30 GB/s an SM (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves
- * under PDL too; given by ewkern's own ops, not yet by the backward and run-time kernels, which were
- * not measured with it). */
+ * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
+ * which were not measured with it). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false)
