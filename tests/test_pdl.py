@@ -2,6 +2,7 @@
 must see each other's results whether PDL is on or off, queued directly or replayed from a
 CUDA graph. A kernel that touched memory before its wait would read stale data here."""
 import importlib.util
+import math
 
 import numpy as np
 import pytest
@@ -247,3 +248,53 @@ def test_capture_keeps_pdl_between_forward_and_autograds_backward():
     assert edges == 3
     assert prog == (3 if ewkern.pdl_enabled() else 0)
     torch.testing.assert_close(dx.double(), g.double() * torch.exp(x.detach().double()), rtol=4e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and importlib.util.find_spec("torch")), reason="needs a CUDA GPU and torch")
+@pytest.mark.parametrize("pdl", [True, False])
+def test_capture_backward_ops_take_the_plain_form_behind_torch(pdl):
+    """A backward op's kernel (ew_fast_n) launched behind a torch kernel in a captured graph is the
+    plain form (no wait, no prefetch), behind an ewkern kernel the PDL form: graph mul (torch),
+    gelu_backward, mul_backward (both gradients), mul (torch), silu_backward; the gradients match
+    float64 torch on a length with a tail and a misaligned start."""
+    import torch
+    n = (1 << 17) + 7
+    g0 = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(n + 1, device="cuda", generator=g0)[1:]
+    b = torch.randn(n + 1, device="cuda", generator=g0)[1:]
+    g = torch.randn(n + 1, device="cuda", generator=g0)[1:]
+    x, da, db, gs = (torch.empty(n + 1, device="cuda")[1:] for _ in range(4))
+    prev = ewkern.set_pdl(pdl)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ewkern.gelu_backward(g, a, out=x)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(graph, stream=s):
+                torch.mul(g, 0.5, out=x)
+                ewkern.gelu_backward(x, a, out=x)
+                ewkern.mul_backward(x, a, b, out=(da, db))
+                torch.mul(db, 2.0, out=gs)
+                ewkern.silu_backward(gs, b, out=gs)
+            names = _kernel_names(graph.raw_cuda_graph())
+            graph.instantiate()
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        ewkern.set_pdl(prev)
+    grads = [k for k in names if "9ew_fast_nI" in k]
+    plain = [k for k in grads if "Lb0EEEv" in k]
+    on = pdl and ewkern.pdl_enabled()
+    assert (len(grads), len(plain)) == (3, 2 if on else 3), names
+    a64, b64, g64 = a.double(), b.double(), g.double()
+    phi = torch.exp(-a64 ** 2 / 2) / math.sqrt(2 * math.pi)
+    x64 = 0.5 * g64 * (0.5 * (1 + torch.special.erf(a64 / math.sqrt(2))) + a64 * phi)
+    sb = torch.sigmoid(b64)
+    gs64 = 2 * x64 * a64 * sb * (1 + b64 * (1 - sb))
+    torch.testing.assert_close(x.double(), x64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(da.double(), x64 * b64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(db.double(), x64 * a64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gs.double(), gs64, rtol=1e-5, atol=1e-6)

@@ -166,6 +166,31 @@ def test_auto_loads_first_then_streams_stores(sass, op, vpt):
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 
 
+@pytest.mark.parametrize("vpt", ["1", "2", "4"])
+@pytest.mark.parametrize("op", ["9Grad_geluEf", "8Grad_mulE6__half"])
+def test_backward_forms(sass, op, vpt):
+    # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's: every vector load of
+    # a thread before its first streaming store, the dependents triggered early; the PDL form
+    # prefetches and waits before the loads, the plain form (launches without PDL) does neither
+    forms = {form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form)) for form in "01"}
+    for form, funcs in forms.items():
+        for name, ins in funcs.items():
+            text = [t for _, t in ins]
+            loads = [i for i, t in enumerate(text) if LDG128.search(t)]
+            stores = [i for i, t in enumerate(text) if STG128.search(t)]
+            assert loads and stores and max(loads) < min(stores), name
+            assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
+            triggers = [i for i, t in enumerate(text) if t.startswith("PREEXIT")]
+            assert triggers and triggers[0] < min(stores), "%s: no early trigger of the dependents" % name
+            waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
+            if form == "1":
+                assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
+                _assert_prefetch_before_wait(name, text)
+            else:
+                assert not waits, "%s: the plain form waits for a PDL primary" % name
+                assert not any(PREFETCH_L2.search(t) for t in text), "%s: the plain form prefetches" % name
+
+
 PREFETCH_L2 = re.compile(r"^(@!?P\w+\s+)?CCTL\.E\.PF2\b")
 
 
