@@ -8,6 +8,8 @@ Environment:
   EWKERN_DLPACK_INCLUDE   a folder holding dlpack/dlpack.h (1.2 or newer); by default the
                           header of the apache-tvm-ffi package is used.
   EWKERN_NVCC_THREADS     nvcc --threads value (default 2).
+  EWKERN_NVCC_FLAGS       extra nvcc arguments, split on spaces (e.g. "-DNAME=1 -lineinfo"); a change
+                          of them does not rebuild existing objects (remove build/ for that).
   EWKERN_NO_LIBMVEC=1     build the CPU math ops without glibc's libmvec (scalar libm loops),
                           as on machines that lack it; ewkern.build_info()["cpu_math"] says which.
 """
@@ -126,13 +128,14 @@ class BuildExt(build_ext):
         top = max(archs, key=int)
         gencode += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
         threads = os.environ.get("EWKERN_NVCC_THREADS", "2")
+        extra = os.environ.get("EWKERN_NVCC_FLAGS", "").split()
 
         def one(src):
             obj = os.path.join(outdir, os.path.basename(src) + "." + "-".join(archs) + ".o")
             if os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header):
                 return obj
             cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17", "--threads", threads, "-Xcompiler", "-fPIC",
-                   "-I", os.path.join(HERE, "csrc"), "-I", dlpack] + gencode
+                   "-I", os.path.join(HERE, "csrc"), "-I", dlpack] + gencode + extra
             print("nvcc", os.path.relpath(src, HERE), flush=True)
             subprocess.run(cmd, check=True)
             return obj
