@@ -191,6 +191,19 @@ def test_backward_forms(sass, op, vpt):
                 assert not any(PREFETCH_L2.search(t) for t in text), "%s: the plain form prefetches" % name
 
 
+@pytest.mark.parametrize("op", ["6Op_expEd", "10Op_sigmoidEd", "7Op_siluEd"])
+def test_float64_exp_family_keeps_its_registers(sass, op):
+    # float64 exp, sigmoid and silu at 1-2 vectors a thread are ew_fast_r (__maxnreg__(64)): under
+    # __launch_bounds__(1024) alone ptxas fitted them into 32 registers by spilling to local memory
+    # (STL/LDL), which cost sigmoid 4 MiB 0.95 -> 1.02-1.04 of torch's single launch on the H200
+    local = re.compile(r"\b(STL|LDL)\b")
+    funcs = _functions(sass, "9ew_fast_rINS_" + op)
+    assert len(funcs) == 5, sorted(funcs)   # 1 and 2 a thread in both forms, and the 64-bit index
+    for name, ins in funcs.items():
+        assert not any(local.search(t) for _, t in ins), "%s spills to local memory" % name
+    assert not [n for n in _functions(sass, "7ew_fastINS_" + op) if re.search(r"[il]Li[12]E", n)]
+
+
 PREFETCH_L2 = re.compile(r"^(@!?P\w+\s+)?CCTL\.E\.PF2\b")
 
 

@@ -60,7 +60,7 @@ namespace ewk {
 #include "ops.def"
 #undef EW_OP
 
-#define EWK_AUTO_KERNEL(Op, T) ((const void *)ew_fast<Op, T, int, 1, false>)
+#define EWK_AUTO_KERNEL(Op, T) ((const void *)fast_kernel<Op, T, int, 1, false>())
 
 /* An auto row's launcher and main kernel: made here for every (op, dtype) but float64 gelu, whose
  * kernels elementwise_gelu64.cu makes (elementwise_auto.cuh says why). */

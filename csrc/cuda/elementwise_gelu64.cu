@@ -17,6 +17,6 @@ namespace ewk {
 
 int launch_auto_gelu64(const void *args) { return launch_auto<Op_gelu, double>(args); }
 
-const void *auto_gelu64_kernel() { return (const void *)ew_fast<Op_gelu, double, int, 1, false>; }
+const void *auto_gelu64_kernel() { return (const void *)fast_kernel<Op_gelu, double, int, 1, false>(); }
 
 } /* namespace ewk */

@@ -98,7 +98,7 @@ static int run_fast(const ew_args *a)
     const int dev = a->device;
     const bool pdl = ewcuda_pdl_active(dev);
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
-    const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast<Op, T, int, 1, WB>, block, dev) * block;
+    const int64_t wave1 = wave_blocks(occ1, (const void *)fast_kernel<Op, T, int, 1, WB>(), block, dev) * block;
     /* 32-bit indices when every index formed fits (grid * vpt * block <= nvec + 2 * 4 * block) */
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     const bool heavy16 = Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2;
@@ -109,7 +109,7 @@ static int run_fast(const ew_args *a)
      * copy 0.987 -> 0.944-0.961, exp 0.985-0.996 -> 0.946-0.965 with 4 a thread there) */
     const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL, heavy16, [&] {
-        return wave_blocks(occ4, (const void *)ew_fast<Op, T, int, 4, WB>, block, dev) * block * 4;
+        return wave_blocks(occ4, (const void *)fast_kernel<Op, T, int, 4, WB>(), block, dev) * block * 4;
     }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16 ? heavy16_waves(dev) : 32,
                                     wide_sm(dev) && d.programmatic);
     const int vpt = plan.vpt;
@@ -125,17 +125,17 @@ static int run_fast(const ew_args *a)
          * auto_wb (a study variant) and for 64-bit indices (> 2^31 elements: 0.1 us is nothing) */
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (vpt == 1)
-            err = pdl_launch_as(ew_fast<Op, T, int, 1, WB>, ew_fast<Op, T, int, 1, WB, WB>, g, bl, 0, s, d, xh, yh,
-                                zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 1, WB>(), fast_kernel<Op, T, int, 1, WB, WB>(), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
         else if (vpt == 2)
-            err = pdl_launch_as(ew_fast<Op, T, int, 2, WB>, ew_fast<Op, T, int, 2, WB, WB>, g, bl, 0, s, d, xh, yh,
-                                zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 2, WB>(), fast_kernel<Op, T, int, 2, WB, WB>(), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
         else
-            err = pdl_launch_as(ew_fast<Op, T, int, 4, WB>, ew_fast<Op, T, int, 4, WB, WB>, g, bl, 0, s, d, xh, yh,
-                                zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 4, WB>(), fast_kernel<Op, T, int, 4, WB, WB>(), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
     } else {
-        err = pdl_launch_as(ew_fast<Op, T, int64_t, 1, WB>, ew_fast<Op, T, int64_t, 1, WB>, g, bl, 0, s, d, xh, yh, zh,
-                            w.n - w.head, w.head, p);
+        const auto k64 = fast_kernel<Op, T, int64_t, 1, WB>();
+        err = pdl_launch_as(k64, k64, g, bl, 0, s, d, xh, yh, zh, w.n - w.head, w.head, p);
     }
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }
