@@ -269,9 +269,9 @@ def test_auto_grid_shapes(op, dtype, variant):
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("op", ["exp", "sigmoid", "silu", "log", "tanh", "gelu"])
 def test_auto_float64_math_plans(op):
-    """float64 libm-class math takes its class's vectors per thread (exp and sigmoid 4 past 2
-    waves, silu 4 past half a wave, log, tanh and gelu 1 up to 4 waves and 2 beyond): sizes at
-    0.3, 0.6, 1.5, 3.9 and 5 waves reach each, misaligned, PDL on and off."""
+    """float64 libm-class math takes its class's vectors per thread (exp and sigmoid 1 at any
+    size, silu 4 past 2 waves, log, tanh and gelu 1 up to 4 waves and 2 beyond): sizes at 0.3,
+    0.6, 1.5, 3.9 and 5 waves reach each, misaligned, PDL on and off."""
     info = ewkern.device_info("cuda:0")
     per_wave = info["sm_count"] * info["max_threads_per_sm"]
     rng = np.random.default_rng(12)

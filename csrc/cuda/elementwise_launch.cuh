@@ -71,7 +71,7 @@ static OpArgs<T> op_args(const ew_args *a)
  * launch there (behind a foreign kernel in a graph) keeps 1: 4 lost 3-5% after torch.mul.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
- * (heavy64, Heavy64's class): exp and sigmoid 4 beyond 2 waves, silu 4 beyond half a wave, erf, log
+ * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 2 waves, erf, log
  * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
  * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
  * Measurements: ELEMENTWISE_NOTES.md. */
@@ -161,13 +161,22 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * 1, 0.95-1.09 / 0.90-0.96 with 4; at 64 MiB erf, log, tanh run best with 2 (1.06-1.10 /
          * 0.96-1.01), gelu with 4 (1.01 against 0.99 with 2, 256 MiB-1 GiB 1.01 against 0.97). silu at
          * 4 MiB (one wave): 4 gives 1.00 / 0.98, 1 gives 0.95 / 0.85 (the H100: 1.03 / 0.96 against
-         * 0.94 / 0.83); exp and sigmoid keep the first rule (1 at 4 MiB: 1.10-1.21 back-to-back) */
+         * 0.94 / 0.83); exp and sigmoid keep the first rule (1 at 4 MiB: 1.10-1.21 back-to-back).
+         * Those measurements of exp, sigmoid and silu were of kernels that ptxas had spilled at 1 and
+         * 2 a thread (32 registers under __launch_bounds__(1024)); ew_fast_r (5cd9c75) keeps their
+         * registers, and forced 1 / 2 / 4 again (the rule before in brackets), back-to-back then
+         * single launch, H200 / H100: exp 16 MiB 1.12 / 1.05, 0.95 / 1.02 with 1 (1.08 / 1.05, 0.94 /
+         * 0.96 with 4), 256 MiB 1.05 / 1.02, 1.04 / 1.01 (1.01, 1.00-1.01); sigmoid 16 MiB 1.14 /
+         * 1.13, 0.98 / 1.03 (1.09 / 1.11, 0.97 / 0.97), 4 MiB 1 already; so exp and sigmoid take 1
+         * at any size. silu (46 registers at 1, 58 at 4) with 1: 4 MiB 1.27 / 1.30, 1.02 / 1.05 (1.01
+         * / 1.04, 0.99 / 0.99 with 4); but 16 MiB 0.96 back-to-back on the H200, 64 MiB 0.85-0.97:
+         * silu 4 past 2 waves of its 1-vector kernel. */
         if (heavy64 == H64_POLY || heavy64 == H64_GELU)
             vpt = nvec <= 4 * wave1 ? 1 : heavy64 == H64_POLY ? 2 : 4;
         else if (heavy64 == H64_SILU)
-            vpt = 2 * nvec > wave1 ? 4 : 1;
-        else
             vpt = nvec > 2 * wave1 ? 4 : 1;
+        else
+            vpt = 1;
     } else if (fill) {
         /* write-only: past half a wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way.
