@@ -136,21 +136,21 @@ def test_vector_kernels_move_128_bits(sass, parts):
         assert any(STG128.search(t) for t in text), "%s: no 128-bit global store" % name
 
 
-@pytest.mark.parametrize("vpt", ["1", "2", "4"])
-@pytest.mark.parametrize("op", ["6Op_addEf", "7Op_copyE6__half", "6Op_logE13__nv_bfloat16"])
-def test_auto_loads_first_then_streams_stores(sass, op, vpt):
-    # auto: every 128-bit load of a thread's vectors issues before its first store, the stores are
-    # streaming (st.global.cs shows as STG.E.EF), and the kernel waits for its PDL primary
-    # (griddepcontrol.wait = ACQBULK) before any global access; auto_wb keeps write-back stores
-    # The plain form (launches without PDL) has the same loads and stores, triggers its dependents
-    # early (griddepcontrol.launch_dependents = PREEXIT) and neither waits nor prefetches.
-    forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
+def _assert_default_path_forms(forms, vpt=None):
+    """forms: {"1": the PDL form's kernels, "0": the plain form's}. Every 128-bit load of a thread's
+    vectors issues before its first store (vpt of each when given), the stores are streaming
+    (st.global.cs shows as STG.E.EF), the dependents are triggered early
+    (griddepcontrol.launch_dependents = PREEXIT); the PDL form waits for its primary
+    (griddepcontrol.wait = ACQBULK) before any global load, after its L2 prefetch; the plain form
+    (launches without PDL) neither waits nor prefetches."""
     for form, funcs in forms.items():
         for name, ins in funcs.items():
             text = [t for _, t in ins]
             loads = [i for i, t in enumerate(text) if LDG128.search(t)]
             stores = [i for i, t in enumerate(text) if STG128.search(t)]
-            assert len(loads) >= int(vpt) and len(stores) == int(vpt), name
+            assert loads and stores, name
+            if vpt is not None:
+                assert len(loads) >= vpt and len(stores) == vpt, name
             assert max(loads) < min(stores), "%s: a 128-bit store before the last vector load" % name
             assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
             waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
@@ -162,6 +162,14 @@ def test_auto_loads_first_then_streams_stores(sass, op, vpt):
             else:
                 assert not waits, "%s: the plain form waits for a PDL primary" % name
                 assert not any(PREFETCH_L2.search(t) for t in text), "%s: the plain form prefetches" % name
+
+
+@pytest.mark.parametrize("vpt", ["1", "2", "4"])
+@pytest.mark.parametrize("op", ["6Op_addEf", "7Op_copyE6__half", "6Op_logE13__nv_bfloat16"])
+def test_auto_loads_first_then_streams_stores(sass, op, vpt):
+    # auto (ew_fast) in both forms (_assert_default_path_forms); auto_wb keeps write-back stores
+    forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
+    _assert_default_path_forms(forms, int(vpt))
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 
@@ -169,26 +177,9 @@ def test_auto_loads_first_then_streams_stores(sass, op, vpt):
 @pytest.mark.parametrize("vpt", ["1", "2", "4"])
 @pytest.mark.parametrize("op", ["9Grad_geluEf", "8Grad_mulE6__half"])
 def test_backward_forms(sass, op, vpt):
-    # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's: every vector load of
-    # a thread before its first streaming store, the dependents triggered early; the PDL form
-    # prefetches and waits before the loads, the plain form (launches without PDL) does neither
-    forms = {form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form)) for form in "01"}
-    for form, funcs in forms.items():
-        for name, ins in funcs.items():
-            text = [t for _, t in ins]
-            loads = [i for i, t in enumerate(text) if LDG128.search(t)]
-            stores = [i for i, t in enumerate(text) if STG128.search(t)]
-            assert loads and stores and max(loads) < min(stores), name
-            assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
-            triggers = [i for i, t in enumerate(text) if t.startswith("PREEXIT")]
-            assert triggers and triggers[0] < min(stores), "%s: no early trigger of the dependents" % name
-            waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
-            if form == "1":
-                assert waits and waits[0] < loads[0], "%s: no griddepcontrol.wait before the loads" % name
-                _assert_prefetch_before_wait(name, text)
-            else:
-                assert not waits, "%s: the plain form waits for a PDL primary" % name
-                assert not any(PREFETCH_L2.search(t) for t in text), "%s: the plain form prefetches" % name
+    # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's
+    _assert_default_path_forms({form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form))
+                                for form in "01"})
 
 
 @pytest.mark.parametrize("op", ["6Op_expEd", "10Op_sigmoidEd", "7Op_siluEd"])
