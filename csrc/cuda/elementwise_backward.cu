@@ -11,8 +11,9 @@
  *          last block's spare threads, 32-bit index unless n is too large, PDL with the first
  *          vector prefetched (a launch without PDL takes the plain form, which neither prefetches
  *          nor waits; on a wide device a programmatic launch at 2-4 waves 4 vectors a thread and
- *          no prefetch, as the forward ops); a gradient not asked for (output_mask) is not stored; arrays whose
- *          offsets from a 16-byte boundary differ take one element per thread (ew_elem_n).
+ *          no prefetch, as the forward ops); a gradient not asked for (output_mask) is not stored;
+ *          arrays whose offsets from a 16-byte boundary differ take one element per thread
+ *          (ew_elem_n).
  *          float16/bfloat16 computed in float32 (gelu, silu, erf on the SFU), float64 in double.
  *  "auto" rmse_backward: grad_a = (a - b) grad / (n r) and grad_b = -grad_a over the [outer][n]
  *          [inner] view in one pass: 16-byte vectors of a and b, each element's batch found by

@@ -63,8 +63,9 @@ static OpArgs<T> op_args(const ew_args *a)
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
  * and PDL is off, or the launch is a programmatic dependent on a device whose memory moves at least
  * 30 GB/s an SM (wide_sm; then without the prefetch, and also where the grid is two waves of the
- * 4-vector kernel, the second at least 85% full; div's launchers do not ask it), else 1; W > 4: 1 (many waves). A grid much below
- * one wave leaves SMs with a block more than others (measured slower). Under PDL each thread
+ * 4-vector kernel, the second at least 85% full; div's launchers do not ask it), else 1; W > 4: 1
+ * (many waves). A grid much below one wave leaves SMs with a block more than others (measured
+ * slower). Under PDL each thread
  * prefetches its first vector before the wait, and there 1 vector per thread beat 4 on the H100
  * (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
  * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08; a plain
