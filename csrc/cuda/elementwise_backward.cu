@@ -30,7 +30,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "ewkern_kernels.h"
 #include "device_cache.cuh"
@@ -66,6 +65,8 @@ typedef Grad_axpby Grad_axpby_backward;
 #include "grads.def"
 #undef EW_GRAD
 
+
+template <> struct NarrowRule<Grad_div> { enum { value = 1 }; };
 
 /* The arrays of one launch, each from its first element, and their common head. */
 template <class Op, class T>
@@ -121,13 +122,13 @@ static int run_grad(const ew_args *a)
     const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast_n<Op, T, int, 1>, block, dev) * block;
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     /* as run_fast: the decision first, so that a programmatic launch on a wide device takes 4 vectors
-     * a thread without the prefetch at 2-4 waves (but div, as in run_fast; its 4-vector backward
+     * a thread without the prefetch at 2-4 waves (wide_launch; not div, whose 4-vector backward
      * kernel also spills), and a plain one the plain form */
     const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)ew_fast_n<Op, T, int, 4>, block, dev) * block * 4;
-    }, 0, 32, wide_sm(dev) && d.programmatic && !std::is_same<Op, Grad_div>::value);
+    }, 0, 32, wide_launch<Op>(dev, d));
     p.prefetch = plan.prefetch;
     const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
     const Arrays<T, Op::NIN, Op::NOUT> arr = w.at_head();

@@ -18,6 +18,7 @@
 #include "ewkern_kernels.h"
 #include "elementwise_common.cuh"
 #include "elementwise_kernel.cuh"
+#include "pdl.cuh"
 
 namespace ewk {
 
@@ -63,13 +64,13 @@ static OpArgs<T> op_args(const ew_args *a)
  * its stores); 2 < W <= 4: 4 when that grid fills at least 85% of one wave of the 4-vector kernel
  * and PDL is off, or the launch is a programmatic dependent on a device whose memory moves at least
  * 30 GB/s an SM (wide_sm; then without the prefetch, and also where the grid is two waves of the
- * 4-vector kernel, the second at least 85% full; div's launchers do not ask it), else 1; W > 4: 1
- * (many waves). A grid much below one wave leaves SMs with a block more than others (measured
- * slower). Under PDL each thread
- * prefetches its first vector before the wait, and there 1 vector per thread beat 4 on the H100
- * (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch at 16 MiB (3.9 waves) ran at 0.98 of torch's
- * with 1 and the prefetch, 1.00-1.04 with 4 and none, back-to-back 1.09-1.15 -> 1.02-1.08; a plain
- * launch there (behind a foreign kernel in a graph) keeps 1: 4 lost 3-5% after torch.mul.
+ * 4-vector kernel, the second at least 85% full; not for div: wide_launch), else 1; W > 4: 1 (many
+ * waves). A grid much below one wave leaves SMs with a block more than others (measured slower).
+ * Under PDL each thread prefetches its first vector before the wait, and there 1 vector per thread
+ * beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
+ * at 16 MiB (3.9 waves) ran at 0.98 of torch's with 1 and the prefetch, 1.00-1.04 with 4 and none,
+ * back-to-back 1.09-1.15 -> 1.02-1.08; a plain launch there (behind a foreign kernel in a graph)
+ * keeps 1: 4 lost 3-5% after torch.mul.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 2 waves, erf, log
@@ -123,6 +124,20 @@ struct AutoPlan {
 static bool wide_sm(int dev)
 {
     return sm_bandwidth_gbs(dev) >= 30;
+}
+
+/* auto_plan's `wide` for a launch of Op that pdl_decide decided as d: a programmatic dependent on a
+ * wide device (wide_sm), for every op but those that keep the narrow rule (NarrowRule: div and its
+ * backward, whose 4-vector kernels take 54-61 registers and, in 16-bit types, 32 divisions a thread;
+ * at two waves they lost on the H200 at 16 MiB, 72f9d89, ewkern / torch back-to-back and single
+ * launch: float16 1.08 -> 0.98, 0.99 -> 0.96; bfloat16 1.08 -> 0.97, 0.99 -> 0.95; float32 1.10 ->
+ * 1.03, 0.985 both, where add, mul, axpby gained single launches, 0.98 -> 1.00). */
+template <class Op> struct NarrowRule { enum { value = 0 }; };
+template <> struct NarrowRule<Op_div> { enum { value = 1 }; };
+template <class Op>
+static bool wide_launch(int dev, const PdlDecision &d)
+{
+    return d.programmatic && !NarrowRule<Op>::value && wide_sm(dev);
 }
 
 static int64_t heavy16_waves(int dev)
@@ -210,7 +225,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
              * float64 0.994 -> 1.004 (1.147 -> 1.082), mul bfloat16 0.986 -> 0.998 (1.092 -> 1.027).
              * With 4 and the prefetch: 0.963-1.018 single. Nsight Compute, cold copy: 4 a thread
              * 9.0-9.3 us without the prefetch, 9.7-10.5 with it, 1 a thread 9.7-10.1. The two-wave
-             * case (add, mul above) is in the rule since 67db6ff, not yet run as code. */
+             * case (67db6ff; 72f9d89's `peers`): add, mul float32 16 MiB single 0.98 -> 1.00. */
             vpt = 4;
             lean = pdl;
         }

@@ -15,7 +15,6 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
 #include "ewkern_kernels.h"
 #include "device_cache.cuh"
@@ -108,15 +107,11 @@ static int run_fast(const ew_args *a)
      * 4 vectors a thread without the prefetch, a plain one (behind a foreign kernel in a captured
      * graph) 1 with the plain form, as before (H200 8ecf70e, 16 MiB after torch.mul, ewkern / torch:
      * copy 0.987 -> 0.944-0.961, exp 0.985-0.996 -> 0.946-0.965 with 4 a thread there) */
-    /* div keeps the narrow rule: its 4-vector kernel (54-61 registers, 32 divisions a thread in
-     * 16-bit types) at two waves lost on the H200 at 16 MiB (72f9d89, ewkern / torch back-to-back and
-     * single launch: float16 1.08 -> 0.98, 0.99 -> 0.96; bfloat16 1.08 -> 0.97, 0.99 -> 0.95; float32
-     * 1.10 -> 1.03, 0.985 both) where add, mul, axpby gained single launches (0.98 -> 1.00) */
     const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, int(Op::KIND) == KIND_FILL, heavy16, [&] {
         return wave_blocks(occ4, (const void *)fast_kernel<Op, T, int, 4, WB>(), block, dev) * block * 4;
     }, sizeof(T) == 8 ? int(Heavy64<typename MathOf<Op, T>::type>::value) : 0, heavy16 ? heavy16_waves(dev) : 32,
-                                    wide_sm(dev) && d.programmatic && !std::is_same<Op, Op_div>::value);
+                                    wide_launch<Op>(dev, d));
     const int vpt = plan.vpt;
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
