@@ -186,7 +186,9 @@ def _row_source_variants():
     """Wrap _codegen.row_source so that a kernel named probe_rmsnorm_<variant> is generated with
     source changes: nocs (plain stores instead of st.global.cs), lb8 (__launch_bounds__(256, 8):
     at most 32 registers, 8 blocks of 256 per SM; plans with G <= 256 only), ldcs/ldnc/ldlu (the
-    row's 16-byte loads as ld.global.cs / .nc / .lu)."""
+    row's 16-byte loads as ld.global.cs / .nc / .lu), blkN (blocks of at least N lanes: the
+    bound N, and rownorm launches blocks of max(N, G), so that blk512 puts two float32 rows of 4096
+    in a block, as bfloat16's plan does)."""
     from ewkern.rtc import _codegen
     base = _codegen.row_source
 
@@ -196,7 +198,10 @@ def _row_source_variants():
         if "nocs" in parts:
             src = src.replace("st.global.cs.", "st.global.")
         if "lb8" in parts:
-            src = src.replace("__launch_bounds__(1024)", "__launch_bounds__(256, 8)")
+            src = re.sub(r"__launch_bounds__\(\d+\)", "__launch_bounds__(256, 8)", src)
+        for p in parts:
+            if re.fullmatch(r"blk\d+", p):
+                src = re.sub(r"__launch_bounds__\(\d+\)", "__launch_bounds__(%s)" % p[3:], src)
         for hint in ("cs", "nc", "lu"):
             if "ld" + hint in parts:
                 src = src.replace("template <int VPL>", _LOAD_HINT % (hint, hint), 1)
@@ -290,7 +295,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
     kernels = {v: ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
                                    f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", f"probe_rmsnorm_{v}",
                                    reduce_type="float") for v in variants}
-    auto = _rowkernel.row_plan
+    auto, min_block = _rowkernel.row_plan, _rowkernel._MIN_BLOCK
     tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
@@ -306,6 +311,8 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                 row = []
                 for plan, v in [(p, v) for p in plans for v in variants]:
                     k = kernels[v]
+                    blk = re.search(r"blk(\d+)", v)
+                    _rowkernel._MIN_BLOCK = int(blk.group(1)) if blk else min_block
                     if plan == "auto":
                         _rowkernel.row_plan = auto
                     elif plan.endswith("l"):     # G lanes, the two-pass form
@@ -323,7 +330,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                         return lambda: k(x, 1e-6, o)
                     med = median_s(frameworks.time_calls(cfg, "torch", make_e, nbytes, cache))
                     row.append(f"{plan}/{v} {med_tc / med:.3f} ({k._last_path})")
-                _rowkernel.row_plan = auto
+                _rowkernel.row_plan, _rowkernel._MIN_BLOCK = auto, min_block
                 print(f"rmsnorm {dtype} {size >> 20} MiB {method}: torch.compile {med_tc * 1e6:.2f} us | "
                       + " | ".join(row), flush=True)
                 frameworks.release_peer_memory()
