@@ -67,6 +67,7 @@ typedef Grad_axpby Grad_axpby_backward;
 
 
 template <> struct NarrowRule<Grad_div> { enum { value = 1 }; };
+template <> struct FreeRegsN<Grad_erf, double, 1> { enum { value = 1 }; };
 
 /* The arrays of one launch, each from its first element, and their common head. */
 template <class Op, class T>
@@ -119,7 +120,7 @@ static int run_grad(const ew_args *a)
         return err != cudaSuccess ? int(err) : int(cudaGetLastError());
     }
     static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
-    const int64_t wave1 = wave_blocks(occ1, (const void *)ew_fast_n<Op, T, int, 1>, block, dev) * block;
+    const int64_t wave1 = wave_blocks(occ1, (const void *)fast_n_kernel<Op, T, int, 1>(), block, dev) * block;
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     /* as run_fast: the decision first, so that a programmatic launch on a wide device takes 4 vectors
      * a thread without the prefetch at 2-4 waves (wide_launch; not div, whose 4-vector backward
@@ -127,7 +128,7 @@ static int run_grad(const ew_args *a)
     const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
-        return wave_blocks(occ4, (const void *)ew_fast_n<Op, T, int, 4>, block, dev) * block * 4;
+        return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
     }, 0, 32, wide_launch<Op>(dev, d));
     p.prefetch = plan.prefetch;
     const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
@@ -135,16 +136,16 @@ static int run_grad(const ew_args *a)
     if (i32) {
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (plan.vpt == 1)
-            err = pdl_launch_as(ew_fast_n<Op, T, int, 1>, ew_fast_n<Op, T, int, 1, false>, g, bl, 0, s, d, arr, n32,
-                                h32, p);
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 1>(), fast_n_kernel<Op, T, int, 1, false>(), g, bl, 0, s, d,
+                                arr, n32, h32, p);
         else if (plan.vpt == 2)
-            err = pdl_launch_as(ew_fast_n<Op, T, int, 2>, ew_fast_n<Op, T, int, 2, false>, g, bl, 0, s, d, arr, n32,
-                                h32, p);
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 2>(), fast_n_kernel<Op, T, int, 2, false>(), g, bl, 0, s, d,
+                                arr, n32, h32, p);
         else
-            err = pdl_launch_as(ew_fast_n<Op, T, int, 4>, ew_fast_n<Op, T, int, 4, false>, g, bl, 0, s, d, arr, n32,
-                                h32, p);
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 4>(), fast_n_kernel<Op, T, int, 4, false>(), g, bl, 0, s, d,
+                                arr, n32, h32, p);
     } else {
-        err = pdl_launch_as(ew_fast_n<Op, T, int64_t, 1>, ew_fast_n<Op, T, int64_t, 1>, g, bl, 0, s, d, arr,
+        err = pdl_launch_as(fast_n_kernel<Op, T, int64_t, 1>(), fast_n_kernel<Op, T, int64_t, 1>(), g, bl, 0, s, d, arr,
                             w.n - w.head, w.head, p);
     }
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
@@ -289,8 +290,8 @@ static int launch_rmse_backward(const void *args)
     "auto's body with NIN arrays in and NOUT gradients out: 16-byte vectors, 1/2/4 per thread by auto's rule, " \
     "streaming stores, head/tail on spare threads, PDL with the first vector prefetched"
 #define EWK_GRAD_ROW(NAME, T, DT) \
-    {#NAME, "auto", DT, launch_grad<Grad_##NAME, T>, (const void *)ew_fast_n<Grad_##NAME, T, int, 1>, EW_USES_BLOCK, \
-     EWK_GRAD_ABOUT},
+    {#NAME, "auto", DT, launch_grad<Grad_##NAME, T>, (const void *)fast_n_kernel<Grad_##NAME, T, int, 1>(), \
+     EW_USES_BLOCK, EWK_GRAD_ABOUT},
 #define EWK_RMSE_GRAD_ROW(T, DT) \
     {"rmse_backward", "auto", DT, launch_rmse_backward<T>, (const void *)rmse_backward_kernel<T, int, true>, \
      EW_USES_BLOCK, "one pass over 16-byte vectors of a and b, each element's batch counted from its vector's " \

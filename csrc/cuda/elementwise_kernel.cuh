@@ -357,9 +357,8 @@ EW_DEV void elem_grad(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx i, const OpAr
 
 /* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary);
  * PDL false: the plain form, as ew_fast's (no prefetch, no wait) */
-template <class Op, class T, class Idx, int VPT, bool PDL = true>
-__global__ void __launch_bounds__(1024)
-ew_fast_n(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
+template <class Op, class T, class Idx, int VPT, bool PDL>
+EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx head, const OpArgs<T> &p)
 {
     enum { N = Vec16<T>::N, NI = Op::NIN, NO = Op::NOUT };
     const Idx nvec = n / Idx(N);
@@ -400,6 +399,35 @@ ew_fast_n(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
         if (j < nedge)
             elem_grad<Op, T, Idx>(arr, j < head ? j - head : tail0 + (j - head), p);
     }
+}
+
+/* FreeRegs for the backward ops (specialised beside them): float64 erf's gradient at 1 vector a
+ * thread, its usual form, took 32 registers with 6 values spilled (STL/LDL on the main path) under
+ * __launch_bounds__(1024) alone, as the forward exp did before ew_fast_r */
+template <class Op, class T, int VPT> struct FreeRegsN { enum { value = 0 }; };
+
+template <class Op, class T, class Idx, int VPT, bool PDL = true>
+__global__ void __launch_bounds__(1024)
+ew_fast_n(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
+{
+    ew_fast_n_body<Op, T, Idx, VPT, PDL>(arr, n, head, p);
+}
+
+template <class Op, class T, class Idx, int VPT, bool PDL = true>
+__global__ void __maxnreg__(64)
+ew_fast_n_r(Arrays<T, Op::NIN, Op::NOUT> arr, Idx n, Idx head, OpArgs<T> p)
+{
+    ew_fast_n_body<Op, T, Idx, VPT, PDL>(arr, n, head, p);
+}
+
+/* the backward default path's kernel for (Op, T, Idx, VPT, PDL): ew_fast_n_r where FreeRegsN says so */
+template <class Op, class T, class Idx, int VPT, bool PDL = true>
+static inline void (*fast_n_kernel())(Arrays<T, Op::NIN, Op::NOUT>, Idx, Idx, OpArgs<T>)
+{
+    if constexpr (FreeRegsN<Op, T, VPT>::value)
+        return ew_fast_n_r<Op, T, Idx, VPT, PDL>;
+    else
+        return ew_fast_n<Op, T, Idx, VPT, PDL>;
 }
 
 /* The arrays' offsets from a 16-byte boundary differ: one element per thread, grid-stride. */
