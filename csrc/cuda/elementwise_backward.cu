@@ -145,8 +145,8 @@ static int run_grad(const ew_args *a)
             err = pdl_launch_as(fast_n_kernel<Op, T, int, 4>(), fast_n_kernel<Op, T, int, 4, false>(), g, bl, 0, s, d,
                                 arr, n32, h32, p);
     } else {
-        err = pdl_launch_as(fast_n_kernel<Op, T, int64_t, 1>(), fast_n_kernel<Op, T, int64_t, 1>(), g, bl, 0, s, d, arr,
-                            w.n - w.head, w.head, p);
+        const auto k64 = fast_n_kernel<Op, T, int64_t, 1>();
+        err = pdl_launch_as(k64, k64, g, bl, 0, s, d, arr, w.n - w.head, w.head, p);
     }
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }

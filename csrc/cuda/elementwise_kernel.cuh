@@ -403,7 +403,9 @@ EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx h
 
 /* FreeRegs for the backward ops (specialised beside them): float64 erf's gradient at 1 vector a
  * thread, its usual form, took 32 registers with 6 values spilled (STL/LDL on the main path) under
- * __launch_bounds__(1024) alone, as the forward exp did before ew_fast_r */
+ * __launch_bounds__(1024) alone, as the forward exp did before ew_fast_r. A trait of its own:
+ * FreeRegs's Heavy64 test would also take float64 gelu's and silu's gradients, which do not spill
+ * there and were not measured in the other form */
 template <class Op, class T, int VPT> struct FreeRegsN { enum { value = 0 }; };
 
 template <class Op, class T, class Idx, int VPT, bool PDL = true>
