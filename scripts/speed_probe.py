@@ -188,7 +188,9 @@ def _row_source_variants():
     at most 32 registers, 8 blocks of 256 per SM; plans with G <= 256 only), ldcs/ldnc/ldlu (the
     row's 16-byte loads as ld.global.cs / .nc / .lu), blkN (blocks of at least N lanes: the
     bound N, and rownorm launches blocks of max(N, G), so that blk512 puts two float32 rows of 4096
-    in a block, as bfloat16's plan does)."""
+    in a block, as bfloat16's plan does), nohint (the two-pass form's loads without their L2
+    eviction priorities), tpcN (the two-pass form's step: N vectors a lane instead of
+    ROW_TWO_PASS_VECTORS)."""
     from ewkern.rtc import _codegen
     base = _codegen.row_source
 
@@ -202,6 +204,11 @@ def _row_source_variants():
         for p in parts:
             if re.fullmatch(r"blk\d+", p):
                 src = re.sub(r"__launch_bounds__\(\d+\)", "__launch_bounds__(%s)" % p[3:], src)
+        if "nohint" in parts:
+            src = src.replace("sizeof(P) == 16 && __CUDA_ARCH__ >= 800", "false && sizeof(P) == 16")
+        for p in parts:
+            if re.fullmatch(r"tpc\d+", p):
+                src = re.sub(r"enum \{ TPC = \d+ \}", "enum { TPC = %s }" % p[3:], src)
         for hint in ("cs", "nc", "lu"):
             if "ld" + hint in parts:
                 src = src.replace("template <int VPL>", _LOAD_HINT % (hint, hint), 1)

@@ -846,6 +846,28 @@ template <class P> __device__ __forceinline__ void stcs(P *dst, const P &x)
         *dst = x;
     }
 }
+/* a 16-byte load with an L2 eviction priority (Hopper's createpolicy; sm_80 and later), as
+   Triton's eviction_policy: ldkeep (evict_last) for a row that is read again, lddrop
+   (evict_first) for its last read; other sizes and older GPUs: a plain load. volatile: kept in
+   order with the stores (stcs), as the plain loads they replace */
+#define EWRTC_LDPOL(NAME, PRIO) \
+template <class P> __device__ __forceinline__ P NAME(const P *p) \
+{ \
+    if constexpr (sizeof(P) == 16 && __CUDA_ARCH__ >= 800) { \
+        uint4 u; \
+        asm volatile("{ .reg .b64 pol; createpolicy.fractional.L2::" PRIO ".b64 pol, 1.0; " \
+                     "ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }" \
+                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p) : "memory"); \
+        P r; \
+        *reinterpret_cast<uint4 *>(&r) = u; \
+        return r; \
+    } else { \
+        return *p; \
+    } \
+}
+EWRTC_LDPOL(ldkeep, "evict_last")
+EWRTC_LDPOL(lddrop, "evict_first")
+#undef EWRTC_LDPOL
 } /* namespace ewrtc */
 """
 
@@ -1012,6 +1034,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 # ---- row kernels: a reduction over each row, then an operation over the same row --------------
 
 ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
+ROW_TWO_PASS_VECTORS = 4   # the two-pass form's step: vectors a lane loads together, over its arrays
 ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (groups of G)
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 COLSUM_BLOCK = 512         # a column-sum row kernel's block may hold up to this many lanes
@@ -1313,8 +1336,30 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     def mem_value(p, dt, kind):
         if kind in ("array", "bcol"):
-            return f"ewrtc::ld(&_c_{p.name}.v[_k])"
+            return f"ewrtc::ld(&_c_{p.name}[_q].v[_k])"
         return f"_s_{p.name}"
+
+    # the two-pass form (VPL 0) steps through the row TPC vectors a lane at a time: each step's
+    # loads are issued together before any use (an apply that stores between them would wait on
+    # each load in turn: ptxas cannot move a load above a store that may alias it, as in place)
+    two_pass_loads = len(dense_in + bcols + read_outs)
+    src.add(f"    enum {{ TPC = {max(1, ROW_TWO_PASS_VECTORS // max(1, two_pass_loads))} }};")
+
+    def chunk_loop(indent, arrays, how):
+        """the two-pass form's loop over a lane's vectors, TPC a step, each array's step loaded
+        into _c_<name>[TPC] by ewrtc::<how> for dense inputs (ldkeep: L2 evict_last, the row is read
+        again; lddrop: evict_first, its last read), ldkeep for a repeated row (every group reads it)"""
+        src.add(f"{indent}for (int _v0 = _lane; _live && _v0 < _nv; _v0 += TPC * _G) {{")
+        for p, dt, kind, _ in arrays:
+            src.add(f"{indent}    _U_{p.name} _c_{p.name}[TPC];")
+        src.add("#pragma unroll")
+        src.add(f"{indent}    for (int _q = 0; _q < TPC; ++_q)")
+        src.add(f"{indent}        if (_v0 + _q * _G < _nv) {{")
+        for p, dt, kind, _ in arrays:
+            f = how if kind == "array" and not p.is_output else "ldkeep" if kind == "bcol" else None
+            src.add(f"{indent}            _c_{p.name}[_q] = " + (f"ewrtc::{f}(_u_{p.name} + _v0 + _q * _G);" if f
+                                                                else f"_u_{p.name}[_v0 + _q * _G];"))
+        src.add(f"{indent}        }}")
 
     # VPL > 0: the row's dense inputs in registers; a repeated row ('bcol': a weight) is read
     # where it is used, vector by vector (the same row for every group: from L1 or L2), so it
@@ -1352,13 +1397,19 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("            }")
         src.add("        }")
         src.add("    } else {")
-        src.add("        for (int _v = _lane; _live && _v < _nv; _v += _G) {")
-        for p, dt, kind, _ in dense_in + bcols:
-            src.add(f"            const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+        # the two-pass form: TPC vectors a lane loaded together, then mapped in order; the row
+        # kept in L2 for the next pass (evict_last)
+        chunk_loop("        ", [a for a in dense_in + bcols if a[0].name in in_map], "ldkeep")
         src.add("#pragma unroll")
-        src.add("            for (int _k = 0; _k < E; ++_k) {")
-        src.add("                const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        map_into("                ", mem_value, stage)
+        src.add("            for (int _q = 0; _q < TPC; ++_q) {")
+        src.add("                const int _v = _v0 + _q * _G;")
+        src.add("                if (_v < _nv) {")
+        src.add("#pragma unroll")
+        src.add("                    for (int _k = 0; _k < E; ++_k) {")
+        src.add("                        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        map_into("                        ", mem_value, stage)
+        src.add("                    }")
+        src.add("                }")
         src.add("            }")
         src.add("        }")
         src.add("    }")
@@ -1377,9 +1428,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         lane_combine("_acc2", "_sh2", stage2[1], "reduce2_expr")
 
     def emit_apply(indent, value, have_regs):
-        src.add(f"{indent}const int _v = _lane + _q * _G;" if have_regs else "")
+        src.add(f"{indent}const int _v = {'_lane' if have_regs else '_v0'} + _q * _G;")
         src.add(f"{indent}if (_live && _v < _nv) {{")
-        for p, dt, kind, _ in (late if have_regs else dense_in + bcols) + read_outs:
+        for p, dt, kind, _ in (late + read_outs if have_regs else []):   # the two-pass form loaded its step
             src.add(f"{indent}    const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
         dense_outs = [a for a in outs if a[2] != "colsum"]
         for p, dt, kind, _ in dense_outs:
@@ -1403,8 +1454,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                                                     else reg_value(p, dt, kind)), True)
     src.add("        }")
     src.add("    } else {")
-    src.add("        for (int _v = _lane; _v < _nv; _v += _G) {")
-    emit_apply("            ", mem_value, False)
+    # the row's last read: not kept in L2 (evict_first)
+    chunk_loop("        ", dense_in + bcols + read_outs, "lddrop")
+    src.add("#pragma unroll")
+    src.add("            for (int _q = 0; _q < TPC; ++_q) {")
+    emit_apply("                ", mem_value, False)
+    src.add("            }")
     src.add("        }")
     src.add("    }")
     if csum:
