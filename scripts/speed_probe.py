@@ -318,6 +318,9 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                 row = []
                 for plan, v in [(p, v) for p in plans for v in variants]:
                     k = kernels[v]
+                    if "lb8" in v and plan not in ("auto", "256", "256l"):   # its bound: blocks of 256 at most
+                        row.append(f"{plan}/{v} n/a")
+                        continue
                     blk = re.search(r"blk(\d+)", v)
                     _rowkernel._MIN_BLOCK = int(blk.group(1)) if blk else min_block
                     if plan == "auto":
