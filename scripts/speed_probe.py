@@ -22,9 +22,10 @@
         z = x + y (ewkern.add), the per-row mean square of [rows, 4096] and the sum of squares of
         the whole array. SIZE is bytes per input array.
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
-        an rmsnorm RowKernel over rows of 4096 against torch.compile's, both timing methods;
-        PLAN is auto, G (lanes per row, vectors per lane the fewest that hold the row) or Gl (G
-        lanes, the two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
+        an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
+        timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
+        per lane the fewest that hold the row), Gl (G lanes, the two-pass form) or Gt (G lanes,
+        the lean two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
     python scripts/speed_probe.py rows SIZE[,SIZE...] DTYPE[,DTYPE...] VARIANT[,VARIANT...]
         the mean of (a - b)^2 over rows of 4096 (the `fused` experiment's mse_rows) as an
         ewkern.ReductionKernel built from source variants of the rows engine (_rows_source_variants:
@@ -294,6 +295,10 @@ def rows(sizes, dtypes, variants, cols=4096):
 
 
 def rownorm(sizes, dtypes, plans, cols=4096):
+    """rmsnorm over rows of `cols` (PROBE_ROW_COLS) against torch.compile, per plan x source
+    variant: auto (the host's), reg (row_plan's register form, never the lean one), G (G lanes
+    in registers), Gl (the two-pass form), Gt (the lean two-pass form)."""
+    cols = int(os.environ.get("PROBE_ROW_COLS", cols))
     from ewkern.rtc import _rowkernel
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
@@ -302,7 +307,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
     kernels = {v: ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
                                    f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", f"probe_rmsnorm_{v}",
                                    reduce_type="float") for v in variants}
-    auto, min_block = _rowkernel.row_plan, _rowkernel._MIN_BLOCK
+    auto, min_block, lean_waves = _rowkernel.row_plan, _rowkernel._MIN_BLOCK, _rowkernel._LEAN_WAVES
     tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
@@ -323,10 +328,14 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                         continue
                     blk = re.search(r"blk(\d+)", v)
                     _rowkernel._MIN_BLOCK = int(blk.group(1)) if blk else min_block
-                    if plan == "auto":
+                    # auto: the host's plan (the lean form by its rule); reg: row_plan's register form
+                    _rowkernel._LEAN_WAVES = lean_waves if plan == "auto" else float("inf")
+                    if plan in ("auto", "reg"):
                         _rowkernel.row_plan = auto
                     elif plan.endswith("l"):     # G lanes, the two-pass form
                         _rowkernel.row_plan = lambda nv, G=int(plan[:-1]): (G, 0)
+                    elif plan.endswith("t"):     # G lanes, the lean two-pass form (2 vectors a lane)
+                        _rowkernel.row_plan = lambda nv, G=int(plan[:-1]): (G, -2)
                     else:
                         G = int(plan)
                         if G * 4 < cols * ITEMSIZE[dtype] // 16:     # more than 4 vectors a lane: no such form
@@ -341,7 +350,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                         return lambda: k(x, 1e-6, o)
                     med = median_s(frameworks.time_calls(cfg, "torch", make_e, nbytes, cache))
                     row.append(f"{plan}/{v} {med_tc / med:.3f} ({k._last_path})")
-                _rowkernel.row_plan, _rowkernel._MIN_BLOCK = auto, min_block
+                _rowkernel.row_plan, _rowkernel._MIN_BLOCK, _rowkernel._LEAN_WAVES = auto, min_block, lean_waves
                 print(f"rmsnorm {dtype} {size >> 20} MiB {method}: torch.compile {med_tc * 1e6:.2f} us | "
                       + " | ".join(row), flush=True)
                 frameworks.release_peer_memory()

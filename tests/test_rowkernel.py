@@ -370,6 +370,36 @@ def test_gpu_broadcast_kinds_in_place_and_max():
     torch.testing.assert_close(ym, xm / m, rtol=2e-16, atol=0)
 
 
+rmsnorm_nw = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)",
+                              "0", name="rmsnorm_nw")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gpu_many_rows_lean_form(dtype):
+    """Rows of 4096 enough to fill _LEAN_WAVES waves run the lean two-pass form (VPL=-2): against
+    float64, in place, the same bits from a second call, the bytes after the output untouched."""
+    from ewkern.rtc import _rowkernel
+    info = ewkern.device_info("cuda:0")
+    G = row_plan(4096 * {"float32": 4}.get(dtype, 2) // 16)[0]
+    rows = -(-_rowkernel._LEAN_WAVES * info["sm_count"] * info["max_threads_per_sm"] // (2 * G)) + 3
+    tdt = getattr(torch, dtype)
+    x = (torch.randn(rows, 4096, device="cuda") * 3 + 0.5).to(tdt)
+    out = torch.full((rows * 4096 + 8,), float("nan"), dtype=tdt, device="cuda")
+    y = out[:rows * 4096].view(rows, 4096)
+    rmsnorm_nw(x, EPS_RMS, y)
+    assert "VPL=-2" in rmsnorm_nw._last_path, rmsnorm_nw._last_path
+    pick = torch.unique(torch.cat([torch.arange(4), torch.randint(0, rows, (60,)), torch.tensor([rows - 1])])).cuda()
+    ones = np.ones(4096)
+    _check_rms(y[pick].double().cpu().numpy(), x[pick].double().cpu().numpy(), ones, dtype)
+    assert torch.isnan(out[rows * 4096:]).all()
+    assert torch.equal(rmsnorm_nw(x, EPS_RMS), y)
+    rmsnorm_nw(x, EPS_RMS, x)            # in place: each lane loads its step before it stores it
+    assert torch.equal(x, y)
+
+
 @pytest.mark.serial
 @pytest.mark.slow
 @gpu
@@ -384,6 +414,13 @@ def test_gpu_more_than_2_31_elements():
     x[-1] *= 2
     w = torch.ones(cols, dtype=torch.float16, device="cuda")
     y = rmsnorm(x, w, 0.0)
+    torch.cuda.synchronize()
+    for r in (0, (1 << 19) - 1, 1 << 19, rows - 1):
+        xr = x[r].double()
+        torch.testing.assert_close(y[r].double(), xr / xr.pow(2).mean().sqrt(), rtol=2e-3, atol=0)
+    del y
+    y = rmsnorm_nw(x, 0.0)                # without the weight: the lean two-pass form
+    assert "VPL=-2" in rmsnorm_nw._last_path, rmsnorm_nw._last_path
     torch.cuda.synchronize()
     for r in (0, (1 << 19) - 1, 1 << 19, rows - 1):
         xr = x[r].double()

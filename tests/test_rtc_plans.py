@@ -68,6 +68,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_kernel, "_C", lambda: c)
     monkeypatch.setattr(_rowkernel, "_C", lambda: c)
     monkeypatch.setitem(_kernel._dev_facts, "cuda:0", ((9, 0), 132))
+    monkeypatch.setitem(_rowkernel._max_threads, "cuda:0", 2048)
     # the image says whether its source asked __launch_bounds__ for a minimum of blocks
     monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
         b"image" + (b" bounded" if re.search(r"__launch_bounds__\(\d+, \d+\)", str(src)) else b""), "cubin", {}))
@@ -240,6 +241,35 @@ def test_column_sum_widens_its_blocks_where_the_partials_weigh(fake, monkeypatch
     assert struct.unpack("<QQqq", colsum[3])[2] == grid   # one partial row a block either way
     share = 2 * 528 * 4 / (rows * 6)
     assert (share >= _rowkernel._COLSUM_WIDEN_SHARE) == (block == 512)
+
+
+@pytest.mark.parametrize("dtype, rows, lanes, want", [
+    ("float32", 4224, 2048, (512, -2)),       # 8 waves of 512 lanes a row: the lean form
+    ("float32", 4223, 2048, (256, 4)),        # just under
+    ("float32", 1 << 16, 1536, (256, 4)),     # the lean form would leave lanes unused
+    ("bfloat16", 8448, 2048, (256, -2)),      # 128 x 4 -> 256 x 2
+    ("float32", 1 << 16, 2048, (256, 4))])    # with a column sum: never
+def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, lanes, want):
+    """A RowKernel whose register plan is 4 vectors a lane at G <= 256 runs the lean two-pass
+    form (2G lanes, 2 vectors each, the row read again from L2: entry t2, blocks of 2G) where its
+    rows fill at least _LEAN_WAVES waves of it and it keeps every lane of the SM resident (the
+    stand-in reports `lanes` an SM for it); otherwise, and for kernels with column sums or a
+    second reduction, the register form."""
+    entries = []
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: entries.append(entry) or len(entries) - 1)
+    monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (
+        lanes if entries[h].endswith("_t2") else 2048) // block)
+    colsum = want == (256, 4) and rows == 1 << 16 and lanes == 2048
+    k = ewkern.RowKernel("T x, float32 eps", "T y, T gw" if colsum else "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps)" + ("; gw = x" if colsum else ""), "0",
+                         f"fake_lean_{dtype}_{rows}_{lanes}", _colsum=("gw",) if colsum else ())
+    k(FakeArray(1 << 36, dtype, (rows, 4096)), 1e-6)
+    h, grid, block = fake.launches[-2 if colsum else -1][:3]
+    G, vpl = want
+    assert entries[h].endswith("_t2" if vpl < 0 else "_r4")
+    assert k._last_path.startswith(f"rows G={G} VPL={vpl} ")
+    if not colsum:
+        assert block == max(256, G) and grid == -(-rows // (block // G))
 
 
 def test_column_sum_with_one_group_a_block_compiles_without_the_combine(fake, monkeypatch):

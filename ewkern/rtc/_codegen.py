@@ -1033,8 +1033,11 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 
 # ---- row kernels: a reduction over each row, then an operation over the same row --------------
 
-ROW_FORMS = (1, 2, 4, 0)   # vectors per lane held in registers; 0: the row is read twice (long rows)
-ROW_TWO_PASS_VECTORS = 4   # the two-pass form's step: vectors a lane loads together, over its arrays
+# the row kernel's forms: 1, 2, 4 vectors a lane held in registers; 0 and below: the row is read
+# twice, the second time mostly from L2 (0: long rows, a step of ROW_TWO_PASS_VECTORS vectors over
+# the arrays; -2: the lean form, one step of 2 vectors a lane)
+ROW_FORMS = (1, 2, 4, 0, -2)
+ROW_TWO_PASS_VECTORS = 4
 ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (groups of G)
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 COLSUM_BLOCK = 512         # a column-sum row kernel's block may hold up to this many lanes
@@ -1103,7 +1106,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     host checks cols % E == 0). Forms (ROW_FORMS order): VPL = 1, 2 or 4 vectors per lane kept
     in registers, so the row is read from memory once and the apply reuses the loaded values
     (in place is safe: a group loads its whole row before it stores); VPL = 0 for rows longer
-    than 4 x 1024 vectors, read a second time for the apply (mostly from L2). The lanes combine by
+    than 4 x 1024 vectors, read a second time for the apply (mostly from L2, the first read
+    evict_last), in steps of TPC vectors a lane loaded together (in place is safe: a lane loads its
+    step before it stores it); VPL = -2, the same with one step of 2 vectors a lane (the host's
+    lean form for many rows: fewer registers, every lane resident). The lanes combine by
     a butterfly in which the lower lane's value is always `a` and the higher's `b`, then across
     the group's warps in warp order through shared memory, so every lane ends with the same
     value, in an order fixed by the shape and E: results do not change from run to run.
@@ -1343,7 +1349,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     # loads are issued together before any use (an apply that stores between them would wait on
     # each load in turn: ptxas cannot move a load above a store that may alias it, as in place)
     two_pass_loads = len(dense_in + bcols + read_outs)
-    src.add(f"    enum {{ TPC = {max(1, ROW_TWO_PASS_VECTORS // max(1, two_pass_loads))} }};")
+    src.add(f"    enum {{ TPC = VPL < 0 ? -VPL : {max(1, ROW_TWO_PASS_VECTORS // max(1, two_pass_loads))} }};")
 
     def chunk_loop(indent, arrays, how):
         """the two-pass form's loop over a lane's vectors, TPC a step, each array's step loaded
@@ -1504,7 +1510,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("}")
     entries = []
     for vpl in ROW_FORMS:
-        entry = f"ewrtc_{name}_r{vpl}"
+        entry = f"ewrtc_{name}_r{vpl}" if vpl >= 0 else f"ewrtc_{name}_t{-vpl}"
         entries.append(entry)
         # the bound is the block the host launches (ROW_MIN_BLOCK or G lanes): 1024 would cap a
         # lane at 64 registers, and the derived backwards spilled under it

@@ -34,6 +34,16 @@ _COLSUM_MIN_THREADS = 768
 # wider block's barrier cost about 3.5%)
 _COLSUM_WIDEN_SHARE = 1 / 12
 
+# The lean two-pass form (VPL -2: 2 vectors a lane, the row read again from L2) instead of the
+# register form at 4 vectors a lane, where the rows fill at least _LEAN_WAVES waves of it and every
+# lane of it is resident: rmsnorm, rows of 4096, float32 (G 256 x 4 -> 512 x 2) and bfloat16 (128 x
+# 4 -> 256 x 2), against torch.compile (whose Triton kernel is such a form). H200 (2026-11-26): 256
+# MiB-1 GiB 0.95-0.98 -> 0.99-1.01 (float32), 1.05-1.08 -> 1.09-1.10 (bfloat16); at 16 MiB (2 waves)
+# the register form's 1.00-1.09 against 0.95-1.00.
+_LEAN_WAVES = 8
+_LEAN_MAX_G = 512      # measured at 256 and 512 lanes a row
+_max_threads: dict[str, int] = {}
+
 _params_cache: dict[Any, type] = {}
 
 
@@ -346,7 +356,8 @@ class RowKernel:
     def _cuda_run(self, call: _Call, layout: _codegen.Layout, values: dict[str, Any], rtype: str, reads: set[str],
                   P: Any, rows: int, cols: int) -> tuple[Callable[[bytearray, int], None], int, list[Any]]:
         """(run(buf, stream), partial rows, finish per column-sum output) of the CUDA kernel
-        (compiled on first use): the plan of row_plan, the first wave's L2 prefetch when PDL is on;
+        (compiled on first use): the plan of row_plan (or the lean two-pass form, _LEAN_WAVES),
+        the first wave's L2 prefetch when PDL is on;
         with column-sum outputs a wave of blocks that take P.tiles tiles of rows each, one partial
         row per group, and each output's sum of them (_CudaColumnSum)."""
         device = call.device
@@ -384,7 +395,21 @@ class RowKernel:
             return w
 
         G, vpl = row_plan(cols // E)
-        hs, h, block, w = form(G, vpl)
+        lean = None
+        if not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G:
+            mt = _max_threads.get(device)
+            if mt is None:
+                from .. import device_info
+                mt = _max_threads[device] = int(device_info(device)["max_threads_per_sm"])
+            if rows * 2 * G >= _LEAN_WAVES * sms * mt:
+                lean = form(2 * G, -2)
+                if lean[3] * lean[2] < sms * mt:    # not every lane resident: the register form
+                    lean = None
+        if lean is not None:
+            G, vpl = 2 * G, -2
+            hs, h, block, w = lean
+        else:
+            hs, h, block, w = form(G, vpl)
         if self._colsum and vpl > 1 and 2 * G <= _MAX_G and w * block < _COLSUM_MIN_THREADS * sms:
             # a column sum holds its lanes' columns in registers across the tiles: when that leaves
             # few lanes resident, twice the lanes with half the vectors each, if more of them fit
