@@ -26,6 +26,9 @@
         timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
         per lane the fewest that hold the row), Gl (G lanes, the two-pass form) or Gt (G lanes,
         the lean two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
+    python scripts/speed_probe.py backward OP[,OP...] DTYPE SIZE[,SIZE...]
+        each OP_backward(grad, x, out=) against ewkern.mul and torch.mul (the same bytes), GB/s,
+        back-to-back and single launch.
     python scripts/speed_probe.py rows SIZE[,SIZE...] DTYPE[,DTYPE...] VARIANT[,VARIANT...]
         the mean of (a - b)^2 over rows of 4096 (the `fused` experiment's mse_rows) as an
         ewkern.ReductionKernel built from source variants of the rows engine (_rows_source_variants:
@@ -115,6 +118,31 @@ def variants(op, dtype, names, sizes):
                 row.append(f"{v} {med_torch / med:.3f}")
             print(f"{op} {dtype} {size >> 20} MiB {method}: torch {med_torch * 1e6:.2f} us | " + " | ".join(row),
                   flush=True)
+            frameworks.release_peer_memory()
+
+
+def backward_ops(ops, dtype, sizes):
+    """Each OP_backward(grad, x, out=) against ewkern.mul(a, b, out=) (the same bytes: two reads and
+    a write of n elements) and torch.mul, back-to-back and single launch: GB/s."""
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    tdt = frameworks._torch_dtype(dtype)
+    for size in sizes:
+        n = size // ITEMSIZE[dtype]
+        nbytes = 3 * size
+        for method, cache in (("b2b", "rotate"), ("single", "flush")):
+            def make(fn):
+                def make_call():
+                    a = torch.randn(n, dtype=tdt, device="cuda:0")
+                    b = torch.randn(n, dtype=tdt, device="cuda:0")
+                    o = torch.empty_like(a)
+                    return lambda: fn(a, b, o)
+                return make_call
+            ways = [("torch.mul", lambda a, b, o: torch.mul(a, b, out=o)), ("mul", lambda a, b, o: ewkern.mul(a, b, out=o))]
+            ways += [(f"{op}_backward", lambda a, b, o, f=getattr(ewkern, f"{op}_backward"): f(a, b, out=o)) for op in ops]
+            row = [f"{w} {nbytes / median_s(frameworks.time_calls(cfg, 'torch', make(fn), nbytes, cache)) / 1e9:.0f}"
+                   for w, fn in ways]
+            print(f"backward {dtype} {size >> 20} MiB {method} GB/s: " + " | ".join(row), flush=True)
             frameworks.release_peer_memory()
 
 
@@ -528,6 +556,8 @@ if __name__ == "__main__":
     elif cmd == "rtc":
         rtc([parse_bytes(x) for x in sys.argv[2].split(",")],
             sys.argv[3].split(",") if len(sys.argv) > 3 else ["float32", "float16", "bfloat16"])
+    elif cmd == "backward":
+        backward_ops(sys.argv[2].split(","), sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")])
     elif cmd == "rownorm":
         rownorm([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
     elif cmd == "rows":

@@ -40,7 +40,7 @@ _COLSUM_WIDEN_SHARE = 1 / 12
 # 4 -> 256 x 2), against torch.compile (whose Triton kernel is such a form). H200 (2026-11-26): 256
 # MiB-1 GiB 0.95-0.98 -> 0.99-1.01 (float32), 1.05-1.08 -> 1.09-1.10 (bfloat16); at 16 MiB (2 waves)
 # the register form's 1.00-1.09 against 0.95-1.00.
-_LEAN_WAVES = 8
+_LEAN_WAVES = 24
 _LEAN_MAX_G = 512      # measured at 256 and 512 lanes a row
 _max_threads: dict[str, int] = {}
 
