@@ -243,12 +243,15 @@ def test_column_sum_widens_its_blocks_where_the_partials_weigh(fake, monkeypatch
     assert (share >= _rowkernel._COLSUM_WIDEN_SHARE) == (block == 512)
 
 
+_LEAN_ROWS = _rowkernel._LEAN_WAVES * 132 * 2048 // 512     # float32 rows of 4096 that fill them
+
+
 @pytest.mark.parametrize("dtype, rows, lanes, want", [
-    ("float32", 4224, 2048, (512, -2)),       # 8 waves of 512 lanes a row: the lean form
-    ("float32", 4223, 2048, (256, 4)),        # just under
-    ("float32", 1 << 16, 1536, (256, 4)),     # the lean form would leave lanes unused
-    ("bfloat16", 8448, 2048, (256, -2)),      # 128 x 4 -> 256 x 2
-    ("float32", 1 << 16, 2048, (256, 4))])    # with a column sum: never
+    ("float32", _LEAN_ROWS, 2048, (512, -2)),        # _LEAN_WAVES waves of 512 lanes a row: the lean form
+    ("float32", _LEAN_ROWS - 1, 2048, (256, 4)),     # just under
+    ("float32", 1 << 17, 1536, (256, 4)),            # the lean form would leave lanes unused
+    ("bfloat16", 2 * _LEAN_ROWS, 2048, (256, -2)),   # 128 x 4 -> 256 x 2
+    ("float32", 1 << 17, 2048, (256, 4))])           # with a column sum: never
 def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, lanes, want):
     """A RowKernel whose register plan is 4 vectors a lane at G <= 256 runs the lean two-pass
     form (2G lanes, 2 vectors each, the row read again from L2: entry t2, blocks of 2G) where its
@@ -259,7 +262,7 @@ def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, l
     monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: entries.append(entry) or len(entries) - 1)
     monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (
         lanes if entries[h].endswith("_t2") else 2048) // block)
-    colsum = want == (256, 4) and rows == 1 << 16 and lanes == 2048
+    colsum = want == (256, 4) and rows == 1 << 17 and lanes == 2048
     k = ewkern.RowKernel("T x, float32 eps", "T y, T gw" if colsum else "T y", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps)" + ("; gw = x" if colsum else ""), "0",
                          f"fake_lean_{dtype}_{rows}_{lanes}", _colsum=("gw",) if colsum else ())
