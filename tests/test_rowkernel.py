@@ -378,10 +378,12 @@ rmsnorm_nw = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch is None, reason="torch not installed")
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_gpu_many_rows_lean_form(dtype):
-    """Rows of 4096 enough to fill _LEAN_WAVES waves run the lean two-pass form (VPL=-2): against
-    float64, in place, the same bits from a second call, the bytes after the output untouched."""
+def test_gpu_many_rows_lean_form(dtype, monkeypatch):
+    """Rows of 4096 enough to fill _LEAN_WAVES waves run the lean two-pass form (VPL=-2; asked for
+    on any GPU, whatever its GB/s an SM): against float64, in place, the same bits from a second
+    call, the bytes after the output untouched."""
     from ewkern.rtc import _rowkernel
+    monkeypatch.setattr(_rowkernel, "_LEAN_SM_GBS", 0.0)
     info = ewkern.device_info("cuda:0")
     G = row_plan(4096 * {"float32": 4}.get(dtype, 2) // 16)[0]
     rows = -(-_rowkernel._LEAN_WAVES * info["sm_count"] * info["max_threads_per_sm"] // (2 * G)) + 3
@@ -404,8 +406,11 @@ def test_gpu_many_rows_lean_form(dtype):
 @pytest.mark.slow
 @gpu
 @pytest.mark.skipif(torch is None, reason="torch not installed")
-def test_gpu_more_than_2_31_elements():
-    """2^31 + 4096 x 3 float16 elements in rows of 4096: the rows past 2^31 elements are right."""
+def test_gpu_more_than_2_31_elements(monkeypatch):
+    """2^31 + 4096 x 3 float16 elements in rows of 4096: the rows past 2^31 elements are right,
+    in the register form and in the lean two-pass form (asked for on any GPU)."""
+    from ewkern.rtc import _rowkernel
+    monkeypatch.setattr(_rowkernel, "_LEAN_SM_GBS", 0.0)
     rows, cols = (1 << 19) + 3, 4096
     if torch.cuda.mem_get_info()[0] < 2 * 2 * rows * cols + (2 << 30):
         pytest.skip("not enough GPU memory for two float16 arrays of 2^31 + 12288 elements")

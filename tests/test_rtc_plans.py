@@ -68,7 +68,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_kernel, "_C", lambda: c)
     monkeypatch.setattr(_rowkernel, "_C", lambda: c)
     monkeypatch.setitem(_kernel._dev_facts, "cuda:0", ((9, 0), 132))
-    monkeypatch.setitem(_rowkernel._max_threads, "cuda:0", 2048)
+    monkeypatch.setitem(_rowkernel._lean_facts, "cuda:0", (2048, 36.5))   # an H200's
     # the image says whether its source asked __launch_bounds__ for a minimum of blocks
     monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
         b"image" + (b" bounded" if re.search(r"__launch_bounds__\(\d+, \d+\)", str(src)) else b""), "cubin", {}))
@@ -251,13 +251,16 @@ _LEAN_ROWS = _rowkernel._LEAN_WAVES * 132 * 2048 // 512     # float32 rows of 40
     ("float32", _LEAN_ROWS - 1, 2048, (256, 4)),     # just under
     ("float32", 1 << 17, 1536, (256, 4)),            # the lean form would leave lanes unused
     ("bfloat16", 2 * _LEAN_ROWS, 2048, (256, -2)),   # 128 x 4 -> 256 x 2
-    ("float32", 1 << 17, 2048, (256, 4))])           # with a column sum: never
+    ("float32", 1 << 17, 2048, (256, 4)),            # with a column sum: never
+    ("float16", 1 << 17, 2048, (128, 4))])           # on a device of 25 GB/s an SM (an H100's): never
 def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, lanes, want):
     """A RowKernel whose register plan is 4 vectors a lane at G <= 256 runs the lean two-pass
     form (2G lanes, 2 vectors each, the row read again from L2: entry t2, blocks of 2G) where its
-    rows fill at least _LEAN_WAVES waves of it and it keeps every lane of the SM resident (the
-    stand-in reports `lanes` an SM for it); otherwise, and for kernels with column sums or a
-    second reduction, the register form."""
+    rows fill at least _LEAN_WAVES waves of it, it keeps every lane of the SM resident (the
+    stand-in reports `lanes` an SM for it) and the memory moves >= _LEAN_SM_GBS an SM;
+    otherwise, and for kernels with column sums or a second reduction, the register form."""
+    if dtype == "float16":
+        monkeypatch.setitem(_rowkernel._lean_facts, "cuda:0", (2048, 25.4))
     entries = []
     monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: entries.append(entry) or len(entries) - 1)
     monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (

@@ -35,14 +35,29 @@ _COLSUM_MIN_THREADS = 768
 _COLSUM_WIDEN_SHARE = 1 / 12
 
 # The lean two-pass form (VPL -2: 2 vectors a lane, the row read again from L2) instead of the
-# register form at 4 vectors a lane, where the rows fill at least _LEAN_WAVES waves of it and every
-# lane of it is resident: rmsnorm, rows of 4096, float32 (G 256 x 4 -> 512 x 2) and bfloat16 (128 x
-# 4 -> 256 x 2), against torch.compile (whose Triton kernel is such a form). H200 (2026-11-26): 256
-# MiB-1 GiB 0.95-0.98 -> 0.99-1.01 (float32), 1.05-1.08 -> 1.09-1.10 (bfloat16); at 16 MiB (2 waves)
-# the register form's 1.00-1.09 against 0.95-1.00.
+# register form at 4 vectors a lane, where the rows fill at least _LEAN_WAVES waves of it, every
+# lane of it is resident, and the device's memory moves at least _LEAN_SM_GBS an SM by the formula
+# (as the built-in ops' wide_sm: the H200, 37; not the H100, 25). rmsnorm, rows of 4096, against
+# torch.compile (whose Triton kernel is such a form), lean / register form, back-to-back and single
+# launch (2026-11-26, trees dc08292-920f008): H200 float32 256 MiB 1.008 / 0.988 and 0.991 / 0.970,
+# 1 GiB 0.998 / 0.941 and 0.999 / 0.946, 16-bit 256 MiB +0.01-0.02, 1 GiB +0.05; at 128 MiB (16
+# waves) 0.01-0.02 below the register form, at 16-64 MiB 0.01-0.07 below. H100 within 0.011 either
+# way at 256 MiB-1 GiB (bfloat16 1 GiB 0.986 / 0.995 back-to-back): no rule there.
 _LEAN_WAVES = 24
 _LEAN_MAX_G = 512      # measured at 256 and 512 lanes a row
-_max_threads: dict[str, int] = {}
+_LEAN_SM_GBS = 30.0
+_lean_facts: dict[str, tuple[int, float]] = {}   # device -> (lanes an SM at most, GB/s an SM)
+
+
+def _lean_device(device: str) -> tuple[int, float]:
+    f = _lean_facts.get(device)
+    if f is None:
+        from .. import device_info
+        info = device_info(device)
+        f = _lean_facts[device] = (int(info["max_threads_per_sm"]),
+                                   float(info["peak_bandwidth_gbs"] or 0) / int(info["sm_count"]))
+    return f
+
 
 _params_cache: dict[Any, type] = {}
 
@@ -397,11 +412,8 @@ class RowKernel:
         G, vpl = row_plan(cols // E)
         lean = None
         if not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G:
-            mt = _max_threads.get(device)
-            if mt is None:
-                from .. import device_info
-                mt = _max_threads[device] = int(device_info(device)["max_threads_per_sm"])
-            if rows * 2 * G >= _LEAN_WAVES * sms * mt:
+            mt, sm_gbs = _lean_device(device)
+            if sm_gbs >= _LEAN_SM_GBS and rows * 2 * G >= _LEAN_WAVES * sms * mt:
                 lean = form(2 * G, -2)
                 if lean[3] * lean[2] < sms * mt:    # not every lane resident: the register form
                     lean = None
