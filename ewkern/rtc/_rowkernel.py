@@ -165,7 +165,8 @@ class RowKernel:
     keeps them in registers (up to 4096 vectors a row: 64 KiB of the widest array), combines in
     a fixed tree so that every lane has ``a``, then computes and stores the row from registers:
     one read and one write of each element (longer rows are read a second time, mostly from
-    L2). The lanes a row gets are fixed per row length when the kernel is compiled (one compile
+    L2; so are many rows on GPUs of >= 30 GB/s an SM, in the lean two-pass form: _LEAN_WAVES).
+    The lanes a row gets are fixed per row length when the kernel is compiled (one compile
     for each lane count, a fraction of a second). On the CPU each row is reduced in column order,
     then computed (rows in parallel with OpenMP). Results do not change from call to call (CPU and
     GPU may differ in rounding). An
