@@ -656,6 +656,23 @@ def test_nvrtc_compiles_vector_forms(dtypes):
     assert "_r_o[_q] = _u_o[_v]" in src2 and "_r_o[_q] = _u_o[_v]" not in src
 
 
+@pytest.mark.parametrize("op", ["o = exp(a)", "o = 1.0 / (1.0 + exp(-a))", "o = a / (1.0 + exp(-a))"])
+def test_vector_forms_maxnreg_twin_does_not_spill(op, tmp_path):
+    """The host's twin of a float64 user kernel's forms (__maxnreg__(64) in place of
+    __launch_bounds__(1024), which ptxas met for exp and sigmoid at 1-2 vectors a thread by spilling
+    at 32 registers): every form assembles for sm_90 without a spill, at most 64 registers."""
+    _nvrtc()
+    lay = _layout("vector", 1, [("float64 a", "float64", "array", 0)])
+    (o,) = parse_params("float64 o", True, "k")
+    lay = _codegen.Layout("vector", 1, list(lay.args) + [(o, "float64", "array", 0)])
+    src, entries = _codegen.vector_source("v64", lay, op, "", "", "", "", set(), regs64=True)
+    assert src.count("__maxnreg__(64)") == 4 and "__launch_bounds__" not in src
+    ptx, _, _ = _build.compile_cuda("v64", src, (9, 0), ptx_only=True)
+    assert ptx.decode(errors="replace").count(".maxnreg 64") == 4
+    regs = ptxas_registers(ptx, tmp_path)    # fails on a spill
+    assert sorted(regs) == sorted(entries) and max(regs.values()) <= 64
+
+
 @pytest.mark.parametrize("E", [1, 4, 8])
 def test_nvrtc_compiles_reduction_rows_engine(E):
     _nvrtc()

@@ -41,7 +41,8 @@ class FakeC:
         return h
 
     def _rtc_attrs(self, h, dev):
-        return 64, (self.bounded_local if b"bounded" in self.images[h] else 0)
+        # (a handle loaded by an earlier test's stand-in, from _kernel's cache: no local memory)
+        return 64, (self.bounded_local if b"bounded" in self.images.get(h, b"") else 0)
 
     def _rtc_occupancy(self, h, block, dev):
         return max(1, 2048 // block)   # lanes an SM, as registers would allow
@@ -116,6 +117,38 @@ def test_elementwise_plan_launch_is_the_full_paths(fake, pdl):
             assert len(diff) == 1
     finally:
         ewkern.set_pdl(saved)
+
+
+@pytest.mark.parametrize("twin_local, compiles, want", [(0, 2, "maxnreg"), (16, 2, "image"), (None, 1, "image")])
+def test_vector_forms_that_spill_take_the_maxnreg_twin(fake, monkeypatch, twin_local, compiles, want):
+    """An ElementwiseKernel whose forms report local memory (ptxas spilled them under
+    __launch_bounds__(1024): here the stand-in's 1- and 2-vector forms, 16 bytes) is compiled a
+    second time under __maxnreg__(64), and each spilling form takes the twin's entry where that
+    reports less local memory; the other forms keep the first image's. twin_local None: no form
+    spills, one compile."""
+    sources = []
+
+    def compile_cuda(name, src, *a, **k):
+        sources.append(src)
+        return (b"maxnreg" if "__maxnreg__(64)" in src else b"image"), "cubin", {}
+    loaded = []
+    monkeypatch.setattr(_build, "compile_cuda", compile_cuda)
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: loaded.append((image, entry)) or len(loaded) - 1)
+
+    def attrs(h, dev):
+        image, entry = loaded[h]
+        if twin_local is None or entry.endswith(("_v4", "_v1l")):
+            return 40, 0
+        return 32, (16 if image == b"image" else twin_local)
+    monkeypatch.setattr(fake, "_rtc_attrs", attrs)
+    k = ewkern.ElementwiseKernel("T a", "T o", "o = exp(a)", f"fake_spill_{twin_local}")
+    for n in (1000, 1 << 20):     # the stand-in's plan: 1 vector a thread, then 2
+        k(FakeArray(1 << 36, "float64", (n,)), FakeArray(1 << 37, "float64", (n,)))
+        image, entry = loaded[fake.launches[-1][0]]
+        assert entry.endswith("_v1" if n == 1000 else "_v2") and image == want.encode()
+    assert len(sources) == compiles
+    assert all(s.count("__launch_bounds__(1024)") == 4 for s in sources[:1])
+    assert all(s.count("__maxnreg__(64)") == 4 and "__launch_bounds__" not in s for s in sources[1:])
 
 
 def test_row_and_reduction_plan_launches_are_the_full_paths(fake):

@@ -917,7 +917,7 @@ def _element(src: Source, indent: str, name: str, operation: str, args, read_out
 
 
 def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop_prep: str, after_loop: str,
-                  tdefs: str, read_outputs) -> tuple[str, list[str]]:
+                  tdefs: str, read_outputs, regs64: bool = False) -> tuple[str, list[str]]:
     """(source, entries) of an elementwise kernel on the default path's body (ew_fast in
     csrc/cuda/elementwise_kernel.cuh): every non-raw array C-contiguous over the loop, each
     pointer advanced by the host to element `head`, where every array's vector of E elements
@@ -927,7 +927,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     last threads, which the launch rule (auto_plan) leaves without a vector; PDL's wait with the
     first vector's lines prefetched into L2 by the blocks of the first wave. Four forms, as auto
     has: 1, 2 and 4 vectors per thread with a 32-bit index, 1 with a 64-bit index (entries in
-    VECTOR_FORMS order). Outputs in read_outputs are loaded too (CuPy's outputs are references)."""
+    VECTOR_FORMS order). Outputs in read_outputs are loaded too (CuPy's outputs are references).
+    Each entry is bounded by __launch_bounds__(1024), or with regs64 by __maxnreg__(64) (the same
+    64 registers a thread at most, the host's twin for forms that ptxas spilled under the first:
+    the built-in ops' ew_fast_r)."""
     E = vector_units(layout)
     src = Source(f"{name}.cu")
     src.add(f'#include "{VECTOR_HEADER}"')
@@ -1026,7 +1029,8 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     for vpt, idx in VECTOR_FORMS:
         entry = f"ewrtc_{name}_v{vpt}{'l' if idx != 'int' else ''}"
         entries.append(entry)
-        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
+        bound = "__maxnreg__(64)" if regs64 else "__launch_bounds__(1024)"
+        src.add(f'extern "C" __global__ void {bound} {entry}(const ewrtc_params P)')
         src.add(f"{{ ewrtc_{name}_run<{idx}, {vpt}>(P); }}")
     return src.text(), entries
 

@@ -369,18 +369,40 @@ class _VectorKernel:
         return run
 
 
-def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy: bool) -> _VectorKernel:
+def _vector_kernel(kernel: str, source: str, entries, device: str, parts, options, heavy: bool,
+                   twin: Callable[[], str] | None = None) -> _VectorKernel:
+    """The forms of a vector_source kernel loaded on device. twin() gives the same source under
+    __maxnreg__(64): under __launch_bounds__(1024) ptxas fits some forms into 32 registers by
+    spilling (sm_90, float64: `o = exp(a)` at 1 and 2 vectors a thread 12-16 bytes, `o = 1.0 /
+    (1.0 + exp(-a))` at 2 24 bytes; under __maxnreg__(64) 26-31 registers, none), as it did the
+    built-in ops (ew_fast_r, 5cd9c75: float64 exp and sigmoid at 1 vector a thread single launch
+    0.93-0.99 -> 0.98-1.06 of torch). A form that reports local memory takes the twin's where that
+    reports less (a NVRTC without __maxnreg__, before CUDA 12.4, keeps the first)."""
     cc, _ = _device_facts(device)
-    image, kind, _ = _build.compile_cuda(kernel, source, cc, parts=parts, options=options)
     dev = int(device.split(":")[1])
-    handles = []
-    with _dev_lock:
-        for entry in entries:
-            key = (id(image), entry, dev)
-            h = _gpu_kernels.get(key)
-            if h is None:
-                h = _gpu_kernels[key] = _C()._rtc_load(image, entry, dev)
-            handles.append(h)
+    C = _C()
+
+    def load(src: str) -> list[int]:
+        image, _, _ = _build.compile_cuda(kernel, src, cc, parts=parts, options=options)
+        hs = []
+        with _dev_lock:
+            for entry in entries:
+                key = (id(image), entry, dev)
+                h = _gpu_kernels.get(key)
+                if h is None:
+                    h = _gpu_kernels[key] = C._rtc_load(image, entry, dev)
+                hs.append(h)
+        return hs
+    handles = load(source)
+    local = [C._rtc_attrs(h, dev)[1] for h in handles]
+    if twin is not None and any(local):
+        try:
+            bounded = load(twin())
+        except RuntimeError:
+            bounded = []
+        for k, h in enumerate(bounded):
+            if local[k] and C._rtc_attrs(h, dev)[1] < local[k]:
+                handles[k] = h
     return _VectorKernel(tuple(handles), device, heavy)
 
 
@@ -957,10 +979,11 @@ class ElementwiseKernel:
                 assert call.device is not None
                 reads = {p.name for p in self.out_params if not p.raw
                          and not _codegen.writes_only(self.operation, p.name)}
-                vsrc, entries = _codegen.vector_source(name, layout, self.operation, self.preamble, self.loop_prep,
-                                                       self.after_loop, tdefs, reads)
+                vargs = (name, layout, self.operation, self.preamble, self.loop_prep, self.after_loop, tdefs, reads)
+                vsrc, entries = _codegen.vector_source(*vargs)
                 heavy = bool(_codegen.identifiers(self.operation) & _codegen.HEAVY_MATH)
-                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy)
+                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy,
+                                          lambda: _codegen.vector_source(*vargs, regs64=True)[0])
                 self._compiled[key] = compiled
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
