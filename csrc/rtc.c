@@ -27,10 +27,11 @@
  *   _auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from[, wide])
  *                                     the same rule with every input given (ewcuda_auto_plan_rule):
  *                                     what the tests check the built-in ops' launches against.
- *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl)
+ *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl[, wide])
  *                                     (vectors per thread, grid, prefetch) by the default path's
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
- *                                     ewkern/rtc/_codegen.py.
+ *                                     ewkern/rtc/_codegen.py; wide as the rule's (a programmatic
+ *                                     launch on a device of >= 30 GB/s an SM; the caller decides).
  */
 #include "rtc.h"
 
@@ -587,9 +588,9 @@ PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4;
-    int device, block, i32, heavy, elems, pdl;
-    if (!PyArg_ParseTuple(args, "iLLiLLppip:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
-                          &heavy, &elems, &pdl))
+    int device, block, i32, heavy, elems, pdl, wide = 0;
+    if (!PyArg_ParseTuple(args, "iLLiLLppip|p:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
+                          &heavy, &elems, &pdl, &wide))
         return NULL;
     if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1) {
         PyErr_Format(PyExc_ValueError, "_rtc_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld out of range",
@@ -598,8 +599,8 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
     }
     int vpt, prefetch;
     long long grid;
-    ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy, elems, &vpt,
-                     &grid, &prefetch);
+    ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy, elems, wide,
+                     &vpt, &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
 

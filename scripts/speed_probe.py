@@ -20,7 +20,8 @@
         user kernels (ewkern.ElementwiseKernel / ReductionKernel) against the same source in CuPy,
         torch eager and ewkern's own ops, both timing methods: o = a * b + c (torch.addcmul too),
         z = x + y (ewkern.add), the per-row mean square of [rows, 4096] and the sum of squares of
-        the whole array. SIZE is bytes per input array.
+        the whole array; "ewkern wide": the elementwise ones planned with the launch rule's `wide`
+        case (ewkern.rtc._kernel.RTC_WIDE). SIZE is bytes per input array.
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
         an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
         timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
@@ -406,6 +407,19 @@ def rmse_overhead(calls=20000, repeats=7):
               flush=True)
 
 
+def _widened(kernel):
+    """kernel(*args) with ewkern.rtc._kernel.RTC_WIDE on during the call"""
+    from ewkern.rtc import _kernel
+
+    def call(*args):
+        _kernel.RTC_WIDE = True
+        try:
+            return kernel(*args)
+        finally:
+            _kernel.RTC_WIDE = False
+    return call
+
+
 def rtc(sizes, dtypes):
     import cupy
     info = ewkern.device_info("cuda:0")
@@ -415,6 +429,9 @@ def rtc(sizes, dtypes):
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
         ek = {k: ewkern.ElementwiseKernel(*v, name=f"p_{k}") for k, v in src.items()}
+        # the same kernels planned with the rule's `wide` case (ewkern.rtc._kernel.RTC_WIDE, read
+        # when a call makes its launch plan: set around every call of these)
+        ekw = {k: _widened(ewkern.ElementwiseKernel(*v, name=f"p_{k}_w")) for k, v in src.items()}
         ck = {k: cupy.ElementwiseKernel(*v, name=f"p_{k}") for k, v in src.items()}
         er = ewkern.ReductionKernel(*red, name="p_msq", reduce_type="float")
         cr = cupy.ReductionKernel(*red, name="p_msq", reduce_type="float")
@@ -423,10 +440,12 @@ def rtc(sizes, dtypes):
             rows = max(1, n // 4096)
             cases = {
                 "fma": (3, 1, {"ewkern": lambda a, b, c, o: ek["fma"](a, b, c, o),
+                               "ewkern wide": lambda a, b, c, o: ekw["fma"](a, b, c, o),
                                "cupy": lambda a, b, c, o: ck["fma"](a, b, c, o),
                                "torch eager": lambda a, b, c, o: torch.add(a * b, c, out=o),
                                "torch.addcmul": lambda a, b, c, o: torch.addcmul(c, a, b, out=o)}),
                 "add": (2, 1, {"ewkern": lambda a, b, o: ek["add"](a, b, o),
+                               "ewkern wide": lambda a, b, o: ekw["add"](a, b, o),
                                "cupy": lambda a, b, o: ck["add"](a, b, o),
                                "ewkern.add": lambda a, b, o: ewkern.add(a, b, out=o)}),
                 "rowmsq": (1, 0, {"ewkern": lambda x: er(x.view(rows, -1), axis=1),
@@ -451,7 +470,7 @@ def rtc(sizes, dtypes):
                                 arrs = [cupy.from_dlpack(t) for t in arrs]
                             return lambda: fn(*arrs)
                         res[way] = median_or_nan(cfg, f"{case} {way}", impl, make_call, set_b, cache)
-                    best = min(v for k, v in res.items() if k != "ewkern")
+                    best = min(v for k, v in res.items() if not k.startswith("ewkern"))
                     print(f"{case} {dtype} {size >> 20} MiB {method}: ewkern {res['ewkern'] * 1e6:.2f} us "
                           f"({set_b / res['ewkern'] / 1e9:.0f} GB/s) | "
                           + " | ".join(f"{k} {res['ewkern'] and v / res['ewkern']:.3f}" for k, v in res.items()

@@ -47,8 +47,9 @@ class FakeC:
     def _rtc_occupancy(self, h, block, dev):
         return max(1, 2048 // block)   # lanes an SM, as registers would allow
 
-    def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl):
+    def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl, wide=False):
         self.plans += 1
+        self.wide = wide
         return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
 
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
@@ -69,7 +70,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(_kernel, "_C", lambda: c)
     monkeypatch.setattr(_rowkernel, "_C", lambda: c)
     monkeypatch.setitem(_kernel._dev_facts, "cuda:0", ((9, 0), 132))
-    monkeypatch.setitem(_rowkernel._lean_facts, "cuda:0", (2048, 36.5))   # an H200's
+    monkeypatch.setitem(_kernel._sm_facts, "cuda:0", (2048, 36.5))   # an H200's
     # the image says whether its source asked __launch_bounds__ for a minimum of blocks
     monkeypatch.setattr(_build, "compile_cuda", lambda name, src, *a, **k: (
         b"image" + (b" bounded" if re.search(r"__launch_bounds__\(\d+, \d+\)", str(src)) else b""), "cubin", {}))
@@ -149,6 +150,18 @@ def test_vector_forms_that_spill_take_the_maxnreg_twin(fake, monkeypatch, twin_l
     assert len(sources) == compiles
     assert all(s.count("__launch_bounds__(1024)") == 4 for s in sources[:1])
     assert all(s.count("__maxnreg__(64)") == 4 and "__launch_bounds__" not in s for s in sources[1:])
+
+
+@pytest.mark.parametrize("rtc_wide, sm_gbs, pdl, want", [(True, 36.5, True, True), (True, 25.4, True, False),
+                                                       (True, 36.5, False, False), (False, 36.5, True, False)])
+def test_vector_plan_asks_the_wide_case_only_when_switched_on(fake, monkeypatch, rtc_wide, sm_gbs, pdl, want):
+    """A user kernel's launch plan asks the rule's `wide` case (RTC_WIDE, off until measured) only
+    under PDL on a device whose memory moves >= WIDE_SM_GBS an SM."""
+    monkeypatch.setattr(_kernel, "RTC_WIDE", rtc_wide)
+    monkeypatch.setitem(_kernel._sm_facts, "cuda:0", (2048, sm_gbs))
+    vk = _kernel._VectorKernel((1, 2, 3, 4), "cuda:0", False)
+    vk.launch_plan(1 << 22, 0, 4, 256, pdl)
+    assert fake.wide is want
 
 
 def test_row_and_reduction_plan_launches_are_the_full_paths(fake):
@@ -293,7 +306,7 @@ def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, l
     stand-in reports `lanes` an SM for it) and the memory moves >= _LEAN_SM_GBS an SM;
     otherwise, and for kernels with column sums or a second reduction, the register form."""
     if dtype == "float16":
-        monkeypatch.setitem(_rowkernel._lean_facts, "cuda:0", (2048, 25.4))
+        monkeypatch.setitem(_kernel._sm_facts, "cuda:0", (2048, 25.4))
     entries = []
     monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: entries.append(entry) or len(entries) - 1)
     monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (

@@ -142,10 +142,11 @@ extern "C" void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block
 }
 
 extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4,
-                                 int i32, int pdl, int heavy, int elems, int *vpt, long long *grid, int *prefetch)
+                                 int i32, int pdl, int heavy, int elems, int wide, int *vpt, long long *grid,
+                                 int *prefetch)
 {
     ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, 0, heavy && elems == 8 ? 2 : 0,
-                          heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, 0, vpt, grid, prefetch);
+                          heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, wide && pdl, vpt, grid, prefetch);
 }
 
 extern "C" const ew_kernel *ew_cuda_elementwise_auto_table(int *count)

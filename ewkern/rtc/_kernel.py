@@ -322,6 +322,27 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
         return h
 
 
+# The built-in ops' `wide` case of the launch rule (a programmatic launch at 2-4 waves: 4 vectors a
+# thread, no L2 prefetch; H200 16 MiB single launch, add/mul 0.98 -> 1.00, copy/neg/exp 0.98-1.00 ->
+# 1.03-1.04) for run-time kernels too, on devices whose memory moves >= WIDE_SM_GBS an SM (the
+# H200): off until measured (the `fused` cells at 16 MiB single launch on the H200, 0.96-0.98 of
+# torch.compile on 02551d4; scripts/speed_probe.py rtc compares both in one run).
+RTC_WIDE = False
+WIDE_SM_GBS = 30.0
+_sm_facts: dict[str, tuple[int, float]] = {}
+
+
+def _sm_bandwidth(device: str) -> tuple[int, float]:
+    """(threads an SM holds at most, GB/s of memory an SM by the formula) of a CUDA device."""
+    f = _sm_facts.get(device)
+    if f is None:
+        from .. import device_info
+        info = device_info(device)
+        f = _sm_facts[device] = (int(info["max_threads_per_sm"]),
+                                 float(info["peak_bandwidth_gbs"] or 0) / int(info["sm_count"]))
+    return f
+
+
 class _VectorKernel:
     """The four forms of a vector_source kernel loaded on one device (VECTOR_FORMS order) and
     the waves its launch rule needs, asked once per block size."""
@@ -347,7 +368,8 @@ class _VectorKernel:
         nedge = head + nfast - nvec * E
         # every index formed fits in 32 bits (as auto's: n + nvec + 8 blocks of elements)
         i32 = n + nvec + 8 * block * E < 2**31 - 1
-        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl)
+        wide = pdl and RTC_WIDE and _sm_bandwidth(self.device)[1] >= WIDE_SM_GBS
+        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl, wide)
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
         return h, grid, prefetch
 

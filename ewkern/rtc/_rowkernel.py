@@ -13,10 +13,10 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _build, _codegen
-from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, _Arr, _broadcast_kind, _broadcast_strides, _Call,
-                      _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense, _device_facts, _fast_call, _fill,
-                      _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value, _threads, _typedefs,
-                      _vector_head)
+from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, WIDE_SM_GBS, _Arr, _broadcast_kind, _broadcast_strides,
+                      _Call, _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense, _device_facts, _fast_call,
+                      _fill, _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value,
+                      _sm_bandwidth, _threads, _typedefs, _vector_head)
 from ._params import DTYPES, parse_params
 
 _MAX_G = 1024          # lanes per row at most (one block)
@@ -45,19 +45,7 @@ _COLSUM_WIDEN_SHARE = 1 / 12
 # way at 256 MiB-1 GiB (bfloat16 1 GiB 0.986 / 0.995 back-to-back): no rule there.
 _LEAN_WAVES = 24
 _LEAN_MAX_G = 512      # measured at 256 and 512 lanes a row
-_LEAN_SM_GBS = 30.0
-_lean_facts: dict[str, tuple[int, float]] = {}   # device -> (lanes an SM at most, GB/s an SM)
-
-
-def _lean_device(device: str) -> tuple[int, float]:
-    f = _lean_facts.get(device)
-    if f is None:
-        from .. import device_info
-        info = device_info(device)
-        f = _lean_facts[device] = (int(info["max_threads_per_sm"]),
-                                   float(info["peak_bandwidth_gbs"] or 0) / int(info["sm_count"]))
-    return f
-
+_LEAN_SM_GBS = WIDE_SM_GBS
 
 _params_cache: dict[Any, type] = {}
 
@@ -413,7 +401,7 @@ class RowKernel:
         G, vpl = row_plan(cols // E)
         lean = None
         if not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G:
-            mt, sm_gbs = _lean_device(device)
+            mt, sm_gbs = _sm_bandwidth(device)
             if sm_gbs >= _LEAN_SM_GBS and rows * 2 * G >= _LEAN_WAVES * sms * mt:
                 lean = form(2 * G, -2)
                 if lean[3] * lean[2] < sms * mt:    # not every lane resident: the register form
