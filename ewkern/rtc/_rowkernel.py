@@ -400,7 +400,9 @@ class RowKernel:
 
         G, vpl = row_plan(cols // E)
         lean = None
-        if not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G:
+        vec_bytes = E * max(DTYPES[a.dtype][2] for a in vec)    # 16 unless the rows take one element a vector
+        if (not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G
+                and vec_bytes == 16):
             mt, sm_gbs = _sm_bandwidth(device)
             if sm_gbs >= _LEAN_SM_GBS and rows * 2 * G >= _LEAN_WAVES * sms * mt:
                 lean = form(2 * G, -2)
