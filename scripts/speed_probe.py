@@ -219,8 +219,8 @@ def _row_source_variants():
     row's 16-byte loads as ld.global.cs / .nc / .lu), blkN (blocks of at least N lanes: the
     bound N, and rownorm launches blocks of max(N, G), so that blk512 puts two float32 rows of 4096
     in a block, as bfloat16's plan does), nohint (the two-pass form's loads without their L2
-    eviction priorities), tpcN (the two-pass form's step: N vectors a lane instead of
-    ROW_TWO_PASS_VECTORS)."""
+    eviction priorities), tpcN (the two-pass form's step, VPL 0: N vectors a lane instead of
+    ROW_TWO_PASS_VECTORS over the arrays)."""
     from ewkern.rtc import _codegen
     base = _codegen.row_source
 
@@ -238,7 +238,7 @@ def _row_source_variants():
             src = src.replace("sizeof(P) == 16 && __CUDA_ARCH__ >= 800", "false && sizeof(P) == 16")
         for p in parts:
             if re.fullmatch(r"tpc\d+", p):
-                src = re.sub(r"enum \{ TPC = \d+ \}", "enum { TPC = %s }" % p[3:], src)
+                src = re.sub(r"(enum \{ TPC = VPL < 0 \? -VPL : )\d+", r"\g<1>%s" % p[3:], src)
         for hint in ("cs", "nc", "lu"):
             if "ld" + hint in parts:
                 src = src.replace("template <int VPL>", _LOAD_HINT % (hint, hint), 1)

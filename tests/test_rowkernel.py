@@ -496,6 +496,8 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
                                        "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
     assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_cs_gw[_v * E + _k] += gw" in src
     assert "stcs(_u_gw" not in src and "stcs(_u_y" in src
+    # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory: both zero it first
+    assert "if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)" in src
     assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1
     ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
     assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []

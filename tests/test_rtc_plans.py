@@ -292,29 +292,33 @@ def test_column_sum_widens_its_blocks_where_the_partials_weigh(fake, monkeypatch
 _LEAN_ROWS = _rowkernel._LEAN_WAVES * 132 * 2048 // 512     # float32 rows of 4096 that fill them
 
 
-@pytest.mark.parametrize("dtype, rows, cols, lanes, gbs, colsum, want", [
-    ("float32", _LEAN_ROWS, 4096, 2048, 36.5, False, (512, -2)),       # _LEAN_WAVES waves of 512 lanes a row
-    ("float32", _LEAN_ROWS - 1, 4096, 2048, 36.5, False, (256, 4)),    # just under
-    ("float32", 1 << 17, 4096, 1536, 36.5, False, (256, 4)),           # the lean form would leave lanes unused
-    ("bfloat16", 2 * _LEAN_ROWS, 4096, 2048, 36.5, False, (256, -2)),  # 128 x 4 -> 256 x 2
-    ("float32", 1 << 17, 4096, 2048, 36.5, True, (256, 4)),            # with a column sum: never
-    ("float16", 1 << 17, 4096, 2048, 25.4, False, (128, 4)),           # 25 GB/s an SM (an H100's): never
-    ("float32", 1 << 17, 1022, 2048, 36.5, False, (256, 4))])          # one element a vector: never
-def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, cols, lanes, gbs, colsum, want):
-    """A RowKernel whose register plan is 4 vectors a lane at G <= 256 runs the lean two-pass
-    form (2G lanes, 2 vectors each, the row read again from L2: entry t2, blocks of 2G) where its
-    rows fill at least _LEAN_WAVES waves of it, it keeps every lane of the SM resident (the
-    stand-in reports `lanes` an SM for it), the memory moves >= _LEAN_SM_GBS an SM and the rows
-    take 16-byte vectors; otherwise, and for kernels with column sums or a second reduction, the
-    register form (rows of 1022 float32: row_plan's G 256 x 4 of single elements)."""
+@pytest.mark.parametrize("dtype, rows, cols, lanes, gbs, kind, want", [
+    ("float32", _LEAN_ROWS, 4096, 2048, 36.5, "", (512, -2)),          # _LEAN_WAVES waves of 512 lanes a row
+    ("float32", _LEAN_ROWS - 1, 4096, 2048, 36.5, "", (256, 4)),       # just under
+    ("float32", 1 << 17, 4096, 1536, 36.5, "", (256, 4)),              # the lean form would leave lanes unused
+    ("bfloat16", 2 * _LEAN_ROWS, 4096, 2048, 36.5, "", (256, -2)),     # 128 x 4 -> 256 x 2
+    ("float32", 1 << 17, 4096, 2048, 36.5, "colsum", (256, 4)),        # with a column sum: never
+    ("float32", 1 << 17, 4096, 2048, 36.5, "stage2", (256, 4)),        # with a second reduction: never
+    ("float16", 1 << 17, 4096, 2048, 25.4, "", (128, 4)),              # 25 GB/s an SM (an H100's): never
+    ("float32", 1 << 17, 1022, 2048, 36.5, "", (256, 4)),              # one element a vector: never
+    ("float32", 1 << 23, 64, 2048, 36.5, "", (4, 4))])                 # 8 lanes a row: below _LEAN_MIN_G
+def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, cols, lanes, gbs, kind, want):
+    """A RowKernel whose register plan is 4 vectors a lane at 64 <= G <= 256 runs the lean
+    two-pass form (2G lanes, 2 vectors each, the row read again from L2: entry t2, blocks of 2G)
+    where its rows fill at least _LEAN_WAVES waves of it, it keeps every lane of the SM resident
+    (the stand-in reports `lanes` an SM for it), the memory moves >= _LEAN_SM_GBS an SM and the
+    rows take 16-byte vectors; otherwise, and for kernels with column sums or a second reduction,
+    the register form (rows of 1022 float32: row_plan's G 256 x 4 of single elements)."""
     monkeypatch.setitem(_kernel._sm_facts, "cuda:0", (2048, gbs))
     entries = []
     monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: entries.append(entry) or len(entries) - 1)
     monkeypatch.setattr(fake, "_rtc_occupancy", lambda h, block, dev: (
         lanes if entries[h].endswith("_t2") else 2048) // block)
+    colsum = kind == "colsum"
     k = ewkern.RowKernel("T x, float32 eps", "T y, T gw" if colsum else "T y", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps)" + ("; gw = x" if colsum else ""), "0",
-                         f"fake_lean_{dtype}_{rows}_{cols}_{lanes}_{colsum}", _colsum=("gw",) if colsum else ())
+                         f"fake_lean_{dtype}_{rows}_{cols}_{lanes}_{kind}", _colsum=("gw",) if colsum else (),
+                         _stage2=("x", "a + b", "0") if kind == "stage2" else None)
     k(FakeArray(1 << 36, dtype, (rows, cols)), 1e-6)
     h, grid, block = fake.launches[-2 if colsum else -1][:3]
     G, vpl = want

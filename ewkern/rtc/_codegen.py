@@ -1041,7 +1041,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
 # twice, the second time mostly from L2 (0: long rows, a step of ROW_TWO_PASS_VECTORS vectors over
 # the arrays; -2: the lean form, one step of 2 vectors a lane)
 ROW_FORMS = (1, 2, 4, 0, -2)
-ROW_TWO_PASS_VECTORS = 4
+ROW_TWO_PASS_VECTORS = 2
 ROW_MIN_BLOCK = 256        # a row kernel's block: max(ROW_MIN_BLOCK, G) lanes (groups of G)
 COLSUM_SLICES = 32         # row slices of a column-sum entry's block (32 columns each)
 COLSUM_BLOCK = 512         # a column-sum row kernel's block may hold up to this many lanes
@@ -1315,7 +1315,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add("#pragma unroll")
             src.add("        for (int _k = 0; _k < E; ++_k)")
             src.add(f"            _ca_{p.name}[_q][_k] = {C}(0);")
-            src.add("    if constexpr (VPL == 0)")
+            src.add("    if constexpr (VPL <= 0)")
             src.add("        for (int _v = _lane; _v < _nv; _v += _G)")
             src.add("            for (int _k = 0; _k < E; ++_k)")
             src.add(f"                _cs_{p.name}[_v * E + _k] = {C}(0);")

@@ -44,7 +44,7 @@ _COLSUM_WIDEN_SHARE = 1 / 12
 # waves) 0.01-0.02 below the register form, at 16-64 MiB 0.01-0.07 below. H100 within 0.011 either
 # way at 256 MiB-1 GiB (bfloat16 1 GiB 0.986 / 0.995 back-to-back): no rule there.
 _LEAN_WAVES = 24
-_LEAN_MAX_G = 512      # measured at 256 and 512 lanes a row
+_LEAN_MIN_G, _LEAN_MAX_G = 128, 512      # measured at 128 (rows of 1024 float32), 256 and 512 lanes a row
 _LEAN_SM_GBS = WIDE_SM_GBS
 # a grid of fewer blocks than SMs runs one group a block where a group is at least this many lanes
 _SPLIT_MIN_G = 64
@@ -156,7 +156,8 @@ class RowKernel:
     a fixed tree so that every lane has ``a``, then computes and stores the row from registers:
     one read and one write of each element (longer rows are read a second time, mostly from
     L2; so are many rows on GPUs of >= 30 GB/s an SM, in the lean two-pass form: _LEAN_WAVES).
-    The lanes a row gets are fixed per row length when the kernel is compiled (one compile
+    The lanes a row gets are fixed per row length (and, for the lean form, the number of rows, so
+    a row's bits may differ between a few rows and many) when the kernel is compiled (one compile
     for each lane count, a fraction of a second). On the CPU each row is reduced in column order,
     then computed (rows in parallel with OpenMP). Results do not change from call to call (CPU and
     GPU may differ in rounding). An
@@ -403,7 +404,7 @@ class RowKernel:
         G, vpl = row_plan(cols // E)
         lean = None
         vec_bytes = E * max(DTYPES[a.dtype][2] for a in vec)    # 16 unless the rows take one element a vector
-        if (not self._colsum and not self._stage2 and vpl == _REG_VECTORS and 2 * G <= _LEAN_MAX_G
+        if (not self._colsum and not self._stage2 and vpl == _REG_VECTORS and _LEAN_MIN_G <= 2 * G <= _LEAN_MAX_G
                 and vec_bytes == 16):
             mt, sm_gbs = _sm_bandwidth(device)
             if sm_gbs >= _LEAN_SM_GBS and rows * 2 * G >= _LEAN_WAVES * sms * mt:
