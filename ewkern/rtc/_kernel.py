@@ -298,6 +298,9 @@ _dev_facts: dict[str, tuple[tuple[int, int], int]] = {}
 _gpu_kernels: dict[tuple[int, str, int], int] = {}
 
 
+_sm_facts: dict[str, tuple[int, float]] = {}
+
+
 def _device_facts(device: str) -> tuple[tuple[int, int], int]:
     with _dev_lock:
         f = _dev_facts.get(device)
@@ -306,6 +309,18 @@ def _device_facts(device: str) -> tuple[tuple[int, int], int]:
             info = device_info(device)
             f = (tuple(info["compute_capability"]), int(info["sm_count"]))
             _dev_facts[device] = f
+        return f
+
+
+def _sm_bandwidth(device: str) -> tuple[int, float]:
+    """(threads an SM holds at most, GB/s of memory an SM by the formula) of a CUDA device."""
+    with _dev_lock:
+        f = _sm_facts.get(device)
+        if f is None:
+            from .. import device_info
+            info = device_info(device)
+            f = (int(info["max_threads_per_sm"]), float(info["peak_bandwidth_gbs"] or 0) / int(info["sm_count"]))
+            _sm_facts[device] = f
         return f
 
 
@@ -329,18 +344,6 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
 # torch.compile on 02551d4; scripts/speed_probe.py rtc compares both in one run).
 RTC_WIDE = False
 WIDE_SM_GBS = 30.0
-_sm_facts: dict[str, tuple[int, float]] = {}
-
-
-def _sm_bandwidth(device: str) -> tuple[int, float]:
-    """(threads an SM holds at most, GB/s of memory an SM by the formula) of a CUDA device."""
-    f = _sm_facts.get(device)
-    if f is None:
-        from .. import device_info
-        info = device_info(device)
-        f = _sm_facts[device] = (int(info["max_threads_per_sm"]),
-                                 float(info["peak_bandwidth_gbs"] or 0) / int(info["sm_count"]))
-    return f
 
 
 class _VectorKernel:
