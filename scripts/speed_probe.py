@@ -25,8 +25,8 @@
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
         an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
         timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
-        per lane the fewest that hold the row), Gl (G lanes, the two-pass form) or Gt (G lanes,
-        the lean two-pass form). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
+        per lane the fewest that hold the row), Gl (G lanes, the two-pass form), Gt (G lanes,
+        the lean two-pass form) or nosplit (auto without a block a group for small grids). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
     python scripts/speed_probe.py backward OP[,OP...] DTYPE SIZE[,SIZE...]
         each OP_backward(grad, x, out=) against ewkern.mul and torch.mul (the same bytes), GB/s,
         back-to-back and single launch.
@@ -325,8 +325,9 @@ def rows(sizes, dtypes, variants, cols=4096):
 
 def rownorm(sizes, dtypes, plans, cols=4096):
     """rmsnorm over rows of `cols` (PROBE_ROW_COLS) against torch.compile, per plan x source
-    variant: auto (the host's), reg (row_plan's register form, never the lean one), G (G lanes
-    in registers), Gl (the two-pass form), Gt (the lean two-pass form)."""
+    variant: auto (the host's), nosplit (auto without the block a group for grids of fewer blocks
+    than SMs), reg (row_plan's register form, never the lean one), G (G lanes in registers), Gl
+    (the two-pass form), Gt (the lean two-pass form)."""
     cols = int(os.environ.get("PROBE_ROW_COLS", cols))
     from ewkern.rtc import _rowkernel
     info = ewkern.device_info("cuda:0")
@@ -337,6 +338,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                                    f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", f"probe_rmsnorm_{v}",
                                    reduce_type="float") for v in variants}
     auto, min_block, lean_waves = _rowkernel.row_plan, _rowkernel._MIN_BLOCK, _rowkernel._LEAN_WAVES
+    split = _rowkernel._SPLIT_MIN_G
     tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
@@ -358,8 +360,9 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                     blk = re.search(r"blk(\d+)", v)
                     _rowkernel._MIN_BLOCK = int(blk.group(1)) if blk else min_block
                     # auto: the host's plan (the lean form by its rule); reg: row_plan's register form
-                    _rowkernel._LEAN_WAVES = lean_waves if plan == "auto" else float("inf")
-                    if plan in ("auto", "reg"):
+                    _rowkernel._LEAN_WAVES = lean_waves if plan in ("auto", "nosplit") else float("inf")
+                    _rowkernel._SPLIT_MIN_G = float("inf") if plan == "nosplit" else split
+                    if plan in ("auto", "nosplit", "reg"):
                         _rowkernel.row_plan = auto
                     elif plan.endswith("l"):     # G lanes, the two-pass form
                         _rowkernel.row_plan = lambda nv, G=int(plan[:-1]): (G, 0)
@@ -380,6 +383,7 @@ def rownorm(sizes, dtypes, plans, cols=4096):
                     med = median_s(frameworks.time_calls(cfg, "torch", make_e, nbytes, cache))
                     row.append(f"{plan}/{v} {med_tc / med:.3f} ({k._last_path})")
                 _rowkernel.row_plan, _rowkernel._MIN_BLOCK, _rowkernel._LEAN_WAVES = auto, min_block, lean_waves
+                _rowkernel._SPLIT_MIN_G = split
                 print(f"rmsnorm {dtype} {size >> 20} MiB {method}: torch.compile {med_tc * 1e6:.2f} us | "
                       + " | ".join(row), flush=True)
                 frameworks.release_peer_memory()
