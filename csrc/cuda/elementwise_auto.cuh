@@ -45,6 +45,10 @@ template <class Op, class T> const void *gs_kernel();
  * ELEMENTWISE_NOTES.md), so they get a file, and module, of their own. */
 int launch_auto_gelu64(const void *args);
 const void *auto_gelu64_kernel();
+/* and float64 gelu_backward's (elementwise_backward.cu's table row), whose math reads the same
+ * coefficients */
+int launch_grad_gelu64(const void *args);
+const void *grad_gelu64_kernel();
 
 } /* namespace ewk */
 

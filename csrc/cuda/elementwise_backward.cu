@@ -38,6 +38,8 @@
 #include "elementwise_grads.cuh"
 #include "elementwise_kernel.cuh"
 #include "elementwise_launch.cuh"
+#include "elementwise_grad_run.cuh"
+#include "elementwise_auto.cuh"
 
 namespace ewk {
 
@@ -68,91 +70,6 @@ typedef Grad_axpby Grad_axpby_backward;
 
 template <> struct NarrowRule<Grad_div> { enum { value = 1 }; };
 template <> struct FreeRegsN<Grad_erf, double, 1> { enum { value = 1 }; };
-
-/* The arrays of one launch, each from its first element, and their common head. */
-template <class Op, class T>
-struct GradView {
-    Arrays<T, Op::NIN, Op::NOUT> arr;
-    int64_t n, head, nvec, nedge;
-    explicit GradView(const ew_args *a)
-    {
-        n = a->n;
-        const void *ptrs[Op::NIN + Op::NOUT];
-        int np = 0;
-        for (int q = 0; q < Op::NIN; ++q)
-            ptrs[np++] = arr.in[q] = static_cast<const T *>(a->in[q]);
-        void *const outs[2] = {a->out, a->out2};
-        for (int q = 0; q < Op::NOUT; ++q)
-            if ((arr.out[q] = static_cast<T *>(outs[q])) != nullptr)
-                ptrs[np++] = arr.out[q];
-        head = n > 0 ? common_head(ptrs, np, 16, int(sizeof(T)), n) : 0;
-        nvec = head >= 0 ? (n - head) / Vec16<T>::N : 0;
-        nedge = head >= 0 ? n - nvec * Vec16<T>::N : n;
-    }
-    /* every pointer moved to the 16-byte boundary (a NULL output stays NULL) */
-    Arrays<T, Op::NIN, Op::NOUT> at_head() const
-    {
-        Arrays<T, Op::NIN, Op::NOUT> r = arr;
-        for (int q = 0; q < Op::NIN; ++q)
-            r.in[q] += head;
-        for (int q = 0; q < Op::NOUT; ++q)
-            r.out[q] = r.out[q] ? r.out[q] + head : nullptr;
-        return r;
-    }
-};
-
-template <class Op, class T>
-static int run_grad(const ew_args *a)
-{
-    const GradView<Op, T> w(a);
-    if (w.n <= 0)
-        return 0;
-    const int block = a->block > 0 ? a->block : auto_block();
-    const int dev = a->device;
-    const bool pdl = ewcuda_pdl_active(dev);
-    const cudaStream_t s = stream_of(a);
-    OpArgs<T> p = op_args<T>(a);
-    cudaError_t err;
-    if (w.head < 0) {
-        /* offsets differ: one element per thread over at most 32 waves */
-        const int64_t grid = clamp_grid(std::min(ceil_div(w.n, block), wave_grid(a, block, 32)));
-        err = pdl_launch(ew_elem_n<Op, T>, dim3{unsigned(grid)}, dim3{unsigned(block)}, 0, s, pdl, w.arr, w.n, p);
-        return err != cudaSuccess ? int(err) : int(cudaGetLastError());
-    }
-    static std::atomic<int> occ1[kMaxCachedDevices], occ4[kMaxCachedDevices];
-    const int64_t wave1 = wave_blocks(occ1, (const void *)fast_n_kernel<Op, T, int, 1>(), block, dev) * block;
-    const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
-    /* as run_fast: the decision first, so that a programmatic launch on a wide device takes 4 vectors
-     * a thread without the prefetch at 2-4 waves (wide_launch; not div, whose 4-vector backward
-     * kernel also spills), and a plain one the plain form */
-    const PdlDecision d = pdl_decide(s, pdl);
-    const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
-                                    Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
-        return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
-    }, 0, 32, wide_launch<Op>(dev, d));
-    p.prefetch = plan.prefetch;
-    const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
-    const Arrays<T, Op::NIN, Op::NOUT> arr = w.at_head();
-    if (i32) {
-        const int n32 = int(w.n - w.head), h32 = int(w.head);
-        if (plan.vpt == 1)
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 1>(), fast_n_kernel<Op, T, int, 1, false>(), g, bl, 0, s, d,
-                                arr, n32, h32, p);
-        else if (plan.vpt == 2)
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 2>(), fast_n_kernel<Op, T, int, 2, false>(), g, bl, 0, s, d,
-                                arr, n32, h32, p);
-        else
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 4>(), fast_n_kernel<Op, T, int, 4, false>(), g, bl, 0, s, d,
-                                arr, n32, h32, p);
-    } else {
-        const auto k64 = fast_n_kernel<Op, T, int64_t, 1>();
-        err = pdl_launch_as(k64, k64, g, bl, 0, s, d, arr, w.n - w.head, w.head, p);
-    }
-    return err != cudaSuccess ? int(err) : int(cudaGetLastError());
-}
-
-template <class Op, class T>
-static int launch_grad(const void *args) { return run_grad<Op, T>(static_cast<const ew_args *>(args)); }
 
 /* ---- rmse_backward ----------------------------------------------------------------------------- */
 
@@ -289,8 +206,19 @@ static int launch_rmse_backward(const void *args)
 #define EWK_GRAD_ABOUT \
     "auto's body with NIN arrays in and NOUT gradients out: 16-byte vectors, 1/2/4 per thread by auto's rule, " \
     "streaming stores, head/tail on spare threads, PDL with the first vector prefetched"
+/* A backward row's launcher and main kernel: made here for every (op, dtype) but float64 gelu's,
+ * which elementwise_gelu64.cu makes (its math reads float64 gelu's coefficients in __constant__
+ * memory, which would cost every kernel of this module about 0.12 us a launch). */
+template <class Op, class T> struct GradRow {
+    static int launch(const void *args) { return launch_grad<Op, T>(args); }
+    static const void *kernel() { return (const void *)fast_n_kernel<Op, T, int, 1>(); }
+};
+template <> struct GradRow<Grad_gelu, double> {
+    static int launch(const void *args) { return launch_grad_gelu64(args); }
+    static const void *kernel() { return grad_gelu64_kernel(); }
+};
 #define EWK_GRAD_ROW(NAME, T, DT) \
-    {#NAME, "auto", DT, launch_grad<Grad_##NAME, T>, (const void *)fast_n_kernel<Grad_##NAME, T, int, 1>(), \
+    {#NAME, "auto", DT, GradRow<Grad_##NAME, T>::launch, GradRow<Grad_##NAME, T>::kernel(), \
      EW_USES_BLOCK, EWK_GRAD_ABOUT},
 #define EWK_RMSE_GRAD_ROW(T, DT) \
     {"rmse_backward", "auto", DT, launch_rmse_backward<T>, (const void *)rmse_backward_kernel<T, int, true>, \

@@ -164,6 +164,21 @@ struct Grad_erf_h16 {
         y[0] = x[0] * (ex2_approx(-(a * a) * kLog2e) * 1.12837916709551257f);
     }
 };
+/* gelu_backward for float64 results: gelu_grad_f64 (elementwise_ops.cuh), float64 gelu's core with
+ * its coefficients in __constant__ memory; defined, and its kernels made, only in
+ * elementwise_gelu64.cu (EWK_GELU64_HERE), as the forward's Op_gelu_f64: a kernel file without the
+ * coefficients that instantiated it would fail to link. */
+struct Grad_gelu_f64 {
+    enum { NIN = 2, NOUT = 1, KIND = KIND_GRAD };
+    EW_DEV void operator()(const double (&x)[2], double (&y)[1], double, double) const;
+};
+#ifdef EWK_GELU64_HERE
+EW_DEV void Grad_gelu_f64::operator()(const double (&x)[2], double (&y)[1], double, double) const
+{
+    y[0] = gelu_grad_f64(x[0], x[1], kGelu64P, kExp64Q);
+}
+#endif
+template <> struct MathOf<Grad_gelu, double> { typedef Grad_gelu_f64 type; };
 template <> struct MathOf<Grad_gelu, float> { typedef Grad_gelu_f32 type; };
 template <> struct MathOf<Grad_gelu, half_t> { typedef Grad_gelu_h16 type; };
 template <> struct MathOf<Grad_gelu, bf16_t> { typedef Grad_gelu_h16 type; };

@@ -197,9 +197,14 @@ __host__ __device__ __forceinline__ long long f64_bits(double d)
     memcpy(&b, &d, 8);
     return b;
 }
-/* the core, on both sides so that a host program can check it (the host's seed is a float
- * reciprocal; after the two steps both give s within 0.5 ulp) */
-__host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, const double *Q)
+/* The core, on both sides so that a host program can check it (the host's seed is a float
+ * reciprocal; after the two steps both give s within 0.5 ulp): for y = min(|x|, 40), R(y) and
+ * e^(-y^2/2) = e 2^k, e in [0.7, 1.42] and k in [-1154, 0]. */
+struct Phi64 {
+    double R, e;
+    int k, hi; /* hi: x's high word, negative where x < 0 */
+};
+__host__ __device__ __forceinline__ Phi64 phi_f64(double x, const double *P, const double *Q)
 {
     /* y = min(|x|, 40) and x < 0 on the high word (integer compares; NaN goes to 40, then x * w) */
     const long long xb = f64_bits(x);
@@ -219,7 +224,6 @@ __host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, c
     for (int i = 1; i < 10; ++i)
         q = fma(q, v, Q[i]);
     const double e = fma(v, fma(v, q, 0.5), 1.0);
-    const int k1 = k >> 1, k2 = k - k1;
     /* s = y / (5 + y): the seed, one e + e^2 step (s within ~1 ulp, which moves R by at most
      * 1.3 ulp at y ~ 3 and less elsewhere) */
     const double D = 5.0 + y;
@@ -236,9 +240,34 @@ __host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, c
 #pragma unroll
     for (int i = 1; i < 20; ++i)
         p = fma(p, s, P[i]);
-    const double m = bits_f64(f64_bits(e * (t * p)) + (static_cast<long long>(k1) << 52)); /* normal */
-    const double E = m * bits_f64(static_cast<long long>(k2 + 1023) << 52);                /* Phi(-y) */
-    return x * (hi < 0 ? E : 1.0 - E);
+    return Phi64{t * p, e, k, hi};
+}
+__host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, const double *Q)
+{
+    const Phi64 f = phi_f64(x, P, Q);
+    /* 2^k on in two halves, the first onto the bits: e R 2^k1 is normal, its product with 2^k2 rounds
+     * once into the subnormal range */
+    const int k1 = f.k >> 1, k2 = f.k - k1;
+    const double m = bits_f64(f64_bits(f.e * f.R) + (static_cast<long long>(k1) << 52));
+    const double E = m * bits_f64(static_cast<long long>(k2 + 1023) << 52); /* Phi(-y) */
+    return x * (f.hi < 0 ? E : 1.0 - E);
+}
+/* gelu's derivative times g, Phi(x) + x phi(x) from the same core: with E0 = e^(-y^2/2) and
+ * Phi(-y) = E0 R, phi(x) = E0 / sqrt(2 pi),
+ *     x < 0:  E0 (R + x / sqrt(2 pi))          x >= 0:  1 + E0 (x / sqrt(2 pi) - R)
+ * one exponential and no erfc for both terms (libdevice's erfc and exp took about twice the
+ * instructions and ran the H200 at 0.65 of ewkern.mul's bytes a second). The sum's rounding is
+ * relative to |Phi| + |x phi|, as grads.def's bound; E0 = (e 2^k1) 2^k2 rounds once (u E0 of a
+ * subnormal E0 errs by |u| 2^-1075 absolute, |u| <= 16). x = +inf: inf x 0 = NaN, as the float64
+ * formula (x phi(x)); x = -inf the same. */
+__host__ __device__ __forceinline__ double gelu_grad_f64(double g, double x, const double *P, const double *Q)
+{
+    const Phi64 f = phi_f64(x, P, Q);
+    const int k1 = f.k >> 1, k2 = f.k - k1;
+    const double E0 = (f.e * bits_f64(static_cast<long long>(k1 + 1023) << 52))
+                      * bits_f64(static_cast<long long>(k2 + 1023) << 52);
+    const double u = fma(x, 0.398942280401432677939946059934381868, f.hi < 0 ? f.R : -f.R);
+    return g * (f.hi < 0 ? u * E0 : fma(u, E0, 1.0));
 }
 /* float64 gelu's math, defined only where the coefficients are (EWK_GELU64_HERE): a kernel file
  * without them that instantiated it would fail to link (the declared function is never defined). */
