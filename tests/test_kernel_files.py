@@ -35,20 +35,23 @@ FILES = {
     "batched_rmse_kernel_analysis.cu": ({"ewkern_kernels.h", "device_cache.cuh", "rmse_common.cuh"}, "rmse", "study"),
     "rmse_auto.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "rmse_common.cuh"}, "rmse", "default"),
     "elementwise_backward.cu": ({"ewkern_kernels.h", "device_cache.cuh", "pdl.cuh", "grads.def", "elementwise_common.cuh",
-                                 "elementwise_grads.cuh", "elementwise_kernel.cuh", "elementwise_launch.cuh"},
+                                 "elementwise_grads.cuh", "elementwise_kernel.cuh", "elementwise_launch.cuh",
+                                 "elementwise_grad_run.cuh", "elementwise_auto.cuh"},
                                 "elementwise", "default"),
 }
 NOT_KERNEL_FILES = {"runtime.cu"}  # the CUDA runtime calls of the host code: no table
 # kernel files without a table of their own, whose kernels are rows of another file's table:
 # file -> (headers, family, kind, the file whose table holds the rows). float64 gelu's __constant__
-# coefficients would cost every kernel of a shared module a launch-time toll (elementwise_auto.cuh).
+# coefficients would cost every kernel of a shared module a launch-time toll (elementwise_auto.cuh);
+# its gelu_backward row sits in elementwise_backward.cu's table.
 PART_FILES = {
-    "elementwise_gelu64.cu": ({"ewkern_kernels.h", "elementwise_run.cuh"}, "elementwise", "default", "elementwise_auto.cu"),
+    "elementwise_gelu64.cu": ({"ewkern_kernels.h", "elementwise_run.cuh", "elementwise_grad_run.cuh"}, "elementwise",
+                              "default", "elementwise_auto.cu"),
 }
 DEFAULT_PATH_MATH = {"elementwise_ops.cuh", "elementwise_kernel.cuh"}
 DEVICE_ONLY = ("elementwise_kernel.cuh", "elementwise_ops.cuh", "elementwise_types.cuh", "elementwise_grads.cuh")
 HOST_ONLY_HEADERS = {"atomic", "cstdlib", "stdlib.h", "device_cache.cuh", "elementwise_common.cuh",
-                     "elementwise_auto.cuh", "elementwise_run.cuh", "rmse_common.cuh"}
+                     "elementwise_auto.cuh", "elementwise_run.cuh", "elementwise_grad_run.cuh", "rmse_common.cuh"}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 

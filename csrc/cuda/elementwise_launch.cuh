@@ -73,7 +73,7 @@ static OpArgs<T> op_args(const ew_args *a)
  * keeps 1: 4 lost 3-5% after torch.mul.
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
- * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 2 waves, erf, log
+ * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 8 waves, erf, log
  * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
  * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
  * Measurements: ELEMENTWISE_NOTES.md. */
@@ -186,11 +186,16 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * 1.13, 0.98 / 1.03 (1.09 / 1.11, 0.97 / 0.97), 4 MiB 1 already; so exp and sigmoid take 1
          * at any size. silu (46 registers at 1, 58 at 4) with 1: 4 MiB 1.27 / 1.30, 1.02 / 1.05 (1.01
          * / 1.04, 0.99 / 0.99 with 4); but 16 MiB 0.96 back-to-back on the H200, 64 MiB 0.85-0.97:
-         * silu 4 past 2 waves of its 1-vector kernel. */
+         * silu 4 past 2 waves of its 1-vector kernel.
+         * silu again once one exponential served both its forms (283e2cb: 36 registers at 1, 62 at
+         * 4, 95 instructions an element where it had 144), H200, forced 1 / 4, back-to-back, single
+         * launch, after a torch kernel: 16 MiB (4.4 waves of the 1-vector kernel) 1.089 / 1.061,
+         * 1.005 / 0.972, 0.985 / 0.959; 64 MiB (17.7 waves) 0.991 / 1.036, 0.954 / 0.970, 0.951 /
+         * 0.997; 256 MiB 0.960 / 1.009: silu 4 past 8 waves. */
         if (heavy64 == H64_POLY || heavy64 == H64_GELU)
             vpt = nvec <= 4 * wave1 ? 1 : heavy64 == H64_POLY ? 2 : 4;
         else if (heavy64 == H64_SILU)
-            vpt = nvec > 2 * wave1 ? 4 : 1;
+            vpt = nvec > 8 * wave1 ? 4 : 1;
         else
             vpt = 1;
     } else if (fill) {
