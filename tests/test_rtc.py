@@ -1019,6 +1019,7 @@ def test_gpu_warm_calls_by_plan_heads_streams_and_overlap(full_calls):
         for start in range(4):
             x, y = base_x[start:start + n], base_y[start:start + n]
             s = 1.0 + rep + start / 4
+            side.wait_stream(torch.cuda.current_stream())   # x, y written on the default stream
             with torch.cuda.stream(side):
                 z = k(x, y, s)
                 torch.cuda.current_stream().synchronize()
@@ -1038,6 +1039,9 @@ def test_gpu_warm_calls_by_plan_heads_streams_and_overlap(full_calls):
                                  "gpu_plan_msq")
     for rep in range(3):
         x = torch.randn(300, 4096, device="cuda") * (rep + 1)
+        # x is written on the default stream: without the wait the side stream may read it first
+        # (all 300 results inf on the H200 once, 5691b91, with four test processes on the GPU)
+        side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             y, m = rms(x, 1e-5), msq(x, axis=1)
             torch.cuda.current_stream().synchronize()

@@ -190,6 +190,7 @@ def test_gpu_warm_calls_run_in_c_on_the_callers_stream(full_calls):
     side = torch.cuda.Stream()
     for rep in range(3):
         x = torch.randn(100003, device="cuda")
+        side.wait_stream(torch.cuda.current_stream())   # x is written on the default stream
         with torch.cuda.stream(side):
             z = k(x, 0.5 + rep)
             side.synchronize()

@@ -403,6 +403,7 @@ def test_cuda_graph_capture_and_reduce_overhead():
 def test_results_on_a_busy_side_stream():
     x = torch.randn(1 << 22, device="cuda")
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())   # x is written on the default stream
     with torch.cuda.stream(s):
         torch.cuda._sleep(1_000_000)      # keeps s busy: a launch elsewhere would run first
         y = ewt.exp(x)
