@@ -269,7 +269,7 @@ __host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, c
  * one exponential and no erfc for both terms (libdevice's erfc and exp took about twice the
  * instructions and ran the H200 at 0.65 of ewkern.mul's bytes a second). The sum's rounding is
  * relative to |Phi| + |x phi|, as grads.def's bound; E0 = (e 2^k1) 2^k2 rounds once (u E0 of a
- * subnormal E0 errs by |u| 2^-1075 absolute, |u| <= 16). x = +inf: inf x 0 = NaN, as the float64
+ * subnormal E0, y in about [37.6, 38.6], errs by |u| 2^-1075 absolute, |u| < 16 there). x = +inf: inf x 0 = NaN, as the float64
  * formula (x phi(x)); x = -inf the same. */
 __host__ __device__ __forceinline__ double gelu_grad_f64(double g, double x, const double *P, const double *Q)
 {
