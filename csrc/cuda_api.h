@@ -114,17 +114,19 @@ int ewcuda_kernel_occupancy(void *kernel, int block);
  * kernel compiled in its 1, 2 and 4 vectors-per-thread forms: nvec vectors, nedge head and tail
  * elements, wave1 the threads of one wave of the 1-vector form, wave4 the vectors of one wave of
  * the 4-vector form, heavy: libm-class math, elems: elements per vector (8: 16-bit, 2: float64),
- * wide: the rule's `wide` (given only under PDL). Gives the vectors per thread, the grid and the
- * PDL prefetch. */
+ * wide: the rule's `wide` (given only under PDL), max_vpt: the most vectors a thread of the kernel's
+ * forms that do not spill (1, 2 or 4). Gives the vectors per thread, the grid and the PDL prefetch. */
 void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
-                      int pdl, int heavy, int elems, int wide, int *vpt, long long *grid, int *prefetch);
+                      int pdl, int heavy, int elems, int wide, int max_vpt, int *vpt, long long *grid,
+                      int *prefetch);
 /* auto_plan with every input given, as the built-in ops' launchers give them (fill: a write-only
  * op; heavy16: 0, 1 for ewkern's 16-bit libm-class ops, 2 for a run-time kernel's; heavy64: the
  * float64 class, H64_*; heavy16_from: heavy16_waves's threshold; wide: a programmatic launch on a
- * device whose memory moves >= 30 GB/s an SM, wide_sm): the tests' view of the rule. */
+ * device whose memory moves >= 30 GB/s an SM, wide_sm; max_vpt as ewcuda_auto_plan's, 4 for the
+ * built-in ops): the tests' view of the rule. */
 void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
-                           int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide, int *vpt,
-                           long long *grid, int *prefetch);
+                           int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide,
+                           int max_vpt, int *vpt, long long *grid, int *prefetch);
 
 #ifdef __cplusplus
 }

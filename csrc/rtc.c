@@ -27,11 +27,13 @@
  *   _auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from[, wide])
  *                                     the same rule with every input given (ewcuda_auto_plan_rule):
  *                                     what the tests check the built-in ops' launches against.
- *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl[, wide])
+ *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl[, wide[, max_vpt]])
  *                                     (vectors per thread, grid, prefetch) by the default path's
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
  *                                     ewkern/rtc/_codegen.py; wide as the rule's (a programmatic
- *                                     launch on a device of >= 30 GB/s an SM; the caller decides).
+ *                                     launch on a device of >= 30 GB/s an SM; the caller decides);
+ *                                     max_vpt: the most vectors a thread of the forms that do
+ *                                     not spill (1, 2 or 4, default 4).
  */
 #include "rtc.h"
 
@@ -588,19 +590,21 @@ PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4;
-    int device, block, i32, heavy, elems, pdl, wide = 0;
-    if (!PyArg_ParseTuple(args, "iLLiLLppip|p:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
-                          &heavy, &elems, &pdl, &wide))
+    int device, block, i32, heavy, elems, pdl, wide = 0, max_vpt = 4;
+    if (!PyArg_ParseTuple(args, "iLLiLLppip|pi:_rtc_plan", &device, &nvec, &nedge, &block, &wave1, &wave4, &i32,
+                          &heavy, &elems, &pdl, &wide, &max_vpt))
         return NULL;
-    if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1) {
-        PyErr_Format(PyExc_ValueError, "_rtc_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld out of range",
-                     nvec, nedge, block, wave1, wave4);
+    if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1 ||
+        (max_vpt != 1 && max_vpt != 2 && max_vpt != 4)) {
+        PyErr_Format(PyExc_ValueError,
+                     "_rtc_plan: nvec %lld, nedge %lld, block %d, waves %lld/%lld, max_vpt %d (1, 2 or 4) out of range",
+                     nvec, nedge, block, wave1, wave4, max_vpt);
         return NULL;
     }
     int vpt, prefetch;
     long long grid;
     ewcuda_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl && ewcuda_pdl_active(device), heavy, elems, wide,
-                     &vpt, &grid, &prefetch);
+                     max_vpt, &vpt, &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
 
@@ -621,7 +625,7 @@ PyObject *ew_auto_plan(PyObject *module, PyObject *args)
     }
     int vpt, prefetch;
     long long grid;
-    ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide,
+    ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide, 4,
                           &vpt, &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }

@@ -49,9 +49,10 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     {"_rtc_attrs", (PyCFunction)ew_rtc_attrs, METH_VARARGS, \
      "_rtc_attrs(kernel, device, /)\n--\n\n(registers a thread, local memory bytes a thread) of a loaded kernel."}, \
     {"_rtc_plan", (PyCFunction)ew_rtc_plan, METH_VARARGS, \
-     "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, wide=False, /)\n--\n\n" \
+     "_rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl, wide=False, max_vpt=4, /)\n--\n\n" \
      "(vectors per thread, grid, prefetch) of a run-time vector kernel by the default path's launch rule " \
-     "(wide: its case for a programmatic launch on a GPU of >= 30 GB/s an SM)."}, \
+     "(wide: its case for a programmatic launch on a GPU of >= 30 GB/s an SM; max_vpt: the most vectors " \
+     "a thread of the kernel's forms that do not spill)."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
      "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, /)" \
      "\n--\n\n(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \

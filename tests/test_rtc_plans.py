@@ -47,9 +47,9 @@ class FakeC:
     def _rtc_occupancy(self, h, block, dev):
         return max(1, 2048 // block)   # lanes an SM, as registers would allow
 
-    def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl, wide=False):
+    def _rtc_plan(self, dev, nvec, nedge, block, w1, w4, i32, heavy, E, pdl, wide=False, max_vpt=4):
         self.plans += 1
-        self.wide = wide
+        self.wide, self.max_vpt = wide, max_vpt
         return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
 
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
@@ -150,6 +150,41 @@ def test_vector_forms_that_spill_take_the_maxnreg_twin(fake, monkeypatch, twin_l
     assert len(sources) == compiles
     assert all(s.count("__launch_bounds__(1024)") == 4 for s in sources[:1])
     assert all(s.count("__maxnreg__(64)") == 4 and "__launch_bounds__" not in s for s in sources[1:])
+
+
+@pytest.mark.parametrize("spill, want", [((), 4), (("_v4",), 2), (("_v4", "_v2"), 1), (("_v2",), 4)])
+def test_vector_plan_keeps_to_the_forms_that_do_not_spill(fake, monkeypatch, spill, want):
+    """The launch rule is asked for no more vectors a thread than the largest form whose resource
+    report (after the __maxnreg__(64) twin) has no local memory: ptxas spilled a bfloat16
+    `o = a * b + c` at 4 vectors a thread under either bound, and the H200 ran that form 2.3-2.4x
+    slower than at 1. The cap: 4 where the 4-vector form does not spill, else 2 where the
+    2-vector form does not, else 1."""
+    loaded = []
+    monkeypatch.setattr(fake, "_rtc_load", lambda image, entry, dev: loaded.append(entry) or len(loaded) - 1)
+    monkeypatch.setattr(fake, "_rtc_attrs", lambda h, dev: (64, 16 if loaded[h].endswith(spill) else 0))
+    k = ewkern.ElementwiseKernel("T a, T b, T c", "T o", "o = a * b + c", f"fake_cap_{'_'.join(spill) or 'none'}")
+    n = 1 << 22
+    k(*(FakeArray((q + 1) << 36, "bfloat16", (n,)) for q in range(4)))
+    assert fake.max_vpt == want
+
+
+@pytest.mark.skipif(not ewkern.build_info().get("cuda"), reason="ewkern built without CUDA")
+def test_rtc_plan_max_vpt_caps_the_rule():
+    """_rtc_plan's max_vpt (the C rule, no GPU needed without PDL): at 2-4 waves, where a plain
+    launch takes 4 vectors a thread, a cap of 2 or 1 takes that many over a grid sized for it; 3
+    is refused."""
+    block, w1, w4 = 256, 132 * 2048, 132 * 2048 * 4
+    nvec = 3 * w1 + 1000                      # 3 waves of the 1-vector form, 0.75 of the 4-vector one
+    w4 = nvec + nvec // 10                    # the 4-vector wave 91% full: the rule's 4
+    assert ewkern._C._rtc_plan(0, nvec, 0, block, w1, w4, True, False, 8, False)[0] == 4
+    for cap in (4, 2, 1):
+        vpt, grid, prefetch = ewkern._C._rtc_plan(0, nvec, 0, block, w1, w4, True, False, 8, False, False, cap)
+        want = -(-nvec // (cap * block))
+        if (want - 1) * cap * block + block <= nvec - 1:   # the last block's spare threads own no vector
+            want += 1
+        assert vpt == cap and grid == want and prefetch == 0
+    with pytest.raises(ValueError, match="max_vpt"):
+        ewkern._C._rtc_plan(0, nvec, 0, block, w1, w4, True, False, 8, False, False, 3)
 
 
 @pytest.mark.parametrize("rtc_wide, sm_gbs, pdl, want", [(True, 36.5, True, True), (True, 25.4, True, False),

@@ -152,10 +152,14 @@ static int64_t heavy16_waves(int dev)
  * 1 takes 2 vectors a thread (heavy16_waves); wide: the launch is a programmatic dependent on a device
  * whose memory moves at least 30 GB/s an SM (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves
  * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
- * which were not measured with it). */
+ * which were not measured with it); max_vpt: the most vectors a thread the caller's kernel takes
+ * without spilling (1, 2 or 4; a run-time kernel's forms by their resource report: a bfloat16
+ * `o = a * b + c` at 4 vectors a thread spills 788 bytes under __launch_bounds__(1024) and 404
+ * under __maxnreg__(64), and ran 2.3-2.4x slower than at 1 on the H200 where the plan took it). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
-                          int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false)
+                          int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false,
+                          int max_vpt = 4)
 {
     int vpt = 1;
     bool lean = false; /* under PDL, no prefetch */
@@ -234,6 +238,10 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
             vpt = 4;
             lean = pdl;
         }
+    }
+    if (vpt > max_vpt) {
+        vpt = max_vpt; /* and the prefetch of the form it replaces (lean: 4 only) */
+        lean = false;
     }
     const int64_t per_block = int64_t(vpt) * block;
     int64_t grid = ceil_div(nvec, per_block);

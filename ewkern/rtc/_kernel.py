@@ -348,14 +348,20 @@ WIDE_SM_GBS = 30.0
 
 class _VectorKernel:
     """The four forms of a vector_source kernel loaded on one device (VECTOR_FORMS order) and
-    the waves its launch rule needs, asked once per block size."""
-    __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy")
+    the waves its launch rule needs, asked once per block size; max_vpt: the most vectors a
+    thread of the forms that do not spill (their resource report's local memory), which the launch
+    rule may not exceed. ptxas spills some 4-vector forms even under __maxnreg__(64) (bfloat16
+    `o = a * b + c`: 404 bytes; 788 under __launch_bounds__(1024)), and the H200 ran that form
+    2.3-2.4x slower than the 1-vector one where the plan took it (the `wide` case)."""
+    __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy", "max_vpt")
 
     def __init__(self, handles, device: str, heavy: bool):
         self.handles, self.device, self.heavy = handles, device, heavy
         self.dev = int(device.split(":")[1])
         self.sms = _device_facts(device)[1]
         self.waves: dict[int, tuple[int, int]] = {}
+        local = [_C()._rtc_attrs(h, self.dev)[1] for h in handles[:3]]   # 1, 2, 4 vectors a thread
+        self.max_vpt = 4 if not local[2] else 2 if not local[1] else 1
 
     def launch_plan(self, n: int, head: int, E: int, block: int, pdl: bool) -> tuple[int, int, int]:
         """(kernel handle, grid, prefetch) of a launch over n elements from head, by the default
@@ -372,7 +378,8 @@ class _VectorKernel:
         # every index formed fits in 32 bits (as auto's: n + nvec + 8 blocks of elements)
         i32 = n + nvec + 8 * block * E < 2**31 - 1
         wide = pdl and RTC_WIDE and _sm_bandwidth(self.device)[1] >= WIDE_SM_GBS
-        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl, wide)
+        vpt, grid, prefetch = C._rtc_plan(self.dev, nvec, nedge, block, w[0], w[1], i32, self.heavy, E, pdl, wide,
+                                          self.max_vpt)
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
         return h, grid, prefetch
 
