@@ -240,7 +240,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         }
     }
     if (vpt > max_vpt) {
-        vpt = max_vpt; /* and the prefetch of the form it replaces (lean: 4 only) */
+        vpt = max_vpt; /* lean (no prefetch) belongs to the 4-vector case: the capped form prefetches */
         lean = false;
     }
     const int64_t per_block = int64_t(vpt) * block;
