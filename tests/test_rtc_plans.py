@@ -190,11 +190,11 @@ def test_rtc_plan_max_vpt_caps_the_rule():
 @pytest.mark.parametrize("rtc_wide, sm_gbs, pdl, want", [(True, 36.5, True, True), (True, 25.4, True, False),
                                                        (True, 36.5, False, False), (False, 36.5, True, False)])
 def test_vector_plan_asks_the_wide_case_only_when_switched_on(fake, monkeypatch, rtc_wide, sm_gbs, pdl, want):
-    """A user kernel's launch plan asks the rule's `wide` case (RTC_WIDE, off until measured) only
+    """A user kernel's launch plan asks the rule's `wide` case (RTC_WIDE, off: it lost on the H200) only
     under PDL on a device whose memory moves >= WIDE_SM_GBS an SM."""
     monkeypatch.setattr(_kernel, "RTC_WIDE", rtc_wide)
     monkeypatch.setitem(_kernel._sm_facts, "cuda:0", (2048, sm_gbs))
-    vk = _kernel._VectorKernel((1, 2, 3, 4), "cuda:0", False)
+    vk = _kernel._VectorKernel((1, 2, 3, 4), "cuda:0", False, (0, 0, 0, 0))
     vk.launch_plan(1 << 22, 0, 4, 256, pdl)
     assert fake.wide is want
 

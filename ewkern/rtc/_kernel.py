@@ -340,8 +340,9 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
 # The built-in ops' `wide` case of the launch rule (a programmatic launch at 2-4 waves: 4 vectors a
 # thread, no L2 prefetch; H200 16 MiB single launch, add/mul 0.98 -> 1.00, copy/neg/exp 0.98-1.00 ->
 # 1.03-1.04) for run-time kernels too, on devices whose memory moves >= WIDE_SM_GBS an SM (the
-# H200): off until measured (the `fused` cells at 16 MiB single launch on the H200, 0.96-0.98 of
-# torch.compile on 02551d4; scripts/speed_probe.py rtc compares both in one run).
+# H200): off. Measured on the H200 (93b887f, scripts/speed_probe.py rtc, which compares both in one
+# run): at 16 MiB it gained about 1% single launch in float32 and lost 5-8% back-to-back, and
+# bfloat16 lost 1.3-2.4x (its 4-vector forms spill; _VectorKernel.max_vpt); at 64 MiB within 0.006.
 RTC_WIDE = False
 WIDE_SM_GBS = 30.0
 
@@ -355,13 +356,13 @@ class _VectorKernel:
     2.3-2.4x slower than the 1-vector one where the plan took it (the `wide` case)."""
     __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy", "max_vpt")
 
-    def __init__(self, handles, device: str, heavy: bool):
+    def __init__(self, handles, device: str, heavy: bool, local):
+        """local: each form's local memory bytes a thread (its resource report)."""
         self.handles, self.device, self.heavy = handles, device, heavy
         self.dev = int(device.split(":")[1])
         self.sms = _device_facts(device)[1]
         self.waves: dict[int, tuple[int, int]] = {}
-        local = [_C()._rtc_attrs(h, self.dev)[1] for h in handles[:3]]   # 1, 2, 4 vectors a thread
-        self.max_vpt = 4 if not local[2] else 2 if not local[1] else 1
+        self.max_vpt = 4 if not local[2] else 2 if not local[1] else 1   # forms 1, 2, 4 vectors a thread
 
     def launch_plan(self, n: int, head: int, E: int, block: int, pdl: bool) -> tuple[int, int, int]:
         """(kernel handle, grid, prefetch) of a launch over n elements from head, by the default
@@ -433,9 +434,11 @@ def _vector_kernel(kernel: str, source: str, entries, device: str, parts, option
         except RuntimeError:
             bounded = []
         for k, h in enumerate(bounded):
-            if local[k] and C._rtc_attrs(h, dev)[1] < local[k]:
-                handles[k] = h
-    return _VectorKernel(tuple(handles), device, heavy)
+            if local[k]:
+                twin_local = C._rtc_attrs(h, dev)[1]
+                if twin_local < local[k]:
+                    handles[k], local[k] = h, twin_local
+    return _VectorKernel(tuple(handles), device, heavy, local)
 
 
 def _broadcast_kind(a: _Arr, strides, shape) -> str | None:

@@ -456,8 +456,9 @@ class RowKernel:
             # fewer blocks than SMs: one group a block, so that more SMs pull rows at once. 16-bit
             # rmsnorm at 1 MiB (128 rows of 4096 at G 128) ran in 64 blocks of two rows at 0.89-0.92
             # of torch.compile's single launch (a row a block there); float32's 64 rows in 64 blocks
-            # at 0.97. Predicted, not yet measured: +0.01-0.02 (an SM's 16 KiB against 8 KiB is
-            # about 0.1 us of the 0.4-0.5 us gap; mse_rows, a row a block already, is at 0.92 too)
+            # at 0.97. Measured (93b887f, 1 MiB 16-bit, with / without): single launch +0.00-0.02,
+            # back-to-back +0.02-0.06 on both GPUs; the rest of the gap is elsewhere (mse_rows, a
+            # row a block already, is at 0.92 too)
             block, w = G, wave(h, G)
             grid = rows
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
