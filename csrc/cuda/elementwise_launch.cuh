@@ -154,8 +154,9 @@ static int64_t heavy16_waves(int dev)
  * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
  * which were not measured with it); max_vpt: the most vectors a thread the caller's kernel takes
  * without spilling (1, 2 or 4; a run-time kernel's forms by their resource report: a bfloat16
- * `o = a * b + c` at 4 vectors a thread spills 788 bytes under __launch_bounds__(1024) and 404
- * under __maxnreg__(64), and ran 2.3-2.4x slower than at 1 on the H200 where the plan took it). */
+ * `o = a * b + c` at 4 vectors a thread spilled 788 bytes under __launch_bounds__(1024) and 404
+ * under __maxnreg__(64) while its vectors were held as 16-bit values, and ran 2.3-2.4x slower than
+ * at 1 on the H200 where the plan took it). */
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false,

@@ -868,6 +868,17 @@ template <class P> __device__ __forceinline__ P NAME(const P *p) \
 EWRTC_LDPOL(ldkeep, "evict_last")
 EWRTC_LDPOL(lddrop, "evict_first")
 #undef EWRTC_LDPOL
+/* a loaded bfloat16 vector of E (even) elements held as its 32-bit words; element k is its word's
+   low half shifted up or its high half masked (one instruction, a float's bits). Held as a Pack
+   of 16-bit values, NVVM splits each loaded word into two 16-bit registers, which ptxas keeps
+   apart (8 registers a vector where float16's conversions read a word's halves in place), and the
+   4-vector forms spilled: o = a * b + c 788 bytes, a + b 80, a / (1 + exp(-b)) 92 (sm_90) */
+template <int E> struct alignas(2 * E) BfWords { unsigned w[E / 2]; };
+template <int E> __device__ __forceinline__ float bf_elem(const BfWords<E> &x, int k)
+{
+    const unsigned u = x.w[k >> 1];
+    return __uint_as_float((k & 1) ? (u & 0xffff0000u) : (u << 16));
+}
 } /* namespace ewrtc */
 """
 
@@ -976,8 +987,9 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     if loop_prep:
         src.add("    {")
         src.user(loop_prep, name, "loop_prep", ";")
+    words = {p.name for p, dt, kind, _ in loaded if dt == "bfloat16" and E % 2 == 0}   # held as BfWords
     for p, dt, kind, _ in loaded:
-        src.add(f"    _U_{p.name} _r_{p.name}[VPT];")
+        src.add(f"    {'ewrtc::BfWords<E>' if p.name in words else '_U_' + p.name} _r_{p.name}[VPT];")
     for p, dt, kind, _ in rows:
         src.add(f"    {DTYPES[dt][1]} _s_{p.name}[VPT];")
     src.add("#pragma unroll")
@@ -985,7 +997,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
     src.add("        if (_v < _nvec) {")
     for p, dt, kind, _ in loaded:
-        src.add(f"            _r_{p.name}[_q] = _u_{p.name}[{'_v % _cvec' if kind == 'bcol' else '_v'}];")
+        at = f"_u_{p.name}[{'_v % _cvec' if kind == 'bcol' else '_v'}]"
+        if p.name in words:
+            at = f"*(const ewrtc::BfWords<E> *)&{at}"
+        src.add(f"            _r_{p.name}[_q] = {at};")
     for p, dt, kind, _ in rows:
         src.add(f"            _s_{p.name}[_q] = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + _v / _cvec);")
     src.add("        }")
@@ -1001,7 +1016,8 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
     _element(src, "                ", name, operation, cols + rows + ones + arrays, read_outputs,
              lambda p, dt, kind: {"brow": f"_s_{p.name}[_q]", "bone": f"_o_{p.name}"}.get(
-                 kind, f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"),
+                 kind, f"ewrtc::bf_elem(_r_{p.name}[_q], _k)" if p.name in words
+                 else f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"),
              lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
     src.add("            }")
     for p, dt, kind, _ in outs:
