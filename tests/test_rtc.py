@@ -685,7 +685,7 @@ def test_vector_forms_bfloat16_without_spill(op, nin, tmp_path):
     (o,) = parse_params("bfloat16 o", True, "k")
     lay = _codegen.Layout("vector", 1, list(lay.args) + [(o, "bfloat16", "array", 0)])
     src, entries = _codegen.vector_source("vbf", lay, op, "", "", "", "", set())
-    assert src.count("ewrtc::BfWords<E> _r_") == nin and "ewrtc::bf_elem(_r_a[_q], _k)" in src
+    assert src.count("ewrtc::Held<ewrtc::bf16_bits, 8>::type _r_") == nin and "ewrtc::elem(_r_a[_q], _k)" in src
     ptx, _, _ = _build.compile_cuda("vbf", src, (9, 0), ptx_only=True)
     regs = ptxas_registers(ptx, tmp_path)    # fails on a spill
     assert sorted(regs) == sorted(entries) and max(regs.values()) <= 64
@@ -695,7 +695,7 @@ def test_vector_forms_bfloat16_without_spill(op, nin, tmp_path):
         (o2,) = parse_params(f"{wide} o", True, "k")
         lay2 = _codegen.Layout("vector", 1, list(lay2.args) + [(o2, wide, "array", 0)])
         src2, _ = _codegen.vector_source("vbm", lay2, "o = a * b", "", "", "", "", set())
-        assert src2.count("ewrtc::BfWords<E> _r_") == 1 and "_U_a _r_a[VPT]" in src2
+        assert src2.count("ewrtc::Held<ewrtc::bf16_bits, ") == 1
         ptxas_registers(_build.compile_cuda("vbm", src2, (9, 0), ptx_only=True)[0], tmp_path)
 
 
@@ -777,7 +777,7 @@ def test_nvrtc_compiles_vector_broadcast_kinds():
                                 ("float32 c", "float32", "bcol", 0), ("T s", "float16", "bone", 0),
                                 ("T o_out", "float16", "array", 0)])
     src, entries = _codegen.vector_source("bk", lay, "o_out = x * r + c * s", "", "", "", "typedef float T;", set())
-    assert "_u_c[_v % _cvec]" in src and "_v / _cvec" in src
+    assert "ewrtc::hold(_u_c + _v % _cvec)" in src and "_v / _cvec" in src
     ptx, _, _ = _build.compile_cuda("bk", src, (9, 0), ptx_only=True)
     assert all(f".entry {e}" in ptx.decode(errors="replace") for e in entries)
 

@@ -710,30 +710,39 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
             else:
                 src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
 
-    def vector_loops(src, index, v0, v1):
+    def vector_loops(src, index, v0, v1, held):
         """the lanes' vectors v0 + _lane, v0 + _lane + _G, ... below v1 (index: their C type),
-        four at a time with every load of a step before its math"""
+        four at a time with every load of a step before its math; held: in registers as
+        ewrtc::Held's type (bfloat16 as 32-bit words), else as 16-bit values. mse over rows in
+        bfloat16 (sm_90, ptxas): held, the aligned forms take 512-600 -> 416-520 instructions in
+        the same or fewer registers, and the chunked form with a compile-time G 1336 -> 1272 in
+        40; the chunked form with G read at run time 1280 -> 1200, but in 50 registers against
+        48 (4 blocks of 256 an SM instead of 5; its 4-block bound spills, so that is the form
+        built): not held"""
+        T = (lambda dt: f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type") if held else (lambda dt: f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>")
         src.add(f"        {index} _v = {v0} + _lane;")
         src.add(f"        for (; _v + 3 * _G < {v1}; _v += 4 * _G) {{")
         for p, dt, kind, _ in arrays:
-            src.add(f"            _U_{p.name} _r_{p.name}[4];")
+            src.add(f"            {T(dt)} _r_{p.name}[4];")
         src.add("#pragma unroll")
         src.add("            for (int _q = 0; _q < 4; ++_q) {")
         for p, dt, kind, _ in arrays:
-            src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v + _q * _G];")
+            src.add(f"                _r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
+                                                            else f"_u_{p.name}[_v + _q * _G];"))
         src.add("            }")
         src.add("#pragma unroll")
         src.add("            for (int _q = 0; _q < 4; ++_q)")
         src.add("#pragma unroll")
         src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
-        map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}[_q].v[_k])")
+        map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
         src.add("        }")
         src.add(f"        for (; _v < {v1}; _v += _G) {{")
         for p, dt, kind, _ in arrays:
-            src.add(f"            const _U_{p.name} _r_{p.name} = _u_{p.name}[_v];")
+            src.add(f"            const {T(dt)} _r_{p.name} = " + (f"ewrtc::hold(_u_{p.name} + _v);" if held
+                                                                  else f"_u_{p.name}[_v];"))
         src.add("#pragma unroll")
         src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
-        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld(&_r_{p.name}.v[_k])")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}, _k)")
         src.add("        }")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
@@ -750,7 +759,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                            "_lane == 0")
         src.add(f"    type_reduce _acc = (type_reduce)({identity});")
         src.add("    if (_live) {")
-        vector_loops(src, "int", "0", "_nv")
+        vector_loops(src, "int", "0", "_nv", True)
         src.add("    }")
         finish(src, post)
         src.add("}")
@@ -780,7 +789,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         for p, dt, kind, _ in arrays:
             src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
                     f"PP.in.p_{p.name} + _ia);")
-        vector_loops(src, "long long", "_v0", "_v1")
+        vector_loops(src, "long long", "_v0", "_v1", full)
         # head (chunk 0) and tail (last chunk): lane j takes element j
         src.add("        if (_c == 0)")
         src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")
@@ -874,7 +883,22 @@ EWRTC_LDPOL(lddrop, "evict_first")
    apart (8 registers a vector where float16's conversions read a word's halves in place), and the
    4-vector forms spilled: o = a * b + c 788 bytes, a + b 80, a / (1 + exp(-b)) 92 (sm_90) */
 template <int E> struct alignas(2 * E) BfWords { unsigned w[E / 2]; };
-template <int E> __device__ __forceinline__ float bf_elem(const BfWords<E> &x, int k)
+/* Held<S, E>::type: how a loaded vector of E elements of S sits in registers (hold() loads one,
+   elem() reads its element k as the compute type) */
+template <class S, int E> struct Held { typedef Pack<S, E> type; };
+template <> struct Held<bf16_bits, 2> { typedef BfWords<2> type; };
+template <> struct Held<bf16_bits, 4> { typedef BfWords<4> type; };
+template <> struct Held<bf16_bits, 8> { typedef BfWords<8> type; };
+template <class S, int E> __device__ __forceinline__ const typename Held<S, E>::type *held(const Pack<S, E> *p)
+{
+    return reinterpret_cast<const typename Held<S, E>::type *>(p);
+}
+template <class S, int E> __device__ __forceinline__ typename Held<S, E>::type hold(const Pack<S, E> *p)
+{
+    return *held(p);
+}
+template <class S, int E> __device__ __forceinline__ auto elem(const Pack<S, E> &x, int k) { return ld(&x.v[k]); }
+template <int E> __device__ __forceinline__ float elem(const BfWords<E> &x, int k)
 {
     const unsigned u = x.w[k >> 1];
     return __uint_as_float((k & 1) ? (u & 0xffff0000u) : (u << 16));
@@ -987,9 +1011,8 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     if loop_prep:
         src.add("    {")
         src.user(loop_prep, name, "loop_prep", ";")
-    words = {p.name for p, dt, kind, _ in loaded if dt == "bfloat16" and E % 2 == 0}   # held as BfWords
     for p, dt, kind, _ in loaded:
-        src.add(f"    {'ewrtc::BfWords<E>' if p.name in words else '_U_' + p.name} _r_{p.name}[VPT];")
+        src.add(f"    ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _r_{p.name}[VPT];")
     for p, dt, kind, _ in rows:
         src.add(f"    {DTYPES[dt][1]} _s_{p.name}[VPT];")
     src.add("#pragma unroll")
@@ -997,10 +1020,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
     src.add("        if (_v < _nvec) {")
     for p, dt, kind, _ in loaded:
-        at = f"_u_{p.name}[{'_v % _cvec' if kind == 'bcol' else '_v'}]"
-        if p.name in words:
-            at = f"*(const ewrtc::BfWords<E> *)&{at}"
-        src.add(f"            _r_{p.name}[_q] = {at};")
+        src.add(f"            _r_{p.name}[_q] = ewrtc::hold(_u_{p.name} + {'_v % _cvec' if kind == 'bcol' else '_v'});")
     for p, dt, kind, _ in rows:
         src.add(f"            _s_{p.name}[_q] = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + _v / _cvec);")
     src.add("        }")
@@ -1016,8 +1036,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
     _element(src, "                ", name, operation, cols + rows + ones + arrays, read_outputs,
              lambda p, dt, kind: {"brow": f"_s_{p.name}[_q]", "bone": f"_o_{p.name}"}.get(
-                 kind, f"ewrtc::bf_elem(_r_{p.name}[_q], _k)" if p.name in words
-                 else f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"),
+                 kind, f"ewrtc::elem(_r_{p.name}[_q], _k)"),
              lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
     src.add("            }")
     for p, dt, kind, _ in outs:
@@ -1304,6 +1323,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name}{off};")
     for p, dt, kind, _ in vec:
         src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, E> _U_{p.name};")
+        src.add(f"    typedef ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _H_{p.name};")
     dense_in = [a for a in ins if a[2] == "array"]
     bcols = [a for a in ins if a[2] == "bcol"]
     read_outs = [a for a in outs if a[0].name in read_outputs]
@@ -1357,12 +1377,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         if kind == "bcol":
             return f"ewrtc::ld(&_u_{p.name}[_v].v[_k])"
         if kind == "array":
-            return f"ewrtc::ld(&_r_{p.name}[_q].v[_k])"
+            return f"ewrtc::elem(_r_{p.name}[_q], _k)"
         return f"_s_{p.name}"
 
     def mem_value(p, dt, kind):
         if kind in ("array", "bcol"):
-            return f"ewrtc::ld(&_c_{p.name}[_q].v[_k])"
+            return f"ewrtc::elem(_c_{p.name}[_q], _k)"
         return f"_s_{p.name}"
 
     # the two-pass form (VPL 0) steps through the row TPC vectors a lane at a time: each step's
@@ -1377,14 +1397,14 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         again; lddrop: evict_first, its last read), ldkeep for a repeated row (every group reads it)"""
         src.add(f"{indent}for (int _v0 = _lane; _live && _v0 < _nv; _v0 += TPC * _G) {{")
         for p, dt, kind, _ in arrays:
-            src.add(f"{indent}    _U_{p.name} _c_{p.name}[TPC];")
+            src.add(f"{indent}    _H_{p.name} _c_{p.name}[TPC];")
         src.add("#pragma unroll")
         src.add(f"{indent}    for (int _q = 0; _q < TPC; ++_q)")
         src.add(f"{indent}        if (_v0 + _q * _G < _nv) {{")
         for p, dt, kind, _ in arrays:
             f = how if kind == "array" and not p.is_output else "ldkeep" if kind == "bcol" else None
-            src.add(f"{indent}            _c_{p.name}[_q] = " + (f"ewrtc::{f}(_u_{p.name} + _v0 + _q * _G);" if f
-                                                                else f"_u_{p.name}[_v0 + _q * _G];"))
+            src.add(f"{indent}            _c_{p.name}[_q] = " + (f"ewrtc::{f}(ewrtc::held(_u_{p.name} + (_v0 + _q * _G)));"
+                                                                if f else f"ewrtc::hold(_u_{p.name} + (_v0 + _q * _G));"))
         src.add(f"{indent}        }}")
 
     # VPL > 0: the row's dense inputs in registers; a repeated row ('bcol': a weight) is read
@@ -1396,7 +1416,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     held = dense_in
     late = bcols
     for p, dt, kind, _ in held:
-        src.add(f"    _U_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
+        src.add(f"    _H_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
 
     def map_pass(stage):
         """one reduction's map over the row: from the registers (VPL > 0; the first pass loads
@@ -1408,7 +1428,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add("            const int _v = _lane + _q * _G;")
             src.add("            if (_live && _v < _nv) {")
             for p, dt, kind, _ in held:
-                src.add(f"                _r_{p.name}[_q] = _u_{p.name}[_v];")
+                src.add(f"                _r_{p.name}[_q] = ewrtc::hold(_u_{p.name} + _v);")
             src.add("            }")
             src.add("        }")
         src.add("#pragma unroll")
@@ -1457,7 +1477,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"{indent}const int _v = {'_lane' if have_regs else '_v0'} + _q * _G;")
         src.add(f"{indent}if (_live && _v < _nv) {{")
         for p, dt, kind, _ in (late + read_outs if have_regs else []):   # the two-pass form loaded its step
-            src.add(f"{indent}    const _U_{p.name} _c_{p.name} = _u_{p.name}[_v];")
+            src.add(f"{indent}    const _H_{p.name} _c_{p.name} = ewrtc::hold(_u_{p.name} + _v);")
         dense_outs = [a for a in outs if a[2] != "colsum"]
         for p, dt, kind, _ in dense_outs:
             src.add(f"{indent}    _U_{p.name} _w_{p.name};")
@@ -1476,7 +1496,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add("#pragma unroll")
     src.add("        for (int _q = 0; _q < VPL; ++_q) {")
     late_names = {a[0].name for a in late}
-    emit_apply("            ", lambda p, dt, kind: (f"ewrtc::ld(&_c_{p.name}.v[_k])" if p.is_output or p.name in late_names
+    emit_apply("            ", lambda p, dt, kind: (f"ewrtc::elem(_c_{p.name}, _k)" if p.is_output or p.name in late_names
                                                     else reg_value(p, dt, kind)), True)
     src.add("        }")
     src.add("    } else {")
