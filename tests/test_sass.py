@@ -210,24 +210,6 @@ def test_backward_kernels_at_one_and_two_vectors_keep_their_registers(sass):
     assert len(freed) == 3 and all("8Grad_erfEd" in n and "Li1E" in n for n in freed), freed
 
 
-@pytest.mark.parametrize("vpt,most", [("2", 64), ("4", 64)])
-def test_float64_gelu_loads_its_coefficients_once_a_batch(sass, vpt, most):
-    # float64 gelu's 30 coefficients do not fit the 63 uniform registers, so each evaluation
-    # reloaded them (ULDC.64): 90 and 146 ULDCs at 2 and 4 vectors a thread. Evaluated a batch at a
-    # time (Batch<Op_gelu_f64>: the vectors' elements through each polynomial step together) each
-    # is loaded once for the batch and once for the tail's element (about 55); no spill; and
-    # every vector's load issues before the batch's math (the fence: ptxas had moved three of the
-    # four below it, and the H200 ran that kernel 5-10% slower at 64 MiB-1 GiB)
-    local = re.compile(r"\b(STL|LDL)\b")
-    for name, ins in _functions(sass, "7ew_fastINS_7Op_geluEdiLi%sELb0" % vpt).items():
-        text = [t for _, t in ins]
-        uldc = sum(1 for t in text if t.startswith("ULDC"))
-        assert uldc <= most, "%s: %d ULDC" % (name, uldc)
-        assert not any(local.search(t) for t in text), "%s spills to local memory" % name
-        fence = next(i for i, t in enumerate(text) if t.startswith("MEMBAR"))
-        assert sum(1 for t in text[:fence] if LDG128.search(t)) == int(vpt), "%s: loads after the fence" % name
-
-
 def test_no_forward_auto_kernel_spills(sass):
     # every op x dtype x vectors a thread x form of the forward default path keeps its values in
     # registers (the backward ops: the test above)
