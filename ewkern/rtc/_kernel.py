@@ -342,8 +342,9 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
 # 1.03-1.04) for run-time kernels too, on devices whose memory moves >= WIDE_SM_GBS an SM (the
 # H200): off. Measured on the H200 (93b887f, scripts/speed_probe.py rtc, which compares both in one
 # run): at 16 MiB it gained about 1% single launch in float32 and lost 5-8% back-to-back, and
-# bfloat16 lost 1.3-2.4x (its 4-vector forms spilled then: 16-bit registers, before BfWords in
-# _codegen; not measured since); at 64 MiB within 0.006.
+# bfloat16 lost 1.3-2.4x (its 4-vector forms spilled then, held as 16-bit values); at 64 MiB within
+# 0.006. Again with bfloat16 held as 32-bit words (_codegen's ewrtc::Held; 1386ee4, H200): bfloat16
+# as float32, 5% slower back-to-back and 0.6-1.3% faster single launch at 16 MiB.
 RTC_WIDE = False
 WIDE_SM_GBS = 30.0
 
@@ -355,7 +356,7 @@ class _VectorKernel:
     rule may not exceed. ptxas had spilled bfloat16's 4-vector forms even under __maxnreg__(64)
     (`o = a * b + c`: 404 bytes; 788 under __launch_bounds__(1024)), and the H200 ran that form
     2.3-2.4x slower than the 1-vector one where the plan took it (the `wide` case). Since bfloat16
-    vectors are held as 32-bit words (_codegen's BfWords) those forms do not spill; the cap stays
+    vectors are held as 32-bit words (_codegen's ewrtc::Held) those forms do not spill; the cap stays
     for a user's expression that does."""
     __slots__ = ("handles", "device", "dev", "sms", "waves", "heavy", "max_vpt")
 
