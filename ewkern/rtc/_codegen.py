@@ -714,12 +714,13 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         """the lanes' vectors v0 + _lane, v0 + _lane + _G, ... below v1 (index: their C type),
         four at a time with every load of a step before its math; held: in registers as
         ewrtc::Held's type (bfloat16 as 32-bit words), else as 16-bit values. mse over rows in
-        bfloat16 (sm_90, ptxas): held, the aligned forms take 512-600 -> 416-520 instructions in
+        bfloat16 (sm_90, ptxas): held, the aligned forms take 496-600 -> 416-520 instructions in
         the same or fewer registers, and the chunked form with a compile-time G 1336 -> 1272 in
         40; the chunked form with G read at run time 1280 -> 1200, but in 50 registers against
         48 (4 blocks of 256 an SM instead of 5; its 4-block bound spills, so that is the form
         built): not held"""
-        T = (lambda dt: f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type") if held else (lambda dt: f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>")
+        def T(dt):
+            return f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type" if held else f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>"
         src.add(f"        {index} _v = {v0} + _lane;")
         src.add(f"        for (; _v + 3 * _G < {v1}; _v += 4 * _G) {{")
         for p, dt, kind, _ in arrays:
@@ -1403,8 +1404,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"{indent}        if (_v0 + _q * _G < _nv) {{")
         for p, dt, kind, _ in arrays:
             f = how if kind == "array" and not p.is_output else "ldkeep" if kind == "bcol" else None
-            src.add(f"{indent}            _c_{p.name}[_q] = " + (f"ewrtc::{f}(ewrtc::held(_u_{p.name} + (_v0 + _q * _G)));"
-                                                                if f else f"ewrtc::hold(_u_{p.name} + (_v0 + _q * _G));"))
+            at = f"_u_{p.name} + (_v0 + _q * _G)"
+            src.add(f"{indent}            _c_{p.name}[_q] = " + (f"ewrtc::{f}(ewrtc::held({at}));" if f
+                                                                else f"ewrtc::hold({at});"))
         src.add(f"{indent}        }}")
 
     # VPL > 0: the row's dense inputs in registers; a repeated row ('bcol': a weight) is read
