@@ -169,14 +169,17 @@ def test_c1_compiles_ewkern_rmse_into_the_graph(tmp_path):
     assert "| compile + ewkern GB/s |" in (out / "summary.md").read_text()
 
 
-def test_train_times_forward_and_backward(tmp_path):
+@pytest.mark.parametrize("in_turns", [False, True])
+def test_train_times_forward_and_backward(tmp_path, in_turns):
     """train on the CPU: every way of every op (torch.compile is GPU only) and the MLP step measured,
-    the declared bytes of one forward + backward, and a summary with the ratio to torch eager."""
+    the declared bytes of one forward + backward, and a summary with the ratio to torch eager; with
+    --train-in-turns the same records (on a CPU each way is timed alone: time_calls_in_turns)."""
     pytest.importorskip("torch")
-    code, out = run_main(tmp_path, "train")
+    code, out = run_main(tmp_path, "train", extra=["--train-in-turns"] if in_turns else [])
     assert code == 0, (out / "summary.md").read_text()
     exp = bench.load(out)["experiments"]["train"]
     assert exp["status"] == "ok", exp.get("reason")
+    assert exp["params"]["in_turns"] is in_turns
     got = {(m["op"], m["series"]) for m in exp["measurements"]}
     want = {(op, w) for op in ("gelu", "mul", "rmse", "mlp") for w in ("ewkern.torch", "torch eager")}
     assert got == want

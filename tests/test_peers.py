@@ -129,6 +129,84 @@ def test_a_sample_late_in_every_try_is_kept_and_said(fake):
     assert "taken again" not in clean["notes"] and "late" not in clean["notes"]
 
 
+def _drifting(fake, tag, base_us, rate):
+    """a fake kernel whose cost grows by `rate` (a fraction a second of the virtual clock): a GPU
+    whose clocks sag over the time a cell takes"""
+    return lambda: fake.kernel(tag, lambda prev: base_us * US * (1 + rate * fake.clock))
+
+
+@pytest.mark.parametrize("cache", ["flush", "rotate"])
+def test_ways_timed_in_turns_share_the_drift(fake, cache):
+    """Two ways of equal cost on a GPU that slows as it runs (about 10% over a whole measurement):
+    timed one after the other the second reads several % slower; in turns (each sample taking both,
+    the first rotating) within 1%."""
+    n = 1 << 14
+    c = cfg(samples=21)
+    rate = 2000.0 if cache == "flush" else 10.0      # the run: ~50 us of kernels, or ~10 ms
+    a = frameworks.time_calls(c, "torch", _drifting(fake, "a", 1.0, rate), 3 * n * 4, cache).record()["time_s"]
+    b = frameworks.time_calls(c, "torch", _drifting(fake, "b", 1.0, rate), 3 * n * 4, cache).record()["time_s"]
+    assert b / a > 1.03
+    fake.clock = 0.0
+    fake.ran.clear()
+    ta, tb = frameworks.time_calls_in_turns(c, [(_drifting(fake, "a", 1.0, rate), 3 * n * 4),
+                                                (_drifting(fake, "b", 1.0, rate), 3 * n * 4)], cache)
+    ra, rb = ta.record(), tb.record()
+    assert rb["time_s"] / ra["time_s"] == pytest.approx(1.0, abs=0.01)
+    assert len(ra["samples_s"]) == len(rb["samples_s"]) == 21
+    assert "2 ways in turns" in ta.method and ta.method == tb.method
+    if cache == "flush":
+        assert ta.launches == tb.launches == 1 and "flush" in ta.method and "eager" in ta.method
+        # the timed kernels alternate, the first way of a sample rotating: a b, b a, a b, ...
+        timed = [t for t in fake.ran if t in ("a", "b")][-42:]
+        assert timed[:6] == ["a", "b", "b", "a", "a", "b"]
+    else:
+        assert "CUDA graphs" in ta.method and ta.sets == math.ceil(4 * (1 << 20) / (3 * n * 4))
+        assert ta.launches % ta.sets == 0 and ta.launches * ra["time_s"] >= 0.2e-3
+
+
+def test_ways_in_turns_keep_their_own_costs_and_fall_back_to_eager(fake):
+    n = 1 << 14
+    ways = [(lambda: fake.kernel("fast", 1.0 * US), 3 * n * 4), (lambda: fake.kernel("slow", 2.5 * US), 2 * n * 4)]
+    fast, slow = frameworks.time_calls_in_turns(cfg(), ways, "rotate")
+    assert fast.record()["time_s"] == pytest.approx(1.0 * US) and slow.record()["time_s"] == pytest.approx(2.5 * US)
+    assert slow.sets == math.ceil(4 * (1 << 20) / (2 * n * 4)) != fast.sets
+    fake.refuse_capture = True
+    fast, slow = frameworks.time_calls_in_turns(cfg(), ways, "rotate")
+    assert "eager launches" in fast.method and "capture refused" in fast.method
+    assert slow.record()["time_s"] == pytest.approx(2.5 * US)
+
+
+def test_measure_peers_in_turns_records_each_way_and_survives_a_failing_one(fake, tmp_path):
+    import types
+    ctx = runner.Context(device="cuda:0", info={}, quick=True, cache="rotate", out=tmp_path, args=None,
+                         cfg=cfg(), results={}, progress=False)
+    xr = runner.ExperimentRun(ctx, types.SimpleNamespace(name="t", title="", description="", paper=""))
+    n = 1 << 14
+    ok = lambda tag, us: (lambda: (lambda: fake.kernel(tag, us * US), 3 * n * 4, 2 * n * 4, n * 4))
+
+    def broken():
+        def make_call():
+            def call():
+                raise RuntimeError("this way's kernel failed")
+            return call
+        return make_call, 3 * n * 4, 2 * n * 4, n * 4
+
+    def no_build():
+        raise Skip("not on this device")
+    recs = xr.measure_peers_in_turns(entries=[("a", ok("a", 1.0), {"series": "a"}), ("b", ok("b", 2.0), {"series": "b"}),
+                                              ("c", no_build, {"series": "c"})], cache="flush", step_method="single")
+    assert [r["series"] for r in recs] == ["a", "b"] and [r["step_method"] for r in recs] == ["single"] * 2
+    assert recs[0]["time_s"] == pytest.approx(1.0 * US) and recs[1]["time_s"] == pytest.approx(2.0 * US)
+    assert "in turns" in recs[0]["method"] and recs[0]["bytes"] == 3 * n * 4 and recs[0]["impl"] == "torch"
+    assert xr.data["skipped"] == [{"what": "c", "reason": "not on this device"}]
+    # a way whose call fails: the others are measured alone, the failing one skipped with its reason
+    recs = xr.measure_peers_in_turns(entries=[("a", ok("a", 1.0), {"series": "a"}), ("x", broken, {"series": "x"})],
+                                     cache="flush", step_method="single")
+    assert recs[0]["series"] == "a" and recs[0]["time_s"] == pytest.approx(1.0 * US) and recs[1] is None
+    assert "in turns" not in recs[0]["method"]
+    assert xr.data["skipped"][-1]["what"] == "x" and "this way's kernel failed" in xr.data["skipped"][-1]["reason"]
+
+
 def test_after_torch_refuses_what_it_cannot_time(fake):
     before = (lambda: fake.kernel("mul", FOREIGN_US * US), 12)
     with pytest.raises(ValueError, match="rotate"):

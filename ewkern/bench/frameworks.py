@@ -521,6 +521,110 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
 
 
+def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | None = None,
+                        spin_us: float = SPIN_US) -> list:
+    """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
+    current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
+    the run takes each way once, the first way of sample i rotating by i, so that what drifts over
+    the seconds a cell takes (clocks, temperature, the memory's state) falls on every way alike,
+    where time_calls would time one way's samples after the other's. cache "flush": one eager launch
+    per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
+    launches (K chosen per way), the graphs replayed in turns. Where capture fails, every way is
+    launched eagerly behind the spin kernel. On a CPU device: time_calls for each way in turn."""
+    if cfg.is_cpu:
+        return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
+    import torch
+    n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
+    plans = [choose_sets(cfg, cache, sb) for _, sb in ways]
+    cfg.check_fits(sum(ns * sb for (ns, _), (_, sb) in zip(plans, ways)), "these measurements")
+    calls = [[mc() for _ in range(ns)] for (mc, _), (ns, _) in zip(ways, plans)]
+    late = [0, 0]
+    with torch.cuda.device(torch.device(cfg.device)):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                for cs in calls:
+                    for c in cs:
+                        c()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        flush = None
+        if cache == "flush":
+            flush = cfg._flush.get("torch")
+            if flush is None:
+                flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4,
+                                                         dtype=torch.float32, device=torch.device(cfg.device))
+        spin = int(spin_us * 2000)
+
+        def start():
+            torch.cuda._sleep(spin)
+            if flush is not None:
+                flush.sum()
+
+        def between(queue):
+            def launch():
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                queue()
+                b.record()
+                return a, b
+            return launch
+
+        def in_turns(queues, ks):
+            events = [[] for _ in queues]
+            for i in range(n):
+                for j in range(len(queues)):
+                    w = (i + j) % len(queues)
+                    events[w].append(queued_sample(start, between(queues[w]), lambda e: e.query(), late))
+            torch.cuda.synchronize()
+            return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
+
+        def capture(cs, k):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(k):
+                    cs[i % len(cs)]()
+            return g
+
+        def eager(cs, k):
+            def launch():
+                for i in range(k):
+                    cs[i % len(cs)]()
+            return launch
+
+        turns = f"{len(ways)} ways in turns, the first rotating"
+        try:
+            if cache == "flush":
+                raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
+            # K per way from one timed replay of its one-pass graph (after one untimed), as
+            # time_calls; then each way's graph of K launches
+            graphs, ks = [], []
+            for cs in calls:
+                g0 = capture(cs, len(cs))
+                g0.replay()
+                a, b = between(g0.replay)()
+                torch.cuda.synchronize()
+                ks.append(choose_launches(a.elapsed_time(b) * 1e-3 / len(cs), len(cs), cfg.min_sample_s))
+                del g0
+                graphs.append(capture(cs, ks[-1]))
+                graphs[-1].replay()
+            secs = in_turns([g.replay for g in graphs], ks)
+            method = f"CUDA events around replayed CUDA graphs ({turns}, torch.cuda.CUDAGraph)"
+        except Exception as exc:
+            torch.cuda.synchronize()
+            reason = str(exc) if isinstance(exc, _Eager) else "graph capture failed: " + (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__)
+            ks = [1 if cache == "flush" else max(len(cs), 8) for cs in calls]
+            secs = in_turns([eager(cs, k) for cs, k in zip(calls, ks)], ks)
+            method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
+    if cache == "flush":
+        method += f", flush {FLUSH_FACTOR}x cache before each sample"
+    return [Timing(sc, k, ns, ns * sb, cache, method, list(notes) + late_notes(late))
+            for sc, k, (ns, notes), (_, sb) in zip(secs, ks, plans, ways)]
+
+
 def late_notes(late) -> list:
     """The notes for late[0] samples taken again because the host queued them after the spin kernel
     had ended, and late[1] samples still late after LATE_TRIES tries (kept: their times include the

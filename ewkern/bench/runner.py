@@ -239,6 +239,40 @@ class ExperimentRun:
             self._step(f"{what}: {_fmt_rate(rec)}")
         return rec
 
+    def measure_peers_in_turns(self, *, entries, cache: str, samples: int | None = None,
+                               spin_us: float = frameworks.SPIN_US, **common) -> list:
+        """measure_peer for several ways of one workload launched on torch's stream, timed in turns
+        (frameworks.time_calls_in_turns): entries [(what, build, fields)], common: the fields they
+        share. A way whose build fails is skipped with its reason; if timing them together fails,
+        each is measured alone (measure_peer), so that one way's failure loses no other."""
+        built = []
+        for what, build, fields in entries:
+            try:
+                built.append((what, build(), fields))
+            except Skip as exc:
+                self.skip(what, str(exc))
+            except (BenchError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        if not built:
+            return []
+        try:
+            timings = frameworks.time_calls_in_turns(self.ctx.cfg, [(b[0], b[1]) for _, b, _ in built], cache,
+                                                     samples=samples, spin_us=spin_us)
+        except (BenchError, KeyboardInterrupt):
+            raise
+        except Exception:
+            return [self.measure_peer(what=what, impl="torch", build=lambda b=b: b, cache=cache, samples=samples,
+                                      spin_us=spin_us, **{**common, **fields}) for what, b, fields in built]
+        recs = []
+        for (what, (_, _, br, bw), fields), timing in zip(built, timings):
+            rec = self._finish(timing, {"impl": "torch", **common, **fields}, br, bw)
+            if not self._discard:
+                self._step(f"{what}: {_fmt_rate(rec)}")
+            recs.append(rec)
+        return recs
+
 
 def _fmt_rate(rec):
     if rec.get("gbs") is None:
