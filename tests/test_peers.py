@@ -205,6 +205,21 @@ def test_measure_peers_in_turns_records_each_way_and_survives_a_failing_one(fake
     assert recs[0]["series"] == "a" and recs[0]["time_s"] == pytest.approx(1.0 * US) and recs[1] is None
     assert "in turns" not in recs[0]["method"]
     assert xr.data["skipped"][-1]["what"] == "x" and "this way's kernel failed" in xr.data["skipped"][-1]["reason"]
+    # ways that fit the memory budget alone but not together: each timed alone, the run goes on
+    ctx.cfg.memory_budget = 5 * n * 4
+    with pytest.raises(frameworks.TogetherTooBig, match="together"):
+        frameworks.time_calls_in_turns(ctx.cfg, [ok("a", 1.0)()[:2], ok("b", 2.0)()[:2]], "flush")
+    recs = xr.measure_peers_in_turns(entries=[("a", ok("a", 1.0), {"series": "a"}), ("b", ok("b", 2.0), {"series": "b"})],
+                                     cache="flush", step_method="single")
+    assert [r["time_s"] for r in recs] == pytest.approx([1.0 * US, 2.0 * US]) and "in turns" not in recs[1]["method"]
+
+
+def test_ways_in_turns_count_their_own_late_samples(fake):
+    n = 1 << 14
+    fake.late_left = 1        # the first sample's first way (a) is queued after its spin kernel ended
+    ta, tb = frameworks.time_calls_in_turns(cfg(samples=5), [(lambda: fake.kernel("a", 1.0 * US), 3 * n * 4),
+                                                             (lambda: fake.kernel("b", 1.0 * US), 3 * n * 4)], "flush")
+    assert "1 samples taken again" in ta.record()["notes"] and "taken again" not in tb.record()["notes"]
 
 
 def test_after_torch_refuses_what_it_cannot_time(fake):

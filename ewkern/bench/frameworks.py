@@ -26,7 +26,7 @@ import statistics
 import sys
 from contextlib import contextmanager
 
-from .timing import (FLUSH_FACTOR, Skip, Timing, TimingConfig, choose_launches, choose_sets)
+from .timing import (FLUSH_FACTOR, BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets)
 from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
@@ -521,6 +521,10 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
 
 
+class TogetherTooBig(Exception):
+    """time_calls_in_turns: the ways' buffer sets together exceed the memory budget."""
+
+
 def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | None = None,
                         spin_us: float = SPIN_US) -> list:
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
@@ -536,9 +540,12 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     import torch
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
     plans = [choose_sets(cfg, cache, sb) for _, sb in ways]
-    cfg.check_fits(sum(ns * sb for (ns, _), (_, sb) in zip(plans, ways)), "these measurements")
+    try:
+        cfg.check_fits(sum(ns * sb for (ns, _), (_, sb) in zip(plans, ways)), "these measurements together")
+    except BenchError as exc:   # each may still fit alone: the caller times them one after another
+        raise TogetherTooBig(str(exc)) from None
     calls = [[mc() for _ in range(ns)] for (mc, _), (ns, _) in zip(ways, plans)]
-    late = [0, 0]
+    lates = [[0, 0] for _ in ways]   # each way's samples taken again / still late
     with torch.cuda.device(torch.device(cfg.device)):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -572,12 +579,12 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                 return a, b
             return launch
 
-        def in_turns(queues, ks):
+        def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
-            for i in range(n):
+            for i in range(samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
-                    events[w].append(queued_sample(start, between(queues[w]), lambda e: e.query(), late))
+                    events[w].append(queued_sample(start, between(queues[w]), lambda e: e.query(), late[w]))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 
@@ -598,31 +605,30 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
         try:
             if cache == "flush":
                 raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
-            # K per way from one timed replay of its one-pass graph (after one untimed), as
-            # time_calls; then each way's graph of K launches
+            # K per way as time_calls chooses it (the faster of two samples of its one-pass graph,
+            # after one untimed replay); then each way's graph of K launches
             graphs, ks = [], []
             for cs in calls:
                 g0 = capture(cs, len(cs))
                 g0.replay()
-                a, b = between(g0.replay)()
-                torch.cuda.synchronize()
-                ks.append(choose_launches(a.elapsed_time(b) * 1e-3 / len(cs), len(cs), cfg.min_sample_s))
+                t0 = min(in_turns([g0.replay], [len(cs)], 2, [[0, 0]])[0])
+                ks.append(choose_launches(t0, len(cs), cfg.min_sample_s))
                 del g0
                 graphs.append(capture(cs, ks[-1]))
                 graphs[-1].replay()
-            secs = in_turns([g.replay for g in graphs], ks)
+            secs = in_turns([g.replay for g in graphs], ks, n, lates)
             method = f"CUDA events around replayed CUDA graphs ({turns}, torch.cuda.CUDAGraph)"
         except Exception as exc:
             torch.cuda.synchronize()
             reason = str(exc) if isinstance(exc, _Eager) else "graph capture failed: " + (
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__)
             ks = [1 if cache == "flush" else max(len(cs), 8) for cs in calls]
-            secs = in_turns([eager(cs, k) for cs, k in zip(calls, ks)], ks)
+            secs = in_turns([eager(cs, k) for cs, k in zip(calls, ks)], ks, n, lates)
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
     return [Timing(sc, k, ns, ns * sb, cache, method, list(notes) + late_notes(late))
-            for sc, k, (ns, notes), (_, sb) in zip(secs, ks, plans, ways)]
+            for sc, k, (ns, notes), (_, sb), late in zip(secs, ks, plans, ways, lates)]
 
 
 def late_notes(late) -> list:

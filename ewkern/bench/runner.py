@@ -257,12 +257,15 @@ class ExperimentRun:
                 self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
         if not built:
             return []
+        timings = None
         try:
             timings = frameworks.time_calls_in_turns(self.ctx.cfg, [(b[0], b[1]) for _, b, _ in built], cache,
                                                      samples=samples, spin_us=spin_us)
         except (BenchError, KeyboardInterrupt):
             raise
         except Exception:
+            pass   # timed alone below, outside this block: its traceback would keep the ways' buffers alive
+        if timings is None:
             return [self.measure_peer(what=what, impl="torch", build=lambda b=b: b, cache=cache, samples=samples,
                                       spin_us=spin_us, **{**common, **fields}) for what, b, fields in built]
         recs = []
