@@ -521,6 +521,27 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
 
 
+def _events_around(torch, queue):
+    """launch() for queued_sample: queue() between two timing events, which it returns"""
+    def launch():
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        queue()
+        b.record()
+        return a, b
+    return launch
+
+
+def _torch_flush(cfg, torch):
+    """The flush buffer of the torch methods (FLUSH_FACTOR x the cache, made once per config)."""
+    flush = cfg._flush.get("torch")
+    if flush is None:
+        flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4, dtype=torch.float32,
+                                                 device=torch.device(cfg.device))
+    return flush
+
+
 class TogetherTooBig(Exception):
     """time_calls_in_turns: the ways' buffer sets together exceed the memory budget."""
 
@@ -556,12 +577,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                         c()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        flush = None
-        if cache == "flush":
-            flush = cfg._flush.get("torch")
-            if flush is None:
-                flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4,
-                                                         dtype=torch.float32, device=torch.device(cfg.device))
+        flush = _torch_flush(cfg, torch) if cache == "flush" else None
         spin = int(spin_us * 2000)
 
         def start():
@@ -569,22 +585,13 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             if flush is not None:
                 flush.sum()
 
-        def between(queue):
-            def launch():
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
-                queue()
-                b.record()
-                return a, b
-            return launch
-
         def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
             for i in range(samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
-                    events[w].append(queued_sample(start, between(queues[w]), lambda e: e.query(), late[w]))
+                    events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
+                                                   late[w]))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 
@@ -711,12 +718,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
                         seq[i]()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        flush = None
-        if cache == "flush":
-            flush = cfg._flush.get("torch")
-            if flush is None:
-                flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4,
-                                                         dtype=torch.float32, device=device)
+        flush = _torch_flush(cfg, torch) if cache == "flush" else None
         spin = int(spin_us * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
 
         def capture(k, seqs=steps):
@@ -738,19 +740,9 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
             """Seconds per step of each queue, the queues taking turns: each sample is
             [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late)."""
             events = [[] for _ in queues]
-
-            def between(queue):
-                def launch():
-                    a = torch.cuda.Event(enable_timing=True)
-                    b = torch.cuda.Event(enable_timing=True)
-                    a.record()
-                    queue()
-                    b.record()
-                    return a, b
-                return launch
             for _ in range(samples):
                 for queue, pairs in zip(queues, events):
-                    pairs.append(queued_sample(start, between(queue), lambda e: e.query(), late))
+                    pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
