@@ -542,6 +542,14 @@ def _torch_flush(cfg, torch):
     return flush
 
 
+def _eager_reason(exc) -> str:
+    """Why a torch method launches eagerly: _Eager's own reason, or the capture's failure."""
+    if isinstance(exc, _Eager):
+        return str(exc)
+    return "graph capture failed: " + (f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+                                       if str(exc) else type(exc).__name__)
+
+
 class TogetherTooBig(Exception):
     """time_calls_in_turns: the ways' buffer sets together exceed the memory budget."""
 
@@ -627,8 +635,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             method = f"CUDA events around replayed CUDA graphs ({turns}, torch.cuda.CUDAGraph)"
         except Exception as exc:
             torch.cuda.synchronize()
-            reason = str(exc) if isinstance(exc, _Eager) else "graph capture failed: " + (
-                f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}" if str(exc) else type(exc).__name__)
+            reason = _eager_reason(exc)
             ks = [1 if cache == "flush" else max(len(cs), 8) for cs in calls]
             secs = in_turns([eager(cs, k) for cs, k in zip(calls, ks)], ks, n, lates)
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
@@ -770,11 +777,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
             return secs, k, f"CUDA events around a replayed CUDA graph ({what}torch.cuda.CUDAGraph)", alone, late
         except Exception as exc:   # capture refused: time eager launches behind the spin instead
             torch.cuda.synchronize()
-            if isinstance(exc, _Eager):
-                reason = str(exc)
-            else:
-                reason = "graph capture failed: " + (f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-                                                     if str(exc) else type(exc).__name__)
+            reason = _eager_reason(exc)
             k = 1 if cache == "flush" else max(len(calls), 8)
 
             def queue(seqs):

@@ -232,7 +232,7 @@ class ExperimentRun:
             raise
         except Exception as exc:
             # a peer failing is that peer's problem, not ewkern's: keep the reason, go on
-            self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            self.skip(what, _failure(exc))
             return None
         rec = self._finish(timing, {"impl": fields.pop("impl_label", impl), **fields}, br, bw)
         if not self._discard:
@@ -254,7 +254,7 @@ class ExperimentRun:
             except (BenchError, KeyboardInterrupt):
                 raise
             except Exception as exc:
-                self.skip(what, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+                self.skip(what, _failure(exc))
         if not built:
             return []
         timings = None
@@ -275,6 +275,11 @@ class ExperimentRun:
                 self._step(f"{what}: {_fmt_rate(rec)}")
             recs.append(rec)
         return recs
+
+
+def _failure(exc) -> str:
+    """A peer's failure as a skip reason: its type and first line"""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def _fmt_rate(rec):

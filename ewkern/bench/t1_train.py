@@ -259,7 +259,7 @@ def run(ctx, xr):
                     turns.append((method, what, build, fields))
                 else:
                     _measure(ctx, xr, torch, what, build, method, fields)
-        for method in [m for m in methods if m != "host"] if turns else []:
+        for method in dict.fromkeys(m for m, *_ in turns):   # each timed method once, in order
             xr.measure_peers_in_turns(entries=[(w, b, f) for m, w, b, f in turns if m == method],
                                       cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US)
         bar.step(f"{op} {dtype} {fmt_bytes(size)}")
