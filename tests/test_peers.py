@@ -16,7 +16,7 @@ import pytest
 import ewkern
 from ewkern import bench
 from ewkern.bench import cli, frameworks, peers, runner
-from ewkern.bench.timing import BenchError, Skip, TimingConfig
+from ewkern.bench.timing import BenchError, Skip, TimingConfig, median_interval, sample_rounds, samples_wanted
 from ewkern.bench.units import ITEMSIZE
 
 from fake_torch_cuda import FakeTorch
@@ -39,9 +39,9 @@ def fake(monkeypatch):
     return f
 
 
-def cfg(samples=5):
+def cfg(samples=5, flush_target=0.0):
     return TimingConfig(device="cuda:0", cache_bytes=1 << 20, samples=samples, flush_samples=samples,
-                        min_sample_s=0.2e-3)
+                        min_sample_s=0.2e-3, flush_target=flush_target)
 
 
 # --- frameworks.time_calls on the fake GPU ------------------------------------------------------
@@ -212,6 +212,99 @@ def test_measure_peers_in_turns_records_each_way_and_survives_a_failing_one(fake
     recs = xr.measure_peers_in_turns(entries=[("a", ok("a", 1.0), {"series": "a"}), ("b", ok("b", 2.0), {"series": "b"})],
                                      cache="flush", step_method="single")
     assert [r["time_s"] for r in recs] == pytest.approx([1.0 * US, 2.0 * US]) and "in turns" not in recs[1]["method"]
+
+
+def test_single_launches_spin_only_where_the_gpu_has_caught_up(fake):
+    """Flush mode queues a spin kernel for the first LEAD_SAMPLES samples only while the GPU stays
+    behind the host; back-to-back keeps one spin a sample."""
+    n = 1 << 14
+    make = lambda: fake.kernel("ewkern", ewkern_cost(True))
+    rec = frameworks.time_calls(cfg(samples=50), "torch", make, 3 * n * 4, "flush").record()
+    assert fake.spins == frameworks.LEAD_SAMPLES
+    assert rec["time_s"] == pytest.approx(1.05 * US) and len(rec["samples_s"]) == 50 and not rec["notes"]
+    fake.spins = 0
+    ta, tb = frameworks.time_calls_in_turns(cfg(samples=50), [(make, 3 * n * 4), (make, 3 * n * 4)], "flush")
+    assert fake.spins == frameworks.LEAD_SAMPLES and len(ta.samples_s) == len(tb.samples_s) == 50
+    fake.spins = 0
+    frameworks.time_calls(cfg(samples=50), "torch", make, 3 * n * 4, "rotate")
+    assert fake.spins >= 50
+
+
+def test_a_gpu_that_catches_up_gets_its_spin_again(fake):
+    """When the host falls behind (here after 3 samples queued without a spin), the late sample is
+    taken again behind a new spin: no sample times the host's delay, and the notes count them."""
+    n = 1 << 14
+    fake.spin_covers = 3
+    rec = frameworks.time_calls(cfg(samples=40), "torch", lambda: fake.kernel("ewkern", ewkern_cost(True)),
+                                3 * n * 4, "flush").record()
+    assert len(rec["samples_s"]) == 40 and max(rec["samples_s"]) == pytest.approx(1.05 * US)
+    assert 40 / 5 <= fake.spins < 40
+    assert "samples taken again: the host queued them after the spin kernel had ended" in rec["notes"]
+    assert "still queued late" not in rec["notes"]
+
+
+def _noisy(fake, tag, base_us, spread, seed):
+    """a fake kernel whose cost is base_us +- spread (uniform, a seeded generator)"""
+    import random
+    rng = random.Random(seed)
+    return lambda: fake.kernel(tag, lambda prev: base_us * US * (1 + spread * (2 * rng.random() - 1)))
+
+
+@pytest.mark.parametrize("in_turns", [False, True])
+def test_single_launches_sample_until_the_median_is_known(fake, in_turns):
+    """Samples spread +-10% (a 1 MiB single launch reads so): more rounds until each median's 90%
+    interval is within +-0.25% of it or the cap; a noiseless kernel, or samples= given, stays at the
+    first round's count."""
+    n = 1 << 14
+    c = cfg(samples=50, flush_target=0.0025)
+    c.flush_cap = 3000
+
+    def time(make, **kw):
+        if in_turns:
+            return frameworks.time_calls_in_turns(c, [(make, 3 * n * 4), (make, 3 * n * 4)], "flush", **kw)[0]
+        return frameworks.time_calls(c, "torch", make, 3 * n * 4, "flush", **kw)
+
+    noisy = time(_noisy(fake, "a", 1.0, 0.10, 1)).samples_s
+    assert 1000 < len(noisy) <= 3000
+    lo, hi = median_interval(noisy)
+    assert (hi - lo) / 2 / np.median(noisy) <= 0.0025 * 1.2 or len(noisy) == 3000
+    assert len(time(lambda: fake.kernel("b", 1.0 * US)).samples_s) == 50
+    assert len(time(_noisy(fake, "c", 1.0, 0.10, 2), samples=50).samples_s) == 50
+    c.flush_target = 0.0
+    assert len(time(_noisy(fake, "d", 1.0, 0.10, 3)).samples_s) == 50
+
+
+def test_samples_wanted_reads_the_median_interval():
+    rng = np.random.default_rng(0)
+    xs = list(1.0 + 0.1 * rng.standard_normal(400))
+    lo, hi = median_interval(xs)
+    assert lo < np.median(xs) < hi
+    # about 2.06 sigma / sqrt(n) either side at 90% (1.645 x 1.2533 for normal samples)
+    assert (hi - lo) / 2 == pytest.approx(1.645 * 1.2533 * 0.1 / math.sqrt(400), rel=0.35)
+    want = samples_wanted(xs, 0.0025)
+    assert want == pytest.approx(400 * (((hi - lo) / 2 / np.median(xs)) / 0.0025) ** 2, rel=0.01) and want > 400
+    assert samples_wanted(xs, 0.5) == 400
+    # times in steps of the timer's resolution: an interval of one step is as narrow as it gets
+    steps = [round(x / 0.032) * 0.032 for x in (4.7 + 0.02 * rng.standard_normal(400))]
+    assert samples_wanted(steps, 0.0001) == 400
+    assert median_interval([2.0, 1.0]) == (1.5, 1.5) and samples_wanted([1.0, 2.0], 0.001) == 2
+
+
+def test_sample_rounds_stop_at_the_cap_and_the_budget():
+    c = TimingConfig(device="cuda:0", flush_target=0.0001, flush_cap=700)
+    rng = np.random.default_rng(1)
+    taken = []
+
+    def take(m):
+        taken.append(m)
+        return [list(1.0 + 0.1 * rng.standard_normal(m)), list(1.0 + 0.01 * rng.standard_normal(m))]
+    per = sample_rounds(c, take, 50, fixed=False)
+    assert len(per[0]) == len(per[1]) == 700 and taken[:2] == [50, 150]   # at most 4x a round
+    taken.clear()
+    assert len(sample_rounds(c, take, 50, fixed=True)[0]) == 50 and taken == [50]
+    c.flush_budget_s = 0.0
+    taken.clear()
+    assert len(sample_rounds(c, take, 50, fixed=False)[0]) == 50 and taken == [50]
 
 
 def test_ways_in_turns_count_their_own_late_samples(fake):

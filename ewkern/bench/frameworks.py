@@ -26,7 +26,8 @@ import statistics
 import sys
 from contextlib import contextmanager
 
-from .timing import (FLUSH_FACTOR, BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets)
+from .timing import (FLUSH_FACTOR, BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
+                     sample_rounds)
 from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
@@ -43,6 +44,12 @@ SPIN_US = 300.0
 # host busy elsewhere gave medians of 38 and 164 us for 8 us launches, H100 single launch). Such a
 # sample is taken again, up to LATE_TRIES times, and the run's notes count them.
 LATE_TRIES = 4
+# Single launches (cache "flush"): a spin kernel is queued only while fewer than LEAD_SAMPLES samples
+# are still ahead of the GPU (the first event of the LEAD_SAMPLES-th newest sample has fired or
+# there is none); otherwise the sample is queued behind those samples and its flush, which hold the
+# stream as the spin would. A sample's GPU cost is then its flush and call (40-60 us at 1-16 MiB on an
+# H100) rather than SPIN_US more, and the adaptive rounds (timing.sample_rounds) can take thousands.
+LEAD_SAMPLES = 2
 
 
 def release_peer_memory():
@@ -502,7 +509,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
-        secs, k, method, alone, late = _time_torch(cfg, calls, cache, n, foreign, spin_us)
+        secs, k, method, alone, late = _time_torch(cfg, calls, cache, n, foreign, spin_us, fixed=samples is not None)
         if foreign is not None:
             extra = {"foreign": FOREIGN, "pair_time_s": statistics.median(secs),
                      "foreign_time_s": statistics.median(alone), "pair_samples_s": secs,
@@ -513,7 +520,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
                            f"({extra['pair_time_s'] * 1e6:.2f} us) is not above {FOREIGN} alone "
                            f"({extra['foreign_time_s'] * 1e6:.2f} us)")
     elif impl == "cupy":
-        secs, k, method, late = _time_cupy(cfg, calls, cache, n)
+        secs, k, method, late = _time_cupy(cfg, calls, cache, n, fixed=samples is not None)
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
@@ -588,18 +595,23 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
         flush = _torch_flush(cfg, torch) if cache == "flush" else None
         spin = int(spin_us * 2000)
 
-        def start():
-            torch.cuda._sleep(spin)
+        def start(hold=True):
+            if hold:
+                torch.cuda._sleep(spin)
             if flush is not None:
                 flush.sum()
 
+        rounds = [0]   # sample i of the whole measurement: which way goes first
+
         def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
-            for i in range(samples):
+            lead = Lead(lambda e: e.query()) if flush is not None else None
+            for i in range(rounds[0], rounds[0] + samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
                     events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
-                                                   late[w]))
+                                                   late[w], lead))
+            rounds[0] += samples
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 
@@ -637,7 +649,9 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             torch.cuda.synchronize()
             reason = _eager_reason(exc)
             ks = [1 if cache == "flush" else max(len(cs), 8) for cs in calls]
-            secs = in_turns([eager(cs, k) for cs, k in zip(calls, ks)], ks, n, lates)
+            queues = [eager(cs, k) for cs, k in zip(calls, ks)]
+            secs = sample_rounds(cfg, lambda m: in_turns(queues, ks, m, lates), n,
+                                 fixed=samples is not None or cache != "flush")
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
@@ -657,13 +671,31 @@ def late_notes(late) -> list:
     return out
 
 
-def queued_sample(start, launch, done, late) -> tuple:
-    """One sample behind the spin kernel: start() queues the spin (and flush), launch() the timed
-    work between two events and returns them, done(first_event) says whether that event had already
-    fired when the work was queued. Returns the events; adds the tries taken again to late[0] and
-    a sample still late after LATE_TRIES tries to late[1]."""
+class Lead:
+    """The first events of the samples queued so far on one stream (single launches): ahead() says
+    whether LEAD_SAMPLES of them are still to fire, so that the next sample is queued without a
+    spin kernel of its own."""
+
+    def __init__(self, done):
+        self.done = done
+        self.firsts = []
+
+    def ahead(self) -> bool:
+        return len(self.firsts) >= LEAD_SAMPLES and not self.done(self.firsts[-LEAD_SAMPLES])
+
+    def add(self, event):
+        self.firsts = self.firsts[1 - LEAD_SAMPLES:] + [event] if LEAD_SAMPLES > 1 else [event]
+
+
+def queued_sample(start, launch, done, late, lead: Lead | None = None) -> tuple:
+    """One sample behind the spin kernel: start(hold) queues the spin when hold (and the flush),
+    launch() the timed work between two events and returns them, done(first_event) says whether
+    that event had already fired when the work was queued. Returns the events; adds the tries taken
+    again to late[0] and a sample still late after LATE_TRIES tries to late[1]. With lead, the
+    first try holds the stream with a spin only when lead is not ahead (a try taken again always
+    does)."""
     for k in range(LATE_TRIES):
-        start()
+        start(k > 0 or lead is None or not lead.ahead())
         ev = launch()
         if not done(ev[0]):
             break
@@ -671,6 +703,8 @@ def queued_sample(start, launch, done, late) -> tuple:
             late[1] += 1
         else:
             late[0] += 1
+    if lead is not None:
+        lead.add(ev[0])
     return ev
 
 
@@ -707,7 +741,7 @@ def _time_host(cfg, calls, cache, n):
     return out, k, "host clock (time.perf_counter)"
 
 
-def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
+def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US, fixed=True):
     """(seconds per step, one per sample; K; method; the foreign calls' own samples or None).
 
     A step is one call, or with foreign the pair foreign[i], calls[i]; then a graph of the K
@@ -738,18 +772,22 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
 
         late = [0, 0]
 
-        def start():
-            torch.cuda._sleep(spin)
+        def start(hold=True):
+            if hold:
+                torch.cuda._sleep(spin)
             if flush is not None:
                 flush.sum()
 
         def timed(queues, k, samples):
             """Seconds per step of each queue, the queues taking turns: each sample is
-            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late)."""
+            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late; with the flush,
+            the spin only where the GPU is near the host: Lead)."""
             events = [[] for _ in queues]
+            lead = Lead(lambda e: e.query()) if flush is not None else None
             for _ in range(samples):
                 for queue, pairs in zip(queues, events):
-                    pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late))
+                    pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late,
+                                               lead))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
@@ -787,7 +825,8 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
                             seq[i % len(seq)]()
                 return launch
             queues = [queue(steps)] + ([] if foreign is None else [queue([foreign])])
-            secs, alone = split(timed(queues, k, n))
+            secs, alone = split(sample_rounds(cfg, lambda m: timed(queues, k, m), n,
+                                              fixed=fixed or cache != "flush"))
             return secs, k, f"CUDA events around eager launches behind a spin kernel ({what}{reason})", alone, late
 
 
@@ -808,7 +847,7 @@ extern "C" __global__ void ewbench_spin(long long cycles) {
     return _CUPY_SPIN["k"]
 
 
-def _time_cupy(cfg, calls, cache, n):
+def _time_cupy(cfg, calls, cache, n, fixed=True):
     import cupy
     import numpy
     with cupy.cuda.Device(_index(cfg.device)):
@@ -843,8 +882,8 @@ def _time_cupy(cfg, calls, cache, n):
 
             late = [0, 0]
 
-            def start():
-                if spin is not None:
+            def start(hold=True):
+                if spin is not None and hold:
                     spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
                 if flush is not None:
                     flush.sum()
@@ -859,9 +898,11 @@ def _time_cupy(cfg, calls, cache, n):
                     launch(g, k)
                     b.record(stream)
                     return a, b
+                done = lambda e: spin is not None and e.done
+                lead = Lead(done) if flush is not None and spin is not None else None
                 for _ in range(samples):
                     # without a spin kernel (no NVRTC) nothing holds the stream: no sample is late
-                    pairs.append(queued_sample(start, between, lambda e: spin is not None and e.done, late))
+                    pairs.append(queued_sample(start, between, done, late, lead))
                 stream.synchronize()
                 return [cupy.cuda.get_elapsed_time(a, b) * 1e-3 / k for a, b in pairs]
 
@@ -878,7 +919,8 @@ def _time_cupy(cfg, calls, cache, n):
             except Exception as exc:
                 stream.synchronize()
                 k = 1 if cache == "flush" else max(len(calls), 8)
-                secs = run(None, k, n, launch_eager)
+                secs = sample_rounds(cfg, lambda m: [run(None, k, m, launch_eager)], n,
+                                     fixed=fixed or cache != "flush")[0]
                 why = str(exc) if isinstance(exc, _Eager) else f"graph capture failed: {type(exc).__name__}"
                 method = f"CUDA events around eager launches behind a spin kernel ({why})"
             if spin is None:

@@ -518,9 +518,10 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True):
 def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: str) -> Context:
     cfg = TimingConfig(device=device, cache_bytes=getattr(args, "cache_bytes", None) or cache_bytes(device, info))
     if quick:
-        cfg.samples, cfg.flush_samples = 7, 15
+        cfg.samples, cfg.flush_samples, cfg.flush_target = 7, 15, 0.0
     if getattr(args, "samples", None):
         cfg.samples = cfg.flush_samples = int(args.samples)
+        cfg.flush_target = 0.0
     if getattr(args, "min_sample_ms", None):
         cfg.min_sample_s = float(args.min_sample_ms) * 1e-3
     avail = available_memory(device, info)

@@ -67,6 +67,57 @@ def summarize(samples) -> dict:
             "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "max": max(xs), "count": len(xs)}
 
 
+def median_interval(samples, level: float = 0.90) -> tuple:
+    """The distribution-free interval of the median of samples at level (order statistics, the
+    normal approximation of the binomial): (low, high), the sample median's own values for n < 3."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n < 3:
+        m = statistics.median(xs)
+        return m, m
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    half = z * math.sqrt(n) / 2
+    return xs[max(0, math.floor(n / 2 - half))], xs[min(n - 1, math.ceil(n / 2 + half) - 1)]
+
+
+def samples_wanted(samples, target: float, level: float = 0.90) -> int:
+    """How many samples like these put the median's interval (median_interval) within +-target of
+    it, by the interval's 1/sqrt(n) narrowing; len(samples) when it already is, or when it spans no
+    more than one step of the timer (the smallest gap between distinct values: a median of
+    quantised times moves in such steps, and more samples cannot narrow it below one)."""
+    n = len(samples)
+    if n < 3 or not target > 0:
+        return n
+    med = statistics.median(samples)
+    lo, hi = median_interval(samples, level)
+    if not med > 0:
+        return n
+    steps = sorted(set(samples))
+    quantum = min((b - a for a, b in zip(steps, steps[1:])), default=0.0)
+    width = (hi - lo) / 2 / med
+    if width <= target or hi - lo <= quantum:
+        return n
+    return math.ceil(n * (width / target) ** 2)
+
+
+def sample_rounds(cfg: "TimingConfig", take, n: int, fixed: bool) -> list:
+    """Single-launch samples in rounds: take(m) queues and times m more samples of each way (lists,
+    one per way). The first round is n; unless fixed (or cfg.flush_target is 0), more rounds follow,
+    each at most 4x what the cell has, until samples_wanted is met for every way, cfg.flush_cap
+    samples or cfg.flush_budget_s of sampling."""
+    import time
+    t0 = time.perf_counter()
+    per = [list(s) for s in take(n)]
+    while not fixed and cfg.flush_target > 0:
+        have = len(per[0])
+        want = min(cfg.flush_cap, 4 * have, max(samples_wanted(s, cfg.flush_target) for s in per))
+        if want <= have or time.perf_counter() - t0 > cfg.flush_budget_s:
+            break
+        for s, more in zip(per, take(want - have)):
+            s.extend(more)
+    return per
+
+
 def cache_bytes(device: str, info: dict) -> int:
     """The cache that the cache modes defeat: the GPU's L2, or the CPU's last-level cache."""
     if device != "cpu" and info.get("l2_bytes"):
@@ -125,6 +176,12 @@ class TimingConfig:
     min_sample_s: float = 0.5e-3
     samples: int = 21
     flush_samples: int = 50
+    # single launches (cache "flush") of the peer methods (frameworks): after flush_samples, more
+    # rounds until each median's 90% interval is within +-flush_target of it (or within one step of
+    # the timer's resolution), at most flush_cap samples or flush_budget_s of sampling; 0: fixed
+    flush_target: float = 0.0025
+    flush_cap: int = 4000
+    flush_budget_s: float = 1.5
     warmup: int = 2
     memory_budget: int | None = None     # bytes a measurement may allocate
     _flush: dict = field(default_factory=dict, repr=False)
