@@ -51,7 +51,8 @@
         torch on X, ewkern on Y, torch on Y and ewkern with PDL off on X; prints the same-buffer
         ratios (torch X / ewkern X, torch Y / ewkern Y) and the cross ones (torch Y / ewkern X,
         torch X / ewkern Y), as the harness compares buffers of their own. PROBE_METHODS=single,b2b
-        (b2b: each way rotates through the same list of sets).
+        (b2b: each way rotates through the same list of sets). PROBE_TURNS=1: the five ways timed in
+        turns (frameworks.time_calls_in_turns), not one after another.
 """
 import math
 import re
@@ -543,6 +544,24 @@ def placement(op, dtype, sizes, rounds=4):
                     return make_call
                 t = {}
                 order = [("ew", "X"), ("torch", "X"), ("ew", "Y"), ("torch", "Y"), ("off", "X")]
+                if os.environ.get("PROBE_TURNS"):
+                    def pdl_off(make):
+                        def make_call():
+                            call = make()
+
+                            def off():
+                                prev = ewkern.set_pdl(False)
+                                try:
+                                    call()
+                                finally:
+                                    ewkern.set_pdl(prev)
+                            return off
+                        return make_call
+                    ways = [(maker(k, "torch" if impl == "torch" else "ew"), set_b) for impl, k in order]
+                    ways[-1] = (pdl_off(ways[-1][0]), set_b)
+                    for (impl, k), tm in zip(order, frameworks.time_calls_in_turns(cfg, ways, cache)):
+                        t[impl, k] = median_s(tm)
+                    order = []
                 order = order[r % 4:4] + order[:r % 4] + order[4:]
                 for impl, k in order:
                     prev = ewkern.set_pdl(False) if impl == "off" else None
