@@ -9,11 +9,6 @@ changes on a GPU): kernel(tag, cost) where cost is a number or cost(previous_tag
 A host that queues work late: with late_left = N, the next N spin kernels end before the host
 queues what follows them; the first kernel after such a spin starts host_delay seconds late, and
 the event recorded right after that spin reports itself done (Event.query()).
-
-A GPU that catches up with the host: with spin_covers = N, the host queues N samples (flushes)
-after a spin kernel without one of its own before the GPU has run everything queued; the next such
-sample is then late as above, and every event recorded before it has fired. spins counts the spin
-kernels.
 """
 
 import contextlib
@@ -32,11 +27,9 @@ class _Event:
     def record(self):
         self.t = self.fake.clock
         self.done = self.fake.late_sample
-        self.fake.stamp += 1
-        self.stamp = self.fake.stamp
 
     def query(self):
-        return self.done or self.stamp <= self.fake.fired_upto
+        return self.done
 
     def elapsed_time(self, end):   # milliseconds, as torch's
         return (end.t - self.t) * 1e3
@@ -58,16 +51,7 @@ class _Flush:
         self.fake = fake
 
     def sum(self):
-        f = self.fake
-        if not f.spun and f.lead is not None:     # a sample queued behind the samples before it
-            f.lead -= 1
-            f.late_sample = f.delay_due = f.lead < 0
-            if f.late_sample:
-                f.fired_upto = f.stamp
-        elif not f.spun:
-            f.late_sample = False
-        f.spun = False
-        f.launch("flush", 0.0)
+        self.fake.launch("flush", 0.0)
 
 
 class _Cuda:
@@ -100,13 +84,9 @@ class _Cuda:
 
     def _sleep(self, cycles):
         f = self.fake
-        f.spins += 1
-        f.spun = True
-        f.lead = f.spin_covers
+        f.sleeps.append(cycles)
         f.late_sample = f.delay_due = f.late_left > 0
         f.late_left -= f.late_sample
-        if f.late_sample:
-            f.fired_upto = f.stamp
 
     def Event(self, enable_timing=False):
         return _Event(self.fake, enable_timing)
@@ -140,12 +120,7 @@ class FakeTorch:
         self.late_sample = False  # the last spin ended before the work after it was queued
         self.delay_due = False    # the next kernel starts host_delay late
         self.host_delay = 50e-6
-        self.spin_covers = None   # samples queued without a spin before the GPU catches up (None: never)
-        self.lead = None          # of those, still to queue
-        self.spun = False         # a spin kernel was queued since the last flush
-        self.spins = 0
-        self.stamp = 0            # events recorded so far
-        self.fired_upto = 0       # events up to this stamp have fired
+        self.sleeps = []          # the spin kernels' cycles, in order
         self.cuda = _Cuda(self)
 
     def device(self, device):

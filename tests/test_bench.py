@@ -173,9 +173,10 @@ def test_c1_compiles_ewkern_rmse_into_the_graph(tmp_path):
 def test_train_times_forward_and_backward(tmp_path, in_turns):
     """train on the CPU: every way of every op (torch.compile is GPU only) and the MLP step measured,
     the declared bytes of one forward + backward, and a summary with the ratio to torch eager; with
-    --train-in-turns the same records (on a CPU each way is timed alone: time_calls_in_turns)."""
+    ways in turns (the default; on a CPU each way is timed alone: time_calls_in_turns) or not, the
+    same records."""
     pytest.importorskip("torch")
-    code, out = run_main(tmp_path, "train", extra=["--train-in-turns"] if in_turns else [])
+    code, out = run_main(tmp_path, "train", extra=[] if in_turns else ["--no-train-in-turns"])
     assert code == 0, (out / "summary.md").read_text()
     exp = bench.load(out)["experiments"]["train"]
     assert exp["status"] == "ok", exp.get("reason")

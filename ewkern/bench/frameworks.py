@@ -44,12 +44,12 @@ SPIN_US = 300.0
 # host busy elsewhere gave medians of 38 and 164 us for 8 us launches, H100 single launch). Such a
 # sample is taken again, up to LATE_TRIES times, and the run's notes count them.
 LATE_TRIES = 4
-# Single launches (cache "flush"): a spin kernel is queued only while fewer than LEAD_SAMPLES samples
-# are still ahead of the GPU (the first event of the LEAD_SAMPLES-th newest sample has fired or
-# there is none); otherwise the sample is queued behind those samples and its flush, which hold the
-# stream as the spin would. A sample's GPU cost is then its flush and call (40-60 us at 1-16 MiB on an
-# H100) rather than SPIN_US more, and the adaptive rounds (timing.sample_rounds) can take thousands.
-LEAD_SAMPLES = 2
+# Ways timed in turns, single launches: after the first round, each sample's spin lasts SPIN_HOST_FACTOR
+# x the longest time the host took to queue one of that round's samples (at least SPIN_FLOOR_US, at
+# most the spin asked for), so that the many samples of the adaptive rounds (timing.sample_rounds)
+# cost their flush and call more than their spin; a sample queued late is still taken again.
+SPIN_HOST_FACTOR = 3.0
+SPIN_FLOOR_US = 40.0
 
 
 def release_peer_memory():
@@ -509,7 +509,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if impl == "numpy" or cfg.is_cpu:
         secs, k, method = _time_host(cfg, calls, cache, n)
     elif impl.startswith("torch"):
-        secs, k, method, alone, late = _time_torch(cfg, calls, cache, n, foreign, spin_us, fixed=samples is not None)
+        secs, k, method, alone, late = _time_torch(cfg, calls, cache, n, foreign, spin_us)
         if foreign is not None:
             extra = {"foreign": FOREIGN, "pair_time_s": statistics.median(secs),
                      "foreign_time_s": statistics.median(alone), "pair_samples_s": secs,
@@ -520,7 +520,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
                            f"({extra['pair_time_s'] * 1e6:.2f} us) is not above {FOREIGN} alone "
                            f"({extra['foreign_time_s'] * 1e6:.2f} us)")
     elif impl == "cupy":
-        secs, k, method, late = _time_cupy(cfg, calls, cache, n, fixed=samples is not None)
+        secs, k, method, late = _time_cupy(cfg, calls, cache, n)
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
@@ -573,6 +573,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     launched eagerly behind the spin kernel. On a CPU device: time_calls for each way in turn."""
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
+    import time
     import torch
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
     plans = [choose_sets(cfg, cache, sb) for _, sb in ways]
@@ -593,25 +594,27 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         flush = _torch_flush(cfg, torch) if cache == "flush" else None
-        spin = int(spin_us * 2000)
+        spin = [spin_us]             # microseconds; shortened after the first round (SPIN_HOST_FACTOR)
+        rounds = [0]                 # samples taken so far: which way goes first in the next
 
-        def start(hold=True):
-            if hold:
-                torch.cuda._sleep(spin)
+        def start():
+            torch.cuda._sleep(int(spin[0] * 2000))   # cycles at ~2 GHz
             if flush is not None:
                 flush.sum()
 
-        rounds = [0]   # sample i of the whole measurement: which way goes first
-
         def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
-            lead = Lead(lambda e: e.query()) if flush is not None else None
+            host = 0.0               # the longest the host took to queue a sample (spin, flush, events, work)
             for i in range(rounds[0], rounds[0] + samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
+                    t0 = time.perf_counter()
                     events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
-                                                   late[w], lead))
+                                                   late[w]))
+                    host = max(host, time.perf_counter() - t0)
             rounds[0] += samples
+            if flush is not None:
+                spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * host * 1e6))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 
@@ -653,9 +656,15 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             secs = sample_rounds(cfg, lambda m: in_turns(queues, ks, m, lates), n,
                                  fixed=samples is not None or cache != "flush")
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
+    rounds_note = []
     if cache == "flush":
         method += f", flush {FLUSH_FACTOR}x cache before each sample"
-    return [Timing(sc, k, ns, ns * sb, cache, method, list(notes) + late_notes(late))
+        if len(secs[0]) > n:
+            rounds_note = [f"{len(secs[0])} samples, in rounds until each way's median was known to "
+                           f"+-{cfg.flush_target:.2%} (90%) or {cfg.flush_cap} samples or {cfg.flush_budget_s:g} s; "
+                           f"spin {spin[0]:.0f} us after the first round ({SPIN_HOST_FACTOR:g}x the host's "
+                           f"longest queueing of a sample)"]
+    return [Timing(sc, k, ns, ns * sb, cache, method, list(notes) + rounds_note + late_notes(late))
             for sc, k, (ns, notes), (_, sb), late in zip(secs, ks, plans, ways, lates)]
 
 
@@ -671,31 +680,13 @@ def late_notes(late) -> list:
     return out
 
 
-class Lead:
-    """The first events of the samples queued so far on one stream (single launches): ahead() says
-    whether LEAD_SAMPLES of them are still to fire, so that the next sample is queued without a
-    spin kernel of its own."""
-
-    def __init__(self, done):
-        self.done = done
-        self.firsts = []
-
-    def ahead(self) -> bool:
-        return len(self.firsts) >= LEAD_SAMPLES and not self.done(self.firsts[-LEAD_SAMPLES])
-
-    def add(self, event):
-        self.firsts = self.firsts[1 - LEAD_SAMPLES:] + [event] if LEAD_SAMPLES > 1 else [event]
-
-
-def queued_sample(start, launch, done, late, lead: Lead | None = None) -> tuple:
-    """One sample behind the spin kernel: start(hold) queues the spin when hold (and the flush),
-    launch() the timed work between two events and returns them, done(first_event) says whether
-    that event had already fired when the work was queued. Returns the events; adds the tries taken
-    again to late[0] and a sample still late after LATE_TRIES tries to late[1]. With lead, the
-    first try holds the stream with a spin only when lead is not ahead (a try taken again always
-    does)."""
+def queued_sample(start, launch, done, late) -> tuple:
+    """One sample behind the spin kernel: start() queues the spin (and flush), launch() the timed
+    work between two events and returns them, done(first_event) says whether that event had already
+    fired when the work was queued. Returns the events; adds the tries taken again to late[0] and
+    a sample still late after LATE_TRIES tries to late[1]."""
     for k in range(LATE_TRIES):
-        start(k > 0 or lead is None or not lead.ahead())
+        start()
         ev = launch()
         if not done(ev[0]):
             break
@@ -703,8 +694,6 @@ def queued_sample(start, launch, done, late, lead: Lead | None = None) -> tuple:
             late[1] += 1
         else:
             late[0] += 1
-    if lead is not None:
-        lead.add(ev[0])
     return ev
 
 
@@ -741,7 +730,7 @@ def _time_host(cfg, calls, cache, n):
     return out, k, "host clock (time.perf_counter)"
 
 
-def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US, fixed=True):
+def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
     """(seconds per step, one per sample; K; method; the foreign calls' own samples or None).
 
     A step is one call, or with foreign the pair foreign[i], calls[i]; then a graph of the K
@@ -772,22 +761,18 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US, fixed=True)
 
         late = [0, 0]
 
-        def start(hold=True):
-            if hold:
-                torch.cuda._sleep(spin)
+        def start():
+            torch.cuda._sleep(spin)
             if flush is not None:
                 flush.sum()
 
         def timed(queues, k, samples):
             """Seconds per step of each queue, the queues taking turns: each sample is
-            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late; with the flush,
-            the spin only where the GPU is near the host: Lead)."""
+            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late)."""
             events = [[] for _ in queues]
-            lead = Lead(lambda e: e.query()) if flush is not None else None
             for _ in range(samples):
                 for queue, pairs in zip(queues, events):
-                    pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late,
-                                               lead))
+                    pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 
@@ -825,8 +810,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US, fixed=True)
                             seq[i % len(seq)]()
                 return launch
             queues = [queue(steps)] + ([] if foreign is None else [queue([foreign])])
-            secs, alone = split(sample_rounds(cfg, lambda m: timed(queues, k, m), n,
-                                              fixed=fixed or cache != "flush"))
+            secs, alone = split(timed(queues, k, n))
             return secs, k, f"CUDA events around eager launches behind a spin kernel ({what}{reason})", alone, late
 
 
@@ -847,7 +831,7 @@ extern "C" __global__ void ewbench_spin(long long cycles) {
     return _CUPY_SPIN["k"]
 
 
-def _time_cupy(cfg, calls, cache, n, fixed=True):
+def _time_cupy(cfg, calls, cache, n):
     import cupy
     import numpy
     with cupy.cuda.Device(_index(cfg.device)):
@@ -882,8 +866,8 @@ def _time_cupy(cfg, calls, cache, n, fixed=True):
 
             late = [0, 0]
 
-            def start(hold=True):
-                if spin is not None and hold:
+            def start():
+                if spin is not None:
                     spin((1,), (1,), (numpy.int64(int(SPIN_US * 2000)),))
                 if flush is not None:
                     flush.sum()
@@ -898,11 +882,9 @@ def _time_cupy(cfg, calls, cache, n, fixed=True):
                     launch(g, k)
                     b.record(stream)
                     return a, b
-                done = lambda e: spin is not None and e.done
-                lead = Lead(done) if flush is not None and spin is not None else None
                 for _ in range(samples):
                     # without a spin kernel (no NVRTC) nothing holds the stream: no sample is late
-                    pairs.append(queued_sample(start, between, done, late, lead))
+                    pairs.append(queued_sample(start, between, lambda e: spin is not None and e.done, late))
                 stream.synchronize()
                 return [cupy.cuda.get_elapsed_time(a, b) * 1e-3 / k for a, b in pairs]
 
@@ -919,8 +901,7 @@ def _time_cupy(cfg, calls, cache, n, fixed=True):
             except Exception as exc:
                 stream.synchronize()
                 k = 1 if cache == "flush" else max(len(calls), 8)
-                secs = sample_rounds(cfg, lambda m: [run(None, k, m, launch_eager)], n,
-                                     fixed=fixed or cache != "flush")[0]
+                secs = run(None, k, n, launch_eager)
                 why = str(exc) if isinstance(exc, _Eager) else f"graph capture failed: {type(exc).__name__}"
                 method = f"CUDA events around eager launches behind a spin kernel ({why})"
             if spin is None:

@@ -14,10 +14,11 @@ timed as the peers are (frameworks.time_calls) in two methods:
   single           one eager step, L2 flushed, queued behind a sleep kernel
 and, for ewkern.torch and torch eager, the host-visible time of one step (events around one eager
 step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` sees when the GPU
-waits for the host). --train-in-turns times a cell's ways in turns instead
-(frameworks.time_calls_in_turns: each sample takes every way once), so that what drifts over the
-seconds a cell takes falls on every way alike: a single step of one short kernel (copy, add) moved
-by 2-4% between runs, more than the 1% the issue's criterion reads (BENCHMARKS.md, 2026-11-27).
+waits for the host). A cell's ways are timed in turns (frameworks.time_calls_in_turns: each sample
+takes every way once, the first rotating), so that what drifts over the seconds a cell takes falls
+on every way alike; single steps are sampled in rounds until each median is known to +-0.25%
+(timing.sample_rounds). One way after another (--no-train-in-turns), single steps of one short
+kernel moved 2-14% between runs on the H200; in turns, 0-4% (BENCHMARKS.md, 2026-11-27).
 
 Beyond ewkern's own ops, "rmsnorm" is a user kernel in training: an ewkern.RowKernel
 (y = x * rsqrt(mean(x^2) + eps) * w over rows of 4096) made a custom op by ewkern.torch.kernel_op,
@@ -31,6 +32,8 @@ kernel at one read or write per array: forward inputs + output, backward grad + 
 """
 
 from __future__ import annotations
+
+import argparse
 
 import math
 import statistics
@@ -60,9 +63,10 @@ ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default ev
                                                                   "(default all three)")),
         ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host "
                                                                         "(default all three; CPU: host clock)")),
-        ("--train-in-turns", dict(action="store_true",
+        ("--train-in-turns", dict(action=argparse.BooleanOptionalAction, default=None,
                                   help="time a cell's ways in turns, each sample taking every way once "
-                                       "(back-to-back and single step), not one way's samples after another's"))]
+                                       "(back-to-back and single step; the default), or with --no-train-in-turns "
+                                       "one way's samples after another's"))]
 
 WAYS = ("ewkern.torch", "torch eager", "torch.compile")
 METHODS = {"back-to-back": "rotate", "single": "flush"}
@@ -229,7 +233,7 @@ def run(ctx, xr):
     torch = _torch_ready(ctx)
     ops, dtypes, sizes, methods = _params(ctx)
     dev = ctx.device
-    in_turns = bool(ctx.opt("train_in_turns"))
+    in_turns = bool(ctx.opt("train_in_turns", True))
     xr.param(ops=ops, dtypes=dtypes, sizes=sizes, methods=methods, torch=torch.__version__,
              method_labels={m: METHOD_LABEL[m] for m in methods}, in_turns=in_turns)
     cells = [(op, dt, sz) for op in ops for dt in dtypes for sz in sizes]
