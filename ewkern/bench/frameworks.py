@@ -45,9 +45,11 @@ SPIN_US = 300.0
 # sample is taken again, up to LATE_TRIES times, and the run's notes count them.
 LATE_TRIES = 4
 # Ways timed in turns, single launches: after the first round, each sample's spin lasts SPIN_HOST_FACTOR
-# x the longest time the host took to queue one of that round's samples (at least SPIN_FLOOR_US, at
-# most the spin asked for), so that the many samples of the adaptive rounds (timing.sample_rounds)
-# cost their flush and call more than their spin; a sample queued late is still taken again.
+# x the 90th percentile of the times the host took to queue one of that round's samples (at least
+# SPIN_FLOOR_US, at most the spin asked for; the longest is a stray pause of the host's, 1-3 ms on
+# the H200's, where the percentile is 100-300 us for a training step), so that the many samples of
+# the adaptive rounds (timing.sample_rounds) cost their flush and call more than their spin; a sample
+# queued late is still taken again.
 SPIN_HOST_FACTOR = 3.0
 SPIN_FLOOR_US = 40.0
 
@@ -604,17 +606,18 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
 
         def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
-            host = 0.0               # the longest the host took to queue a sample (spin, flush, events, work)
+            host = []                # how long the host took to queue each sample (spin, flush, events, work)
             for i in range(rounds[0], rounds[0] + samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
                     t0 = time.perf_counter()
                     events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
                                                    late[w]))
-                    host = max(host, time.perf_counter() - t0)
+                    host.append(time.perf_counter() - t0)
             rounds[0] += samples
             if flush is not None:
-                spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * host * 1e6))
+                p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
+                spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 
@@ -663,7 +666,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             rounds_note = [f"{len(secs[0])} samples, in rounds until each way's median was known to "
                            f"+-{cfg.flush_target:.2%} (90%) or {cfg.flush_cap} samples or {cfg.flush_budget_s:g} s; "
                            f"spin {spin[0]:.0f} us after the first round ({SPIN_HOST_FACTOR:g}x the host's "
-                           f"longest queueing of a sample)"]
+                           f"90th-percentile queueing of a sample)"]
     return [Timing(sc, k, ns, ns * sb, cache, method, list(notes) + rounds_note + late_notes(late))
             for sc, k, (ns, notes), (_, sb), late in zip(secs, ks, plans, ways, lates)]
 
