@@ -6,6 +6,7 @@ stays well under a minute on two cores. GPU runs of the harness happen on the GP
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -524,6 +525,56 @@ def test_merge_combines_an_experiment_run_in_parts(tmp_path):
     for m in c["experiments"]["e2"]["measurements"]:
         m["size_bytes"] = m["size_bytes"] + 1      # other cells: joined
     assert len(merge.merge([a, c], combine=["e2"])["experiments"]["e2"]["measurements"]) == n1 + n2
+
+
+def _one_cell_run(path, samples, **extra):
+    """A results dict as results.load gives it: one train cell measured with these samples."""
+    t = statistics.median(samples)
+    rec = {"experiment": "train", "series": "ewkern.torch", "op": "copy", "dtype": "float32",
+           "size_bytes": 1 << 20, "method": "single", "bytes": 2 << 20, "launches": 1, "samples_s": list(samples),
+           "time_s": t, "gbs": (2 << 20) / t / 1e9, "pct_peak": 50.0, "notes": f"from {path}", **extra}
+    return {"device_name": "GPU", "_path": path, "experiments": {
+        "train": {"status": "ok", "measurements": [rec], "params": {}},
+        "fused": {"status": "ok", "measurements": [], "params": {}}}}
+
+
+def test_merge_pools_a_cell_across_runs():
+    """--pool reads a cell measured in several runs (processes) across them: each run's samples at
+    equal weight whatever its count, so the median lies between the runs' medians; GB/s and % of
+    peak follow the new median, after_torch's pair and foreign samples and times too; each run's
+    own samples are kept. fused, whose ratios are computed as it measures, is refused."""
+    from ewkern.bench import merge
+    import numpy as np
+    rng = np.random.default_rng(3)
+    runs = [list(1.00e-6 + 0.02e-6 * rng.standard_normal(100)), list(1.10e-6 + 0.02e-6 * rng.standard_normal(4000)),
+            list(1.04e-6 + 0.02e-6 * rng.standard_normal(50))]
+    parts = [_one_cell_run(f"p{i}", r) for i, r in enumerate(runs)]
+    got = merge.merge(parts, pool=["train"])["experiments"]["train"]["measurements"]
+    assert len(got) == 1
+    m = got[0]
+    assert len(m["samples_s"]) == 3 * 50 and m["time_s"] == statistics.median(m["samples_s"])
+    assert m["stats_s"]["count"] == 150 and [len(x) for x in m["pooled_runs_samples_s"]["samples_s"]] == [100, 4000, 50]
+    medians = sorted(statistics.median(r) for r in runs)
+    assert medians[0] < m["time_s"] < medians[-1] and m["time_s"] == pytest.approx(1.04e-6, rel=0.02)
+    pooled_all = statistics.median(runs[0] + runs[1] + runs[2])
+    assert pooled_all > 1.09e-6                      # all samples together: the longest run decides
+    assert m["gbs"] == pytest.approx((2 << 20) / m["time_s"] / 1e9)
+    assert m["pct_peak"] == pytest.approx(50.0 * parts[2]["experiments"]["train"]["measurements"][0]["time_s"]
+                                          / m["time_s"])
+    assert "read across 3 runs" in m["notes"] and m["notes"].startswith("from p2")
+    # replaced without --pool, joined cell by cell with --combine
+    assert merge.merge(parts)["experiments"]["train"]["measurements"][0]["samples_s"] == runs[2]
+    assert merge.merge(parts, combine=["train"])["experiments"]["train"]["measurements"][0]["samples_s"] == runs[2]
+    # after a torch kernel: the pairs and the foreign calls alone are read across runs alike
+    after = [_one_cell_run(f"q{i}", [p - f for p, f in zip(pr, fr)], pair_samples_s=pr, foreign_samples_s=fr,
+                           pair_time_s=statistics.median(pr), foreign_time_s=statistics.median(fr))
+             for i, (pr, fr) in enumerate([([3.0, 3.2, 3.1], [2.0, 2.0, 2.1]), ([3.5, 3.6, 3.4, 3.5], [2.2, 2.2, 2.3, 2.2])])]
+    m = merge.merge(after, pool=["train"])["experiments"]["train"]["measurements"][0]
+    assert len(m["pair_samples_s"]) == len(m["foreign_samples_s"]) == len(m["samples_s"]) == 6
+    assert m["pair_time_s"] == statistics.median(m["pair_samples_s"]) and 3.1 < m["pair_time_s"] < 3.5
+    assert m["foreign_time_s"] == statistics.median(m["foreign_samples_s"])
+    with pytest.raises(ValueError, match="fused"):
+        merge.merge(parts, pool=["fused"])
 
 
 def test_peers_rotates_the_order_of_a_cells_series(tmp_path):

@@ -10,7 +10,8 @@ minutes a command). Run the experiments in parts, each into its own folder, then
 The merged results.json holds every part's experiments (a later part's experiment replaces an
 earlier one's of the same name, and says so; with --combine NAMES those experiments' measurements
 are joined instead, for one experiment run in parts, such as rmse_grid's dtypes; a cell measured
-in both keeps the later part's), the first part's run metadata, and under "parts"
+in both keeps the later part's; with --pool NAMES a cell measured in several runs is read across
+them instead, see _pooled), the first part's run metadata, and under "parts"
 each part's own: folder, command line, start and finish, git commit, ewkern and torch versions,
 and the experiments it still gives (a merged folder given as a part brings its own parts; a part
 whose experiments all were replaced is left out).
@@ -22,10 +23,12 @@ commits are merged with a warning on stderr and in the results ("notes").
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
 from .results import load
+from .timing import summarize
 
 __all__ = ["merge", "main"]
 
@@ -53,6 +56,9 @@ def _union(a, b):
 _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
                        "working_set_bytes", "bytes", "bytes_read", "bytes_written", "best_way"))
 _DERIVED = ("vs_", "check_", "t_")
+# experiments whose measurements carry ratios to the other ways, computed as they measure (fused's
+# vs_*): their cells cannot be read across runs without recomputing those
+_RATIOS_AT_MEASURE = frozenset(("fused",))
 
 
 def _cell(m: dict) -> tuple:
@@ -62,12 +68,67 @@ def _cell(m: dict) -> tuple:
                         and isinstance(v, (str, int, bool, type(None)))))
 
 
-def _combine(a: dict, b: dict) -> dict:
+_RUNS = "pooled_runs_samples_s"   # a pooled cell's own samples, run by run: {samples key: [list, ...]}
+
+
+def _quantiles(xs, m: int) -> list:
+    """m of xs's values at evenly spaced ranks (the (i + 1/2) / m quantiles): a run's distribution
+    in m samples, so that runs of different lengths weigh alike when pooled."""
+    xs = sorted(xs)
+    return [xs[min(len(xs) - 1, int((i + 0.5) * len(xs) / m))] for i in range(m)]
+
+
+def _pooled(a: dict, b: dict) -> dict:
+    """One cell measured in several runs (processes), read across them: every samples list
+    (samples_s, and after a torch kernel pair_samples_s and foreign_samples_s) becomes the runs'
+    distributions at equal weight (each run's _quantiles at the shortest run's count), so that its
+    median lies between the runs' medians, with the matching time (time_s, pair_time_s...), stats,
+    GB/s and % of peak recomputed; each run's own samples are kept under pooled_runs_samples_s and
+    the notes name the runs' medians. A single run's level moves by process (0-4% for a short
+    single launch on the H200, BENCHMARKS.md 2026-11-27); across three the median holds better."""
+    runs = {}
+    for rec in (a, b):
+        own = rec.get(_RUNS) or {k: [v] for k, v in rec.items() if k.endswith("samples_s") and isinstance(v, list)}
+        for k, lists in own.items():
+            runs.setdefault(k, []).extend(lists)
+    out = {k: v for k, v in b.items() if k != _RUNS}
+    out[_RUNS] = runs
+    for k, lists in runs.items():
+        lists = [x for x in lists if x]
+        if not lists:
+            continue
+        m = min(len(x) for x in lists)
+        out[k] = [q for x in lists for q in _quantiles(x, m)]
+        prefix = k[:-len("samples_s")]
+        if prefix and prefix + "time_s" in out:
+            out[prefix + "time_s"] = statistics.median(out[k])
+    if out.get("samples_s"):
+        st = summarize(out["samples_s"])
+        out["stats_s"], out["time_s"] = st, st["median"]
+        t, nbytes = out["time_s"], out.get("bytes")
+        if t and nbytes and b.get("gbs"):
+            gbs = nbytes / t / 1e9
+            if b.get("pct_peak"):
+                out["pct_peak"] = b["pct_peak"] * gbs / b["gbs"]
+            out["gbs"] = gbs
+    medians = [statistics.median(x) for x in runs.get("samples_s", []) if x]
+    note = (f"read across {len(medians)} runs (each run's samples at equal weight); the runs' medians "
+            + ", ".join(f"{t * 1e6:.3f}" for t in medians) + " us")
+    kept = [n for n in str(b.get("notes") or "").split("; ") if n and not n.startswith("read across ")]
+    out["notes"] = "; ".join(kept + [note])
+    return out
+
+
+def _combine(a: dict, b: dict, pool: bool = False) -> dict:
     """One experiment measured in two parts (for example rmse_grid's dtypes in two runs): the
     measurements of both (a cell measured in both parts keeps the later part's, so a re-run of some
-    cells replaces them), their notes, skips and errors, the union of their parameters."""
+    cells replaces them; with pool, the two are read together: _pooled), their notes, skips and
+    errors, the union of their parameters."""
     out = dict(a)
     later = list(b.get("measurements") or [])
+    if pool:
+        earlier = {_cell(m): m for m in (a.get("measurements") or [])}
+        later = [_pooled(earlier[_cell(m)], m) if _cell(m) in earlier else m for m in later]
     again = {_cell(m) for m in later}
     out["measurements"] = [m for m in (a.get("measurements") or []) if _cell(m) not in again] + later
     for k in ("notes", "skipped", "errors"):
@@ -81,10 +142,15 @@ def _combine(a: dict, b: dict) -> dict:
     return out
 
 
-def merge(parts: list, combine=()) -> dict:
+def merge(parts: list, combine=(), pool=()) -> dict:
     """The merged results dict of results dicts (as ``results.load`` returns them), in order.
-    Experiments named in combine that appear in several parts are combined (_combine); any
+    Experiments named in combine that appear in several parts are combined (_combine), those named
+    in pool combined with the cells measured in several parts read across them (_pooled); any
     other experiment of a later part replaces the earlier one's."""
+    unpoolable = sorted(set(pool) & _RATIOS_AT_MEASURE)
+    if unpoolable:
+        raise ValueError(f"--pool cannot read {', '.join(unpoolable)} across runs: its ratios to the other "
+                         f"ways are computed as it measures (use --combine)")
     if not parts:
         raise ValueError("merge needs at least one run")
     names = {p.get("device_name") for p in parts}
@@ -99,9 +165,10 @@ def merge(parts: list, combine=()) -> dict:
         own = p.get("parts") or [{"folder": p.get("_path"), **{k: p.get(k) for k in _PART_KEYS},
                                   "experiments": list(p.get("experiments", {}))}]
         for name, exp in p.get("experiments", {}).items():
-            if name in res["experiments"] and name in combine:
-                notes.append(f"{name}: the run in {p.get('_path')} is combined with the earlier part's")
-                exp = _combine(res["experiments"][name], exp)
+            if name in res["experiments"] and (name in combine or name in pool):
+                how = "read together with" if name in pool else "combined with"
+                notes.append(f"{name}: the run in {p.get('_path')} is {how} the earlier part's")
+                exp = _combine(res["experiments"][name], exp, pool=name in pool)
             elif name in res["experiments"]:
                 notes.append(f"{name}: the run in {p.get('_path')} replaces the earlier part's")
                 for q in res["parts"]:
@@ -133,11 +200,15 @@ def main(argv=None) -> int:
     ap.add_argument("--combine", default="", metavar="NAMES",
                     help="experiments measured in parts (e.g. rmse_grid's dtypes in two runs) whose "
                          "measurements are joined instead of the later replacing the earlier")
+    ap.add_argument("--pool", default="", metavar="NAMES",
+                    help="experiments run several times (processes) whose cells are read across the runs: "
+                         "each run's samples at equal weight, the median between the runs' medians")
     ap.add_argument("--no-plots", action="store_true", help="write no PNG files")
     args = ap.parse_args(argv)
     try:
         parts = [load(r) for r in args.runs]
-        res = merge(parts, combine=[n for n in args.combine.split(",") if n])
+        res = merge(parts, combine=[n for n in args.combine.split(",") if n],
+                    pool=[n for n in args.pool.split(",") if n])
     except (OSError, ValueError) as exc:
         print(f"ewkern.bench.merge: {exc}", file=sys.stderr)
         return 2
