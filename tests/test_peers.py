@@ -347,8 +347,11 @@ def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
     torch.mul FOREIGN_US."""
     def ewkern_call(op, dtype, shape, device, **kw):
         n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
-        cost = ewkern_cost(ewkern.pdl_enabled())   # as a launch attribute: fixed when the call is made
-        return (lambda: fake.kernel("ewkern", cost)), (nin + 1) * n * s, nin * n * s, n * s
+
+        def make_call():
+            # PDL as a launch attribute: fixed when the kernel is launched (or captured)
+            return lambda: fake.kernel("ewkern", ewkern_cost(ewkern.pdl_enabled()))()
+        return make_call, (nin + 1) * n * s, nin * n * s, n * s
 
     def peer_call(impl, op, dtype, shape, device):
         n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
@@ -442,6 +445,39 @@ def test_peers_after_torch_on_a_fake_gpu(fake, monkeypatch, tmp_path):
     assert "Worst cell per op (ewkern, after_torch): add 0.952" in text
     assert "Whole pairs (torch.mul + op), torch / ewkern time, what a program of such pairs sees " \
            "(ewkern, after_torch): median 0.984" in text
+
+
+def test_peers_in_turns_on_a_fake_gpu(fake, monkeypatch, tmp_path):
+    """--peers-in-turns: ewkern, ewkern with PDL off (each of its launches) and torch timed in turns
+    in back-to-back and single launch, each keeping its own cost and impl; after_torch as before."""
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "copy,add", "--peers-in-turns",
+                                                                  "--peers-after-torch-ops", "copy"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok" and not exp["errors"] and not exp["skipped"], exp
+    assert exp["params"]["in_turns"] is True
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    want = {("back-to-back", "ewkern"): 0.8, ("back-to-back", "ewkern (PDL off)"): 1.0,
+            ("back-to-back", "torch"): TORCH_US, ("single", "ewkern"): 1.05, ("single", "ewkern (PDL off)"): 1.0,
+            ("single", "torch"): TORCH_US, ("after_torch", "ewkern"): 1.05, ("after_torch", "ewkern (PDL off)"): 1.0,
+            ("after_torch", "torch"): TORCH_US}
+    got = {}
+    for m in ms:
+        got.setdefault((m["timing_method"], m["impl"]), []).append(m)
+    assert set(got) == set(want)
+    for (method, impl), recs in got.items():
+        cells = 2 * 2 * 2 if method != "after_torch" else 2 * 2    # op (after_torch: copy) x dtype x size
+        assert len(recs) == cells, (method, impl)
+        # (back-to-back: a graph's first kernel follows another way's, 1 of K launches)
+        assert all(r["time_s"] == pytest.approx(want[method, impl] * US, rel=0.01) for r in recs), (method, impl)
+        assert all(("3 ways in turns" in r["method"]) == (method != "after_torch") for r in recs), (method, impl)
+        assert all(r["variant"] == ("torch" if impl == "torch" else "auto") for r in recs)
+    per, _ = peers.method_cells(exp)
+    assert all(v == pytest.approx(TORCH_US / 1.05) for v in per["single"]["ratios"].values())
+    (tmp_path / "plain").mkdir()
+    code, _, plain = _fake_gpu_run(fake, monkeypatch, tmp_path / "plain", ["--peers-ops", "copy"])
+    assert plain["experiments"]["peers"]["params"]["in_turns"] is False
+    assert not any("ways in turns" in m["method"] for m in plain["experiments"]["peers"]["measurements"]
+                   if not m.get("reference"))
 
 
 def test_peers_methods_pick_after_torch_alone(fake, monkeypatch, tmp_path):

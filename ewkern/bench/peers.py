@@ -27,6 +27,11 @@ each op's domain for both. ewkern is also timed with programmatic dependent laun
 (ewkern.set_pdl(False)) in every method, after_torch too, to show what PDL adds or costs in each
 (--peers-no-pdl-off leaves that series out everywhere). CuPy is timed back-to-back only. The
 summary lists the worst ewkern / torch ratio per op and method and every cell below 1.00.
+--peers-in-turns times ewkern, ewkern with PDL off and torch in turns in back-to-back and single
+launch (frameworks.time_calls_in_turns: each sample takes every way once, single launches sampled
+in rounds until each median is known to +-0.25%), not one series after another: timed one after
+another, single launches of 1-16 MiB moved 2-10% between runs on the H200 (BENCHMARKS.md,
+2026-11-27). after_torch and CuPy are timed as before.
 
 RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
 (reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
@@ -86,7 +91,10 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer siz
         ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
                                      help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
         ("--peers-ref-size", dict(type=parse_bytes, metavar="BYTES", help="D2D copy / dot size per buffer (default 1GiB)")),
-        ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile"))]
+        ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile")),
+        ("--peers-in-turns", dict(action="store_true",
+                                  help="time ewkern, ewkern with PDL off and torch in turns (back-to-back and "
+                                       "single launch), not one series after another"))]
 
 # method -> cache mode of frameworks.time_calls (after_torch: with frameworks.foreign_call before each call)
 METHODS = {"back-to-back": "rotate", "single": "flush", "after_torch": "rotate"}
@@ -95,6 +103,7 @@ METHOD_LABEL = {"back-to-back": "back-to-back (graph of K calls, inputs rotated)
                 "after_torch": f"after a torch kernel ({FOREIGN} + op, minus {FOREIGN} alone)"}
 AFTER_TORCH_OPS = ["copy", "add", "mul", "exp", "gelu"]   # after_torch's default ops: copy, binary, unary, costly
 TORCH_ONLY = ("single", "after_torch")                      # methods whose only peer is torch (CuPy: back-to-back)
+IN_TURNS = ("back-to-back", "single")                       # methods --peers-in-turns times in turns
 GPU_RMSE = [((16, 1 << 20), False), ((16, 3 << 20), False), ((1024, 4096), False), ((8, 1 << 24), False),
             ((65536, 64), False), ((1 << 20, 16), True)]
 CPU_RMSE_QUICK = [((16, 1 << 16), False), ((1024, 256), False), ((1 << 16, 16), True)]
@@ -183,6 +192,15 @@ def _without_pdl(call):
     return run
 
 
+def _build_without_pdl(build):
+    """build (-> make_call, set_bytes, bytes_read, bytes_written) whose calls each launch with
+    programmatic dependent launch switched off: a way among others timed in turns."""
+    def built():
+        make_call, set_bytes, br, bw = build()
+        return (lambda: _without_pdl(make_call())), set_bytes, br, bw
+    return built
+
+
 def _shape_label(shape, last):
     return f"{fmt_count(shape[0])}x{fmt_count(shape[1])}" + (" (batch-last)" if last else "")
 
@@ -209,6 +227,8 @@ def run(ctx, xr):
         rmse_peers.remove("torch.compile")
     gpu_torch = gpu and "torch" in live
     methods = _methods(ctx, gpu_torch)
+    in_turns = gpu_torch and bool(ctx.opt("peers_in_turns", False))
+    xr.param(in_turns=in_turns)
     if gpu_torch:
         xr.note("elementwise: ewkern's auto kernels are called on torch tensors and timed by the code that times "
                 "torch (the same CUDA graph replay or eager single launch, the same flush and sleep kernel); "
@@ -282,7 +302,19 @@ def run(ctx, xr):
                     before = ((lambda dtype=dtype, n=n: foreign_call(dtype, (n,), ctx.device))
                               if method == "after_torch" else None)
                     series = []   # one call per timed series, run in an order that rotates by cell
-                    if gpu_torch:
+                    if in_turns and method in IN_TURNS:
+                        # ewkern, ewkern with PDL off and torch: one series of samples taken in turns
+                        build_ew = partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device)
+                        entries = [(f"ewkern {tag}", build_ew, {"impl_label": "ewkern"})]
+                        if nopdl:
+                            entries.append((f"{EWKERN_NOPDL} {tag}", _build_without_pdl(build_ew),
+                                            {"impl_label": EWKERN_NOPDL}))
+                        if "torch" in live:
+                            entries.append((f"torch {tag}", partial(elementwise_call, "torch", op, dtype, (n,),
+                                                                     ctx.device), {"impl_label": "torch", "variant": "torch"}))
+                        series.append(partial(xr.measure_peers_in_turns, entries=entries, cache=cache,
+                                              **{"variant": "auto", **common}))
+                    elif gpu_torch:
                         # ewkern on torch tensors, timed by the torch peer's code
                         ewkern_series = partial(
                             xr.measure_peer, impl="torch", cache=cache, before=before, variant="auto",
@@ -309,6 +341,8 @@ def run(ctx, xr):
                     for p in live:
                         if p == "cupy" and method in TORCH_ONLY:
                             continue   # CuPy: back-to-back only (single launch and after_torch compare with torch)
+                        if p == "torch" and in_turns and method in IN_TURNS:
+                            continue   # timed in turns with ewkern above
                         series.append(partial(xr.measure_peer, what=f"{p} {tag}", impl=p, cache=cache,
                                               build=partial(elementwise_call, p, op, dtype, (n,), ctx.device),
                                               before=before, variant=p, **common))

@@ -243,7 +243,7 @@ class ExperimentRun:
                                spin_us: float = frameworks.SPIN_US, **common) -> list:
         """measure_peer for several ways of one workload launched on torch's stream, timed in turns
         (frameworks.time_calls_in_turns): entries [(what, build, fields)], common: the fields they
-        share. A way whose build fails is skipped with its reason; if timing them together fails,
+        share (a field impl_label names the record's impl, as measure_peer's does; default torch). A way whose build fails is skipped with its reason; if timing them together fails,
         each is measured alone (measure_peer), so that one way's failure loses no other."""
         built = []
         for what, build, fields in entries:
@@ -270,7 +270,8 @@ class ExperimentRun:
                                       spin_us=spin_us, **{**common, **fields}) for what, b, fields in built]
         recs = []
         for (what, (_, _, br, bw), fields), timing in zip(built, timings):
-            rec = self._finish(timing, {"impl": "torch", **common, **fields}, br, bw)
+            own = dict(fields)
+            rec = self._finish(timing, {"impl": own.pop("impl_label", "torch"), **common, **own}, br, bw)
             if not self._discard:
                 self._step(f"{what}: {_fmt_rate(rec)}")
             recs.append(rec)
