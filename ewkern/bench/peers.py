@@ -30,8 +30,9 @@ summary lists the worst ewkern / torch ratio per op and method and every cell be
 --peers-in-turns times ewkern, ewkern with PDL off and torch in turns in back-to-back and single
 launch (frameworks.time_calls_in_turns: each sample takes every way once, single launches sampled
 in rounds until each median is known to +-0.25%), not one series after another: timed one after
-another, single launches of 1-16 MiB moved 2-10% between runs on the H200 (BENCHMARKS.md,
-2026-11-27). after_torch and CuPy are timed as before.
+another, a single-launch cell's ratio moved by -2.5% to +3.1% between runs of 50 samples (H100,
+5th-95th percentile), and by up to 10% at 1-16 MiB on the H200 when each series was sampled
+longer (BENCHMARKS.md, 2026-11-27). after_torch and CuPy are timed as before.
 
 RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
 (reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
