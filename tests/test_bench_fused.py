@@ -146,3 +146,56 @@ def test_cells_and_bytes():
     r = cells[1]
     assert r.shape == ((1 << 20) // 4 // f1_fused.COLS, f1_fused.COLS) and r.tmp == [((r.rows, 1), "float32")]
     assert r.set_bytes == 2 * (1 << 20) + r.rows * 4
+
+
+def test_fused_in_turns_on_a_fake_gpu(tmp_path, monkeypatch):
+    """--fused-in-turns on a stand-in GPU (tests/fake_torch_cuda.py): the ways on torch's stream are
+    timed in turns in both methods, each record keeps its own way's cost, series and check, and
+    the ratios to the other ways are made from them; without the option the same records come
+    one way after another."""
+    import sys
+    from fake_torch_cuda import FakeTorch
+    from ewkern.bench import cli, runner
+    fake = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(f1_fused, "_ready", lambda ctx: fake)
+    cost_us = {"ewkern": 1.0, "torch eager": 3.0, "torch.compile": 1.25}
+
+    def prepare(ctx, xr, way, cell, kernels):
+        def make_set():
+            return [], fake.kernel(way, cost_us[way] * 1e-6)
+        return "torch" if way != "torch.compile" else "torch.compile", make_set, 7, 0.5
+
+    monkeypatch.setattr(f1_fused, "_prepare", prepare)
+
+    def reference(ctx):
+        ctx.results["reference"] = {"copy_gbs": 100.0, "cache": "rotate"}
+        return 100.0
+    monkeypatch.setattr(runner, "_reference_copy", reference)
+
+    def fake_run(sub, *extra):
+        argv = ["fused", "--samples", "5", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB", "--no-progress",
+                "--no-plots", "--fused-exprs", "fma", "--fused-dtypes", "float32", "--fused-sizes", "64KiB",
+                "--fused-ways", "ewkern,torch eager,torch.compile", *extra]
+        args = cli.build_parser().parse_args(argv)
+        info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+        out = tmp_path / sub
+        out.mkdir()
+        ctx = runner.make_context(args, "cuda:0", info, out, False, "rotate")
+        runner.precheck(ctx, ["fused"])
+        assert runner.run(ctx, ["fused"], argv) == 0
+        return bench.load(out)["experiments"]["fused"]
+
+    for sub, extra in (("turns", ["--fused-in-turns"]), ("plain", [])):
+        exp = fake_run(sub, *extra)
+        assert exp["status"] == "ok" and not exp["errors"] and not exp["skipped"], exp
+        assert exp["params"]["in_turns"] is (sub == "turns")
+        ms = exp["measurements"]
+        assert {(m["series"], m["launch"]) for m in ms} == {(w, l) for w in cost_us for l in ("back-to-back", "single")}
+        for m in ms:
+            assert m["impl"] == m["series"] and m["check_elements"] == 7 and m["op"] == "fma"
+            assert m["time_s"] == pytest.approx(cost_us[m["series"]] * 1e-6, rel=0.01)
+            assert ("3 ways in turns" in m["method"]) is (sub == "turns")
+        mine = [m for m in ms if m["series"] == "ewkern"]
+        assert all(m["vs_torch_compile"] == pytest.approx(1.25, rel=0.02) and m["best_way"] == "torch.compile"
+                   for m in mine)

@@ -34,6 +34,9 @@ array. Ways (each timed the same way for every expression):
 timed as the peers are (frameworks.time_calls) in two methods:
   back-to-back    K calls captured into one CUDA graph, inputs rotated through >= 4x the L2
   single          one eager call, L2 flushed, queued behind a sleep kernel
+--fused-in-turns times the ways on torch's stream (all but CuPy) in turns, each sample taking every
+way once and single launches sampled in rounds until each median is known to +-0.25%
+(frameworks.time_calls_in_turns), not one way's samples after another's.
 Outputs are preallocated per input set and written by ewkern, CuPy and torch.compile alike. Where
 a result is allocated in a captured graph, the allocator hands every call the block the previous
 call freed: one output that stays in L2 while the inputs rotate, which the others' rotated outputs
@@ -89,7 +92,11 @@ ARGS = [("--fused-exprs", dict(type=_list_arg, metavar="EXPRS",
                               help="ewkern, cupy, torch eager, torch.compile, ewkern.add, numpy (default GPU: all "
                                    "but numpy; CPU: ewkern, numpy, ewkern.add)")),
         ("--fused-methods", dict(type=_list_arg, metavar="METHODS",
-                                 help="back-to-back, single (default both; CPU: back-to-back)"))]
+                                 help="back-to-back, single (default both; CPU: back-to-back)")),
+        ("--fused-in-turns", dict(action="store_true",
+                                  help="time the ways on torch's stream (ewkern, ewkern 2k, torch eager, "
+                                       "torch.compile, ewkern.add) in turns, each sample taking every way once; "
+                                       "CuPy (its own stream) alone as before"))]
 
 COLS = 4096          # the row length of rmsnorm and mse_rows
 RMS_EPS = 1e-6
@@ -590,10 +597,16 @@ def run(ctx, xr):
                 "NumPy expressions, host clock; CuPy and torch are GPU ways here")
     xr.note("bytes = every input read once + every output written once (rmsnorm's per-row mean is not "
             "counted); ratios are ewkern's speed / the other way's")
+    in_turns = ctx.is_gpu and bool(ctx.opt("fused_in_turns", False))
+    xr.param(in_turns=in_turns)
     kernels = _Kernels()
     bar = xr.progress(sum(len(_ways_for(c, ways)) * len(methods) for c in cells))
     for cell in cells:
         recs = {}
+        common = dict(op=cell.expr.name, formula=cell.expr.formula, dtype=cell.dtype,
+                      in_dtypes=",".join(cell.in_dtypes), out_dtype=cell.out_dtype, shape=list(cell.shape),
+                      n=cell.n, size_bytes=cell.size_bytes)
+        together = []   # (way, build, fields): the ways on torch's stream, timed in turns (--fused-in-turns)
         for way in _ways_for(cell, ways):
             got = _prepare(ctx, xr, way, cell, kernels)
             if got is None:
@@ -602,14 +615,24 @@ def run(ctx, xr):
 
             def build(make_set=make_set):
                 return (lambda: make_set()[1]), cell.set_bytes, cell.bytes_read, cell.bytes_written
+            fields = dict(series=way, check_elements=checked, check_max_err_over_tol=worst)
+            if in_turns and impl.startswith("torch"):
+                together.append((way, build, fields))
+                continue
             for method in methods:
                 recs[(way, method)] = xr.measure_peer(
                     what=f"{cell.label()} {way} {method}", impl=impl, impl_label=way, build=build,
-                    cache=METHODS[method], spin_us=CALL_SPIN_US, op=cell.expr.name, formula=cell.expr.formula,
-                    dtype=cell.dtype, in_dtypes=",".join(cell.in_dtypes), out_dtype=cell.out_dtype,
-                    shape=list(cell.shape), n=cell.n, size_bytes=cell.size_bytes, series=way, launch=method,
-                    check_elements=checked, check_max_err_over_tol=worst)
+                    cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, **common, **fields)
                 frameworks.release_peer_memory()
+        for method in methods if together else ():
+            got = xr.measure_peers_in_turns(
+                entries=[(f"{cell.label()} {way} {method}", build, dict(fields, impl_label=way))
+                         for way, build, fields in together],
+                cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, **common)
+            for rec in got:
+                if rec is not None:
+                    recs[(rec["series"], method)] = rec
+            frameworks.release_peer_memory()
         _add_ratios(recs, methods)
     bar.close()
 
