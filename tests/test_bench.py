@@ -542,7 +542,7 @@ def test_merge_pools_a_cell_across_runs():
     """--pool reads a cell measured in several runs (processes) across them: each run's samples at
     equal weight whatever its count, so the median lies between the runs' medians; GB/s and % of
     peak follow the new median, after_torch's pair and foreign samples and times too; each run's
-    own samples are kept. fused, whose ratios are computed as it measures, is refused."""
+    own samples are kept; fused's ratios to the other ways, made as it measures, are made again."""
     from ewkern.bench import merge
     import numpy as np
     rng = np.random.default_rng(3)
@@ -573,8 +573,22 @@ def test_merge_pools_a_cell_across_runs():
     assert len(m["pair_samples_s"]) == len(m["foreign_samples_s"]) == len(m["samples_s"]) == 6
     assert m["pair_time_s"] == statistics.median(m["pair_samples_s"]) and 3.1 < m["pair_time_s"] < 3.5
     assert m["foreign_time_s"] == statistics.median(m["foreign_samples_s"])
-    with pytest.raises(ValueError, match="fused"):
-        merge.merge(parts, pool=["fused"])
+    # fused: each run's ewkern record carries vs_* from that run; pooled, from the pooled times
+    def fused_run(path, mine, theirs):
+        def rec(series, xs, **kw):
+            return {"experiment": "fused", "series": series, "impl": series, "op": "fma", "dtype": "float32",
+                    "in_dtypes": "float32,float32,float32", "size_bytes": 1 << 20, "launch": "single",
+                    "samples_s": xs, "time_s": statistics.median(xs), "notes": "", **kw}
+        tm, tt = statistics.median(mine), statistics.median(theirs)
+        return {"device_name": "GPU", "_path": path, "experiments": {"fused": {"status": "ok", "params": {},
+                "measurements": [rec("ewkern", mine, vs_torch_compile=tt / tm, vs_best=tt / tm,
+                                     best_way="torch.compile"), rec("torch.compile", theirs)]}}}
+    fused = merge.merge([fused_run("f1", [1.0, 1.0, 1.0], [1.1, 1.1, 1.1]), fused_run("f2", [2.0, 2.0], [1.0, 1.0])],
+                        pool=["fused"])["experiments"]["fused"]["measurements"]
+    mine = next(m for m in fused if m["series"] == "ewkern")
+    theirs = next(m for m in fused if m["series"] == "torch.compile")
+    assert mine["time_s"] == 1.5 and theirs["time_s"] == pytest.approx(1.05)
+    assert mine["vs_torch_compile"] == pytest.approx(1.05 / 1.5) and mine["vs_best"] == pytest.approx(1.05 / 1.5)
 
 
 def test_peers_rotates_the_order_of_a_cells_series(tmp_path):

@@ -637,6 +637,17 @@ def run(ctx, xr):
     bar.close()
 
 
+def rederive(measurements):
+    """The ratios of every cell's ewkern records to the other ways (_add_ratios) made again from
+    the records' times: after bench.merge --pool has read cells across runs."""
+    cells = {}
+    for m in measurements:
+        key = (m.get("op"), m.get("dtype"), m.get("in_dtypes"), m.get("size_bytes"), m.get("launch"))
+        cells.setdefault(key, {})[(m.get("series"), m.get("launch"))] = m
+    for key, recs in cells.items():
+        _add_ratios(recs, [key[-1]])
+
+
 def _add_ratios(recs, methods):
     """Each method's ewkern record gets its speed ratio to every other way of the cell (vs_<way>,
     None where it did not run) and to the best of best_of (vs_best, best_way): in the CSV's rows,

@@ -56,9 +56,14 @@ def _union(a, b):
 _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
                        "working_set_bytes", "bytes", "bytes_read", "bytes_written", "best_way"))
 _DERIVED = ("vs_", "check_", "t_")
-# experiments whose measurements carry ratios to the other ways, computed as they measure (fused's
-# vs_*): their cells cannot be read across runs without recomputing those
-_RATIOS_AT_MEASURE = frozenset(("fused",))
+
+
+def _rederive(name: str, measurements: list):
+    """What an experiment derives from its measurements as it measures, made again after pooling
+    (fused's ratios to the other ways: f1_fused.rederive)."""
+    if name == "fused":
+        from .f1_fused import rederive
+        rederive(measurements)
 
 
 def _cell(m: dict) -> tuple:
@@ -147,10 +152,6 @@ def merge(parts: list, combine=(), pool=()) -> dict:
     Experiments named in combine that appear in several parts are combined (_combine), those named
     in pool combined with the cells measured in several parts read across them (_pooled); any
     other experiment of a later part replaces the earlier one's."""
-    unpoolable = sorted(set(pool) & _RATIOS_AT_MEASURE)
-    if unpoolable:
-        raise ValueError(f"--pool cannot read {', '.join(unpoolable)} across runs: its ratios to the other "
-                         f"ways are computed as it measures (use --combine)")
     if not parts:
         raise ValueError("merge needs at least one run")
     names = {p.get("device_name") for p in parts}
@@ -169,6 +170,8 @@ def merge(parts: list, combine=(), pool=()) -> dict:
                 how = "read together with" if name in pool else "combined with"
                 notes.append(f"{name}: the run in {p.get('_path')} is {how} the earlier part's")
                 exp = _combine(res["experiments"][name], exp, pool=name in pool)
+                if name in pool:
+                    _rederive(name, exp["measurements"])
             elif name in res["experiments"]:
                 notes.append(f"{name}: the run in {p.get('_path')} replaces the earlier part's")
                 for q in res["parts"]:
