@@ -591,6 +591,25 @@ def test_merge_pools_a_cell_across_runs():
     assert mine["vs_torch_compile"] == pytest.approx(1.05 / 1.5) and mine["vs_best"] == pytest.approx(1.05 / 1.5)
 
 
+def test_processes_run_the_command_in_each_and_read_the_cells_across_them(tmp_path):
+    """--processes 2: the experiment runs in two fresh processes (out/process-1, -2) and out holds
+    every cell read across both (merge --pool), with both runs among its parts; --processes 0 is
+    refused before running."""
+    out = tmp_path / "out"
+    r = run_cli("e2", *FAST, *TINY.get("e2", []), "--processes", "2", "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    one, two = (bench_results.load(out / f"process-{i}") for i in (1, 2))
+    res = bench_results.load(out)
+    ms = res["experiments"]["e2"]["measurements"]
+    assert len(ms) == len(one["experiments"]["e2"]["measurements"]) > 0
+    assert all("read across 2 runs" in m["notes"] and len(m["pooled_runs_samples_s"]["samples_s"]) == 2 for m in ms)
+    assert [p["folder"] for p in res["parts"]] == [str(out / "process-1"), str(out / "process-2")]
+    assert "--processes" in res["argv"] and "--processes" not in one["argv"]
+    assert (out / "summary.md").exists() and (out / "e2.csv").exists()
+    r = run_cli("e2", *FAST, "--processes", "0", "--out", str(tmp_path / "no"))
+    assert r.returncode == 2 and "--processes must be at least 1" in r.stderr
+
+
 def test_peers_rotates_the_order_of_a_cells_series(tmp_path):
     """The series of an elementwise cell are timed in an order that rotates by one from cell to
     cell, so no implementation is always the first after the cells before (on a GPU the first

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(ewkern.set_pdl(False); recorded in the results)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="run the experiments N times, each in a process of its own (into OUT/process-1 ...), "
+                        "and read every cell across them (python -m ewkern.bench.merge --pool) into OUT: a "
+                        "single launch's level moves by process")
     for spec in registry.specs().values():
         if spec.args:
             g = p.add_argument_group(f"{spec.name}: {spec.title}")
@@ -159,6 +163,8 @@ def main(argv=None) -> int:
         return _fail(f"name experiments to run or give --all; valid: {', '.join(valid)}")
     if args.samples is not None and args.samples < 1:
         return _fail("--samples must be at least 1")
+    if args.processes < 1:
+        return _fail("--processes must be at least 1")
     from . import runner
     if args.no_pdl:
         import ewkern
@@ -182,7 +188,45 @@ def main(argv=None) -> int:
         return 130
     print(f"ewkern.bench: {', '.join(names)} on {device} ({info.get('name')}), cache {args.cache}"
           f"{', quick' if args.quick else ''} -> {out}", file=sys.stderr, flush=True)
+    if args.processes > 1:
+        return _in_processes(argv, names, out, args.processes, plots=not args.no_plots)
     return runner.run(ctx, names, argv)
+
+
+def _without(argv, flag: str) -> list:
+    """argv without flag and its value (either '--flag V' or '--flag=V')."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def _in_processes(argv, names, out: Path, n: int, *, plots: bool) -> int:
+    """--processes N: the same command N times, each in a fresh Python process writing
+    out/process-<i>, then every experiment's cells read across the runs (merge --pool) into out.
+    The exit code is the worst of the runs' (2 or 130 from any stops there)."""
+    import subprocess
+    from . import merge, results, runner
+    base = _without(_without(argv, "--processes"), "--out")
+    codes, folders = [], []
+    for i in range(1, n + 1):
+        folder = out / f"process-{i}"
+        print(f"ewkern.bench: process {i} of {n} -> {folder}", file=sys.stderr, flush=True)
+        code = subprocess.run([sys.executable, "-m", "ewkern.bench", *base, "--out", str(folder)]).returncode
+        codes.append(code)
+        if code in (2, 130):
+            return code
+        folders.append(folder)
+    res = merge.merge([results.load(f) for f in folders], pool=names)
+    res["argv"] = list(argv)
+    runner.finish_outputs(res, out, plots=plots)
+    print(f"\nresults of {n} processes read together: {out}", file=sys.stderr)
+    return max(codes)
 
 
 if __name__ == "__main__":   # pragma: no cover
