@@ -31,6 +31,9 @@ class _Event:
     def query(self):
         return self.done
 
+    def synchronize(self):
+        self.fake.event_waits += 1
+
     def elapsed_time(self, end):   # milliseconds, as torch's
         return (end.t - self.t) * 1e3
 
@@ -121,6 +124,7 @@ class FakeTorch:
         self.delay_due = False    # the next kernel starts host_delay late
         self.host_delay = 50e-6
         self.sleeps = []          # the spin kernels' cycles, in order
+        self.event_waits = 0      # Event.synchronize() calls
         self.cuda = _Cuda(self)
 
     def device(self, device):

@@ -531,8 +531,9 @@ def _one_cell_run(path, samples, **extra):
     """A results dict as results.load gives it: one train cell measured with these samples."""
     t = statistics.median(samples)
     rec = {"experiment": "train", "series": "ewkern.torch", "op": "copy", "dtype": "float32",
-           "size_bytes": 1 << 20, "method": "single", "bytes": 2 << 20, "launches": 1, "samples_s": list(samples),
-           "time_s": t, "gbs": (2 << 20) / t / 1e9, "pct_peak": 50.0, "notes": f"from {path}", **extra}
+           "size_bytes": 1 << 20, "method": f"CUDA events ({path})", "step_method": "single", "bytes": 2 << 20,
+           "launches": 1, "samples_s": list(samples), "time_s": t, "gbs": (2 << 20) / t / 1e9, "pct_peak": 50.0,
+           "notes": f"from {path}; late", **extra}
     return {"device_name": "GPU", "_path": path, "experiments": {
         "train": {"status": "ok", "measurements": [rec], "params": {}},
         "fused": {"status": "ok", "measurements": [], "params": {}}}}
@@ -561,10 +562,13 @@ def test_merge_pools_a_cell_across_runs():
     assert m["gbs"] == pytest.approx((2 << 20) / m["time_s"] / 1e9)
     assert m["pct_peak"] == pytest.approx(50.0 * parts[2]["experiments"]["train"]["measurements"][0]["time_s"]
                                           / m["time_s"])
-    assert "read across 3 runs" in m["notes"] and m["notes"].startswith("from p2")
-    # replaced without --pool, joined cell by cell with --combine
+    # every run's notes once; a method text that differs by process does not split the cell
+    assert m["notes"].startswith("from p0; late; from p1; from p2; read across 3 runs")
+    # replaced without --pool; --combine keys cells by the method text too
     assert merge.merge(parts)["experiments"]["train"]["measurements"][0]["samples_s"] == runs[2]
-    assert merge.merge(parts, combine=["train"])["experiments"]["train"]["measurements"][0]["samples_s"] == runs[2]
+    assert len(merge.merge(parts, combine=["train"])["experiments"]["train"]["measurements"]) == 3
+    with pytest.raises(ValueError, match="not e2"):
+        merge.merge(parts, pool=["e2"])
     # after a torch kernel: the pairs and the foreign calls alone are read across runs alike
     after = [_one_cell_run(f"q{i}", [p - f for p, f in zip(pr, fr)], pair_samples_s=pr, foreign_samples_s=fr,
                            pair_time_s=statistics.median(pr), foreign_time_s=statistics.median(fr))
@@ -596,18 +600,25 @@ def test_processes_run_the_command_in_each_and_read_the_cells_across_them(tmp_pa
     every cell read across both (merge --pool), with both runs among its parts; --processes 0 is
     refused before running."""
     out = tmp_path / "out"
-    r = run_cli("e2", *FAST, *TINY.get("e2", []), "--processes", "2", "--out", str(out), timeout=600)
+    tiny = ["--peers-sizes", "64KiB", "--peers-ops", "copy", "--peers-dtypes", "float32", "--peers-rmse-shapes", "",
+            "--peers-ref-size", "1MiB"]
+    # an abbreviation of --processes: the children still run once each (each gets --processes 1)
+    r = run_cli("peers", *FAST, *tiny, "--process", "2", "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stderr
-    one, two = (bench_results.load(out / f"process-{i}") for i in (1, 2))
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("process")) == ["process-1", "process-2"]
+    assert not (out / "process-1" / "process-1").exists()
+    one = bench_results.load(out / "process-1")
     res = bench_results.load(out)
-    ms = res["experiments"]["e2"]["measurements"]
-    assert len(ms) == len(one["experiments"]["e2"]["measurements"]) > 0
+    ms = [m for m in res["experiments"]["peers"]["measurements"] if m.get("samples_s")]
+    assert len(ms) == len([m for m in one["experiments"]["peers"]["measurements"] if m.get("samples_s")]) > 0
     assert all("read across 2 runs" in m["notes"] and len(m["pooled_runs_samples_s"]["samples_s"]) == 2 for m in ms)
     assert [p["folder"] for p in res["parts"]] == [str(out / "process-1"), str(out / "process-2")]
-    assert "--processes" in res["argv"] and "--processes" not in one["argv"]
-    assert (out / "summary.md").exists() and (out / "e2.csv").exists()
+    assert "--process" in res["argv"] and one["argv"][-4:-1] == ["--processes", "1", "--out"]
+    assert (out / "summary.md").exists() and (out / "peers.csv").exists()
     r = run_cli("e2", *FAST, "--processes", "0", "--out", str(tmp_path / "no"))
     assert r.returncode == 2 and "--processes must be at least 1" in r.stderr
+    r = run_cli("e2", *FAST, "--processes", "2", "--out", str(tmp_path / "no2"))
+    assert r.returncode == 2 and "not e2" in r.stderr
 
 
 def test_peers_rotates_the_order_of_a_cells_series(tmp_path):

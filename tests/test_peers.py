@@ -244,6 +244,10 @@ def test_ways_in_turns_sample_until_the_median_is_known(fake, monkeypatch):
     first = int(frameworks.SPIN_US * 2000)
     assert fake.sleeps[:100] == [first] * 100                 # the first round: 50 samples of 2 ways
     assert set(fake.sleeps[100:]) == {int(frameworks.SPIN_FLOOR_US * 2000)}
+    # the host waits for the sample LAG_SAMPLES back before queueing one: one wait a sample past the
+    # first LAG_SAMPLES of each round (a round ends in a synchronize; at most 6 rounds from 50 to 3000)
+    n2 = 2 * len(ta.samples_s)
+    assert n2 - 6 * frameworks.LAG_SAMPLES <= fake.event_waits <= n2 - 2 * frameworks.LAG_SAMPLES
     assert len(in_turns(lambda: fake.kernel("b", 1.0 * US))[0].samples_s) == 50
     assert len(in_turns(_noisy(fake, "c", 1.0, 0.10, 2), samples=50)[0].samples_s) == 50
     assert len(frameworks.time_calls(c, "torch", _noisy(fake, "e", 1.0, 0.10, 4), 3 * n * 4, "flush").samples_s) == 50
@@ -261,10 +265,30 @@ def test_samples_wanted_reads_the_median_interval():
     want = samples_wanted(xs, 0.0025)
     assert want == pytest.approx(400 * (((hi - lo) / 2 / np.median(xs)) / 0.0025) ** 2, rel=0.01) and want > 400
     assert samples_wanted(xs, 0.5) == 400
-    # times in steps of the timer's resolution: an interval of one step is as narrow as it gets
-    steps = [round(x / 0.032) * 0.032 for x in (4.7 + 0.02 * rng.standard_normal(400))]
-    assert samples_wanted(steps, 0.0001) == 400
+    # times in steps of the timer's resolution, as CUDA events give them (float32 milliseconds, 32 ns
+    # steps, whose float gaps differ by an ulp): an interval spanning one step is as narrow as it
+    # gets; one spanning two is not
+    a, b, c = (float(np.float32(k * 0.032e-3)) * 1e3 for k in (147, 148, 149))
+    one = [a] * 200 + [b] * 200 + [c] * 3         # b - a is an ulp wider than c - b
+    assert b - a > c - b
+    assert median_interval(one) == (a, b) and samples_wanted(one, 0.0001) == 403
+    two = [a] * 190 + [b] * 20 + [c] * 190
+    assert median_interval(two) == (a, c) and samples_wanted(two, 0.0001) > 400
     assert median_interval([2.0, 1.0]) == (1.5, 1.5) and samples_wanted([1.0, 2.0], 0.001) == 2
+
+
+def test_sample_rounds_keep_to_the_time_budget():
+    """A round is cut to what the budget has left at the rate so far: 1 ms a sample, 0.1 s."""
+    import time as _time
+    c = TimingConfig(device="cuda:0", flush_target=0.0001, flush_cap=100000, flush_budget_s=0.1)
+    rng = np.random.default_rng(2)
+
+    def take(m):
+        _time.sleep(m * 1e-3)
+        return [list(1.0 + 0.1 * rng.standard_normal(m))]
+    t0 = _time.perf_counter()
+    per = sample_rounds(c, take, 20, fixed=False)
+    assert 20 < len(per[0]) <= 110 and _time.perf_counter() - t0 < 0.25
 
 
 def test_sample_rounds_stop_at_the_cap_and_the_budget():

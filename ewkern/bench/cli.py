@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, metavar="N",
                    help="run the experiments N times, each in a process of its own (into OUT/process-1 ...), "
                         "and read every cell across them (python -m ewkern.bench.merge --pool) into OUT: a "
-                        "single launch's level moves by process")
+                        "single launch's level moves by process (train, peers, fused, rmse_grid)")
     for spec in registry.specs().values():
         if spec.args:
             g = p.add_argument_group(f"{spec.name}: {spec.title}")
@@ -165,6 +165,11 @@ def main(argv=None) -> int:
         return _fail("--samples must be at least 1")
     if args.processes < 1:
         return _fail("--processes must be at least 1")
+    if args.processes > 1:
+        from .merge import POOLABLE
+        cannot = [n for n in names if n not in POOLABLE]
+        if cannot:
+            return _fail(f"--processes reads {', '.join(POOLABLE)} across processes, not {', '.join(cannot)}")
     from . import runner
     if args.no_pdl:
         import ewkern
@@ -208,25 +213,34 @@ def _without(argv, flag: str) -> list:
 
 def _in_processes(argv, names, out: Path, n: int, *, plots: bool) -> int:
     """--processes N: the same command N times, each in a fresh Python process writing
-    out/process-<i>, then every experiment's cells read across the runs (merge --pool) into out.
-    The exit code is the worst of the runs' (2 or 130 from any stops there)."""
+    out/process-<i> (with --processes 1, whatever abbreviation argv used), then every experiment's
+    cells read across the runs (merge --pool) into out. Exit code: 2 or 130 where a run stopped so
+    (nothing merged); otherwise 1 if any run failed a measurement or ended another way (a signal:
+    its folder is merged only if it wrote its results), else 0."""
     import subprocess
     from . import merge, results, runner
     base = _without(_without(argv, "--processes"), "--out")
-    codes, folders = [], []
+    worst, folders = 0, []
     for i in range(1, n + 1):
         folder = out / f"process-{i}"
         print(f"ewkern.bench: process {i} of {n} -> {folder}", file=sys.stderr, flush=True)
-        code = subprocess.run([sys.executable, "-m", "ewkern.bench", *base, "--out", str(folder)]).returncode
-        codes.append(code)
+        code = subprocess.run([sys.executable, "-m", "ewkern.bench", *base, "--processes", "1",
+                               "--out", str(folder)]).returncode
         if code in (2, 130):
             return code
-        folders.append(folder)
+        if code != 0:
+            worst = 1
+        if (folder / "results.json").exists():
+            folders.append(folder)
+        else:
+            print(f"ewkern.bench: process {i} wrote no results (exit code {code}); left out", file=sys.stderr)
+    if not folders:
+        return 1
     res = merge.merge([results.load(f) for f in folders], pool=names)
     res["argv"] = list(argv)
     runner.finish_outputs(res, out, plots=plots)
-    print(f"\nresults of {n} processes read together: {out}", file=sys.stderr)
-    return max(codes)
+    print(f"\nresults of {len(folders)} processes read together: {out}", file=sys.stderr)
+    return worst
 
 
 if __name__ == "__main__":   # pragma: no cover

@@ -52,6 +52,11 @@ LATE_TRIES = 4
 # queued late is still taken again.
 SPIN_HOST_FACTOR = 3.0
 SPIN_FLOOR_US = 40.0
+# ...and the host queues a sample only once the sample LAG_SAMPLES before it has ended: with a spin
+# longer than the host's queueing the GPU falls further behind with every sample, and a full launch
+# queue (about a thousand entries) would block the host inside a launch, which the host's queueing
+# time would then count (and the spin follow it back up).
+LAG_SAMPLES = 16
 
 
 def release_peer_memory():
@@ -572,7 +577,10 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     where time_calls would time one way's samples after the other's. cache "flush": one eager launch
     per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
     launches (K chosen per way), the graphs replayed in turns. Where capture fails, every way is
-    launched eagerly behind the spin kernel. On a CPU device: time_calls for each way in turn."""
+    launched eagerly behind the spin kernel. Single launches (cache "flush", samples not given) are
+    taken in rounds (timing.sample_rounds) until every way's median is known to +-cfg.flush_target,
+    the spin after the first round SPIN_HOST_FACTOR x the host's queueing and the host kept within
+    LAG_SAMPLES samples of the GPU. On a CPU device: time_calls for each way in turn."""
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
     import time
@@ -596,7 +604,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         flush = _torch_flush(cfg, torch) if cache == "flush" else None
-        spin = [spin_us]             # microseconds; shortened after the first round (SPIN_HOST_FACTOR)
+        spin = [spin_us]             # microseconds; shortened once, after the first round (SPIN_HOST_FACTOR)
         rounds = [0]                 # samples taken so far: which way goes first in the next
 
         def start():
@@ -606,18 +614,22 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
 
         def in_turns(queues, ks, samples, late):
             events = [[] for _ in queues]
+            ends = []                # flush mode: every sample's end event, in the order queued
             host = []                # how long the host took to queue each sample (spin, flush, events, work)
             for i in range(rounds[0], rounds[0] + samples):
                 for j in range(len(queues)):
                     w = (i + j) % len(queues)
+                    if flush is not None and len(ends) >= LAG_SAMPLES:
+                        ends[-LAG_SAMPLES].synchronize()
                     t0 = time.perf_counter()
                     events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
                                                    late[w]))
                     host.append(time.perf_counter() - t0)
-            rounds[0] += samples
-            if flush is not None:
+                    ends.append(events[w][-1][1])
+            if flush is not None and rounds[0] == 0:
                 p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
                 spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))
+            rounds[0] += samples
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs, k in zip(events, ks)]
 

@@ -58,12 +58,25 @@ _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "not
 _DERIVED = ("vs_", "check_", "t_")
 
 
+# the experiments --pool can read across runs: their records carry nothing derived from a time but
+# what _pooled recomputes (fused's ratios: _rederive); others (overhead's us_per_call, a1's means,
+# e7's share of the SM ceiling) would keep one run's value beside the pooled time
+POOLABLE = ("train", "peers", "fused", "rmse_grid")
+
+
 def _rederive(name: str, measurements: list):
     """What an experiment derives from its measurements as it measures, made again after pooling
     (fused's ratios to the other ways: f1_fused.rederive)."""
     if name == "fused":
         from .f1_fused import rederive
         rederive(measurements)
+
+
+def _pool_key(m: dict) -> tuple:
+    """The cell a measurement belongs to for --pool: _cell without the timing method's description,
+    which may differ between processes measuring the same cell (a way that failed in one, a graph
+    capture refused in another)."""
+    return tuple(kv for kv in _cell(m) if kv[0] != "method")
 
 
 def _cell(m: dict) -> tuple:
@@ -89,7 +102,8 @@ def _pooled(a: dict, b: dict) -> dict:
     distributions at equal weight (each run's _quantiles at the shortest run's count), so that its
     median lies between the runs' medians, with the matching time (time_s, pair_time_s...), stats,
     GB/s and % of peak recomputed; each run's own samples are kept under pooled_runs_samples_s and
-    the notes name the runs' medians. A single run's level moves by process (0-4% for a short
+    the notes keep every run's notes and name the runs' medians. Pooled pair_samples_s and
+    foreign_samples_s are each run's distributions, no longer sample-by-sample pairs. A single run's level moves by process (0-4% for a short
     single launch on the H200, BENCHMARKS.md 2026-11-27); across three the median holds better."""
     runs = {}
     for rec in (a, b):
@@ -117,9 +131,13 @@ def _pooled(a: dict, b: dict) -> dict:
                 out["pct_peak"] = b["pct_peak"] * gbs / b["gbs"]
             out["gbs"] = gbs
     medians = [statistics.median(x) for x in runs.get("samples_s", []) if x]
-    note = (f"read across {len(medians)} runs (each run's samples at equal weight); the runs' medians "
-            + ", ".join(f"{t * 1e6:.3f}" for t in medians) + " us")
-    kept = [n for n in str(b.get("notes") or "").split("; ") if n and not n.startswith("read across ")]
+    note = (f"read across {len(medians)} runs (each run's samples at equal weight, the runs' medians "
+            + ", ".join(f"{t * 1e6:.3f}" for t in medians) + " us)")
+    kept = []
+    for rec in (a, b):      # every run's notes once (a run's late samples are in the pool too)
+        for n in str(rec.get("notes") or "").split("; "):
+            if n and not n.startswith("read across ") and n not in kept:
+                kept.append(n)
     out["notes"] = "; ".join(kept + [note])
     return out
 
@@ -131,11 +149,12 @@ def _combine(a: dict, b: dict, pool: bool = False) -> dict:
     errors, the union of their parameters."""
     out = dict(a)
     later = list(b.get("measurements") or [])
+    key = _pool_key if pool else _cell
     if pool:
-        earlier = {_cell(m): m for m in (a.get("measurements") or [])}
-        later = [_pooled(earlier[_cell(m)], m) if _cell(m) in earlier else m for m in later]
-    again = {_cell(m) for m in later}
-    out["measurements"] = [m for m in (a.get("measurements") or []) if _cell(m) not in again] + later
+        earlier = {key(m): m for m in (a.get("measurements") or [])}
+        later = [_pooled(earlier[key(m)], m) if key(m) in earlier else m for m in later]
+    again = {key(m) for m in later}
+    out["measurements"] = [m for m in (a.get("measurements") or []) if key(m) not in again] + later
     for k in ("notes", "skipped", "errors"):
         out[k] = _union(list(a.get(k) or []), list(b.get(k) or []))
     out["params"] = _union(a.get("params") or {}, b.get("params") or {})
@@ -154,6 +173,10 @@ def merge(parts: list, combine=(), pool=()) -> dict:
     other experiment of a later part replaces the earlier one's."""
     if not parts:
         raise ValueError("merge needs at least one run")
+    cannot = [n for n in pool if n not in POOLABLE]
+    if cannot:
+        raise ValueError(f"--pool reads {', '.join(POOLABLE)} across runs, not {', '.join(cannot)} (records "
+                         f"with values derived from one run's time)")
     names = {p.get("device_name") for p in parts}
     if len(names) > 1:
         raise ValueError(f"the runs were measured on different devices: {', '.join(sorted(map(str, names)))}")

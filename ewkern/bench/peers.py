@@ -245,9 +245,14 @@ def run(ctx, xr):
     if nopdl:
         xr.note(f"'{EWKERN_NOPDL}': ewkern's auto kernels timed the same way with programmatic dependent "
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
-    xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
-            "another in an order that rotates by one from cell to cell, so whatever the cells before leave "
-            "behind does not always fall on the same one")
+    if in_turns:
+        xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
+                "turns (each sample takes every way once, the first rotating; single launches in rounds until "
+                "each median is known to +-0.25%); CuPy and after_torch's series one after another")
+    else:
+        xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
+                "another in an order that rotates by one from cell to cell, so whatever the cells before leave "
+                "behind does not always fall on the same one")
     xr.note("elementwise: after each release of the memory (each size and dtype) the first cell's ewkern series "
             "is timed once more before the cell and that timing thrown away: the first series after a release "
             "ran 15% slow at 2 GiB on both GPUs (fill), whichever implementation it was")

@@ -243,8 +243,9 @@ class ExperimentRun:
                                spin_us: float = frameworks.SPIN_US, **common) -> list:
         """measure_peer for several ways of one workload launched on torch's stream, timed in turns
         (frameworks.time_calls_in_turns): entries [(what, build, fields)], common: the fields they
-        share (a field impl_label names the record's impl, as measure_peer's does; default torch). A way whose build fails is skipped with its reason; if timing them together fails,
-        each is measured alone (measure_peer), so that one way's failure loses no other."""
+        share (a field impl_label names the record's impl, as measure_peer's does; default torch). A
+        way whose build fails is skipped with its reason; if timing them together fails, each is
+        measured alone (measure_peer), so that one way's failure loses no other."""
         built = []
         for what, build, fields in entries:
             try:

@@ -9,7 +9,8 @@ same inputs and incoming gradient g:
   torch eager      torch's own op (torch.nn.functional.gelu/silu, torch.exp, ...)
   torch.compile    torch.compile(torch's op), its forward and backward graphs by Inductor
 
-timed as the peers are (frameworks.time_calls) in two methods:
+timed as the peers are (frameworks.time_calls_in_turns; frameworks.time_calls with
+--no-train-in-turns) in two methods:
   back-to-back     K steps captured into one CUDA graph, inputs rotated through >= 4x the L2
   single           one eager step, L2 flushed, queued behind a sleep kernel
 and, for ewkern.torch and torch eager, the host-visible time of one step (events around one eager

@@ -20,13 +20,15 @@ Method (the same for every experiment, and mirrored for torch/CuPy in ``framewor
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import statistics
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["BenchError", "Skip", "TimingConfig", "Timing", "summarize", "time_ewkern",
+__all__ = ["BenchError", "Skip", "TimingConfig", "Timing", "summarize", "median_interval", "samples_wanted",
+           "sample_rounds", "time_ewkern",
            "choose_sets", "choose_launches", "available_memory", "cache_bytes", "CACHE_MODES",
            "ew", "core", "new_filled", "ew_op", "plan_elementwise", "plan_rmse", "BufferPool",
            "time_sequence", "kernel_info", "variants"]
@@ -72,6 +74,8 @@ def median_interval(samples, level: float = 0.90) -> tuple:
     normal approximation of the binomial): (low, high), the sample median's own values for n < 3."""
     xs = sorted(samples)
     n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one sample")
     if n < 3:
         m = statistics.median(xs)
         return m, m
@@ -83,7 +87,7 @@ def median_interval(samples, level: float = 0.90) -> tuple:
 def samples_wanted(samples, target: float, level: float = 0.90) -> int:
     """How many samples like these put the median's interval (median_interval) within +-target of
     it, by the interval's 1/sqrt(n) narrowing; len(samples) when it already is, or when it spans no
-    more than one step of the timer (the smallest gap between distinct values: a median of
+    more than one step of the timer (its ends are neighbouring values of the samples: a median of
     quantised times moves in such steps, and more samples cannot narrow it below one)."""
     n = len(samples)
     if n < 3 or not target > 0:
@@ -93,9 +97,10 @@ def samples_wanted(samples, target: float, level: float = 0.90) -> int:
     if not med > 0:
         return n
     steps = sorted(set(samples))
-    quantum = min((b - a for a, b in zip(steps, steps[1:])), default=0.0)
     width = (hi - lo) / 2 / med
-    if width <= target or hi - lo <= quantum:
+    # one step: no sample value lies strictly between the ends (the steps' float values are not
+    # evenly spaced, so a comparison with the smallest gap would miss by an ulp)
+    if width <= target or bisect.bisect_left(steps, hi) - bisect.bisect_left(steps, lo) <= 1:
         return n
     return math.ceil(n * (width / target) ** 2)
 
@@ -103,15 +108,18 @@ def samples_wanted(samples, target: float, level: float = 0.90) -> int:
 def sample_rounds(cfg: "TimingConfig", take, n: int, fixed: bool) -> list:
     """Single-launch samples in rounds: take(m) queues and times m more samples of each way (lists,
     one per way). The first round is n; unless fixed (or cfg.flush_target is 0), more rounds follow,
-    each at most 4x what the cell has, until samples_wanted is met for every way, cfg.flush_cap
-    samples or cfg.flush_budget_s of sampling."""
+    each bringing the total to at most 4x what it was, until samples_wanted is met for every way,
+    cfg.flush_cap samples or cfg.flush_budget_s of sampling (a round is cut to what the budget has
+    left at the last round's rate)."""
     import time
     t0 = time.perf_counter()
     per = [list(s) for s in take(n)]
     while not fixed and cfg.flush_target > 0:
         have = len(per[0])
-        want = min(cfg.flush_cap, 4 * have, max(samples_wanted(s, cfg.flush_target) for s in per))
-        if want <= have or time.perf_counter() - t0 > cfg.flush_budget_s:
+        spent = time.perf_counter() - t0
+        left = int((cfg.flush_budget_s - spent) / max(spent / max(have, 1), 1e-9))
+        want = min(cfg.flush_cap, 4 * have, have + left, max(samples_wanted(s, cfg.flush_target) for s in per))
+        if want <= have:
             break
         for s, more in zip(per, take(want - have)):
             s.extend(more)
@@ -176,9 +184,10 @@ class TimingConfig:
     min_sample_s: float = 0.5e-3
     samples: int = 21
     flush_samples: int = 50
-    # single launches (cache "flush") of the peer methods (frameworks): after flush_samples, more
-    # rounds until each median's 90% interval is within +-flush_target of it (or within one step of
-    # the timer's resolution), at most flush_cap samples or flush_budget_s of sampling; 0: fixed
+    # single launches (cache "flush") of ways timed in turns (frameworks.time_calls_in_turns): after
+    # flush_samples, more rounds until each median's 90% interval is within +-flush_target of it (or
+    # spans one step of the timer), at most flush_cap samples or about flush_budget_s of sampling;
+    # 0: flush_samples only. Ways timed one after another (time_calls) take flush_samples.
     flush_target: float = 0.0025
     flush_cap: int = 4000
     flush_budget_s: float = 1.5
