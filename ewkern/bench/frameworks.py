@@ -46,10 +46,9 @@ SPIN_US = 300.0
 LATE_TRIES = 4
 # Ways timed in turns, single launches: after the first round, each sample's spin lasts SPIN_HOST_FACTOR
 # x the 90th percentile of the times the host took to queue one of that round's samples (at least
-# SPIN_FLOOR_US, at most the spin asked for; the longest is a stray pause of the host's, 1-3 ms on
-# the H200's, where the percentile is 100-300 us for a training step), so that the many samples of
-# the adaptive rounds (timing.sample_rounds) cost their flush and call more than their spin; a sample
-# queued late is still taken again.
+# SPIN_FLOOR_US, at most the spin asked for; with the longest, train's spin stayed at its 3000 us on
+# the H200), so that the many samples of the adaptive rounds (timing.sample_rounds) cost their flush
+# and call more than their spin; a sample queued late is still taken again.
 SPIN_HOST_FACTOR = 3.0
 SPIN_FLOOR_US = 40.0
 # ...and the host queues a sample only once the sample LAG_SAMPLES before it has ended: with a spin
