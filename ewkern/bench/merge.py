@@ -103,8 +103,9 @@ def _pooled(a: dict, b: dict) -> dict:
     median lies between the runs' medians, with the matching time (time_s, pair_time_s...), stats,
     GB/s and % of peak recomputed; each run's own samples are kept under pooled_runs_samples_s and
     the notes keep every run's notes and name the runs' medians. Pooled pair_samples_s and
-    foreign_samples_s are each run's distributions, no longer sample-by-sample pairs. A single run's level moves by process (0-4% for a short
-    single launch on the H200, BENCHMARKS.md 2026-11-27); across three the median holds better."""
+    foreign_samples_s are each run's distributions, no longer sample-by-sample pairs. A single
+    run's level moves by process (0-4% for a short single launch on the H200, BENCHMARKS.md
+    2026-11-27); across three the median holds better."""
     runs = {}
     for rec in (a, b):
         own = rec.get(_RUNS) or {k: [v] for k, v in rec.items() if k.endswith("samples_s") and isinstance(v, list)}
