@@ -190,6 +190,8 @@ def test_train_times_forward_and_backward(tmp_path, in_turns):
     assert by["gelu"] == (2 + 3) * n * 4 and by["mul"] == (3 + 5) * n * 4 and by["rmse"] == 6 * n * 4
     assert all(m["time_s"] > 0 for m in exp["measurements"])
     assert "below 0.99 of torch eager" in (out / "summary.md").read_text()
+    assert ("A cell's ways were timed in turns" if in_turns else "A cell's ways were timed one after another") \
+        in (out / "summary.md").read_text()
 
 
 def test_c1_skips_cleanly_without_torch(tmp_path, monkeypatch):

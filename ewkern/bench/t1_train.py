@@ -347,7 +347,12 @@ def figures(results, exp):
 
 def summary(results, exp):
     ms = exp["measurements"]
-    text = []
+    how = ("A cell's ways were timed in turns (each sample takes every way once, the first rotating)"
+           if (exp.get("params") or {}).get("in_turns") else "A cell's ways were timed one after another")
+    runs = max((len((m.get("pooled_runs_samples_s") or {}).get("samples_s", [])) for m in ms), default=0)
+    if runs > 1:
+        how += f"; its cells are read across {runs} runs (bench.merge --pool)"
+    text = [how + "."]
     for method in dict.fromkeys(m.get("step_method") for m in ms):
         r = ratios(ms, method)
         rc = ratios(ms, method, base="torch.compile")
@@ -368,4 +373,4 @@ def summary(results, exp):
         text.append(f"### {METHOD_LABEL.get(method, method)}\n\n{len(below)} of {len(r)} cells below 0.99 of torch "
                     f"eager{spread_note(below, sure)}\n\n" +
                     md_table(["op", "dtype", "worst vs eager", "median vs eager", "worst vs compile", "by size"], rows))
-    return "\n\n".join(text)
+    return "\n\n".join(text) if len(text) > 1 else ""
