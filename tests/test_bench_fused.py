@@ -184,6 +184,7 @@ def test_fused_in_turns_on_a_fake_gpu(tmp_path, monkeypatch):
         ctx = runner.make_context(args, "cuda:0", info, out, False, "rotate")
         runner.precheck(ctx, ["fused"])
         assert runner.run(ctx, ["fused"], argv) == 0
+        assert ("were timed in turns" if extra else "were timed one after another") in (out / "summary.md").read_text()
         return bench.load(out)["experiments"]["fused"]
 
     for sub, extra in (("turns", ["--fused-in-turns"]), ("plain", [])):

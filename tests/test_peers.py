@@ -497,6 +497,8 @@ def test_peers_in_turns_on_a_fake_gpu(fake, monkeypatch, tmp_path):
         assert all(r["variant"] == ("torch" if impl == "torch" else "auto") for r in recs)
     per, _ = peers.method_cells(exp)
     assert all(v == pytest.approx(TORCH_US / 1.05) for v in per["single"]["ratios"].values())
+    assert "ewkern, its PDL-off series and torch (back-to-back and single launch) were timed in turns" in \
+        (out / "summary.md").read_text()
     (tmp_path / "plain").mkdir()
     code, _, plain = _fake_gpu_run(fake, monkeypatch, tmp_path / "plain", ["--peers-ops", "copy"])
     assert plain["experiments"]["peers"]["params"]["in_turns"] is False

@@ -170,3 +170,14 @@ def spread_note(below, sure):
             + (" (" + "; ".join(f"{k[-3]} {k[-2]} {fmt_bytes(k[-1])} {lo:.3f}-{hi:.3f}"
                                 for k, (lo, hi) in sure.items()) + ")" if sure else "") + ".")
 
+
+
+def how_timed(exp, ms, ways: str) -> str:
+    """A summary's sentence on how a cell's ways were timed: in turns (the experiment's in_turns
+    parameter) or one after another, and across how many runs its cells are read (merge --pool)."""
+    how = (f"{ways} were timed in turns (each sample takes every way once, the first rotating)"
+           if (exp.get("params") or {}).get("in_turns") else f"{ways} were timed one after another")
+    runs = max((len((m.get("pooled_runs_samples_s") or {}).get("samples_s", [])) for m in ms), default=0)
+    if runs > 1:
+        how += f"; the cells are read across {runs} runs (bench.merge --pool)"
+    return how + "."

@@ -63,7 +63,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .common import below_beyond_spread, md_table, sizes_arg, spread_note
+from .common import below_beyond_spread, how_timed, md_table, sizes_arg, spread_note
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
 
@@ -776,7 +776,7 @@ def summary(results, exp):
     base_text = ("the better of " if len(base) > 1 else "") + " and ".join(names.get(b, b) for b in base)
     eager = any(m.get("series") == "torch eager" for m in ms)
     labels = (exp.get("params") or {}).get("method_labels") or METHOD_LABEL
-    text = []
+    text = [how_timed(exp, ms, "A cell's ways on torch's stream (all but CuPy)")] if ms else []
     for launch in dict.fromkeys(m.get("launch") for m in ms):
         r = ratios(ms, launch)
         re_ = ratios(ms, launch, base="torch eager")

@@ -47,8 +47,8 @@ import math
 import statistics
 from functools import partial
 
-from .common import (below_beyond_spread, bars_figure, check_bytes, list_arg, md_table, median_ratio_interval,
-                     sizes_arg, spread_note, fmt_gbs)
+from .common import (below_beyond_spread, bars_figure, check_bytes, how_timed, list_arg, md_table,
+                     median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
@@ -625,6 +625,8 @@ def summary(results, exp):
         out.append("")
     ew = elementwise_summary(exp)
     if ew:
+        out.append(how_timed(exp, ms, "ewkern, its PDL-off series and torch (back-to-back and single launch)"))
+        out.append("")
         out.append(ew)
     rm = [m for m in ms if m["op"] == "rmse"]
     if rm:

@@ -39,7 +39,7 @@ import argparse
 import math
 import statistics
 
-from .common import below_beyond_spread, md_table, spread_note
+from .common import below_beyond_spread, how_timed, md_table, spread_note
 from .timing import Skip
 from .units import fmt_bytes
 
@@ -347,12 +347,7 @@ def figures(results, exp):
 
 def summary(results, exp):
     ms = exp["measurements"]
-    how = ("A cell's ways were timed in turns (each sample takes every way once, the first rotating)"
-           if (exp.get("params") or {}).get("in_turns") else "A cell's ways were timed one after another")
-    runs = max((len((m.get("pooled_runs_samples_s") or {}).get("samples_s", [])) for m in ms), default=0)
-    if runs > 1:
-        how += f"; its cells are read across {runs} runs (bench.merge --pool)"
-    text = [how + "."]
+    text = [how_timed(exp, ms, "A cell's ways")]
     for method in dict.fromkeys(m.get("step_method") for m in ms):
         r = ratios(ms, method)
         rc = ratios(ms, method, base="torch.compile")
