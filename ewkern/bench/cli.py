@@ -166,10 +166,11 @@ def main(argv=None) -> int:
     if args.processes < 1:
         return _fail("--processes must be at least 1")
     if args.processes > 1:
-        from .merge import POOLABLE
-        cannot = [n for n in names if n not in POOLABLE]
-        if cannot:
-            return _fail(f"--processes reads {', '.join(POOLABLE)} across processes, not {', '.join(cannot)}")
+        from .merge import check_poolable
+        try:
+            check_poolable(names, "--processes")
+        except ValueError as exc:
+            return _fail(str(exc))
     from . import runner
     if args.no_pdl:
         import ewkern

@@ -64,6 +64,14 @@ _DERIVED = ("vs_", "check_", "t_")
 POOLABLE = ("train", "peers", "fused", "rmse_grid")
 
 
+def check_poolable(names, flag: str = "--pool"):
+    """ValueError naming the experiments among names that cannot be read across runs."""
+    cannot = [n for n in names if n not in POOLABLE]
+    if cannot:
+        raise ValueError(f"{flag} reads {', '.join(POOLABLE)} across runs, not {', '.join(cannot)} (records "
+                         f"with values derived from one run's time)")
+
+
 def _rederive(name: str, measurements: list):
     """What an experiment derives from its measurements as it measures, made again after pooling
     (fused's ratios to the other ways: f1_fused.rederive)."""
@@ -153,7 +161,7 @@ def _combine(a: dict, b: dict, pool: bool = False) -> dict:
     key = _pool_key if pool else _cell
     if pool:
         earlier = {key(m): m for m in (a.get("measurements") or [])}
-        later = [_pooled(earlier[key(m)], m) if key(m) in earlier else m for m in later]
+        later = [_pooled(earlier[k], m) if (k := key(m)) in earlier else m for m in later]
     again = {key(m) for m in later}
     out["measurements"] = [m for m in (a.get("measurements") or []) if key(m) not in again] + later
     for k in ("notes", "skipped", "errors"):
@@ -174,10 +182,7 @@ def merge(parts: list, combine=(), pool=()) -> dict:
     other experiment of a later part replaces the earlier one's."""
     if not parts:
         raise ValueError("merge needs at least one run")
-    cannot = [n for n in pool if n not in POOLABLE]
-    if cannot:
-        raise ValueError(f"--pool reads {', '.join(POOLABLE)} across runs, not {', '.join(cannot)} (records "
-                         f"with values derived from one run's time)")
+    check_poolable(pool)
     names = {p.get("device_name") for p in parts}
     if len(names) > 1:
         raise ValueError(f"the runs were measured on different devices: {', '.join(sorted(map(str, names)))}")
