@@ -177,8 +177,27 @@ def test_train_times_forward_and_backward(tmp_path, in_turns):
     ways in turns (the default; on a CPU each way is timed alone: time_calls_in_turns) or not, the
     same records."""
     pytest.importorskip("torch")
-    code, out = run_main(tmp_path, "train", extra=[] if in_turns else ["--no-train-in-turns"])
+    from ewkern.bench import t1_train
+    steps = []   # (the way's function, its first input), inputs kept alive so none is a later one's
+    step = t1_train._step
+
+    def spy(torch, fn, ins, scalars, g):
+        steps.append((fn, ins[0]))
+        return step(torch, fn, ins, scalars, g)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(t1_train, "_step", spy)
+        code, out = run_main(tmp_path, "train", extra=[] if in_turns else ["--no-train-in-turns"])
     assert code == 0, (out / "summary.md").read_text()
+    # in turns both ways' k-th steps take the same inputs (frameworks.SharedSets); else each its own
+    users = []
+    for fn, x in steps:
+        for u in users:
+            if u[0] is x:
+                u[1].add(fn)
+                break
+        else:
+            users.append((x, {fn}))
+    assert users and all(len(fns) == (2 if in_turns else 1) for _, fns in users)
     exp = bench.load(out)["experiments"]["train"]
     assert exp["status"] == "ok", exp.get("reason")
     assert exp["params"]["in_turns"] is in_turns

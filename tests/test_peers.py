@@ -164,6 +164,31 @@ def test_ways_timed_in_turns_share_the_drift(fake, cache):
         assert ta.launches % ta.sets == 0 and ta.launches * ra["time_s"] >= 0.2e-3
 
 
+def test_shared_sets_give_every_way_its_kth_set_and_count_the_memory_once(fake):
+    """frameworks.SharedSets: each way's k-th call gets the k-th set, made once; time_calls_in_turns
+    with shared=True counts one way's sets against the memory budget, where ways of their own count
+    every way's."""
+    made = []
+
+    def make_set():
+        made.append(object())
+        return made[-1]
+    sets = frameworks.SharedSets(make_set)
+    a, b = sets.maker(lambda s: ("a", s)), sets.maker(lambda s: ("b", s))
+    a0, a1, b0, b1, b2 = a(), a(), b(), b(), b()
+    assert (a0, a1, b0, b1, b2) == (("a", made[0]), ("a", made[1]), ("b", made[0]), ("b", made[1]), ("b", made[2]))
+    assert len(made) == 3
+    n = 1 << 14
+    c = cfg()
+    c.memory_budget = 6 * n * 4              # one way's single set (flush: one set) fits, two do not
+    ways = [(sets.maker(lambda s: fake.kernel("a", 1.0 * US)), 4 * n * 4),
+            (sets.maker(lambda s: fake.kernel("b", 1.0 * US)), 4 * n * 4)]
+    with pytest.raises(frameworks.TogetherTooBig):
+        frameworks.time_calls_in_turns(c, ways, "flush")
+    ta, tb = frameworks.time_calls_in_turns(c, ways, "flush", shared=True)
+    assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01) and tb.sets == 1
+
+
 def test_ways_in_turns_keep_their_own_costs_and_fall_back_to_eager(fake):
     n = 1 << 14
     ways = [(lambda: fake.kernel("fast", 1.0 * US), 3 * n * 4), (lambda: fake.kernel("slow", 2.5 * US), 2 * n * 4)]
@@ -369,17 +394,29 @@ def test_bad_peers_options_are_refused_before_running(args, message, tmp_path, c
 def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
     """peers on 'cuda:0' with the fake torch: ewkern's kernels cost ewkern_cost, torch's TORCH_US,
     torch.mul FOREIGN_US."""
-    def ewkern_call(op, dtype, shape, device, **kw):
+    def maker(sets, way, make_call):
+        """make_call, or with shared sets one that records which set each of way's calls took"""
+        if sets is None:
+            return make_call
+        return sets.maker(lambda s: (fake.set_users.setdefault(s, []).append(way), make_call())[1])
+
+    def ewkern_call(op, dtype, shape, device, sets=None, **kw):
         n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
 
         def make_call():
             # PDL as a launch attribute: fixed when the kernel is launched (or captured)
             return lambda: fake.kernel("ewkern", ewkern_cost(ewkern.pdl_enabled()))()
-        return make_call, (nin + 1) * n * s, nin * n * s, n * s
+        return maker(sets, "ewkern", make_call), (nin + 1) * n * s, nin * n * s, n * s
 
-    def peer_call(impl, op, dtype, shape, device):
+    def peer_call(impl, op, dtype, shape, device, sets=None):
         n, s, nin = math.prod(shape), ITEMSIZE[dtype], frameworks._nin(op)
-        return (lambda: fake.kernel("torch", TORCH_US * US)), (nin + 1) * n * s, nin * n * s, n * s
+        return (maker(sets, impl, lambda: fake.kernel("torch", TORCH_US * US)), (nin + 1) * n * s, nin * n * s,
+                n * s)
+
+    class Set:   # a buffer set: its identity is what the test compares
+        pass
+    fake.set_users = {}
+    monkeypatch.setattr(peers, "torch_sets", lambda op, dtype, shape, device: frameworks.SharedSets(Set))
 
     def foreign(dtype, shape, device):
         return (lambda: fake.kernel("mul", FOREIGN_US * US)), 3 * math.prod(shape) * ITEMSIZE[dtype]
@@ -497,6 +534,11 @@ def test_peers_in_turns_on_a_fake_gpu(fake, monkeypatch, tmp_path):
         assert all(r["variant"] == ("torch" if impl == "torch" else "auto") for r in recs)
     per, _ = peers.method_cells(exp)
     assert all(v == pytest.approx(TORCH_US / 1.05) for v in per["single"]["ratios"].values())
+    # every set made was taken by each of the three ways alike (the PDL-off way's calls are made by
+    # ewkern's build; a cell timed twice, its first series thrown away, takes its sets twice): their
+    # k-th calls on the same buffers
+    assert fake.set_users and all(u.count("torch") >= 1 and u.count("ewkern") == 2 * u.count("torch")
+                                  and len(u) == 3 * u.count("torch") for u in fake.set_users.values())
     assert "ewkern, its PDL-off series and torch (back-to-back and single launch) were timed in turns" in \
         (out / "summary.md").read_text()
     (tmp_path / "plain").mkdir()

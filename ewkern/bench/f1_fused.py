@@ -442,9 +442,35 @@ class _Kernels:
         return self._made[key]
 
 
-def _way(ctx, way, cell: Cell, kernels: _Kernels):
+def _buffers(ctx, fw, cell: Cell):
+    """(arrays, empties) of a cell in framework fw: arrays() -> the inputs (random, each call the
+    next seeds), empties() -> (out, temporaries)."""
+    from . import frameworks
+    dev = ctx.device
+    seeds = iter(range(10 ** 9))
+
+    def arrays():
+        s = next(seeds) * 8
+        return [_randn(fw, cell.shape, d, dev, s + k) for k, d in enumerate(cell.in_dtypes)]
+
+    def empties():
+        out = frameworks._empty(fw, cell.out_shape, cell.out_dtype, dev)
+        return out, [frameworks._empty(fw, s, d, dev) for s, d in cell.tmp]
+    return arrays, empties
+
+
+def shared_sets(ctx, cell: Cell):
+    """frameworks.SharedSets of (inputs, out, temporaries) as torch tensors: the buffers that the
+    ways on torch's stream share when timed in turns (--fused-in-turns)."""
+    from . import frameworks
+    arrays, empties = _buffers(ctx, "torch", cell)
+    return frameworks.SharedSets(lambda: (arrays(), *empties()))
+
+
+def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
     """(fw, impl timed by frameworks.time_calls, make_set); make_set() -> (inputs, call), call()
-    returning the result. Skip when the way cannot run this cell."""
+    returning the result. Skip when the way cannot run this cell. shared (shared_sets): the sets a
+    way on torch tensors takes its buffers from, the k-th make_set() the k-th set."""
     from . import frameworks
     dev = ctx.device
     gpu = ctx.is_gpu
@@ -468,38 +494,26 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels):
             frameworks._cupy_dtype(d)
         elif fw == "numpy":
             frameworks._numpy_dtype(d)
-    seeds = iter(range(10 ** 9))
-
-    def arrays():
-        s = next(seeds) * 8
-        return [_randn(fw, cell.shape, d, dev, s + k) for k, d in enumerate(cell.in_dtypes)]
-
-    def empties():
-        out = frameworks._empty(fw, cell.out_shape, cell.out_dtype, dev)
-        return out, [frameworks._empty(fw, s, d, dev) for s, d in cell.tmp]
-
+    arrays, empties = _buffers(ctx, fw, cell)
+    writes = True   # the call writes into out (and temporaries); else it returns a new result
     if way in ("ewkern", "ewkern 2k", "cupy"):
         own = way == "ewkern" and bool(cell.expr.own)
         ks = kernels.get(importlib.import_module(way.split()[0]), cell, own)
         f = _kernel_call(name, own)
 
-        def make_set():
-            ins = arrays()
-            out, tmp = empties()
-            return ins, lambda: f(ks, ins, out, tmp)
+        def bind(ins, out, tmp):
+            return lambda: f(ks, ins, out, tmp)
     elif way == "ewkern.add":
         import ewkern
 
-        def make_set():
-            ins = arrays()
-            out, _ = empties()
-            return ins, lambda: ewkern.add(ins[0], ins[1], out=out)
+        def bind(ins, out, tmp):
+            return lambda: ewkern.add(ins[0], ins[1], out=out)
     elif way == "numpy":
         fn = _numpy_fn(name, cell.dtype)
+        writes = False
 
-        def make_set():
-            ins = arrays()
-            return ins, lambda: fn(*ins)
+        def bind(ins, out, tmp):
+            return lambda: fn(*ins)
     else:
         import torch
         fn = _torch_fn(torch, name)
@@ -509,15 +523,19 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels):
             torch._dynamo.reset()
             cfn = torch.compile(lambda *a: a[-1].copy_(fn(*a[:-1])), dynamic=False)
 
-        if way == "torch.compile":
-            def make_set():
-                ins = arrays()
-                out, _ = empties()
-                return ins, lambda: cfn(*ins, out)
+            def bind(ins, out, tmp):
+                return lambda: cfn(*ins, out)
         else:
-            def make_set():
-                ins = arrays()
-                return ins, lambda: fn(*ins)
+            writes = False
+
+            def bind(ins, out, tmp):
+                return lambda: fn(*ins)
+    if shared is not None and fw == "torch":
+        return fw, impl, shared.maker(lambda io: (io[0], bind(*io)))
+
+    def make_set():
+        ins = arrays()
+        return ins, bind(ins, *(empties() if writes else (None, None)))
     return fw, impl, make_set
 
 
@@ -525,13 +543,14 @@ def _ways_for(cell: Cell, ways):
     return [w for w in ways if (w != "ewkern.add" or cell.expr.name == "add") and (w != "ewkern 2k" or cell.expr.own)]
 
 
-def _prepare(ctx, xr, way, cell, kernels):
-    """The way's (impl, make_set) after one checked call; None when skipped or wrong (recorded)."""
+def _prepare(ctx, xr, way, cell, kernels, shared=None):
+    """The way's (impl, make_set) after one checked call; None when skipped or wrong (recorded).
+    shared: as _way takes it."""
     from . import frameworks
     what = f"{cell.label()} {way}"
     ours = way in ("ewkern", "ewkern 2k", "ewkern.add")
     try:
-        fw, impl, make_set = _way(ctx, way, cell, kernels)
+        fw, impl, make_set = _way(ctx, way, cell, kernels, shared)
         ins, call = make_set()
         out = call()
         _sync(fw, ctx.device)
@@ -607,8 +626,10 @@ def run(ctx, xr):
                       in_dtypes=",".join(cell.in_dtypes), out_dtype=cell.out_dtype, shape=list(cell.shape),
                       n=cell.n, size_bytes=cell.size_bytes)
         together = []   # (way, build, fields): the ways on torch's stream, timed in turns (--fused-in-turns)
+        # in turns, on the same buffers (frameworks.SharedSets: where a set lies moves a short launch)
+        shared = shared_sets(ctx, cell) if in_turns else None
         for way in _ways_for(cell, ways):
-            got = _prepare(ctx, xr, way, cell, kernels)
+            got = _prepare(ctx, xr, way, cell, kernels, shared)
             if got is None:
                 continue
             impl, make_set, checked, worst = got
@@ -628,7 +649,7 @@ def run(ctx, xr):
             got = xr.measure_peers_in_turns(
                 entries=[(f"{cell.label()} {way} {method}", build, dict(fields, impl_label=way))
                          for way, build, fields in together],
-                cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, **common)
+                cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, shared=True, **common)
             for rec in got:
                 if rec is not None:
                     recs[(rec["series"], method)] = rec

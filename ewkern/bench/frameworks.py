@@ -30,8 +30,8 @@ from .timing import (FLUSH_FACTOR, BenchError, Skip, Timing, TimingConfig, choos
                      sample_rounds)
 from .units import ITEMSIZE
 
-__all__ = ["available", "versions", "time_calls", "elementwise_call", "rmse_call", "PEER_OPS", "PEER_STANDINS",
-           "op_inputs",
+__all__ = ["available", "versions", "time_calls", "time_calls_in_turns", "SharedSets", "elementwise_call",
+           "rmse_call", "PEER_OPS", "PEER_STANDINS", "op_inputs",
            "RMSE_PEERS", "ewkern_in_torch_call", "EWKERN_GRAPH",
            "EWKERN_NOPDL", "pdl_off", "pdl_active", "release_peer_memory", "FOREIGN", "foreign_call"]
 
@@ -325,8 +325,9 @@ def op_inputs(impl: str, op: str, shape, dtype: str, device: str) -> list:
     return out
 
 
-def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
-    """(make_call, set_bytes, bytes_read, bytes_written) for op in a peer framework."""
+def elementwise_call(impl: str, op: str, dtype: str, shape, device: str, *, sets: SharedSets | None = None):
+    """(make_call, set_bytes, bytes_read, bytes_written) for op in a peer framework; sets: buffer
+    sets (inputs, output) shared with other ways (torch_sets), for impl torch only."""
     if op not in PEER_OPS:
         raise Skip(f"no {impl} equivalent of {op}")
     why = available(impl, device)
@@ -346,12 +347,23 @@ def elementwise_call(impl: str, op: str, dtype: str, shape, device: str):
     except Exception as exc:
         raise Skip(f"{impl} {op} does not take {dtype}: {type(exc).__name__}: {exc}") from None
 
-    def make_call():
-        ins = op_inputs(impl, op, shape, dtype, device)
-        out = _empty(impl, shape, dtype, device)
-        return lambda: fn(ins, out)
-
+    if sets is not None:
+        if impl != "torch":
+            raise ValueError(f"shared buffer sets are torch tensors, not {impl}'s")
+        make_call = sets.maker(lambda io: lambda: fn(io[0], io[1]))
+    else:
+        def make_call():
+            ins = op_inputs(impl, op, shape, dtype, device)
+            out = _empty(impl, shape, dtype, device)
+            return lambda: fn(ins, out)
     return make_call, (nin + 1) * n * s, nin * n * s, n * s
+
+
+def torch_sets(op: str, dtype: str, shape, device: str) -> SharedSets:
+    """SharedSets of op's torch inputs (op_inputs) and output, for ewkern_in_torch_call and
+    elementwise_call("torch", ...) timed in turns on the same buffers."""
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+    return SharedSets(lambda: (op_inputs("torch", op, shape, dtype, device), _empty("torch", shape, dtype, device)))
 
 
 RMSE_PEERS = ("torch eager", "torch vector_norm", "torch.compile", "cupy ReductionKernel", "numpy")
@@ -440,11 +452,12 @@ def rmse_call(peer: str, shape, dtype: str, device: str, axis: int, *, out_items
     return make_call, 2 * n * s, 2 * n * s, batches * out_itemsize
 
 
-def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
+def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None, sets: SharedSets | None = None):
     """ewkern's op (variant auto) on torch tensors, so it can be timed exactly as torch is.
 
     ewkern launches on torch's current stream for torch inputs, so the calls are captured into
-    the same kind of CUDA graph as the torch peer's. op "rmse" takes axis (None: batch-first)."""
+    the same kind of CUDA graph as the torch peer's. op "rmse" takes axis (None: batch-first).
+    sets: buffer sets (inputs, output) shared with other ways (torch_sets; not for rmse)."""
     why = available("torch", device)
     if why:
         raise Skip(why)
@@ -453,6 +466,8 @@ def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
     n = math.prod(shape)
     s = ITEMSIZE[dtype]
     if op == "rmse":
+        if sets is not None:
+            raise ValueError("rmse's calls make their own buffers: no shared sets")
         batches = n // (shape[0] if axis == 0 else math.prod(shape[1:]))
         rmse = ew().rmse
 
@@ -468,13 +483,17 @@ def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None):
     fn, nin, nsc = ew_op(op)
     scalars = (1.0, 0.5)[:nsc]
 
-    def make_call():
-        ins = op_inputs("torch", op, shape, dtype, device)
-        out = _empty("torch", shape, dtype, device)
+    def bind(io):
+        ins, out = io
         if op == "fill":
             return lambda: fn(out, *scalars)
         return lambda: fn(*ins, *scalars, out=out)
 
+    if sets is not None:
+        make_call = sets.maker(bind)
+    else:
+        def make_call():
+            return bind((op_inputs("torch", op, shape, dtype, device), _empty("torch", shape, dtype, device)))
     return make_call, (nin + 1) * n * s, nin * n * s, n * s
 
 
@@ -567,8 +586,34 @@ class TogetherTooBig(Exception):
     """time_calls_in_turns: the ways' buffer sets together exceed the memory budget."""
 
 
+class SharedSets:
+    """Buffer sets that the ways of one cell share when they are timed in turns: the k-th call a
+    way makes (its k-th make_call()) works on the k-th set, the same set every other way's k-th
+    call gets. Where a set's buffers lie moves a short launch: on the H200, in one process and in
+    turns, ewkern's and torch's copy and exp at 1 MiB in float32 read 0.99-1.01 on the same buffers
+    and 0.92-1.10 on buffers of their own, and `peers` timed in turns on buffers of each way's own
+    moved its 1-4 MiB single-launch ratios by up to 0.3 between processes (BENCHMARKS.md, 2026-11-27).
+    make_set() -> one set (made when a way first asks for it, kept while this object lives)."""
+
+    def __init__(self, make_set):
+        self._make_set = make_set
+        self._sets = []
+
+    def maker(self, bind):
+        """make_call for one way: each call of it takes the way's next set s and returns bind(s)."""
+        taken = [0]
+
+        def make_call():
+            k = taken[0]
+            if k == len(self._sets):
+                self._sets.append(self._make_set())
+            taken[0] += 1
+            return bind(self._sets[k])
+        return make_call
+
+
 def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | None = None,
-                        spin_us: float = SPIN_US) -> list:
+                        spin_us: float = SPIN_US, shared: bool = False) -> list:
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
     current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
     the run takes each way once, the first way of sample i rotating by i, so that what drifts over
@@ -579,7 +624,9 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     launched eagerly behind the spin kernel. Single launches (cache "flush", samples not given) are
     taken in rounds (timing.sample_rounds) until every way's median is known to +-cfg.flush_target,
     the spin after the first round SPIN_HOST_FACTOR x the host's queueing and the host kept within
-    LAG_SAMPLES samples of the GPU. On a CPU device: time_calls for each way in turn."""
+    LAG_SAMPLES samples of the GPU. shared: the ways' make_calls share their buffer sets
+    (SharedSets), so the memory they need together is one way's. On a CPU device: time_calls for
+    each way in turn."""
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
     import time
@@ -587,7 +634,8 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
     plans = [choose_sets(cfg, cache, sb) for _, sb in ways]
     try:
-        cfg.check_fits(sum(ns * sb for (ns, _), (_, sb) in zip(plans, ways)), "these measurements together")
+        need = [ns * sb for (ns, _), (_, sb) in zip(plans, ways)]
+        cfg.check_fits(max(need) if shared else sum(need), "these measurements together")
     except BenchError as exc:   # each may still fit alone: the caller times them one after another
         raise TogetherTooBig(str(exc)) from None
     calls = [[mc() for _ in range(ns)] for (mc, _), (ns, _) in zip(ways, plans)]

@@ -32,7 +32,9 @@ launch (frameworks.time_calls_in_turns: each sample takes every way once, single
 in rounds until each median is known to +-0.25%), not one series after another: timed one after
 another, a single-launch cell's ratio moved by -2.5% to +3.1% between runs of 50 samples (H100,
 5th-95th percentile), and by up to 10% at 1-16 MiB on the H200 when each series was sampled
-longer (BENCHMARKS.md, 2026-11-27). after_torch and CuPy are timed as before.
+longer (BENCHMARKS.md, 2026-11-27). In turns every way's k-th call works on the same buffers
+(frameworks.SharedSets): on buffers of their own, where each set lay moved a 1 MiB single launch by
+up to 10% within one process on the H200. after_torch and CuPy are timed as before.
 
 RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
 (reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
@@ -50,7 +52,7 @@ from functools import partial
 from .common import (below_beyond_spread, bars_figure, check_bytes, how_timed, list_arg, md_table,
                      median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
-                         elementwise_call, ewkern_in_torch_call, foreign_call,
+                         elementwise_call, ewkern_in_torch_call, foreign_call, torch_sets,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
@@ -248,7 +250,8 @@ def run(ctx, xr):
     if in_turns:
         xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
                 "turns (each sample takes every way once, the first rotating; single launches in rounds until "
-                "each median is known to +-0.25%); CuPy and after_torch's series one after another")
+                "each median is known to +-0.25%) on the same buffers; CuPy and after_torch's series one after "
+                "another")
     else:
         xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
                 "another in an order that rotates by one from cell to cell, so whatever the cells before leave "
@@ -309,16 +312,19 @@ def run(ctx, xr):
                               if method == "after_torch" else None)
                     series = []   # one call per timed series, run in an order that rotates by cell
                     if in_turns and method in IN_TURNS:
-                        # ewkern, ewkern with PDL off and torch: one series of samples taken in turns
-                        build_ew = partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device)
+                        # ewkern, ewkern with PDL off and torch: one series of samples taken in
+                        # turns, every way's k-th call on the same buffers (SharedSets)
+                        sets = torch_sets(op, dtype, (n,), ctx.device)
+                        build_ew = partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device, sets=sets)
                         entries = [(f"ewkern {tag}", build_ew, {"impl_label": "ewkern"})]
                         if nopdl:
                             entries.append((f"{EWKERN_NOPDL} {tag}", _build_without_pdl(build_ew),
                                             {"impl_label": EWKERN_NOPDL}))
                         if "torch" in live:
                             entries.append((f"torch {tag}", partial(elementwise_call, "torch", op, dtype, (n,),
-                                                                     ctx.device), {"impl_label": "torch", "variant": "torch"}))
-                        series.append(partial(xr.measure_peers_in_turns, entries=entries, cache=cache,
+                                                                     ctx.device, sets=sets),
+                                            {"impl_label": "torch", "variant": "torch"}))
+                        series.append(partial(xr.measure_peers_in_turns, entries=entries, cache=cache, shared=True,
                                               **{"variant": "auto", **common}))
                     elif gpu_torch:
                         # ewkern on torch tensors, timed by the torch peer's code

@@ -240,12 +240,13 @@ class ExperimentRun:
         return rec
 
     def measure_peers_in_turns(self, *, entries, cache: str, samples: int | None = None,
-                               spin_us: float = frameworks.SPIN_US, **common) -> list:
+                               spin_us: float = frameworks.SPIN_US, shared: bool = False, **common) -> list:
         """measure_peer for several ways of one workload launched on torch's stream, timed in turns
         (frameworks.time_calls_in_turns): entries [(what, build, fields)], common: the fields they
         share (a field impl_label names the record's impl, as measure_peer's does; default torch). A
         way whose build fails is skipped with its reason; if timing them together fails, each is
-        measured alone (measure_peer), so that one way's failure loses no other."""
+        measured alone (measure_peer), so that one way's failure loses no other. shared: the ways
+        share their buffer sets (frameworks.SharedSets), as time_calls_in_turns takes it."""
         built = []
         for what, build, fields in entries:
             try:
@@ -261,7 +262,7 @@ class ExperimentRun:
         timings = None
         try:
             timings = frameworks.time_calls_in_turns(self.ctx.cfg, [(b[0], b[1]) for _, b, _ in built], cache,
-                                                     samples=samples, spin_us=spin_us)
+                                                     samples=samples, spin_us=spin_us, shared=shared)
         except (BenchError, KeyboardInterrupt):
             raise
         except Exception:

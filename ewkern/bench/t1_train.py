@@ -38,8 +38,10 @@ import argparse
 
 import math
 import statistics
+from functools import partial
 
 from .common import below_beyond_spread, how_timed, md_table, spread_note
+from .frameworks import SharedSets
 from .timing import Skip
 from .units import fmt_bytes
 
@@ -147,6 +149,14 @@ def _make_inputs(torch, op, shape, dtype, device):
     return ins
 
 
+def _step_set(torch, op, shape, dtype, device, scalars):
+    """One step's inputs (requiring grad) and incoming gradient g, shaped as torch's result."""
+    ins = _make_inputs(torch, op, shape, dtype, device)
+    with torch.no_grad():
+        y = _torch_fn(torch, op)(*ins, *scalars)
+    return ins, torch.randn_like(y)
+
+
 def _ways(ctx, torch, op):
     import ewkern.torch as ewt
     want = ctx.opt("train_ways") or list(WAYS)
@@ -247,13 +257,18 @@ def run(ctx, xr):
         nbytes = step_bytes(op, n, itemsize)
         nin = 2 if op in BINARY or op in ("rmse", "rmsnorm") else 1
         turns = []    # (method, what, build, fields) timed in turns after the ways' own loop
+        # timed in turns, every way's k-th step takes the same inputs and incoming gradient
+        # (frameworks.SharedSets): where a set's buffers lie moved one short kernel by up to 10%
+        sets = SharedSets(partial(_step_set, torch, op, shape, dtype, dev, sc)) if in_turns else None
         for way, fn in _ways(ctx, torch, op).items():
             def build(fn=fn):
-                def make_call():
-                    ins = _make_inputs(torch, op, shape, dtype, dev)
+                def bind(ins_g):
+                    ins, g = ins_g
                     y = fn(*ins, *sc)
-                    g = torch.randn_like(y)
-                    return _step(torch, fn, ins, sc, g)
+                    return _step(torch, fn, ins, sc, g if (g.shape, g.dtype) == (y.shape, y.dtype)
+                                 else g.to(y.dtype).reshape(y.shape))
+                make_call = sets.maker(bind) if sets is not None else (
+                    lambda: bind(_step_set(torch, op, shape, dtype, dev, sc)))
                 return make_call, (nin * 3 + 2) * size, nbytes, 0
             for method in methods:
                 if method == "host" and (way == "torch.compile" or not ctx.is_gpu):
@@ -266,7 +281,8 @@ def run(ctx, xr):
                     _measure(ctx, xr, torch, what, build, method, fields)
         for method in dict.fromkeys(m for m, *_ in turns):   # each timed method once, in order
             xr.measure_peers_in_turns(entries=[(w, b, f) for m, w, b, f in turns if m == method],
-                                      cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US)
+                                      cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US,
+                                      shared=True)
         bar.step(f"{op} {dtype} {fmt_bytes(size)}")
     _mlp(ctx, xr, torch, methods)
     bar.close()
