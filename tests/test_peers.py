@@ -583,3 +583,18 @@ def test_ratio_intervals_tell_a_real_gap_from_the_samples_spread():
     line = next(l for l in text.splitlines() if l.startswith("Cells below 0.99 (ewkern, single)"))
     assert line.startswith("Cells below 0.99 (ewkern, single): 2, 1 of them with the 90% bootstrap interval")
     assert "copy float32 1 MiB" in line and "add float32" not in line
+
+
+def test_flush_rounds_is_opt_in(tmp_path):
+    """Single launches in turns take a fixed flush_samples unless --flush-rounds asks for rounds;
+    --quick and --samples keep them fixed either way."""
+    from ewkern.bench.timing import ROUNDS_TARGET
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+
+    def target(*argv, quick=False):
+        args = cli.build_parser().parse_args(["peers", *argv])
+        return runner.make_context(args, "cuda:0", info, tmp_path, quick, "rotate").cfg.flush_target
+    assert target() == 0.0 and TimingConfig().flush_target == 0.0
+    assert target("--flush-rounds") == ROUNDS_TARGET > 0
+    assert target("--flush-rounds", "--samples", "9") == 0.0
+    assert target("--flush-rounds", quick=True) == 0.0

@@ -35,8 +35,8 @@ timed as the peers are (frameworks.time_calls) in two methods:
   back-to-back    K calls captured into one CUDA graph, inputs rotated through >= 4x the L2
   single          one eager call, L2 flushed, queued behind a sleep kernel
 --fused-in-turns times the ways on torch's stream (all but CuPy) in turns, each sample taking every
-way once and single launches sampled in rounds until each median is known to +-0.25%
-(frameworks.time_calls_in_turns), not one way's samples after another's.
+way once, on the same buffers (frameworks.time_calls_in_turns, SharedSets), not one way's samples
+after another's.
 Outputs are preallocated per input set and written by ewkern, CuPy and torch.compile alike. Where
 a result is allocated in a captured graph, the allocator hands every call the block the previous
 call freed: one output that stays in L2 while the inputs rotate, which the others' rotated outputs

@@ -621,10 +621,10 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     where time_calls would time one way's samples after the other's. cache "flush": one eager launch
     per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
     launches (K chosen per way), the graphs replayed in turns. Where capture fails, every way is
-    launched eagerly behind the spin kernel. Single launches (cache "flush", samples not given) are
-    taken in rounds (timing.sample_rounds) until every way's median is known to +-cfg.flush_target,
-    the spin after the first round SPIN_HOST_FACTOR x the host's queueing and the host kept within
-    LAG_SAMPLES samples of the GPU. shared: the ways' make_calls share their buffer sets
+    launched eagerly behind the spin kernel. The host is kept within LAG_SAMPLES samples of the GPU.
+    With cfg.flush_target > 0 (--flush-rounds), single launches (cache "flush", samples not given)
+    are taken in rounds (timing.sample_rounds) until every way's median is known to
+    +-cfg.flush_target, the spin after the first round SPIN_HOST_FACTOR x the host's queueing. shared: the ways' make_calls share their buffer sets
     (SharedSets), so the memory they need together is one way's. On a CPU device: time_calls for
     each way in turn."""
     if cfg.is_cpu:

@@ -28,13 +28,13 @@ each op's domain for both. ewkern is also timed with programmatic dependent laun
 (--peers-no-pdl-off leaves that series out everywhere). CuPy is timed back-to-back only. The
 summary lists the worst ewkern / torch ratio per op and method and every cell below 1.00.
 --peers-in-turns times ewkern, ewkern with PDL off and torch in turns in back-to-back and single
-launch (frameworks.time_calls_in_turns: each sample takes every way once, single launches sampled
-in rounds until each median is known to +-0.25%), not one series after another: timed one after
-another, a single-launch cell's ratio moved by -2.5% to +3.1% between runs of 50 samples (H100,
-5th-95th percentile), and by up to 10% at 1-16 MiB on the H200 when each series was sampled
-longer (BENCHMARKS.md, 2026-11-27). In turns every way's k-th call works on the same buffers
-(frameworks.SharedSets): on buffers of their own, where each set lay moved a 1 MiB single launch by
-up to 10% within one process on the H200. after_torch and CuPy are timed as before.
+launch (frameworks.time_calls_in_turns: each sample takes every way once, the first rotating), not
+one series after another, every way's k-th call on the same buffers (frameworks.SharedSets: on
+buffers of their own, where each set lay moved a 1 MiB single launch by up to 10% within one
+process on the H200). after_torch and CuPy are timed as before. On the H200 both forms gave the
+same cell within 0.011-0.016 (median) between processes at 50 samples, but differ from each other
+by up to 0.1 in some 1-16 MiB cells (BENCHMARKS.md, 2026-11-27); one after another stays the
+default, in which the committed matrices were measured.
 
 RMSE (float32) on 16x2^20, 16x3*2^20, 1024x4096, 8x2^24, 65536x64 and the batch-last 2^20x16
 (reduced over the leading axis), against torch eager sqrt(((a-b)**2).mean(dim)),
@@ -249,9 +249,8 @@ def run(ctx, xr):
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
     if in_turns:
         xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
-                "turns (each sample takes every way once, the first rotating; single launches in rounds until "
-                "each median is known to +-0.25%) on the same buffers; CuPy and after_torch's series one after "
-                "another")
+                "turns (each sample takes every way once, the first rotating) on the same buffers; CuPy and "
+                "after_torch's series one after another")
     else:
         xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
                 "another in an order that rotates by one from cell to cell, so whatever the cells before leave "

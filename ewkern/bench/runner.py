@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import frameworks, registry, results as _results
-from .timing import (BenchError, Skip, Timing, TimingConfig, available_memory, cache_bytes,
+from .timing import (ROUNDS_TARGET, BenchError, Skip, Timing, TimingConfig, available_memory, cache_bytes,
                      plan_elementwise, time_ewkern, ew)
 
 __all__ = ["Context", "ExperimentRun", "run", "CONVENTIONS"]
@@ -520,6 +520,8 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True):
 
 def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: str) -> Context:
     cfg = TimingConfig(device=device, cache_bytes=getattr(args, "cache_bytes", None) or cache_bytes(device, info))
+    if getattr(args, "flush_rounds", False):
+        cfg.flush_target = ROUNDS_TARGET
     if quick:
         cfg.samples, cfg.flush_samples, cfg.flush_target = 7, 15, 0.0
     if getattr(args, "samples", None):

@@ -17,9 +17,10 @@ and, for ewkern.torch and torch eager, the host-visible time of one step (events
 step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` sees when the GPU
 waits for the host). A cell's ways are timed in turns (frameworks.time_calls_in_turns: each sample
 takes every way once, the first rotating), so that what drifts over the seconds a cell takes falls
-on every way alike; single steps are sampled in rounds until each median is known to +-0.25%
-(timing.sample_rounds). One way after another (--no-train-in-turns), single steps of one short
-kernel moved 2-14% between runs on the H200; in turns, 0-4% (BENCHMARKS.md, 2026-11-27).
+on every way alike, and every way's k-th step takes the same inputs and incoming gradient
+(frameworks.SharedSets). Sampled longer (--flush-rounds: single steps in rounds until each median
+is known to +-0.25%), single steps of one short kernel moved 2-14% between processes on the H200
+(BENCHMARKS.md, 2026-11-27).
 
 Beyond ewkern's own ops, "rmsnorm" is a user kernel in training: an ewkern.RowKernel
 (y = x * rsqrt(mean(x^2) + eps) * w over rows of 4096) made a custom op by ewkern.torch.kernel_op,

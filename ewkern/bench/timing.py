@@ -105,6 +105,9 @@ def samples_wanted(samples, target: float, level: float = 0.90) -> int:
     return math.ceil(n * (width / target) ** 2)
 
 
+ROUNDS_TARGET = 0.0025   # TimingConfig.flush_target under --flush-rounds
+
+
 def sample_rounds(cfg: "TimingConfig", take, n: int, fixed: bool) -> list:
     """Single-launch samples in rounds: take(m) queues and times m more samples of each way (lists,
     one per way). The first round is n; unless fixed (or cfg.flush_target is 0), more rounds follow,
@@ -184,11 +187,15 @@ class TimingConfig:
     min_sample_s: float = 0.5e-3
     samples: int = 21
     flush_samples: int = 50
-    # single launches (cache "flush") of ways timed in turns (frameworks.time_calls_in_turns): after
-    # flush_samples, more rounds until each median's 90% interval is within +-flush_target of it (or
-    # spans one step of the timer), at most flush_cap samples or about flush_budget_s of sampling;
-    # 0: flush_samples only. Ways timed one after another (time_calls) take flush_samples.
-    flush_target: float = 0.0025
+    # single launches (cache "flush") of ways timed in turns (frameworks.time_calls_in_turns): with
+    # flush_target > 0 (--flush-rounds: ROUNDS_TARGET), after flush_samples more rounds until each
+    # median's 90% interval is within +-flush_target of it (or spans one step of the timer), at most
+    # flush_cap samples or about flush_budget_s of sampling; 0 (the default): flush_samples only. Off
+    # by default: on the H200 (2026-11-27) peers' single launches at 1-64 MiB (copy, add, exp, silu;
+    # float32, float16) timed in turns in rounds moved by a median 0.09 between processes (up to 0.25,
+    # each way's whole distribution shifted), against 0.016 with 50 samples in turns and 0.011 with 50
+    # one way after another. Ways timed one after another (time_calls) take flush_samples.
+    flush_target: float = 0.0
     flush_cap: int = 4000
     flush_budget_s: float = 1.5
     warmup: int = 2
