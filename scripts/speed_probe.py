@@ -53,6 +53,13 @@
         torch X / ewkern Y), as the harness compares buffers of their own. PROBE_METHODS=single,b2b
         (b2b: each way rotates through the same list of sets). PROBE_TURNS=1: the five ways timed in
         turns (frameworks.time_calls_in_turns), not one after another.
+    python scripts/speed_probe.py inherit OP DTYPE SIZE[,SIZE...] [ROUNDS]
+        what does a single launch inherit from the kernels before it? Per size, ROUNDS (default 3)
+        rounds on one shared buffer set (frameworks.SharedSets): torch / ewkern single-launch
+        ratios timed one way after another (ewkern first, then torch first: "seq"), in turns
+        rotating (a b, b a: "rotate"), always in one order ("alternate"), in runs of 8 ("runs"),
+        alternating with a torch.mul on buffers of its own after each sample ("alt+mul"), and
+        ewkern against itself alternating ("ew/ew", the control: 1.00).
 """
 import math
 import re
@@ -587,6 +594,46 @@ def placement(op, dtype, sizes, rounds=4):
                   f"{fmt(cross)} | PDL off, same {fmt(off)}", flush=True)
 
 
+def inherit(op, dtype, sizes, rounds=3):
+    """Single launches of ewkern's op and torch's in the orders that the docstring lists."""
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    for size in sizes:
+        n = size // ITEMSIZE[dtype]
+        got = {}
+        for r in range(rounds):
+            sets = frameworks.torch_sets(op, dtype, (n,), "cuda:0")
+            set_b = frameworks.ewkern_in_torch_call(op, dtype, (n,), "cuda:0", sets=sets)[1]
+
+            def way(impl):
+                """a fresh make_call of impl: its first call takes the round's one set (set 0)"""
+                if impl == "ew":
+                    return frameworks.ewkern_in_torch_call(op, dtype, (n,), "cuda:0", sets=sets)[0], set_b
+                return frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0", sets=sets)[0], set_b
+
+            def pair(a, b, **kw):
+                ta, tb = frameworks.time_calls_in_turns(cfg, [way(a), way(b)], "flush", shared=True, **kw)
+                return median_s(tb) / median_s(ta)
+            mul = frameworks.foreign_call(dtype, (n,), "cuda:0")[0]()
+            t = {}
+            order = ["ew", "torch"] if r % 2 == 0 else ["torch", "ew"]
+            seq = {impl: median_s(frameworks.time_calls(cfg, "torch", way(impl)[0], set_b, "flush"))
+                   for impl in order}
+            t["seq"] = seq["torch"] / seq["ew"]
+            for o in frameworks.ORDERS:
+                t[o] = pair("ew", "torch", order=o)
+            t["alt+mul"] = pair("ew", "torch", order="alternate", between=mul)
+            t["ew/ew"] = pair("ew", "ew", order="alternate")
+            print(f"{op} {dtype} {size >> 20} MiB round {r}: " + " ".join(f"{k} {v:.3f}" for k, v in t.items()),
+                  flush=True)
+            for k, v in t.items():
+                got.setdefault(k, []).append(v)
+            sets = mul = None
+            frameworks.release_peer_memory()
+        print(f"== {op} {dtype} {size >> 20} MiB: " + " | ".join(
+            f"{k} {sorted(v)[len(v) // 2]:.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in got.items()), flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
@@ -609,6 +656,9 @@ if __name__ == "__main__":
     elif cmd == "cold":
         cold(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
              int(sys.argv[5]) if len(sys.argv) > 5 else 3)
+    elif cmd == "inherit":
+        inherit(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
+                int(sys.argv[5]) if len(sys.argv) > 5 else 3)
     elif cmd == "placement":
         placement(sys.argv[2], sys.argv[3], [parse_bytes(x) for x in sys.argv[4].split(",")],
                   int(sys.argv[5]) if len(sys.argv) > 5 else 4)

@@ -189,6 +189,28 @@ def test_shared_sets_give_every_way_its_kth_set_and_count_the_memory_once(fake):
     assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01) and tb.sets == 1
 
 
+@pytest.mark.parametrize("order", frameworks.ORDERS)
+def test_ways_in_turns_in_each_order(fake, order):
+    """time_calls_in_turns' orders (rotate: a b, b a, ...; alternate: a b, a b, ...; runs: RUN_LENGTH
+    of a, then of b) and a call between samples, single launches: the timed kernels run in that
+    order, the other kernel after each, every way's samples its own cost; a wrong order is refused."""
+    n = 1 << 14
+    ways = [(lambda: fake.kernel("a", 1.0 * US), 3 * n * 4), (lambda: fake.kernel("b", 2.0 * US), 3 * n * 4)]
+    ta, tb = frameworks.time_calls_in_turns(cfg(samples=16), ways, "flush", order=order,
+                                            between=fake.kernel("x", 0.5 * US))
+    ran = [t for t in fake.ran if t in ("a", "b", "x")][-64:]
+    assert ran[1::2] == ["x"] * 32
+    want = {"rotate": ["a", "b", "b", "a"] * 8, "alternate": ["a", "b"] * 16,
+            "runs": (["a"] * frameworks.RUN_LENGTH + ["b"] * frameworks.RUN_LENGTH) * 2}[order]
+    assert ran[0::2] == want
+    assert len(ta.samples_s) == len(tb.samples_s) == 16
+    assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01)
+    assert tb.record()["time_s"] == pytest.approx(2.0 * US, rel=0.01)
+    assert "another kernel after each sample" in ta.method
+    with pytest.raises(ValueError, match="order must be one of"):
+        frameworks.time_calls_in_turns(cfg(), ways, "flush", order="shuffle")
+
+
 def test_ways_in_turns_keep_their_own_costs_and_fall_back_to_eager(fake):
     n = 1 << 14
     ways = [(lambda: fake.kernel("fast", 1.0 * US), 3 * n * 4), (lambda: fake.kernel("slow", 2.5 * US), 2 * n * 4)]

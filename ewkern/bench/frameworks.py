@@ -612,8 +612,25 @@ class SharedSets:
         return make_call
 
 
+ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples
+RUN_LENGTH = 8                              # order "runs": a way's samples in runs of this many
+
+
+def _turn(order: str, i: int, j: int, nways: int) -> int:
+    """Which way the j-th launch of sample i times: "rotate" (the default) a b, b a, a b, ...;
+    "alternate" a b, a b, ...; "runs" RUN_LENGTH samples of a, then of b, ..."""
+    if order == "rotate":
+        return (i + j) % nways
+    if order == "alternate":
+        return j
+    if order == "runs":
+        return ((i * nways + j) // RUN_LENGTH) % nways
+    raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
+
+
 def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | None = None,
-                        spin_us: float = SPIN_US, shared: bool = False) -> list:
+                        spin_us: float = SPIN_US, shared: bool = False, order: str = "rotate",
+                        between=None) -> list:
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
     current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
     the run takes each way once, the first way of sample i rotating by i, so that what drifts over
@@ -625,8 +642,11 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     With cfg.flush_target > 0 (--flush-rounds), single launches (cache "flush", samples not given)
     are taken in rounds (timing.sample_rounds) until every way's median is known to
     +-cfg.flush_target, the spin after the first round SPIN_HOST_FACTOR x the host's queueing. shared: the ways' make_calls share their buffer sets
-    (SharedSets), so the memory they need together is one way's. On a CPU device: time_calls for
-    each way in turn."""
+    (SharedSets), so the memory they need together is one way's. order (ORDERS, _turn) and
+    between (a call queued, untimed, after every sample: another kernel between one sample and
+    the next spin) are for probing what a launch inherits from the kernels before it. On a CPU
+    device: time_calls for each way in turn."""
+    _turn(order, 0, 0, 1)
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
     import time
@@ -665,7 +685,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             host = []                # how long the host took to queue each sample (spin, flush, events, work)
             for i in range(rounds[0], rounds[0] + samples):
                 for j in range(len(queues)):
-                    w = (i + j) % len(queues)
+                    w = _turn(order, i, j, len(queues))
                     if flush is not None and len(ends) >= LAG_SAMPLES:
                         ends[-LAG_SAMPLES].synchronize()
                     t0 = time.perf_counter()
@@ -673,6 +693,8 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                                                    late[w]))
                     host.append(time.perf_counter() - t0)
                     ends.append(events[w][-1][1])
+                    if between is not None:
+                        between()
             if flush is not None and rounds[0] == 0:
                 p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
                 spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))
@@ -693,7 +715,10 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                     cs[i % len(cs)]()
             return launch
 
-        turns = f"{len(ways)} ways in turns, the first rotating"
+        turns = f"{len(ways)} ways in turns, " + {"rotate": "the first rotating", "alternate": "in one order",
+                                                  "runs": f"in runs of {RUN_LENGTH} samples"}[order]
+        if between is not None:
+            turns += ", another kernel after each sample"
         try:
             if cache == "flush":
                 raise _Eager("flush mode: one eager launch per sample behind the spin kernel")
