@@ -221,5 +221,8 @@ def test_ways_in_turns_share_their_buffers(monkeypatch):
     (t0, d0), (t1, _) = sets["torch eager"]
     assert all(x is y for x, y in zip(e0 + e1, t0 + t1)) and e0[0] is not e1[0]
     assert torch.allclose(c0(), d0(), rtol=1e-6, atol=1e-6)
+    # each measurement's fresh maker starts again at the first set: no more sets are made
+    again = f1_fused._way(ctx, "ewkern", cell, kernels, shared)[2].fresh()
+    assert all(x is y for x, y in zip(again()[0] + again()[0], e0 + e1)) and len(shared._sets) == 2
     _, _, own = f1_fused._way(ctx, "torch eager", cell, kernels)
     assert not any(x is y for x, y in zip(own()[0], e0))

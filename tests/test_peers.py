@@ -186,7 +186,8 @@ def test_shared_sets_give_every_way_its_kth_set_and_count_the_memory_once(fake):
     with pytest.raises(frameworks.TogetherTooBig):
         frameworks.time_calls_in_turns(c, ways, "flush")
     ta, tb = frameworks.time_calls_in_turns(c, ways, "flush", shared=True)
-    assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01) and tb.sets == 1
+    assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01)
+    assert tb.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01)
 
 
 @pytest.mark.parametrize("order", frameworks.ORDERS)
@@ -209,6 +210,10 @@ def test_ways_in_turns_in_each_order(fake, order):
     assert "another kernel after each sample" in ta.method
     with pytest.raises(ValueError, match="order must be one of"):
         frameworks.time_calls_in_turns(cfg(), ways, "flush", order="shuffle")
+    # any number of samples: each way exactly that many, in the order's pattern
+    for n, nways in ((50, 2), (21, 3), (1, 2)):
+        plan = frameworks._schedule(order, 7, n, nways)
+        assert [plan.count(w) for w in range(nways)] == [n] * nways
 
 
 def test_ways_in_turns_keep_their_own_costs_and_fall_back_to_eager(fake):

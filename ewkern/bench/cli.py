@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-rounds", action="store_true",
                    help="single launches of ways timed in turns: sample in rounds until each median is known "
                         "to +-0.25%% (at most 4000 samples or about 1.5 s a cell) instead of a fixed 50; the "
-                        "medians moved more between processes that way on the H200 (BENCHMARKS.md, 2026-11-27)")
+                        "medians moved more between processes that way on the H200 (BENCHMARKS.md, 2026-11-27); "
+                        "no effect with --quick or --samples")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")
     p.add_argument("--no-pdl", action="store_true",

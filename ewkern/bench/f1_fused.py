@@ -470,7 +470,8 @@ def shared_sets(ctx, cell: Cell):
 def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
     """(fw, impl timed by frameworks.time_calls, make_set); make_set() -> (inputs, call), call()
     returning the result. Skip when the way cannot run this cell. shared (shared_sets): the sets a
-    way on torch tensors takes its buffers from, the k-th make_set() the k-th set."""
+    way on torch tensors takes its buffers from, the k-th make_set() the k-th set; make_set.fresh()
+    then gives another make_set that starts again at the first set."""
     from . import frameworks
     dev = ctx.device
     gpu = ctx.is_gpu
@@ -531,7 +532,12 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
             def bind(ins, out, tmp):
                 return lambda: fn(*ins)
     if shared is not None and fw == "torch":
-        return fw, impl, shared.maker(lambda io: (io[0], bind(*io)))
+        def fresh():
+            """a make_set whose first call takes the shared first set again"""
+            made = shared.maker(lambda io: (io[0], bind(*io)))
+            made.fresh = fresh
+            return made
+        return fw, impl, fresh()
 
     def make_set():
         ins = arrays()
@@ -635,7 +641,9 @@ def run(ctx, xr):
             impl, make_set, checked, worst = got
 
             def build(make_set=make_set):
-                return (lambda: make_set()[1]), cell.set_bytes, cell.bytes_read, cell.bytes_written
+                # on shared sets a fresh maker for every measurement, each starting at the first set
+                ms = make_set.fresh() if hasattr(make_set, "fresh") else make_set
+                return (lambda: ms()[1]), cell.set_bytes, cell.bytes_read, cell.bytes_written
             fields = dict(series=way, check_elements=checked, check_max_err_over_tol=worst)
             if in_turns and impl.startswith("torch"):
                 together.append((way, build, fields))

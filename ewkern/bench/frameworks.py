@@ -612,19 +612,21 @@ class SharedSets:
         return make_call
 
 
-ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples
+ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples (_schedule)
 RUN_LENGTH = 8                              # order "runs": a way's samples in runs of this many
 
 
-def _turn(order: str, i: int, j: int, nways: int) -> int:
-    """Which way the j-th launch of sample i times: "rotate" (the default) a b, b a, a b, ...;
-    "alternate" a b, a b, ...; "runs" RUN_LENGTH samples of a, then of b, ..."""
+def _schedule(order: str, first: int, samples: int, nways: int) -> list:
+    """The ways' launches of samples first .. first + samples - 1, each way exactly samples times:
+    "rotate" (the default) a b, b a, a b, ... (sample i's first way rotating by i); "alternate" a b,
+    a b, ...; "runs" RUN_LENGTH samples of a, then as many of b, ... (the last run shorter)."""
     if order == "rotate":
-        return (i + j) % nways
+        return [(i + j) % nways for i in range(first, first + samples) for j in range(nways)]
     if order == "alternate":
-        return j
+        return list(range(nways)) * samples
     if order == "runs":
-        return ((i * nways + j) // RUN_LENGTH) % nways
+        return [w for r in range(0, samples, RUN_LENGTH) for w in range(nways)
+                for _ in range(min(RUN_LENGTH, samples - r))]
     raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
 
 
@@ -633,20 +635,21 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                         between=None) -> list:
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
     current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
-    the run takes each way once, the first way of sample i rotating by i, so that what drifts over
-    the seconds a cell takes (clocks, temperature, the memory's state) falls on every way alike,
-    where time_calls would time one way's samples after the other's. cache "flush": one eager launch
+    the run takes each way once (by default the first way of sample i rotating by i; order, below),
+    so that what drifts over the seconds a cell takes (clocks, temperature, the memory's state)
+    falls on every way alike, where time_calls would time one way's samples after the other's. cache "flush": one eager launch
     per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
     launches (K chosen per way), the graphs replayed in turns. Where capture fails, every way is
     launched eagerly behind the spin kernel. The host is kept within LAG_SAMPLES samples of the GPU.
     With cfg.flush_target > 0 (--flush-rounds), single launches (cache "flush", samples not given)
     are taken in rounds (timing.sample_rounds) until every way's median is known to
-    +-cfg.flush_target, the spin after the first round SPIN_HOST_FACTOR x the host's queueing. shared: the ways' make_calls share their buffer sets
-    (SharedSets), so the memory they need together is one way's. order (ORDERS, _turn) and
-    between (a call queued, untimed, after every sample: another kernel between one sample and
-    the next spin) are for probing what a launch inherits from the kernels before it. On a CPU
-    device: time_calls for each way in turn."""
-    _turn(order, 0, 0, 1)
+    +-cfg.flush_target, the spin after the first round SPIN_HOST_FACTOR x the host's queueing.
+    shared: the ways' make_calls share their buffer sets (SharedSets: fresh makers, each way's k-th
+    call on the k-th set), so the memory they need together is one way's. order (ORDERS, _schedule)
+    and between (a call queued, untimed, after every sample, before the next sample's spin and
+    flush) are for probing what a launch inherits from the kernels before it. On a CPU device:
+    time_calls for each way in turn (order and between do not apply)."""
+    _schedule(order, 0, 0, 1)
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
     import time
@@ -683,18 +686,16 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             events = [[] for _ in queues]
             ends = []                # flush mode: every sample's end event, in the order queued
             host = []                # how long the host took to queue each sample (spin, flush, events, work)
-            for i in range(rounds[0], rounds[0] + samples):
-                for j in range(len(queues)):
-                    w = _turn(order, i, j, len(queues))
-                    if flush is not None and len(ends) >= LAG_SAMPLES:
-                        ends[-LAG_SAMPLES].synchronize()
-                    t0 = time.perf_counter()
-                    events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
-                                                   late[w]))
-                    host.append(time.perf_counter() - t0)
-                    ends.append(events[w][-1][1])
-                    if between is not None:
-                        between()
+            for w in _schedule(order, rounds[0], samples, len(queues)):
+                if flush is not None and len(ends) >= LAG_SAMPLES:
+                    ends[-LAG_SAMPLES].synchronize()
+                t0 = time.perf_counter()
+                events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
+                                               late[w]))
+                host.append(time.perf_counter() - t0)
+                ends.append(events[w][-1][1])
+                if between is not None:
+                    between()
             if flush is not None and rounds[0] == 0:
                 p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
                 spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))

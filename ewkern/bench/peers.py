@@ -369,6 +369,9 @@ def run(ctx, xr):
                     first = cell % len(series)
                     for timed in series[first:] + series[:first]:
                         timed()
+                    # the in-turns ways' shared buffers go with the cell (not kept through the next
+                    # series, the release below or the RMSE part)
+                    series = sets = build_ew = entries = None
                     cell += 1
             pool.clear()
             release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB

@@ -247,10 +247,10 @@ class ExperimentRun:
         way whose build fails is skipped with its reason; if timing them together fails, each is
         measured alone (measure_peer), so that one way's failure loses no other. shared: the ways
         share their buffer sets (frameworks.SharedSets), as time_calls_in_turns takes it."""
-        built = []
+        built = []   # (what, build(), fields, build)
         for what, build, fields in entries:
             try:
-                built.append((what, build(), fields))
+                built.append((what, build(), fields, build))
             except Skip as exc:
                 self.skip(what, str(exc))
             except (BenchError, KeyboardInterrupt):
@@ -261,17 +261,19 @@ class ExperimentRun:
             return []
         timings = None
         try:
-            timings = frameworks.time_calls_in_turns(self.ctx.cfg, [(b[0], b[1]) for _, b, _ in built], cache,
+            timings = frameworks.time_calls_in_turns(self.ctx.cfg, [(b[0], b[1]) for _, b, _, _ in built], cache,
                                                      samples=samples, spin_us=spin_us, shared=shared)
         except (BenchError, KeyboardInterrupt):
             raise
         except Exception:
             pass   # timed alone below, outside this block: its traceback would keep the ways' buffers alive
         if timings is None:
-            return [self.measure_peer(what=what, impl="torch", build=lambda b=b: b, cache=cache, samples=samples,
-                                      spin_us=spin_us, **{**common, **fields}) for what, b, fields in built]
+            # each way built again: shared sets' makers start again at the first set
+            built = [(what, build, fields) for what, _, fields, build in built]
+            return [self.measure_peer(what=what, impl="torch", build=build, cache=cache, samples=samples,
+                                      spin_us=spin_us, **{**common, **fields}) for what, build, fields in built]
         recs = []
-        for (what, (_, _, br, bw), fields), timing in zip(built, timings):
+        for (what, (_, _, br, bw), fields, _), timing in zip(built, timings):
             own = dict(fields)
             rec = self._finish(timing, {"impl": own.pop("impl_label", "torch"), **common, **own}, br, bw)
             if not self._discard:

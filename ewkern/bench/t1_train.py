@@ -18,9 +18,10 @@ step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` 
 waits for the host). A cell's ways are timed in turns (frameworks.time_calls_in_turns: each sample
 takes every way once, the first rotating), so that what drifts over the seconds a cell takes falls
 on every way alike, and every way's k-th step takes the same inputs and incoming gradient
-(frameworks.SharedSets). Sampled longer (--flush-rounds: single steps in rounds until each median
-is known to +-0.25%), single steps of one short kernel moved 2-14% between processes on the H200
-(BENCHMARKS.md, 2026-11-27).
+(frameworks.SharedSets). One way after another and sampled in rounds (--no-train-in-turns
+--flush-rounds), single steps of one short kernel moved 2-14% between processes on the H200;
+sampled in rounds in turns, `peers`' single launches moved by a median 0.09 between processes,
+against 0.016 at the default 50 samples (BENCHMARKS.md, 2026-11-27).
 
 Beyond ewkern's own ops, "rmsnorm" is a user kernel in training: an ewkern.RowKernel
 (y = x * rsqrt(mean(x^2) + eps) * w over rows of 4096) made a custom op by ewkern.torch.kernel_op,
@@ -285,6 +286,7 @@ def run(ctx, xr):
                                       cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US,
                                       shared=True)
         bar.step(f"{op} {dtype} {fmt_bytes(size)}")
+        sets = turns = None   # the cell's shared inputs go with it
     _mlp(ctx, xr, torch, methods)
     bar.close()
 
