@@ -58,8 +58,15 @@
         rounds on one shared buffer set (frameworks.SharedSets): torch / ewkern single-launch
         ratios timed one way after another (ewkern first, then torch first: "seq"), in turns
         rotating (a b, b a: "rotate"), always in one order ("alternate"), in runs of 8 ("runs"),
-        alternating with a torch.mul on buffers of its own after each sample ("alt+mul"), and
-        ewkern against itself alternating ("ew/ew", the control: 1.00).
+        alternating with a torch.mul on buffers of its own after each sample ("alt+mul") or an
+        event recorded after each (more commands a sample, no kernel: "alt+event"), rotating
+        and alternating with the host waiting for each sample before it queues the next ("rotate
+        lag1", "alt lag1"; LAG_SAMPLES 1), one after another and rotating with a flush of 4x the
+        L2 ("seq flush4x", "rotate flush4x"), and ewkern against itself alternating ("ew/ew", the
+        control: 1.00). Each form also prints both ways' median microseconds over each phase of
+        four of their samples: on the H200 (2026-11-27), one after another with the 2x read
+        flush, the four phases sat 0, +0.35, +0.35 and +1.1 us apart at 1 MiB in every series
+        (some phase first), and under "rotate" which phases fell to which way changed by process.
 """
 import math
 import re
@@ -598,6 +605,20 @@ def inherit(op, dtype, sizes, rounds=3):
     """Single launches of ewkern's op and torch's in the orders that the docstring lists."""
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    # the same with a read flush of 4x the L2 instead of 2x: do lines that survive a 2x flush (the
+    # kernels' code, their parameters) make the two halves?
+    cfg4 = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]), flush_factor=4)
+    lag = frameworks.LAG_SAMPLES
+
+    def us(v):
+        return f"{sorted(v)[len(v) // 2] * 1e6:.2f}"
+
+    def halves(v):
+        """a way's median over each phase of four of its samples (0, 4, 8, ...; 1, 5, 9, ...): on
+        the H200 one after another with a 2x flush they sat 0, +0.35, +0.35 and +1.1 us apart at
+        1 MiB (some phase first); under "rotate" a way's even and odd samples also differ in
+        where the way sits in its sample and in which way ran before it"""
+        return "/".join(us(v[k::4]) for k in range(4))
     for size in sizes:
         n = size // ITEMSIZE[dtype]
         got = {}
@@ -610,27 +631,37 @@ def inherit(op, dtype, sizes, rounds=3):
                 if impl == "ew":
                     return frameworks.ewkern_in_torch_call(op, dtype, (n,), "cuda:0", sets=sets)[0], set_b
                 return frameworks.elementwise_call("torch", op, dtype, (n,), "cuda:0", sets=sets)[0], set_b
-
-            def pair(a, b, **kw):
-                ta, tb = frameworks.time_calls_in_turns(cfg, [way(a), way(b)], "flush", shared=True, **kw)
-                return median_s(tb) / median_s(ta)
             mul = frameworks.foreign_call(dtype, (n,), "cuda:0")[0]()
-            t = {}
+            forms = {}   # form -> (samples of a, samples of b)
             order = ["ew", "torch"] if r % 2 == 0 else ["torch", "ew"]
-            seq = {impl: median_s(frameworks.time_calls(cfg, "torch", way(impl)[0], set_b, "flush"))
-                   for impl in order}
-            t["seq"] = seq["torch"] / seq["ew"]
-            for o in frameworks.ORDERS:
-                t[o] = pair("ew", "torch", order=o)
-            t["alt+mul"] = pair("ew", "torch", order="alternate", between=mul)
-            t["ew/ew"] = pair("ew", "ew", order="alternate")
-            print(f"{op} {dtype} {size >> 20} MiB round {r}: " + " ".join(f"{k} {v:.3f}" for k, v in t.items()),
-                  flush=True)
-            for k, v in t.items():
-                got.setdefault(k, []).append(v)
+            for name, c in (("seq", cfg), ("seq flush4x", cfg4)):
+                seq = {impl: frameworks.time_calls(c, "torch", way(impl)[0], set_b, "flush").samples_s
+                       for impl in order}
+                forms[name] = (seq["ew"], seq["torch"])
+            for name, a, b, kw, lag_now, c in (
+                    [(o, "ew", "torch", dict(order=o), lag, cfg) for o in frameworks.ORDERS]
+                    + [("rotate flush4x", "ew", "torch", dict(order="rotate"), lag, cfg4),
+                       ("alt+mul", "ew", "torch", dict(order="alternate", between=mul), lag, cfg),
+                       ("alt+event", "ew", "torch", dict(order="alternate", between=lambda: torch.cuda.Event().record()),
+                        lag, cfg),
+                       ("rotate lag1", "ew", "torch", dict(order="rotate"), 1, cfg),
+                       ("alt lag1", "ew", "torch", dict(order="alternate"), 1, cfg),
+                       ("ew/ew", "ew", "ew", dict(order="alternate"), lag, cfg)]):
+                frameworks.LAG_SAMPLES = lag_now
+                try:
+                    ta, tb = frameworks.time_calls_in_turns(c, [way(a), way(b)], "flush", shared=True, **kw)
+                finally:
+                    frameworks.LAG_SAMPLES = lag
+                forms[name] = (ta.samples_s, tb.samples_s)
+            line = []
+            for name, (a, b) in forms.items():
+                ratio = sorted(b)[len(b) // 2] / sorted(a)[len(a) // 2]
+                got.setdefault(name, []).append(ratio)
+                line.append(f"{name} {ratio:.3f} (us {halves(a)} | {halves(b)})")
+            print(f"{op} {dtype} {size >> 20} MiB round {r}: " + "; ".join(line), flush=True)
             sets = mul = None
             frameworks.release_peer_memory()
-        print(f"== {op} {dtype} {size >> 20} MiB: " + " | ".join(
+        print(f"== {op} {dtype} {size >> 20} MiB, torch / ewkern: " + " | ".join(
             f"{k} {sorted(v)[len(v) // 2]:.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in got.items()), flush=True)
 
 

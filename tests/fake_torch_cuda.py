@@ -50,8 +50,12 @@ class _Graph:
 
 
 class _Flush:
-    def __init__(self, fake):
+    def __init__(self, fake, n=0):
         self.fake = fake
+        self.n = n
+
+    def numel(self):
+        return self.n
 
     def sum(self):
         self.fake.launch("flush", 0.0)
@@ -131,7 +135,7 @@ class FakeTorch:
         return device
 
     def empty(self, n, dtype=None, device=None):
-        return _Flush(self)
+        return _Flush(self, n)
 
     def launch(self, tag, cost):
         """Run a kernel now: advance the clock by its cost after the previous kernel (and by the

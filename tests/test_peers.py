@@ -138,10 +138,14 @@ def _drifting(fake, tag, base_us, rate):
 @pytest.mark.parametrize("cache", ["flush", "rotate"])
 def test_ways_timed_in_turns_share_the_drift(fake, cache):
     """Two ways of equal cost on a GPU that slows as it runs (about 10% over a whole measurement):
-    timed one after the other the second reads several % slower; in turns (each sample taking both,
-    the first rotating) within 1%."""
+    timed one after the other the second reads several % slower; in turns (graphs: each sample
+    taking both, the first rotating; single launches: runs of RUN_LENGTH, the first way of each
+    block of runs rotating) within 1%."""
     n = 1 << 14
-    c = cfg(samples=21)
+    # single launches: whole blocks of runs (a b, b a), as a steep drift needs (one block cut
+    # short leaves one way up to a run's drift behind)
+    nsamp = 4 * frameworks.RUN_LENGTH if cache == "flush" else 21
+    c = cfg(samples=nsamp)
     rate = 2000.0 if cache == "flush" else 10.0      # the run: ~50 us of kernels, or ~10 ms
     a = frameworks.time_calls(c, "torch", _drifting(fake, "a", 1.0, rate), 3 * n * 4, cache).record()["time_s"]
     b = frameworks.time_calls(c, "torch", _drifting(fake, "b", 1.0, rate), 3 * n * 4, cache).record()["time_s"]
@@ -152,13 +156,14 @@ def test_ways_timed_in_turns_share_the_drift(fake, cache):
                                                 (_drifting(fake, "b", 1.0, rate), 3 * n * 4)], cache)
     ra, rb = ta.record(), tb.record()
     assert rb["time_s"] / ra["time_s"] == pytest.approx(1.0, abs=0.01)
-    assert len(ra["samples_s"]) == len(rb["samples_s"]) == 21
+    assert len(ra["samples_s"]) == len(rb["samples_s"]) == nsamp
     assert "2 ways in turns" in ta.method and ta.method == tb.method
     if cache == "flush":
         assert ta.launches == tb.launches == 1 and "flush" in ta.method and "eager" in ta.method
-        # the timed kernels alternate, the first way of a sample rotating: a b, b a, a b, ...
-        timed = [t for t in fake.ran if t in ("a", "b")][-42:]
-        assert timed[:6] == ["a", "b", "b", "a", "a", "b"]
+        # runs of RUN_LENGTH, a then b, then b then a, ...
+        timed = [t for t in fake.ran if t in ("a", "b")][-2 * nsamp:]
+        r = frameworks.RUN_LENGTH
+        assert timed[:4 * r] == ["a"] * r + ["b"] * r + ["b"] * r + ["a"] * r
     else:
         assert "CUDA graphs" in ta.method and ta.sets == math.ceil(4 * (1 << 20) / (3 * n * 4))
         assert ta.launches % ta.sets == 0 and ta.launches * ra["time_s"] >= 0.2e-3
@@ -201,8 +206,9 @@ def test_ways_in_turns_in_each_order(fake, order):
                                             between=fake.kernel("x", 0.5 * US))
     ran = [t for t in fake.ran if t in ("a", "b", "x")][-64:]
     assert ran[1::2] == ["x"] * 32
+    r = frameworks.RUN_LENGTH
     want = {"rotate": ["a", "b", "b", "a"] * 8, "alternate": ["a", "b"] * 16,
-            "runs": (["a"] * frameworks.RUN_LENGTH + ["b"] * frameworks.RUN_LENGTH) * 2}[order]
+            "runs": ["a"] * r + ["b"] * r + ["b"] * r + ["a"] * r}[order]
     assert ran[0::2] == want
     assert len(ta.samples_s) == len(tb.samples_s) == 16
     assert ta.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01)
@@ -610,6 +616,25 @@ def test_ratio_intervals_tell_a_real_gap_from_the_samples_spread():
     line = next(l for l in text.splitlines() if l.startswith("Cells below 0.99 (ewkern, single)"))
     assert line.startswith("Cells below 0.99 (ewkern, single): 2, 1 of them with the 90% bootstrap interval")
     assert "copy float32 1 MiB" in line and "add float32" not in line
+
+
+def test_flush_factor_sizes_every_flush_buffer(fake, tmp_path):
+    """--flush-factor N: the config's flush reads N x the cache (the torch flush buffer, ewkern's
+    own), the method says so; below 1 is refused with the flag's name."""
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+
+    def context(*argv):
+        args = cli.build_parser().parse_args(["peers", "--cache-bytes", "1MiB", *argv])
+        return runner.make_context(args, "cuda:0", info, tmp_path, False, "rotate").cfg
+    assert context().flush_factor == 2
+    c = context("--flush-factor", "4")
+    c.flush_samples = 5
+    assert c.flush_factor == 4
+    assert frameworks._torch_flush(c, fake).numel() == 4 * (1 << 20) // 4
+    t = frameworks.time_calls(c, "torch", lambda: fake.kernel("a", 1.0 * US), 1 << 12, "flush")
+    assert "flush 4x cache before each sample" in t.method
+    code = bench.main(["e2", "--device", "cpu", "--flush-factor", "0", "--out", str(tmp_path / "x")])
+    assert code == 2
 
 
 def test_flush_rounds_is_opt_in(tmp_path):

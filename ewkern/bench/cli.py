@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "to +-0.25%% (at most 4000 samples or about 1.5 s a cell) instead of a fixed 50; the "
                         "medians moved more between processes that way on the H200 (BENCHMARKS.md, 2026-11-27); "
                         "no effect with --quick or --samples")
+    p.add_argument("--flush-factor", type=int, default=None, metavar="N",
+                   help="single launches: read N x the cache before each sample (default 2; on the H200 a "
+                        "2x read left a way's samples in a repeating pattern of four times, 0-1.1 us apart "
+                        "at 1 MiB: BENCHMARKS.md, 2026-11-27)")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")
     p.add_argument("--no-pdl", action="store_true",
@@ -168,6 +172,8 @@ def main(argv=None) -> int:
         return _fail(f"name experiments to run or give --all; valid: {', '.join(valid)}")
     if args.samples is not None and args.samples < 1:
         return _fail("--samples must be at least 1")
+    if args.flush_factor is not None and args.flush_factor < 1:
+        return _fail("--flush-factor must be at least 1")
     if args.processes < 1:
         return _fail("--processes must be at least 1")
     if args.processes > 1:

@@ -26,7 +26,7 @@ import statistics
 import sys
 from contextlib import contextmanager
 
-from .timing import (FLUSH_FACTOR, BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
+from .timing import (BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
                      sample_rounds)
 from .units import ITEMSIZE
 
@@ -549,7 +549,7 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
-        method += f", flush {FLUSH_FACTOR}x cache before each sample"
+        method += f", flush {cfg.flush_factor}x cache before each sample"
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
 
 
@@ -566,10 +566,10 @@ def _events_around(torch, queue):
 
 
 def _torch_flush(cfg, torch):
-    """The flush buffer of the torch methods (FLUSH_FACTOR x the cache, made once per config)."""
+    """The flush buffer of the torch methods (cfg.flush_factor x the cache, made once per config)."""
     flush = cfg._flush.get("torch")
     if flush is None:
-        flush = cfg._flush["torch"] = torch.empty(FLUSH_FACTOR * cfg.cache_bytes // 4, dtype=torch.float32,
+        flush = cfg._flush["torch"] = torch.empty(cfg.flush_factor * cfg.cache_bytes // 4, dtype=torch.float32,
                                                  device=torch.device(cfg.device))
     return flush
 
@@ -613,29 +613,38 @@ class SharedSets:
 
 
 ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples (_schedule)
-RUN_LENGTH = 8                              # order "runs": a way's samples in runs of this many
+# order "runs": a way's samples in runs of this many. The default for single launches: on the H200
+# (2026-11-27), behind the 2x read flush, a series of single launches repeats a pattern of four
+# samples, the four 0, +0.3, +0.38 and +1.07 us apart at every size from 1 to 64 MiB (64 series
+# of 50, one way after another). Rotating two ways (a b, b a, ...) gives one way phases 0 and 3 of
+# it and the other phases 1 and 2, which way getting the slow one depending on where the process's
+# count of samples stood: up to 0.25 between processes at 1 MiB. Runs of 8 give every way two of
+# each phase, as 50 samples one after another do.
+RUN_LENGTH = 8
 
 
 def _schedule(order: str, first: int, samples: int, nways: int) -> list:
     """The ways' launches of samples first .. first + samples - 1, each way exactly samples times:
-    "rotate" (the default) a b, b a, a b, ... (sample i's first way rotating by i); "alternate" a b,
-    a b, ...; "runs" RUN_LENGTH samples of a, then as many of b, ... (the last run shorter)."""
+    "rotate" a b, b a, a b, ... (sample i's first way rotating by i); "alternate" a b, a b, ...;
+    "runs" RUN_LENGTH samples of a, then as many of b, ..., the next block of runs starting with b
+    (the last runs shorter)."""
     if order == "rotate":
         return [(i + j) % nways for i in range(first, first + samples) for j in range(nways)]
     if order == "alternate":
         return list(range(nways)) * samples
-    if order == "runs":
-        return [w for r in range(0, samples, RUN_LENGTH) for w in range(nways)
-                for _ in range(min(RUN_LENGTH, samples - r))]
+    if order == "runs":   # the first way of each block of runs rotating, so drift falls on all alike
+        return [(w + first // RUN_LENGTH + r // RUN_LENGTH) % nways for r in range(0, samples, RUN_LENGTH)
+                for w in range(nways) for _ in range(min(RUN_LENGTH, samples - r))]
     raise ValueError(f"order must be one of {', '.join(ORDERS)}, not {order!r}")
 
 
 def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | None = None,
-                        spin_us: float = SPIN_US, shared: bool = False, order: str = "rotate",
+                        spin_us: float = SPIN_US, shared: bool = False, order: str | None = None,
                         between=None) -> list:
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
     current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
-    the run takes each way once (by default the first way of sample i rotating by i; order, below),
+    the run takes each way once (order, below: by default single launches in runs of RUN_LENGTH
+    samples a way, graphs the first way of sample i rotating by i),
     so that what drifts over the seconds a cell takes (clocks, temperature, the memory's state)
     falls on every way alike, where time_calls would time one way's samples after the other's. cache "flush": one eager launch
     per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
@@ -649,6 +658,8 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     and between (a call queued, untimed, after every sample, before the next sample's spin and
     flush) are for probing what a launch inherits from the kernels before it. On a CPU device:
     time_calls for each way in turn (order and between do not apply)."""
+    if order is None:
+        order = "runs" if cache == "flush" else "rotate"
     _schedule(order, 0, 0, 1)
     if cfg.is_cpu:
         return [time_calls(cfg, "torch", mc, sb, cache, samples=samples, spin_us=spin_us) for mc, sb in ways]
@@ -746,7 +757,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
     rounds_note = []
     if cache == "flush":
-        method += f", flush {FLUSH_FACTOR}x cache before each sample"
+        method += f", flush {cfg.flush_factor}x cache before each sample"
         if len(secs[0]) > n:
             rounds_note = [f"{len(secs[0])} samples, in rounds until each way's median was known to "
                            f"+-{cfg.flush_target:.2%} (90%) or {cfg.flush_cap} samples or {cfg.flush_budget_s:g} s; "
@@ -797,7 +808,7 @@ def _time_host(cfg, calls, cache, n):
     if cache == "flush":
         buf = cfg._flush.get("numpy")
         if buf is None:
-            buf = cfg._flush["numpy"] = numpy.zeros(FLUSH_FACTOR * cfg.cache_bytes // 4, numpy.float32)
+            buf = cfg._flush["numpy"] = numpy.zeros(cfg.flush_factor * cfg.cache_bytes // 4, numpy.float32)
         out = []
         for i in range(n):
             buf.fill(i)
@@ -929,7 +940,7 @@ def _time_cupy(cfg, calls, cache, n):
         if cache == "flush":
             flush = cfg._flush.get("cupy")
             if flush is None:
-                flush = cfg._flush["cupy"] = cupy.zeros(FLUSH_FACTOR * cfg.cache_bytes // 4, cupy.float32)
+                flush = cfg._flush["cupy"] = cupy.zeros(cfg.flush_factor * cfg.cache_bytes // 4, cupy.float32)
         with stream:
             for _ in range(2):
                 for c in calls:

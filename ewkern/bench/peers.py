@@ -28,7 +28,8 @@ each op's domain for both. ewkern is also timed with programmatic dependent laun
 (--peers-no-pdl-off leaves that series out everywhere). CuPy is timed back-to-back only. The
 summary lists the worst ewkern / torch ratio per op and method and every cell below 1.00.
 --peers-in-turns times ewkern, ewkern with PDL off and torch in turns in back-to-back and single
-launch (frameworks.time_calls_in_turns: each sample takes every way once, the first rotating), not
+launch (frameworks.time_calls_in_turns: graphs each sample taking every way once, the first
+rotating; single launches in runs of 8 samples a way, the first way of each block rotating), not
 one series after another, every way's k-th call on the same buffers (frameworks.SharedSets: on
 buffers of their own, where each set lay moved a 1 MiB single launch by up to 10% within one
 process on the H200). after_torch and CuPy are timed as before. On the H200 both forms gave the
@@ -249,7 +250,8 @@ def run(ctx, xr):
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
     if in_turns:
         xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
-                "turns (each sample takes every way once, the first rotating) on the same buffers; CuPy and "
+                "turns (graphs: each sample takes every way once, the first rotating; single launches: runs of "
+                "8 samples a way, the first way of each block rotating) on the same buffers; CuPy and "
                 "after_torch's series one after another")
     else:
         xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "

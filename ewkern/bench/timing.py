@@ -199,6 +199,8 @@ class TimingConfig:
     flush_cap: int = 4000
     flush_budget_s: float = 1.5
     warmup: int = 2
+    # single launches: a read of flush_factor x cache_bytes before each sample (--flush-factor)
+    flush_factor: int = FLUSH_FACTOR
     memory_budget: int | None = None     # bytes a measurement may allocate
     _flush: dict = field(default_factory=dict, repr=False)
 
@@ -214,9 +216,9 @@ class TimingConfig:
                              f"can be allocated on {self.device}; choose smaller sizes")
 
     def ewkern_flush_buffer(self):
-        """An ewkern array of FLUSH_FACTOR x the cache size, allocated once per run."""
+        """An ewkern array of flush_factor x the cache size, allocated once per run."""
         if "ewkern" not in self._flush:
-            n = FLUSH_FACTOR * self.cache_bytes // 4
+            n = self.flush_factor * self.cache_bytes // 4
             self._flush["ewkern"] = ew().empty((n,), dtype="float32", device=self.device)
             ew().fill(self._flush["ewkern"], 0.0)
         return self._flush["ewkern"]
@@ -319,7 +321,7 @@ def time_ewkern(cfg: TimingConfig, make_plan, set_bytes: int, cache: str, *,
                             blocking=True)
     method = ("host clock" if cfg.is_cpu else "CUDA events") + ", ewkern._C.time_plans"
     if cache == "flush":
-        method += f", flush {FLUSH_FACTOR}x cache before each sample"
+        method += f", flush {cfg.flush_factor}x cache before each sample"
     return Timing(list(secs), launches, nsets, nsets * set_bytes, cache, method, notes, plan)
 
 
