@@ -62,8 +62,9 @@
         event recorded after each (more commands a sample, no kernel: "alt+event"), rotating
         and alternating with the host waiting for each sample before it queues the next ("rotate
         lag1", "alt lag1"; LAG_SAMPLES 1), one after another and rotating with a flush of 4x the
-        L2 ("seq flush4x", "rotate flush4x"), and ewkern against itself alternating ("ew/ew", the
-        control: 1.00). Each form also prints both ways' median microseconds over each phase of
+        L2 ("seq flush4x", "rotate flush4x") and with a flush read by one ewkern.rmse instead of
+        torch's sum ("seq ewflush", "rotate ewflush"), and ewkern against itself alternating
+        ("ew/ew", the control: 1.00). Each form also prints both ways' median microseconds over each phase of
         four of their samples: on the H200 (2026-11-27), one after another with the 2x read
         flush, the four phases sat 0, +0.35, +0.35 and +1.1 us apart at 1 MiB in every series
         (some phase first), and under "rotate" which phases fell to which way changed by process.
@@ -601,12 +602,44 @@ def placement(op, dtype, sizes, rounds=4):
                   f"{fmt(cross)} | PDL off, same {fmt(off)}", flush=True)
 
 
+class EwkernFlush:
+    """A flush of the torch methods read by one ewkern.rmse over the buffer's two halves into a
+    preallocated result: one kernel, no allocation, no memset, where torch's flush.sum() is torch's
+    reduction (and CuPy's methods, whose series show no pattern of four, use CuPy's)."""
+
+    def __init__(self, buf):
+        half = buf.numel() // 2
+        rows = half // 4096
+        self.a = buf[:rows * 4096].view(rows, 4096)
+        self.b = buf[half:half + rows * 4096].view(rows, 4096)
+        self.out = torch.empty(rows, dtype=torch.float32, device=buf.device)
+
+    def sum(self):
+        ewkern.rmse(self.a, self.b, out=self.out)
+
+
 def inherit(op, dtype, sizes, rounds=3):
     """Single launches of ewkern's op and torch's in the orders that the docstring lists."""
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    # the same with ewkern's read for a flush (EwkernFlush) instead of torch's sum
+    cfge = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    torch_flush = frameworks._torch_flush
+
+    def flush_of(c, t):
+        if c is cfge and "ewkern-read" not in c._flush:
+            c._flush["ewkern-read"] = EwkernFlush(torch_flush(c, t))
+        return c._flush["ewkern-read"] if c is cfge else torch_flush(c, t)
+    frameworks._torch_flush = flush_of
+    try:
+        _inherit(op, dtype, sizes, rounds, info, cfg, cfge)
+    finally:
+        frameworks._torch_flush = torch_flush
+
+
+def _inherit(op, dtype, sizes, rounds, info, cfg, cfge):
     # the same with a read flush of 4x the L2 instead of 2x: do lines that survive a 2x flush (the
-    # kernels' code, their parameters) make the two halves?
+    # kernels' code, their parameters) make the pattern?
     cfg4 = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]), flush_factor=4)
     lag = frameworks.LAG_SAMPLES
 
@@ -634,13 +667,14 @@ def inherit(op, dtype, sizes, rounds=3):
             mul = frameworks.foreign_call(dtype, (n,), "cuda:0")[0]()
             forms = {}   # form -> (samples of a, samples of b)
             order = ["ew", "torch"] if r % 2 == 0 else ["torch", "ew"]
-            for name, c in (("seq", cfg), ("seq flush4x", cfg4)):
+            for name, c in (("seq", cfg), ("seq flush4x", cfg4), ("seq ewflush", cfge)):
                 seq = {impl: frameworks.time_calls(c, "torch", way(impl)[0], set_b, "flush").samples_s
                        for impl in order}
                 forms[name] = (seq["ew"], seq["torch"])
             for name, a, b, kw, lag_now, c in (
                     [(o, "ew", "torch", dict(order=o), lag, cfg) for o in frameworks.ORDERS]
                     + [("rotate flush4x", "ew", "torch", dict(order="rotate"), lag, cfg4),
+                       ("rotate ewflush", "ew", "torch", dict(order="rotate"), lag, cfge),
                        ("alt+mul", "ew", "torch", dict(order="alternate", between=mul), lag, cfg),
                        ("alt+event", "ew", "torch", dict(order="alternate", between=lambda: torch.cuda.Event().record()),
                         lag, cfg),

@@ -613,10 +613,10 @@ class SharedSets:
 
 
 ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples (_schedule)
-# order "runs": a way's samples in runs of this many. The default for single launches: on the H200
-# (2026-11-27), behind the 2x read flush, a series of single launches repeats a pattern of four
-# samples, the four 0, +0.3, +0.38 and +1.07 us apart at every size from 1 to 64 MiB (64 series
-# of 50, one way after another). Rotating two ways (a b, b a, ...) gives one way phases 0 and 3 of
+# order "runs": a way's samples in runs of this many. The default for single launches: on both GPUs
+# (2026-11-27), a series of single launches timed on torch's stream repeats a pattern of four
+# samples, the four 0, +0.3, +0.38 and +1.07 us apart at every size from 1 MiB to 2 GiB (CuPy's
+# path, with its own spin, flush and events, shows none). Rotating two ways (a b, b a, ...) gives one way phases 0 and 3 of
 # it and the other phases 1 and 2, which way getting the slow one depending on where the process's
 # count of samples stood: up to 0.25 between processes at 1 MiB. Runs of 8 give every way two of
 # each phase, as 50 samples one after another do.
