@@ -602,42 +602,12 @@ def placement(op, dtype, sizes, rounds=4):
                   f"{fmt(cross)} | PDL off, same {fmt(off)}", flush=True)
 
 
-class EwkernFlush:
-    """A flush of the torch methods read by one ewkern.rmse over the buffer's two halves into a
-    preallocated result: one kernel, no allocation, no memset, where torch's flush.sum() is torch's
-    reduction (and CuPy's methods, whose series show no pattern of four, use CuPy's)."""
-
-    def __init__(self, buf):
-        half = buf.numel() // 2
-        rows = half // 4096
-        self.a = buf[:rows * 4096].view(rows, 4096)
-        self.b = buf[half:half + rows * 4096].view(rows, 4096)
-        self.out = torch.empty(rows, dtype=torch.float32, device=buf.device)
-
-    def sum(self):
-        ewkern.rmse(self.a, self.b, out=self.out)
-
-
 def inherit(op, dtype, sizes, rounds=3):
     """Single launches of ewkern's op and torch's in the orders that the docstring lists."""
     info = ewkern.device_info("cuda:0")
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
-    # the same with ewkern's read for a flush (EwkernFlush) instead of torch's sum
-    cfge = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
-    torch_flush = frameworks._torch_flush
-
-    def flush_of(c, t):
-        if c is cfge and "ewkern-read" not in c._flush:
-            c._flush["ewkern-read"] = EwkernFlush(torch_flush(c, t))
-        return c._flush["ewkern-read"] if c is cfge else torch_flush(c, t)
-    frameworks._torch_flush = flush_of
-    try:
-        _inherit(op, dtype, sizes, rounds, info, cfg, cfge)
-    finally:
-        frameworks._torch_flush = torch_flush
-
-
-def _inherit(op, dtype, sizes, rounds, info, cfg, cfge):
+    # the same with ewkern's read for a flush (--flush-kind rmse) instead of torch's sum
+    cfge = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]), flush_kind="rmse")
     # the same with a read flush of 4x the L2 instead of 2x: do lines that survive a 2x flush (the
     # kernels' code, their parameters) make the pattern?
     cfg4 = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]), flush_factor=4)
@@ -646,11 +616,10 @@ def _inherit(op, dtype, sizes, rounds, info, cfg, cfge):
     def us(v):
         return f"{sorted(v)[len(v) // 2] * 1e6:.2f}"
 
-    def halves(v):
+    def phases(v):
         """a way's median over each phase of four of its samples (0, 4, 8, ...; 1, 5, 9, ...): on
-        the H200 one after another with a 2x flush they sat 0, +0.35, +0.35 and +1.1 us apart at
-        1 MiB (some phase first); under "rotate" a way's even and odd samples also differ in
-        where the way sits in its sample and in which way ran before it"""
+        both GPUs, one after another behind torch's sum as the flush, 0, +0.3, +0.38 and +1.07 us
+        apart (some phase first: scripts/sample_phases.py)"""
         return "/".join(us(v[k::4]) for k in range(4))
     for size in sizes:
         n = size // ITEMSIZE[dtype]
@@ -691,7 +660,7 @@ def _inherit(op, dtype, sizes, rounds, info, cfg, cfge):
             for name, (a, b) in forms.items():
                 ratio = sorted(b)[len(b) // 2] / sorted(a)[len(a) // 2]
                 got.setdefault(name, []).append(ratio)
-                line.append(f"{name} {ratio:.3f} (us {halves(a)} | {halves(b)})")
+                line.append(f"{name} {ratio:.3f} (us {phases(a)} | {phases(b)})")
             print(f"{op} {dtype} {size >> 20} MiB round {r}: " + "; ".join(line), flush=True)
             sets = mul = None
             frameworks.release_peer_memory()

@@ -637,6 +637,28 @@ def test_flush_factor_sizes_every_flush_buffer(fake, tmp_path):
     assert code == 2
 
 
+def test_flush_kind_rmse_reads_the_buffer_with_one_ewkern_rmse(tmp_path):
+    """--flush-kind rmse: the torch methods' flush is one ewkern.rmse over the flush buffer's two
+    halves into a preallocated result (on CPU torch tensors here), and the method says so."""
+    torch = pytest.importorskip("torch")
+    args = cli.build_parser().parse_args(["peers", "--flush-kind", "rmse"])
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+    c = runner.make_context(args, "cuda:0", info, tmp_path, False, "rotate").cfg
+    assert c.flush_kind == "rmse" and TimingConfig().flush_kind == "sum"
+    buf = torch.randn(2 * 3 * 4096 + 5, dtype=torch.float32)
+    f = frameworks._RmseFlush(torch, buf)
+    out = f.out
+    f.sum()
+    assert f.out is out and f.a.shape == f.b.shape == (3, 4096)
+    half = buf.numel() // 2
+    want = ((buf[:3 * 4096] - buf[half:half + 3 * 4096]).view(3, 4096).double() ** 2).mean(1).sqrt()
+    assert torch.allclose(f.out.double(), want, rtol=1e-5)
+    assert "(one ewkern.rmse read)" in frameworks._flush_words(c, torch_path=True)
+    assert "rmse" not in frameworks._flush_words(c, torch_path=False)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["peers", "--flush-kind", "memset"])
+
+
 def test_flush_rounds_is_opt_in(tmp_path):
     """Single launches in turns take a fixed flush_samples unless --flush-rounds asks for rounds;
     --quick and --samples keep them fixed either way."""

@@ -549,8 +549,14 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     else:
         raise ValueError(f"unknown peer {impl!r}")
     if cache == "flush":
-        method += f", flush {cfg.flush_factor}x cache before each sample"
+        method += _flush_words(cfg, torch_path=impl.startswith("torch") and not cfg.is_cpu)
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
+
+
+def _flush_words(cfg, torch_path: bool) -> str:
+    """The method's words for the flush before each single launch."""
+    kind = " (one ewkern.rmse read)" if torch_path and cfg.flush_kind == "rmse" else ""
+    return f", flush {cfg.flush_factor}x cache{kind} before each sample"
 
 
 def _events_around(torch, queue):
@@ -565,12 +571,32 @@ def _events_around(torch, queue):
     return launch
 
 
+class _RmseFlush:
+    """The torch methods' flush under cfg.flush_kind "rmse": the buffer read by one ewkern.rmse over
+    its two halves (rows of 4096) into a preallocated result, on torch's current stream: one
+    kernel, no allocation and no memset, where the flush "sum" is torch's reduction."""
+
+    def __init__(self, torch, buf):
+        half = buf.numel() // 2
+        rows = max(1, half // 4096)
+        cols = min(4096, half)
+        self.a = buf[:rows * cols].view(rows, cols)
+        self.b = buf[half:half + rows * cols].view(rows, cols)
+        self.out = torch.empty(rows, dtype=torch.float32, device=buf.device)
+
+    def sum(self):
+        from .timing import ew
+        ew().rmse(self.a, self.b, out=self.out)
+
+
 def _torch_flush(cfg, torch):
-    """The flush buffer of the torch methods (cfg.flush_factor x the cache, made once per config)."""
+    """The flush of the torch methods, made once per config: flush.sum() reads cfg.flush_factor x
+    the cache (cfg.flush_kind "sum": torch's sum of the buffer; "rmse": _RmseFlush)."""
     flush = cfg._flush.get("torch")
     if flush is None:
-        flush = cfg._flush["torch"] = torch.empty(cfg.flush_factor * cfg.cache_bytes // 4, dtype=torch.float32,
-                                                 device=torch.device(cfg.device))
+        buf = torch.empty(cfg.flush_factor * cfg.cache_bytes // 4, dtype=torch.float32,
+                          device=torch.device(cfg.device))
+        flush = cfg._flush["torch"] = _RmseFlush(torch, buf) if cfg.flush_kind == "rmse" else buf
     return flush
 
 
@@ -757,7 +783,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
     rounds_note = []
     if cache == "flush":
-        method += f", flush {cfg.flush_factor}x cache before each sample"
+        method += _flush_words(cfg, torch_path=True)
         if len(secs[0]) > n:
             rounds_note = [f"{len(secs[0])} samples, in rounds until each way's median was known to "
                            f"+-{cfg.flush_target:.2%} (90%) or {cfg.flush_cap} samples or {cfg.flush_budget_s:g} s; "

@@ -522,6 +522,8 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True):
 
 def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: str) -> Context:
     cfg = TimingConfig(device=device, cache_bytes=getattr(args, "cache_bytes", None) or cache_bytes(device, info))
+    if getattr(args, "flush_kind", None):
+        cfg.flush_kind = args.flush_kind
     if getattr(args, "flush_factor", None):
         cfg.flush_factor = int(args.flush_factor)
     if getattr(args, "flush_rounds", False):

@@ -201,6 +201,10 @@ class TimingConfig:
     warmup: int = 2
     # single launches: a read of flush_factor x cache_bytes before each sample (--flush-factor)
     flush_factor: int = FLUSH_FACTOR
+    # the torch methods' flush: "sum" (torch's reduction of the buffer) or "rmse" (one ewkern.rmse
+    # read of it; --flush-kind): a series timed on torch's stream behind "sum" repeats a pattern of
+    # four samples up to 1.07 us apart on both GPUs (BENCHMARKS.md, 2026-11-27)
+    flush_kind: str = "sum"
     memory_budget: int | None = None     # bytes a measurement may allocate
     _flush: dict = field(default_factory=dict, repr=False)
 
