@@ -69,12 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "medians moved more between processes that way on the H200 (BENCHMARKS.md, 2026-11-27); "
                         "no effect with --quick or --samples")
     p.add_argument("--flush-factor", type=int, default=None, metavar="N",
-                   help="single launches: read N x the cache before each sample (default 2; on the H200 a "
-                        "2x read left a way's samples in a repeating pattern of four times, 0-1.1 us apart "
-                        "at 1 MiB: BENCHMARKS.md, 2026-11-27)")
+                   help="single launches: read N x the cache before each sample (default 2)")
     p.add_argument("--flush-kind", choices=("sum", "rmse"), default=None,
                    help="single launches timed on torch's stream: flush the cache with torch's sum of the "
-                        "flush buffer (default) or with one ewkern.rmse reading it (no allocation, no memset)")
+                        "flush buffer (default) or with one ewkern.rmse reading it (no allocation, no memset; "
+                        "behind torch's sum a series repeats a pattern of four samples up to 1.07 us apart: "
+                        "BENCHMARKS.md, 2026-11-27)")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")
     p.add_argument("--no-pdl", action="store_true",

@@ -642,10 +642,10 @@ ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the 
 # order "runs": a way's samples in runs of this many. The default for single launches: on both GPUs
 # (2026-11-27), a series of single launches timed on torch's stream repeats a pattern of four
 # samples, the four 0, +0.3, +0.38 and +1.07 us apart at every size from 1 MiB to 2 GiB (CuPy's
-# path, with its own spin, flush and events, shows none). Rotating two ways (a b, b a, ...) gives one way phases 0 and 3 of
-# it and the other phases 1 and 2, which way getting the slow one depending on where the process's
-# count of samples stood: up to 0.25 between processes at 1 MiB. Runs of 8 give every way two of
-# each phase, as 50 samples one after another do.
+# path, with its own spin, flush and events, shows none). Rotating two ways (a b, b a, ...) gives
+# one way phases 0 and 3 of it and the other phases 1 and 2, which way getting the slow one
+# depending on where the process's count of samples stood: up to 0.25 between processes at 1 MiB.
+# Runs of 8 give every way two of each phase, as 50 samples one after another do.
 RUN_LENGTH = 8
 
 
@@ -670,9 +670,9 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     """Time several ways of one workload (ways: [(make_call, set_bytes)], each launched on torch's
     current stream: torch, torch.compile, ewkern.torch) in turns, one Timing each: every sample of
     the run takes each way once (order, below: by default single launches in runs of RUN_LENGTH
-    samples a way, graphs the first way of sample i rotating by i),
-    so that what drifts over the seconds a cell takes (clocks, temperature, the memory's state)
-    falls on every way alike, where time_calls would time one way's samples after the other's. cache "flush": one eager launch
+    samples a way, graphs the first way of sample i rotating by i), so that what drifts over the
+    seconds a cell takes (clocks, temperature, the memory's state) falls on every way alike, where
+    time_calls would time one way's samples after the other's. cache "flush": one eager launch
     per sample behind the spin kernel and the flush, as time_calls; "rotate": each way's graph of K
     launches (K chosen per way), the graphs replayed in turns. Where capture fails, every way is
     launched eagerly behind the spin kernel. The host is kept within LAG_SAMPLES samples of the GPU.

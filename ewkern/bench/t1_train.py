@@ -18,7 +18,7 @@ step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` 
 waits for the host). A cell's ways are timed in turns (frameworks.time_calls_in_turns: graphs each
 sample taking every way once, the first rotating; single steps in runs of 8 samples a way, the
 first way of each block rotating, since a series of single launches repeats a pattern of four
-samples up to 1.07 us apart on the H200), so that what drifts over the seconds a cell takes falls
+samples up to 1.07 us apart on both GPUs), so that what drifts over the seconds a cell takes falls
 on every way alike, and every way's k-th step takes the same inputs and incoming gradient
 (frameworks.SharedSets). One way after another and sampled in rounds (--no-train-in-turns
 --flush-rounds), single steps of one short kernel moved 2-14% between processes on the H200;
