@@ -7,9 +7,10 @@ cache mode and at least 8 x PERIOD samples, the median of each phase of PERIOD (
 consecutive samples (samples 0, P, 2P, ...; 1, P + 1, ...), sorted and given relative to the
 fastest phase; then, per experiment, impl and size, the median of those offsets over its series,
 beside the same statistic for a split of each series into its first and second half (a series
-without a pattern gives about the same small number for both). On 2026-11-27 every series timed
-on torch's stream on both GPUs showed 0 / +0.3 / +0.38 / +1.07 us at period 4, CuPy's series
-0 / +0.05 / +0.13 / +0.22 (BENCHMARKS.md, twenty-eighth session).
+without a pattern gives offsets of the halves' size, up to about 0.3 us from ranking four noisy
+medians). On 2026-11-27 the series of one kernel timed on torch's stream showed 0 / +0.3 / +0.38 /
++1.07 us at period 4 on both GPUs, CuPy's series and those of several kernels at most 0.34 at 1
+MiB (BENCHMARKS.md, twenty-eighth session).
 """
 import json
 import statistics
