@@ -215,53 +215,82 @@ struct Phi64 {
     double R, e;
     int k, hi; /* hi: x's high word, negative where x < 0 */
 };
-__host__ __device__ __forceinline__ Phi64 phi_f64(double x, const double *P, const double *Q)
+/* M values at once, each step of the two polynomials taken for all M before the next: ptxas loads
+ * each coefficient into a uniform register (ULDC.64) once for the M evaluations (63 uniform
+ * registers do not hold the 30 coefficients, so separate evaluations reload them). Each value's
+ * operations are those of one evaluation, in the same order: the results are the same bits. */
+template <int M>
+__host__ __device__ __forceinline__ void phi_f64_n(const double (&x)[M], Phi64 (&f)[M], const double *P, const double *Q)
 {
-    /* y = min(|x|, 40) and x < 0 on the high word (integer compares; NaN goes to 40, then x * w) */
-    const long long xb = f64_bits(x);
-    const int hi = int(xb >> 32);
-    const double y = (hi & 0x7fffffff) >= 0x40440000 ? 40.0 : bits_f64(xb & 0x7fffffffffffffffLL);
-    /* e^(-y^2/2) = 2^k e^(v/2), v = -y^2 - 2 k ln 2, |v| <= ln 2; Q is fitted in v/2 and its i-th
-     * coefficient scaled by 2^-(i+2) (exact) so that e = 1 + v (1/2 + v Q'(v)) */
-    const double y2 = y * y;
-    const double shift = 6755399441055744.0; /* 1.5 x 2^52: adding it rounds to an integer */
-    const double kd = fma(y2, -0.72134752044448170368, shift); /* -log2(e) / 2 */
-    const int k = int(f64_bits(kd)); /* the low word: round(-y^2 log2(e) / 2), in [-1154, 0] */
-    const double kf = kd - shift;
-    double v = fma(kf, -1.38629436073824763298, -y2); /* 2 ln 2 = hi + lo, hi with 11 low zero bits */
-    v = fma(kf, -3.81642985854117540004e-10, v);
-    double q = Q[0];
+    double y[M], v[M], q[M];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+        /* y = min(|x|, 40) and x < 0 on the high word (integer compares; NaN goes to 40, then x * w) */
+        const long long xb = f64_bits(x[j]);
+        f[j].hi = int(xb >> 32);
+        y[j] = (f[j].hi & 0x7fffffff) >= 0x40440000 ? 40.0 : bits_f64(xb & 0x7fffffffffffffffLL);
+        /* e^(-y^2/2) = 2^k e^(v/2), v = -y^2 - 2 k ln 2, |v| <= ln 2; Q is fitted in v/2 and its i-th
+         * coefficient scaled by 2^-(i+2) (exact) so that e = 1 + v (1/2 + v Q'(v)) */
+        const double y2 = y[j] * y[j];
+        const double shift = 6755399441055744.0; /* 1.5 x 2^52: adding it rounds to an integer */
+        const double kd = fma(y2, -0.72134752044448170368, shift); /* -log2(e) / 2 */
+        f[j].k = int(f64_bits(kd)); /* the low word: round(-y^2 log2(e) / 2), in [-1154, 0] */
+        const double kf = kd - shift;
+        v[j] = fma(kf, -1.38629436073824763298, -y2); /* 2 ln 2 = hi + lo, hi with 11 low zero bits */
+        v[j] = fma(kf, -3.81642985854117540004e-10, v[j]);
+        q[j] = Q[0];
+    }
 #pragma unroll
     for (int i = 1; i < 10; ++i)
-        q = fma(q, v, Q[i]);
-    const double e = fma(v, fma(v, q, 0.5), 1.0);
-    /* s = y / (5 + y): the seed, one e + e^2 step (s within ~1 ulp, which moves R by at most
-     * 1.3 ulp at y ~ 3 and less elsewhere) */
-    const double D = 5.0 + y;
+#pragma unroll
+        for (int j = 0; j < M; ++j)
+            q[j] = fma(q[j], v[j], Q[i]);
+    double s[M], p[M];
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+        f[j].e = fma(v[j], fma(v[j], q[j], 0.5), 1.0);
+        /* s = y / (5 + y): the seed, one e + e^2 step (s within ~1 ulp, which moves R by at most
+         * 1.3 ulp at y ~ 3 and less elsewhere) */
+        const double D = 5.0 + y[j];
 #ifdef __CUDA_ARCH__
-    double r0;
-    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(D));
+        double r0;
+        asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r0) : "d"(D));
 #else
-    const double r0 = double(1.0f / float(D));
+        const double r0 = double(1.0f / float(D));
 #endif
-    const double h = fma(-D, r0, 1.0);
-    const double s = y * fma(r0, fma(h, h, h), r0);
-    const double t = 1.0 - s;
-    double p = P[0];
+        const double h = fma(-D, r0, 1.0);
+        s[j] = y[j] * fma(r0, fma(h, h, h), r0);
+        p[j] = P[0];
+    }
 #pragma unroll
     for (int i = 1; i < 20; ++i)
-        p = fma(p, s, P[i]);
-    return Phi64{t * p, e, k, hi};
+#pragma unroll
+        for (int j = 0; j < M; ++j)
+            p[j] = fma(p[j], s[j], P[i]);
+#pragma unroll
+    for (int j = 0; j < M; ++j)
+        f[j].R = (1.0 - s[j]) * p[j];
 }
-__host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, const double *Q)
+__host__ __device__ __forceinline__ Phi64 phi_f64(double x, const double *P, const double *Q)
 {
-    const Phi64 f = phi_f64(x, P, Q);
+    const double xs[1] = {x};
+    Phi64 f[1];
+    phi_f64_n<1>(xs, f, P, Q);
+    return f[0];
+}
+/* x Phi(x) from x's core */
+__host__ __device__ __forceinline__ double gelu_of_phi64(double x, const Phi64 &f)
+{
     /* 2^k on in two halves, the first onto the bits: e R 2^k1 is normal, its product with 2^k2 rounds
      * once into the subnormal range */
     const int k1 = f.k >> 1, k2 = f.k - k1;
     const double m = bits_f64(f64_bits(f.e * f.R) + (static_cast<long long>(k1) << 52));
     const double E = m * bits_f64(static_cast<long long>(k2 + 1023) << 52); /* Phi(-y) */
     return x * (f.hi < 0 ? E : 1.0 - E);
+}
+__host__ __device__ __forceinline__ double gelu_f64(double x, const double *P, const double *Q)
+{
+    return gelu_of_phi64(x, phi_f64(x, P, Q));
 }
 /* gelu's derivative times g, Phi(x) + x phi(x) from the same core: with E0 = e^(-y^2/2) and
  * Phi(-y) = E0 R, phi(x) = E0 / sqrt(2 pi),
@@ -285,9 +314,19 @@ __host__ __device__ __forceinline__ double gelu_grad_f64(double g, double x, con
 struct Op_gelu_f64 {
     enum { NIN = 1, KIND = KIND_COMPUTE };
     EW_DEV double operator()(double x, double, double, double) const;
+    /* M elements at once (Batch: the default path's kernel hands it BATCH vectors) */
+    template <int M> EW_DEV void batch(const double (&x)[M], double (&y)[M]) const;
 };
 #ifdef EWK_GELU64_HERE
 EW_DEV double Op_gelu_f64::operator()(double x, double, double, double) const { return gelu_f64(x, kGelu64P, kExp64Q); }
+template <int M> EW_DEV void Op_gelu_f64::batch(const double (&x)[M], double (&y)[M]) const
+{
+    Phi64 f[M];
+    phi_f64_n<M>(x, f, kGelu64P, kExp64Q);
+#pragma unroll
+    for (int j = 0; j < M; ++j)
+        y[j] = gelu_of_phi64(x[j], f[j]);
+}
 #endif
 
 /* One PTX approximation on a float, each a single MUFU instruction of the SFU in SASS. Without
@@ -443,6 +482,15 @@ template <> struct Heavy<Op_silu> { enum { value = 1 }; };
  * element: 4 past 8 waves). Measured on the H200 and the H100 (ELEMENTWISE_NOTES.md, "float64
  * vectors per thread by function"). */
 enum { H64_NONE = 0, H64_EXP = 1, H64_POLY = 2, H64_GELU = 3, H64_SILU = 4 };
+/* Batch<M>::value: the most vectors the default path's plain-form kernel (ew_fast without PDL)
+ * hands M's batch() at once (all of a thread's vectors up to it); 1: each vector's elements through
+ * operator(). float64 gelu (sm_90, nvcc 13; the counts include the tail's one element; measured
+ * on the PDL form in 2cd6ff6): 4 vectors a thread 872 SASS instructions with each vector evaluated
+ * alone (each reloaded the coefficients: 146 ULDC.64) -> 784 (58) for all four at once, 40 -> 46
+ * registers, no spill; 2 vectors a thread 520 (90) -> 488 (55); two at a time of four: 832. The
+ * PDL form keeps one vector at a time (ew_fast_body says why). */
+template <class M> struct Batch { enum { value = 1 }; };
+template <> struct Batch<Op_gelu_f64> { enum { value = 4 }; };
 template <class M> struct Heavy64 { enum { value = Heavy<M>::value ? int(H64_EXP) : int(H64_NONE) }; };
 template <> struct Heavy64<Op_log> { enum { value = H64_POLY }; };
 template <> struct Heavy64<Op_erf> { enum { value = H64_POLY }; };
