@@ -63,12 +63,14 @@
         and alternating with the host waiting for each sample before it queues the next ("rotate
         lag1", "alt lag1"; LAG_SAMPLES 1), one after another and rotating with a flush of 4x the
         L2 ("seq flush4x", "rotate flush4x") and with a flush read by one ewkern.rmse instead of
-        torch's sum ("seq ewflush", "rotate ewflush"), and ewkern against itself alternating
-        ("ew/ew", the control: 1.00). Each form also prints both ways' median microseconds over each phase of
+        torch's sum ("seq ewflush", "rotate ewflush"), one after another on a torch stream of its
+        own instead of the default stream ("seq side stream"), and ewkern against itself
+        alternating ("ew/ew", the control: 1.00). Each form also prints both ways' median microseconds over each phase of
         four of their samples: on the H200 (2026-11-27), one after another with the 2x read
         flush, the four phases sat 0, +0.35, +0.35 and +1.1 us apart at 1 MiB in every series
         (some phase first), and under "rotate" which phases fell to which way changed by process.
 """
+import contextlib
 import math
 import re
 import sys
@@ -636,9 +638,14 @@ def inherit(op, dtype, sizes, rounds=3):
             mul = frameworks.foreign_call(dtype, (n,), "cuda:0")[0]()
             forms = {}   # form -> (samples of a, samples of b)
             order = ["ew", "torch"] if r % 2 == 0 else ["torch", "ew"]
-            for name, c in (("seq", cfg), ("seq flush4x", cfg4), ("seq ewflush", cfge)):
-                seq = {impl: frameworks.time_calls(c, "torch", way(impl)[0], set_b, "flush").samples_s
-                       for impl in order}
+            side = torch.cuda.Stream()
+            for name, c, stream in (("seq", cfg, None), ("seq flush4x", cfg4, None), ("seq ewflush", cfge, None),
+                                    ("seq side stream", cfg, side)):
+                # "side stream": the whole series on a stream of its own instead of torch's default
+                # (the legacy stream, which every launch on a blocking stream synchronizes with)
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    seq = {impl: frameworks.time_calls(c, "torch", way(impl)[0], set_b, "flush").samples_s
+                           for impl in order}
                 forms[name] = (seq["ew"], seq["torch"])
             for name, a, b, kw, lag_now, c in (
                     [(o, "ew", "torch", dict(order=o), lag, cfg) for o in frameworks.ORDERS]
