@@ -175,8 +175,8 @@ def spread_note(below, sure):
 def how_timed(exp, ms, ways: str) -> str:
     """A summary's sentence on how a cell's ways were timed: in turns (the experiment's in_turns
     parameter) or one after another, and across how many runs its cells are read (merge --pool)."""
-    how = (f"{ways} were timed in turns (back-to-back: each sample takes every way once, the first "
-           f"rotating; single: runs of 8 samples a way, the first way of each block of runs rotating)"
+    from .frameworks import TURNS_WORDS
+    how = (f"{ways} were timed in turns ({TURNS_WORDS})"
            if (exp.get("params") or {}).get("in_turns") else f"{ways} were timed one after another")
     runs = max((len((m.get("pooled_runs_samples_s") or {}).get("samples_s", [])) for m in ms), default=0)
     if runs > 1:

@@ -471,7 +471,7 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
     """(fw, impl timed by frameworks.time_calls, make_set); make_set() -> (inputs, call), call()
     returning the result. Skip when the way cannot run this cell. shared (shared_sets): the sets a
     way on torch tensors takes its buffers from, the k-th make_set() the k-th set; make_set.fresh()
-    then gives another make_set that starts again at the first set."""
+    gives another make_set (on shared sets starting again at the first set)."""
     from . import frameworks
     dev = ctx.device
     gpu = ctx.is_gpu
@@ -531,18 +531,15 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
 
             def bind(ins, out, tmp):
                 return lambda: fn(*ins)
-    if shared is not None and fw == "torch":
-        def fresh():
-            """a make_set whose first call takes the shared first set again"""
-            made = shared.maker(lambda io: (io[0], bind(*io)))
-            made.fresh = fresh
-            return made
-        return fw, impl, fresh()
+    sets = shared if fw == "torch" else None
 
-    def make_set():
-        ins = arrays()
-        return ins, bind(ins, *(empties() if writes else (None, None)))
-    return fw, impl, make_set
+    def fresh():
+        """a make_set; on shared sets its first call takes the first set again"""
+        made = frameworks.set_maker(sets, lambda: (arrays(), *(empties() if writes else (None, None))),
+                                    lambda io: (io[0], bind(*io)))
+        made.fresh = fresh
+        return made
+    return fw, impl, fresh()
 
 
 def _ways_for(cell: Cell, ways):

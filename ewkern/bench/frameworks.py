@@ -25,6 +25,7 @@ import math
 import statistics
 import sys
 from contextlib import contextmanager
+from functools import partial
 
 from .timing import (BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
                      sample_rounds)
@@ -347,23 +348,22 @@ def elementwise_call(impl: str, op: str, dtype: str, shape, device: str, *, sets
     except Exception as exc:
         raise Skip(f"{impl} {op} does not take {dtype}: {type(exc).__name__}: {exc}") from None
 
-    if sets is not None:
-        if impl != "torch":
-            raise ValueError(f"shared buffer sets are torch tensors, not {impl}'s")
-        make_call = sets.maker(lambda io: lambda: fn(io[0], io[1]))
-    else:
-        def make_call():
-            ins = op_inputs(impl, op, shape, dtype, device)
-            out = _empty(impl, shape, dtype, device)
-            return lambda: fn(ins, out)
+    if sets is not None and impl != "torch":
+        raise ValueError(f"shared buffer sets are torch tensors, not {impl}'s")
+    make_call = set_maker(sets, partial(_op_set, impl, op, shape, dtype, device), lambda io: lambda: fn(*io))
     return make_call, (nin + 1) * n * s, nin * n * s, n * s
+
+
+def _op_set(impl: str, op: str, shape, dtype: str, device: str) -> tuple:
+    """One buffer set of op in impl's arrays: (its inputs (op_inputs), an output)."""
+    return op_inputs(impl, op, shape, dtype, device), _empty(impl, shape, dtype, device)
 
 
 def torch_sets(op: str, dtype: str, shape, device: str) -> SharedSets:
     """SharedSets of op's torch inputs (op_inputs) and output, for ewkern_in_torch_call and
     elementwise_call("torch", ...) timed in turns on the same buffers."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    return SharedSets(lambda: (op_inputs("torch", op, shape, dtype, device), _empty("torch", shape, dtype, device)))
+    return SharedSets(partial(_op_set, "torch", op, shape, dtype, device))
 
 
 RMSE_PEERS = ("torch eager", "torch vector_norm", "torch.compile", "cupy ReductionKernel", "numpy")
@@ -489,11 +489,7 @@ def ewkern_in_torch_call(op: str, dtype: str, shape, device: str, *, axis=None, 
             return lambda: fn(out, *scalars)
         return lambda: fn(*ins, *scalars, out=out)
 
-    if sets is not None:
-        make_call = sets.maker(bind)
-    else:
-        def make_call():
-            return bind((op_inputs("torch", op, shape, dtype, device), _empty("torch", shape, dtype, device)))
+    make_call = set_maker(sets, partial(_op_set, "torch", op, shape, dtype, device), bind)
     return make_call, (nin + 1) * n * s, nin * n * s, n * s
 
 
@@ -583,10 +579,11 @@ class _RmseFlush:
         self.a = buf[:rows * cols].view(rows, cols)
         self.b = buf[half:half + rows * cols].view(rows, cols)
         self.out = torch.empty(rows, dtype=torch.float32, device=buf.device)
+        from .timing import ew
+        self._rmse = ew().rmse
 
     def sum(self):
-        from .timing import ew
-        ew().rmse(self.a, self.b, out=self.out)
+        self._rmse(self.a, self.b, out=self.out)
 
 
 def _torch_flush(cfg, torch):
@@ -638,6 +635,14 @@ class SharedSets:
         return make_call
 
 
+def set_maker(sets: SharedSets | None, make_set, bind):
+    """A way's make_call: bind(s) on the shared sets' next set, or without sets on a set of its own
+    (make_set()) each call."""
+    if sets is not None:
+        return sets.maker(bind)
+    return lambda: bind(make_set())
+
+
 ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the ways' samples (_schedule)
 # order "runs": a way's samples in runs of this many. The default for single launches: on both GPUs
 # (2026-11-27), a series of single launches timed on torch's stream repeats a pattern of four
@@ -647,6 +652,9 @@ ORDERS = ("rotate", "alternate", "runs")   # time_calls_in_turns' orders of the 
 # depending on where the process's count of samples stood: up to 0.25 between processes at 1 MiB.
 # Runs of 8 give every way two of each phase, as 50 samples one after another do.
 RUN_LENGTH = 8
+# how time_calls_in_turns' default orders read in notes and summaries
+TURNS_WORDS = (f"graphs: each sample takes every way once, the first rotating; single launches: runs of "
+               f"{RUN_LENGTH} samples a way, the first way of each block of runs rotating")
 
 
 def _schedule(order: str, first: int, samples: int, nways: int) -> list:
@@ -692,6 +700,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     import time
     import torch
     n = samples or (cfg.flush_samples if cache == "flush" else cfg.samples)
+    adaptive = cache == "flush" and samples is None and cfg.flush_target > 0   # sample_rounds takes rounds
     plans = [choose_sets(cfg, cache, sb) for _, sb in ways]
     try:
         need = [ns * sb for (ns, _), (_, sb) in zip(plans, ways)]
@@ -723,17 +732,19 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             events = [[] for _ in queues]
             ends = []                # flush mode: every sample's end event, in the order queued
             host = []                # how long the host took to queue each sample (spin, flush, events, work)
+            clock = adaptive and rounds[0] == 0   # only the first round of adaptive rounds sets the spin
             for w in _schedule(order, rounds[0], samples, len(queues)):
                 if flush is not None and len(ends) >= LAG_SAMPLES:
                     ends[-LAG_SAMPLES].synchronize()
-                t0 = time.perf_counter()
+                t0 = time.perf_counter() if clock else 0.0
                 events[w].append(queued_sample(start, _events_around(torch, queues[w]), lambda e: e.query(),
                                                late[w]))
-                host.append(time.perf_counter() - t0)
+                if clock:
+                    host.append(time.perf_counter() - t0)
                 ends.append(events[w][-1][1])
                 if between is not None:
                     between()
-            if flush is not None and rounds[0] == 0:
+            if clock:
                 p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
                 spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))
             rounds[0] += samples
@@ -778,8 +789,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
             reason = _eager_reason(exc)
             ks = [1 if cache == "flush" else max(len(cs), 8) for cs in calls]
             queues = [eager(cs, k) for cs, k in zip(calls, ks)]
-            secs = sample_rounds(cfg, lambda m: in_turns(queues, ks, m, lates), n,
-                                 fixed=samples is not None or cache != "flush")
+            secs = sample_rounds(cfg, lambda m: in_turns(queues, ks, m, lates), n, fixed=not adaptive)
             method = f"CUDA events around eager launches behind a spin kernel ({turns}; {reason})"
     rounds_note = []
     if cache == "flush":

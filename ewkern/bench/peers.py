@@ -53,7 +53,7 @@ from functools import partial
 from .common import (below_beyond_spread, bars_figure, check_bytes, how_timed, list_arg, md_table,
                      median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
-                         elementwise_call, ewkern_in_torch_call, foreign_call, torch_sets,
+                         elementwise_call, ewkern_in_torch_call, foreign_call, torch_sets, TURNS_WORDS,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
 from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
@@ -250,9 +250,7 @@ def run(ctx, xr):
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
     if in_turns:
         xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
-                "turns (graphs: each sample takes every way once, the first rotating; single launches: runs of "
-                "8 samples a way, the first way of each block rotating) on the same buffers; CuPy and "
-                "after_torch's series one after another")
+                f"turns ({TURNS_WORDS}) on the same buffers; CuPy and after_torch's series one after another")
     else:
         xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
                 "another in an order that rotates by one from cell to cell, so whatever the cells before leave "

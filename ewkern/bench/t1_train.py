@@ -45,7 +45,7 @@ import statistics
 from functools import partial
 
 from .common import below_beyond_spread, how_timed, md_table, spread_note
-from .frameworks import SharedSets
+from .frameworks import SharedSets, set_maker
 from .timing import Skip
 from .units import fmt_bytes
 
@@ -271,8 +271,7 @@ def run(ctx, xr):
                     y = fn(*ins, *sc)
                     return _step(torch, fn, ins, sc, g if (g.shape, g.dtype) == (y.shape, y.dtype)
                                  else g.to(y.dtype).reshape(y.shape))
-                make_call = sets.maker(bind) if sets is not None else (
-                    lambda: bind(_step_set(torch, op, shape, dtype, dev, sc)))
+                make_call = set_maker(sets, partial(_step_set, torch, op, shape, dtype, dev, sc), bind)
                 return make_call, (nin * 3 + 2) * size, nbytes, 0
             for method in methods:
                 if method == "host" and (way == "torch.compile" or not ctx.is_gpu):
