@@ -224,8 +224,15 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
     const uint4 *av = reinterpret_cast<const uint4 *>(a);
     const uint4 *bv = reinterpret_cast<const uint4 *>(b);
     uint4 *ov = reinterpret_cast<uint4 *>(o);
+    /* B: how many of a thread's vectors the math takes at once (Batch: float64 gelu's coefficients
+     * are then loaded once a batch, not once a vector; the plain form gained 3-5% from it, after a
+     * torch kernel at 64 MiB 0.948 -> 0.996 of torch's on the H200; dbc7c38, 2cd6ff6). The PDL form
+     * batches too, but without the prefetch: batched and prefetching, ptxas moved three of its four
+     * loads below the batch's math and it ran 5-10% slower at 64 MiB-1 GiB on the H200. */
+    enum { BM = Op::KIND == KIND_COMPUTE ? int(Batch<typename MathOf<Op, T>::type>::value) : 1,
+           B = VPT < BM ? VPT : BM };
     if constexpr (PDL) {
-        if (int(blockIdx.x) < p.prefetch && base < nvec) {
+        if (B == 1 && int(blockIdx.x) < p.prefetch && base < nvec) {
             /* the inputs' lines of the first vector (thread 0 leads the block's run) */
             if constexpr (Op::NIN >= 1)
                 prefetch_l2_line(av + base, 16u, threadIdx.x == 0);
@@ -247,13 +254,6 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
                 rb[r] = bv[v];
         }
     }
-    /* The plain form evaluates B of a thread's vectors at once where the math asks for it (Batch):
-     * float64 gelu's coefficients are then loaded once a batch, not once a vector. Not the PDL form:
-     * there ptxas moved three of the four loads below the batch's math and the form ran 5-10% slower
-     * at 64 MiB-1 GiB on the H200, while the plain form gained 3-5% (after a torch kernel at 64 MiB
-     * 0.948 -> 0.996 of torch's; dbc7c38, 2cd6ff6). */
-    enum { BM = (Op::KIND == KIND_COMPUTE && !PDL) ? int(Batch<typename MathOf<Op, T>::type>::value) : 1,
-           B = VPT < BM ? VPT : BM };
     if constexpr (B > 1 && VPT % B == 0) {
         /* B vectors' math at once (the last block's vectors past the end are zeros: computed, not
          * stored) */

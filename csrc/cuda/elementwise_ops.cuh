@@ -482,13 +482,12 @@ template <> struct Heavy<Op_silu> { enum { value = 1 }; };
  * element: 4 past 8 waves). Measured on the H200 and the H100 (ELEMENTWISE_NOTES.md, "float64
  * vectors per thread by function"). */
 enum { H64_NONE = 0, H64_EXP = 1, H64_POLY = 2, H64_GELU = 3, H64_SILU = 4 };
-/* Batch<M>::value: the most vectors the default path's plain-form kernel (ew_fast without PDL)
- * hands M's batch() at once (all of a thread's vectors up to it); 1: each vector's elements through
+/* Batch<M>::value: the most vectors the default path's kernel (ew_fast, both forms; the PDL form
+ * then without its prefetch) hands M's batch() at once (all of a thread's vectors up to it); 1: each vector's elements through
  * operator(). float64 gelu (sm_90, nvcc 13; the counts include the tail's one element; measured
  * on the PDL form in 2cd6ff6): 4 vectors a thread 872 SASS instructions with each vector evaluated
  * alone (each reloaded the coefficients: 146 ULDC.64) -> 784 (58) for all four at once, 40 -> 46
- * registers, no spill; 2 vectors a thread 520 (90) -> 488 (55); two at a time of four: 832. The
- * PDL form keeps one vector at a time (ew_fast_body says why). */
+ * registers, no spill; 2 vectors a thread 520 (90) -> 488 (55); two at a time of four: 832. */
 template <class M> struct Batch { enum { value = 1 }; };
 template <> struct Batch<Op_gelu_f64> { enum { value = 4 }; };
 template <class M> struct Heavy64 { enum { value = Heavy<M>::value ? int(H64_EXP) : int(H64_NONE) }; };
