@@ -267,18 +267,19 @@ def test_auto_grid_shapes(op, dtype, variant):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
-@pytest.mark.parametrize("op", ["exp", "sigmoid", "silu", "log", "tanh", "gelu"])
+@pytest.mark.parametrize("op", ["exp", "sigmoid", "silu", "log", "tanh", "erf", "gelu"])
 def test_auto_float64_math_plans(op):
     """float64 libm-class math takes its class's vectors per thread (exp and sigmoid 1 at any
-    size, silu 4 past 2 waves, log, tanh and gelu 1 up to 4 waves and 2 beyond): sizes at 0.3,
-    0.6, 1.5, 3.9 and 5 waves reach each, misaligned, PDL on and off."""
+    size, silu 4 past 8 waves, log, tanh and erf 1 up to 4 waves and 2 beyond, gelu 1 up to 2
+    waves and 4 beyond): sizes at 0.3, 0.6, 1.5, 2.5, 3.9, 5 and 9 waves reach each, misaligned,
+    PDL on and off."""
     info = ewkern.device_info("cuda:0")
     per_wave = info["sm_count"] * info["max_threads_per_sm"]
     rng = np.random.default_rng(12)
     for pdl in (True, False):
         prev = ewkern.set_pdl(pdl)
         try:
-            for waves in (0.3, 0.6, 1.5, 3.9, 5.0):
+            for waves in (0.3, 0.6, 1.5, 2.5, 3.9, 5.0, 9.0):
                 _auto_grid_case(op, "float64", "auto", rng, waves, per_wave, 2)
         finally:
             ewkern.set_pdl(prev)

@@ -74,7 +74,7 @@ static OpArgs<T> op_args(const ew_args *a)
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 8 waves, erf, log
- * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 4 waves and 4 beyond. The run-time kernels'
+ * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 2 waves and 4 beyond. The run-time kernels'
  * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
@@ -196,9 +196,16 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * 4, 95 instructions an element where it had 144), H200, forced 1 / 4, back-to-back, single
          * launch, after a torch kernel: 16 MiB (4.4 waves of the 1-vector kernel) 1.089 / 1.061,
          * 1.005 / 0.972, 0.985 / 0.959; 64 MiB (17.7 waves) 0.991 / 1.036, 0.954 / 0.970, 0.951 /
-         * 0.997; 256 MiB 0.960 / 1.009: silu 4 past 8 waves. */
-        if (heavy64 == H64_POLY || heavy64 == H64_GELU)
-            vpt = nvec <= 4 * wave1 ? 1 : heavy64 == H64_POLY ? 2 : 4;
+         * 0.997; 256 MiB 0.960 / 1.009: silu 4 past 8 waves.
+         * gelu once both forms evaluated a thread's vectors together (3fe0810), H200, 16 MiB (3.9
+         * waves), forced 4 against the rule's 1, back-to-back, single launch, after a torch kernel:
+         * 1.054 / 1.119, 1.039 / 0.971, 0.999 / 0.939; Nsight Compute, cold: 12.0 us (PDL form) and
+         * 11.7 (plain) against 13.1 and 12.6, torch's 12.2 (torch's shape: 8 elements a thread,
+         * 1.55 waves of its blocks, as 4 vectors here): gelu 4 past 2 waves. */
+        if (heavy64 == H64_POLY)
+            vpt = nvec <= 4 * wave1 ? 1 : 2;
+        else if (heavy64 == H64_GELU)
+            vpt = nvec <= 2 * wave1 ? 1 : 4;
         else if (heavy64 == H64_SILU)
             vpt = nvec > 8 * wave1 ? 4 : 1;
         else
