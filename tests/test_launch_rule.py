@@ -79,7 +79,19 @@ def test_16bit_libm_ops_take_two_past_the_devices_threshold(waves_from):
 def test_float64_math_classes():
     assert all(vpt(w * WAVE1 + 1, heavy64=H64_EXP) == 1 for w in (0, 1, 2, 4, 64))
     assert vpt(4 * WAVE1, heavy64=H64_POLY) == 1 and vpt(4 * WAVE1 + 1, heavy64=H64_POLY) == 2
-    assert vpt(2 * WAVE1, heavy64=H64_GELU) == 1 and vpt(2 * WAVE1 + 1, heavy64=H64_GELU) == 4
+    assert vpt(4 * WAVE1 + 1, heavy64=H64_GELU) == 4 and vpt(64 * WAVE1, heavy64=H64_GELU) == 4
+    assert vpt(2 * WAVE1, heavy64=H64_GELU) == 1
+
+
+def test_float64_gelu_between_two_and_four_waves_asks_the_four_vector_grids_last_wave():
+    # 4 when that grid's last wave is at least half full (the 4-vector kernel at 5 blocks of 256 an
+    # SM: 16 MiB is 3.9 waves of the 1-vector kernel and 1.55 of its; 12 MiB 2.9 and 1.16)
+    w4 = 132 * 5 * 256 * 4
+    sixteen, twelve = (16 << 20) // 16, (12 << 20) // 16
+    assert vpt(sixteen, heavy64=H64_GELU, wave4=w4) == 4
+    assert vpt(twelve, heavy64=H64_GELU, wave4=w4) == 1
+    assert vpt(w4 + w4 // 2, heavy64=H64_GELU, wave4=w4) == 4
+    assert vpt(w4 + w4 // 2 - 1, heavy64=H64_GELU, wave4=w4) == 1
     assert vpt(8 * WAVE1, heavy64=H64_SILU) == 1 and vpt(8 * WAVE1 + 1, heavy64=H64_SILU) == 4
 
 

@@ -74,8 +74,9 @@ static OpArgs<T> op_args(const ew_args *a)
  * Heavy ops (libm-class math, not the SFU log) in 16-bit types: 1, and 2 beyond 32 waves (beyond 6
  * where the memory moves at least 30 GB/s an SM: heavy16_waves); in float64
  * (heavy64, Heavy64's class): exp and sigmoid 1 at any size, silu 4 beyond 8 waves, erf, log
- * and tanh 1 up to 4 waves and 2 beyond, gelu 1 up to 2 waves and 4 beyond. The run-time kernels'
- * 16-bit math (heavy16 == 2): 1 at any size. fill (write-only): 2 past half a wave, else 1.
+ * and tanh 1 up to 4 waves and 2 beyond, gelu 4 past 4 waves and from 2 where the 4-vector grid's
+ * last wave is at least half full, else 1. The run-time kernels' 16-bit math (heavy16 == 2): 1 at
+ * any size. fill (write-only): 2 past half a wave, else 1.
  * Measurements: ELEMENTWISE_NOTES.md. */
 /* EWKERN_AUTO_VPT=1|2|4 in the environment (read once) fixes auto's vectors per thread: a knob
  * for measuring the rule above, not for users. */
@@ -201,11 +202,20 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * waves), forced 4 against the rule's 1, back-to-back, single launch, after a torch kernel:
          * 1.054 / 1.119, 1.039 / 0.971, 0.999 / 0.939; Nsight Compute, cold: 12.0 us (PDL form) and
          * 11.7 (plain) against 13.1 and 12.6, torch's 12.2 (torch's shape: 8 elements a thread,
-         * 1.55 waves of its blocks, as 4 vectors here): gelu 4 past 2 waves. */
-        if (heavy64 == H64_POLY)
+         * 1.55 waves of its blocks, as 4 vectors here). The H100 (18c2907, 4 past 2 waves), 4 / 1:
+         * 16 MiB 1.000 / 1.149, 1.021 / 0.978, 0.972 / 0.952; but 12 MiB (2.9 waves of the 1-vector
+         * kernel, 1.16 of the 4-vector kernel's: its second wave 16% full) 0.981 / 1.214, 0.997 /
+         * 1.015, 0.904 / 0.976. So gelu takes 4 past 4 waves, and from 2 where the 4-vector grid's
+         * last wave is at least half full. */
+        if (heavy64 == H64_POLY) {
             vpt = nvec <= 4 * wave1 ? 1 : 2;
-        else if (heavy64 == H64_GELU)
-            vpt = nvec <= 2 * wave1 ? 1 : 4;
+        } else if (heavy64 == H64_GELU) {
+            vpt = nvec > 4 * wave1 ? 4 : 1;
+            if (vpt == 1 && nvec > 2 * wave1) {
+                const int64_t w4 = wave4();
+                vpt = w4 > 0 && 2 * (nvec % w4) >= w4 ? 4 : 1;
+            }
+        }
         else if (heavy64 == H64_SILU)
             vpt = nvec > 8 * wave1 ? 4 : 1;
         else

@@ -478,8 +478,8 @@ template <> struct Heavy<Op_gelu_f64> { enum { value = 1 }; };
 template <> struct Heavy<Op_silu> { enum { value = 1 }; };
 /* float64 math by how auto's plan treats it (asked of MathOf<Op, double>; see auto_plan):
  * H64_EXP (exp and sigmoid: 1 vector per thread at any size), H64_POLY (erf, log, tanh: 1 up to
- * 4 waves, 2 beyond), H64_GELU (1 up to 2 waves, 4 beyond), H64_SILU (exp and a division per
- * element: 4 past 8 waves). Measured on the H200 and the H100 (ELEMENTWISE_NOTES.md, "float64
+ * 4 waves, 2 beyond), H64_GELU (4 past 4 waves, and from 2 where the 4-vector grid's last wave is
+ * at least half full), H64_SILU (exp and a division per element: 4 past 8 waves). Measured on the H200 and the H100 (ELEMENTWISE_NOTES.md, "float64
  * vectors per thread by function"). */
 enum { H64_NONE = 0, H64_EXP = 1, H64_POLY = 2, H64_GELU = 3, H64_SILU = 4 };
 /* Batch<M>::value: the most vectors the default path's kernel (ew_fast, both forms; the PDL form
