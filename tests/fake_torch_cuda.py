@@ -137,6 +137,10 @@ class FakeTorch:
     def empty(self, n, dtype=None, device=None):
         return _Flush(self, n)
 
+    def mul(self, a, b, out=None):
+        """the kernel that TimingConfig.single_between "mul" queues after each single launch"""
+        self.launch("mul", 5e-6)
+
     def launch(self, tag, cost):
         """Run a kernel now: advance the clock by its cost after the previous kernel (and by the
         host's delay when it is the first after a spin that ended before it was queued)."""

@@ -672,3 +672,54 @@ def test_flush_rounds_is_opt_in(tmp_path):
     assert target("--flush-rounds") == ROUNDS_TARGET > 0
     assert target("--flush-rounds", "--samples", "9") == 0.0
     assert target("--flush-rounds", quick=True) == 0.0
+
+
+def test_single_between_mul_queues_a_torch_mul_after_each_single_launch(fake, tmp_path):
+    """--single-between mul: after every single-launch sample on torch's stream (one way after
+    another and in turns), one untimed torch.mul, before the next sample's flush; its buffers are
+    allocated once a run; graphs (cache rotate) and the default queue nothing between samples."""
+    info = {"name": "Fake GPU", "compute_capability": (9, 0), "l2_bytes": 1 << 20, "total_memory_bytes": 8 << 30}
+    args = cli.build_parser().parse_args(["peers", "--cache-bytes", "1MiB", "--single-between", "mul"])
+    c = runner.make_context(args, "cuda:0", info, tmp_path, False, "rotate").cfg
+    assert c.single_between == "mul" and TimingConfig().single_between == "none"
+    c.flush_samples = 6
+
+    def samples_after(start):
+        """the tags of the kernels run since start, cut into samples at each flush"""
+        runs, cur = [], None
+        for tag in fake.ran[start:]:
+            if tag == "flush":
+                cur = []
+                runs.append(cur)
+            elif cur is not None:
+                cur.append(tag)
+        return runs
+    start = len(fake.ran)
+    t = frameworks.time_calls(c, "torch", lambda: fake.kernel("a", 1.0 * US), 1 << 12, "flush")
+    assert samples_after(start) == [["a", "mul"]] * 6
+    assert "an untimed torch.mul of 262144 float32 after each sample" in t.method
+    assert max(t.samples_s) == pytest.approx(1.0 * US)   # the fake mul (5 us) is not in the timed region
+    bufs = c._flush["between"]
+    start = len(fake.ran)
+    tt = frameworks.time_calls_in_turns(c, [(lambda: fake.kernel("a", 1.0 * US), 1 << 12),
+                                            (lambda: fake.kernel("b", 2.0 * US), 1 << 12)], "flush")
+    runs = samples_after(start)
+    assert len(runs) == 12 and all(len(r) == 2 and r[1] == "mul" for r in runs)
+    assert sorted(r[0] for r in runs) == ["a"] * 6 + ["b"] * 6
+    assert c._flush["between"] is bufs
+    assert all("torch.mul" in x.method for x in tt)
+    # an explicit between (the speed probe's) replaces it
+    start = len(fake.ran)
+    frameworks.time_calls_in_turns(c, [(lambda: fake.kernel("a", 1.0 * US), 1 << 12)], "flush",
+                                   between=fake.kernel("ev", 0.0))
+    assert samples_after(start) == [["a", "ev"]] * 6
+    # graphs and the default: nothing between samples
+    start = len(fake.ran)
+    frameworks.time_calls(c, "torch", lambda: fake.kernel("a", 1.0 * US), 1 << 12, "rotate")
+    assert "mul" not in fake.ran[start:]
+    d = cfg(samples=4)
+    start = len(fake.ran)
+    t = frameworks.time_calls(d, "torch", lambda: fake.kernel("a", 1.0 * US), 1 << 12, "flush")
+    assert samples_after(start) == [["a"]] * 4 and "torch.mul" not in t.method
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["peers", "--single-between", "event"])

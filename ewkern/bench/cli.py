@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "flush buffer (default) or with one ewkern.rmse reading it (no allocation, no memset; "
                         "behind torch's sum a series repeats a pattern of four samples up to 1.07 us apart: "
                         "BENCHMARKS.md, 2026-11-27)")
+    p.add_argument("--single-between", choices=("none", "mul"), default=None,
+                   help="single launches timed on torch's stream: queue nothing (default) or an untimed "
+                        "torch.mul of 1 MiB after each sample, before the next sample's spin and flush (in "
+                        "the speed probe a torch.mul after each sample removed the pattern of four on both "
+                        "GPUs: BENCHMARKS.md, 2026-11-27, twenty-ninth session); CuPy's path and ewkern's own "
+                        "time_plans (rmse's 'ewkern' rows) are unchanged")
     p.add_argument("--min-sample-ms", type=float, default=None,
                    help="launches per sample are chosen so a sample lasts this long (default 0.5)")
     p.add_argument("--no-pdl", action="store_true",

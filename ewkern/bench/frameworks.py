@@ -550,9 +550,33 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
 
 
 def _flush_words(cfg, torch_path: bool) -> str:
-    """The method's words for the flush before each single launch."""
+    """The method's words for the flush before each single launch (and what goes after it)."""
     kind = " (one ewkern.rmse read)" if torch_path and cfg.flush_kind == "rmse" else ""
-    return f", flush {cfg.flush_factor}x cache{kind} before each sample"
+    after = ""
+    if torch_path and cfg.single_between == "mul":
+        after = f", an untimed torch.mul of {BETWEEN_ELEMENTS} float32 after each sample"
+    return f", flush {cfg.flush_factor}x cache{kind} before each sample{after}"
+
+
+# elements of the torch.mul that cfg.single_between "mul" queues after each single launch (1 MiB of
+# float32 a buffer)
+BETWEEN_ELEMENTS = 1 << 18
+
+
+def _between_call(cfg, torch, cache: str):
+    """The untimed call queued after each single launch on torch's stream (cfg.single_between), or
+    None: "mul" is torch.mul(a, b, out=c) on BETWEEN_ELEMENTS float32, its buffers allocated once a
+    run."""
+    if cache != "flush" or cfg.single_between == "none":
+        return None
+    if cfg.single_between != "mul":
+        raise ValueError(f"single_between must be 'none' or 'mul', not {cfg.single_between!r}")
+    bufs = cfg._flush.get("between")
+    if bufs is None:
+        bufs = cfg._flush["between"] = [torch.empty(BETWEEN_ELEMENTS, dtype=torch.float32, device=cfg.device)
+                                        for _ in range(3)]
+    a, b, c = bufs
+    return lambda: torch.mul(a, b, out=c)
 
 
 def _events_around(torch, queue):
@@ -690,7 +714,8 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
     shared: the ways' make_calls share their buffer sets (SharedSets: fresh makers, each way's k-th
     call on the k-th set), so the memory they need together is one way's. order (ORDERS, _schedule)
     and between (a call queued, untimed, after every sample, before the next sample's spin and
-    flush) are for probing what a launch inherits from the kernels before it. On a CPU device:
+    flush; without it, single launches take cfg.single_between's) are for probing what a launch
+    inherits from the kernels before it. On a CPU device:
     time_calls for each way in turn (order and between do not apply)."""
     if order is None:
         order = "runs" if cache == "flush" else "rotate"
@@ -720,6 +745,7 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         flush = _torch_flush(cfg, torch) if cache == "flush" else None
+        after = between if between is not None else _between_call(cfg, torch, cache)
         spin = [spin_us]             # microseconds; shortened once, after the first round (SPIN_HOST_FACTOR)
         rounds = [0]                 # samples taken so far: which way goes first in the next
 
@@ -742,8 +768,8 @@ def time_calls_in_turns(cfg: TimingConfig, ways, cache: str, *, samples: int | N
                 if clock:
                     host.append(time.perf_counter() - t0)
                 ends.append(events[w][-1][1])
-                if between is not None:
-                    between()
+                if after is not None:
+                    after()
             if clock:
                 p90 = sorted(host)[(9 * len(host)) // 10] if host else 0.0
                 spin[0] = min(spin_us, max(SPIN_FLOOR_US, SPIN_HOST_FACTOR * p90 * 1e6))
@@ -884,6 +910,7 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         flush = _torch_flush(cfg, torch) if cache == "flush" else None
+        between = _between_call(cfg, torch, cache)
         spin = int(spin_us * 2000)   # cycles at ~2 GHz; only has to outlast the host's queueing
 
         def capture(k, seqs=steps):
@@ -903,11 +930,13 @@ def _time_torch(cfg, calls, cache, n, foreign=None, spin_us=SPIN_US):
 
         def timed(queues, k, samples):
             """Seconds per step of each queue, the queues taking turns: each sample is
-            [spin] [flush] ev0 queue() ev1, k steps (taken again when queued late)."""
+            [spin] [flush] ev0 queue() ev1 [between], k steps (taken again when queued late)."""
             events = [[] for _ in queues]
             for _ in range(samples):
                 for queue, pairs in zip(queues, events):
                     pairs.append(queued_sample(start, _events_around(torch, queue), lambda e: e.query(), late))
+                    if between is not None:
+                        between()
             torch.cuda.synchronize()
             return [[a.elapsed_time(b) * 1e-3 / k for a, b in pairs] for pairs in events]
 

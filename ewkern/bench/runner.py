@@ -524,6 +524,8 @@ def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: s
     cfg = TimingConfig(device=device, cache_bytes=getattr(args, "cache_bytes", None) or cache_bytes(device, info))
     if getattr(args, "flush_kind", None):
         cfg.flush_kind = args.flush_kind
+    if getattr(args, "single_between", None):
+        cfg.single_between = args.single_between
     if getattr(args, "flush_factor", None):
         cfg.flush_factor = int(args.flush_factor)
     if getattr(args, "flush_rounds", False):

@@ -205,6 +205,12 @@ class TimingConfig:
     # read of it; --flush-kind): a series timed on torch's stream behind "sum" repeats a pattern of
     # four samples up to 1.07 us apart on both GPUs (BENCHMARKS.md, 2026-11-27)
     flush_kind: str = "sum"
+    # single launches on torch's stream: "mul" queues an untimed torch.mul of BETWEEN_ELEMENTS float32
+    # after each sample, before the next sample's spin and flush (--single-between). The speed probe's
+    # torch.mul after each sample (of the op's size, ways alternating) removed the pattern of four on
+    # both GPUs (phase spread 1.0-1.1 -> 0.07-0.18 us at 1-16 MiB), an event did not (BENCHMARKS.md,
+    # 2026-11-27, twenty-ninth session); "none" (the default): nothing between samples.
+    single_between: str = "none"
     memory_budget: int | None = None     # bytes a measurement may allocate
     _flush: dict = field(default_factory=dict, repr=False)
 
