@@ -228,7 +228,9 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
      * are then loaded once a batch, not once a vector; the plain form gained 3-5% from it, after a
      * torch kernel at 64 MiB 0.948 -> 0.996 of torch's on the H200; dbc7c38, 2cd6ff6). The PDL form
      * batches too, but without the prefetch: batched and prefetching, ptxas moved three of its four
-     * loads below the batch's math and it ran 5-10% slower at 64 MiB-1 GiB on the H200. */
+     * loads below the batch's math and it ran 5-10% slower at 64 MiB-1 GiB on the H200; batched
+     * without it (the plain form's code after the wait), single launches at 64 MiB went 0.948 ->
+     * 1.026 of torch's on the H200 and 0.968 -> 0.997 on the H100 (3fe0810). */
     enum { BM = Op::KIND == KIND_COMPUTE ? int(Batch<typename MathOf<Op, T>::type>::value) : 1,
            B = VPT < BM ? VPT : BM };
     if constexpr (PDL) {

@@ -215,11 +215,11 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
                 const int64_t w4 = wave4();
                 vpt = w4 > 0 && 2 * (nvec % w4) >= w4 ? 4 : 1;
             }
-        }
-        else if (heavy64 == H64_SILU)
+        } else if (heavy64 == H64_SILU) {
             vpt = nvec > 8 * wave1 ? 4 : 1;
-        else
+        } else {
             vpt = 1;
+        }
     } else if (fill) {
         /* write-only: past half a wave, 2 stores per thread. With 1 the H200 wrote at 0.73 of torch's
          * fill (3350 against 4550 GB/s at 64 MiB-1 GiB); with 2 at 1.00; the H100 the same either way.
