@@ -479,15 +479,16 @@ template <> struct Heavy<Op_silu> { enum { value = 1 }; };
 /* float64 math by how auto's plan treats it (asked of MathOf<Op, double>; see auto_plan):
  * H64_EXP (exp and sigmoid: 1 vector per thread at any size), H64_POLY (erf, log, tanh: 1 up to
  * 4 waves, 2 beyond), H64_GELU (4 past 4 waves, and from 2 where the 4-vector grid's last wave is
- * at least half full), H64_SILU (exp and a division per element: 4 past 8 waves). Measured on the H200 and the H100 (ELEMENTWISE_NOTES.md, "float64
- * vectors per thread by function"). */
+ * at least half full), H64_SILU (exp and a division per element: 4 past 8 waves). Measured on the
+ * H200 and the H100 (ELEMENTWISE_NOTES.md, "float64 vectors per thread by function"). */
 enum { H64_NONE = 0, H64_EXP = 1, H64_POLY = 2, H64_GELU = 3, H64_SILU = 4 };
 /* Batch<M>::value: the most vectors the default path's kernel (ew_fast, both forms; the PDL form
- * then without its prefetch) hands M's batch() at once (all of a thread's vectors up to it); 1: each vector's elements through
- * operator(). float64 gelu (sm_90, nvcc 13; the counts include the tail's one element; measured
- * on the PDL form in 2cd6ff6): 4 vectors a thread 872 SASS instructions with each vector evaluated
- * alone (each reloaded the coefficients: 146 ULDC.64) -> 784 (58) for all four at once, 40 -> 46
- * registers, no spill; 2 vectors a thread 520 (90) -> 488 (55); two at a time of four: 832. */
+ * then without its prefetch) hands M's batch() at once (all of a thread's vectors up to it); 1:
+ * each vector's elements through operator(). float64 gelu (sm_90, nvcc 13; the counts include the
+ * tail's one element; measured on the PDL form in 2cd6ff6): 4 vectors a thread 872 SASS
+ * instructions with each vector evaluated alone (each reloaded the coefficients: 146 ULDC.64) ->
+ * 784 (58) for all four at once, 40 -> 46 registers, no spill; 2 vectors a thread 520 (90) -> 488
+ * (55); two at a time of four: 832. */
 template <class M> struct Batch { enum { value = 1 }; };
 template <> struct Batch<Op_gelu_f64> { enum { value = 4 }; };
 template <class M> struct Heavy64 { enum { value = Heavy<M>::value ? int(H64_EXP) : int(H64_NONE) }; };

@@ -27,8 +27,9 @@ import sys
 from contextlib import contextmanager
 from functools import partial
 
-from .timing import (BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
+from .timing import (BETWEEN_ELEMENTS, BenchError, Skip, Timing, TimingConfig, choose_launches, choose_sets,
                      sample_rounds)
+from .timing import flush_words as _flush_words
 from .units import ITEMSIZE
 
 __all__ = ["available", "versions", "time_calls", "time_calls_in_turns", "SharedSets", "elementwise_call",
@@ -547,20 +548,6 @@ def time_calls(cfg: TimingConfig, impl: str, make_call, set_bytes: int, cache: s
     if cache == "flush":
         method += _flush_words(cfg, torch_path=impl.startswith("torch") and not cfg.is_cpu)
     return Timing(secs, k, nsets, working, cache, method, list(notes) + late_notes(late), extra=extra)
-
-
-def _flush_words(cfg, torch_path: bool) -> str:
-    """The method's words for the flush before each single launch (and what goes after it)."""
-    kind = " (one ewkern.rmse read)" if torch_path and cfg.flush_kind == "rmse" else ""
-    after = ""
-    if torch_path and cfg.single_between == "mul":
-        after = f", an untimed torch.mul of {BETWEEN_ELEMENTS} float32 after each sample"
-    return f", flush {cfg.flush_factor}x cache{kind} before each sample{after}"
-
-
-# elements of the torch.mul that cfg.single_between "mul" queues after each single launch (1 MiB of
-# float32 a buffer)
-BETWEEN_ELEMENTS = 1 << 18
 
 
 def _between_call(cfg, torch, cache: str):

@@ -263,7 +263,8 @@ def run(ctx, xr):
         turns = []    # (method, what, build, fields) timed in turns after the ways' own loop
         # timed in turns, every way's k-th step takes the same inputs and incoming gradient
         # (frameworks.SharedSets): where a set's buffers lie moved one short kernel by up to 10%
-        sets = SharedSets(partial(_step_set, torch, op, shape, dtype, dev, sc)) if in_turns else None
+        make_set = partial(_step_set, torch, op, shape, dtype, dev, sc)
+        sets = SharedSets(make_set) if in_turns else None
         for way, fn in _ways(ctx, torch, op).items():
             def build(fn=fn):
                 def bind(ins_g):
@@ -271,7 +272,7 @@ def run(ctx, xr):
                     y = fn(*ins, *sc)
                     return _step(torch, fn, ins, sc, g if (g.shape, g.dtype) == (y.shape, y.dtype)
                                  else g.to(y.dtype).reshape(y.shape))
-                make_call = set_maker(sets, partial(_step_set, torch, op, shape, dtype, dev, sc), bind)
+                make_call = set_maker(sets, make_set, bind)
                 return make_call, (nin * 3 + 2) * size, nbytes, 0
             for method in methods:
                 if method == "host" and (way == "torch.compile" or not ctx.is_gpu):

@@ -106,6 +106,9 @@ def samples_wanted(samples, target: float, level: float = 0.90) -> int:
 
 
 ROUNDS_TARGET = 0.0025   # TimingConfig.flush_target under --flush-rounds
+# elements of the torch.mul that TimingConfig.single_between "mul" queues after each single launch
+# (1 MiB of float32 a buffer)
+BETWEEN_ELEMENTS = 1 << 18
 
 
 def sample_rounds(cfg: "TimingConfig", take, n: int, fixed: bool) -> list:
@@ -284,6 +287,17 @@ def choose_launches(t_per_launch: float, nsets: int, min_sample_s: float) -> int
     return min(k, cap)
 
 
+def flush_words(cfg: TimingConfig, torch_path: bool = False) -> str:
+    """A method's words for the flush before each single launch (and what goes after it); torch_path:
+    the single launch is timed on torch's stream (frameworks), where flush_kind and single_between
+    apply."""
+    kind = " (one ewkern.rmse read)" if torch_path and cfg.flush_kind == "rmse" else ""
+    after = ""
+    if torch_path and cfg.single_between == "mul":
+        after = f", an untimed torch.mul of {BETWEEN_ELEMENTS} float32 after each sample"
+    return f", flush {cfg.flush_factor}x cache{kind} before each sample{after}"
+
+
 def time_ewkern(cfg: TimingConfig, make_plan, set_bytes: int, cache: str, *,
                 samples: int | None = None, warmup: int | None = None) -> Timing:
     """Time an ewkern workload. make_plan() allocates one buffer set and returns a prepared Plan."""
@@ -331,7 +345,7 @@ def time_ewkern(cfg: TimingConfig, make_plan, set_bytes: int, cache: str, *,
                             blocking=True)
     method = ("host clock" if cfg.is_cpu else "CUDA events") + ", ewkern._C.time_plans"
     if cache == "flush":
-        method += f", flush {cfg.flush_factor}x cache before each sample"
+        method += flush_words(cfg)
     return Timing(list(secs), launches, nsets, nsets * set_bytes, cache, method, notes, plan)
 
 
