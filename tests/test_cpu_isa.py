@@ -44,6 +44,39 @@ np.savez(sys.argv[1], **out)
 """
 
 
+# forward ops whose 16-bit CPU form has a one-pass form per ISA (add ... axpby), a select on the bits
+# (relu, abs, neg) or a plain copy; the baseline cap runs them on float tiles
+FORWARD_OPS = ["add", "sub", "mul", "div", "add_const", "mul_const", "axpby", "relu", "abs", "neg", "copy"]
+
+_FORWARD = """
+import sys, numpy as np, ewkern
+sys.path.insert(0, %r)
+from reference import np_dtype
+rng = np.random.default_rng(11)
+out = {}
+for dt in ("float16", "bfloat16"):
+    t = np_dtype(dt)
+    info = np.finfo(np.float16) if dt == "float16" else None
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-7, -1e-7, 6e-8, 65504.0, -65504.0,
+                        3.0e38, -3.0e38, 1e-40, -1e-40, 1.0, -1.0], dtype=np.float32).astype(t)
+    for n in (1, 7, 15, 17, 1029, 3 * 1024 + 5, 70001):
+        a = (rng.standard_normal(n + 1) * 300).astype(t)
+        b = (rng.standard_normal(n + 1) * 300).astype(t)
+        a[1:1 + min(n, special.size)] = special[:n]
+        b[1:1 + min(n, special.size)] = special[::-1][:n]
+        a, b = a[1:], b[1:]                      # a start 2 bytes past the allocation's
+        for op in %r:
+            args = {"add_const": (a, 0.1), "mul_const": (a, -3.7), "axpby": (a, b, 0.5, -2.25)}.get(op)
+            if args is None:
+                args = (a, b) if op in ("add", "sub", "mul", "div") else (a,)
+            out[f"{op} {dt} {n}"] = np.asarray(getattr(ewkern, op)(*args)).view(np.uint16)
+        x = a.copy()
+        ewkern.add(x, b, out=x)                  # the output is an input
+        out[f"add inplace {dt} {n}"] = x.view(np.uint16)
+np.savez(sys.argv[1], **out)
+"""
+
+
 def _env(cap):
     """this process's environment with ewkern importable and EWKERN_CPU_ISA set to cap (None: unset)"""
     env = {k: v for k, v in os.environ.items() if k != "EWKERN_CPU_ISA"}
@@ -91,3 +124,43 @@ def test_build_info_names_the_capped_isa(cap):
         assert what == "glibc libmvec, SSE variants (EWKERN_CPU_ISA=baseline)", what
     elif " avx2" in flags and " fma" in flags:
         assert what == "glibc libmvec, AVX2 variants (EWKERN_CPU_ISA=avx2)", what
+
+
+@pytest.mark.parametrize("cap", CAPS)
+def test_forward_16bit_bits_match_across_isa_forms(cap, tmp_path):
+    """float16/bfloat16 add ... axpby run in one pass per ISA (AVX-512: 16 lanes, AVX2: 8) and on
+    float tiles at the baseline; relu, abs, neg as selects on the bits: the same bits in every form,
+    NaN, infinities, -0, subnormals and overflow included, at sizes around the vector widths, from
+    a misaligned start, and with the output an input."""
+    def run(c, name):
+        subprocess.run([sys.executable, "-c", _FORWARD % (HERE, FORWARD_OPS), str(tmp_path / name)],
+                       env=_env(c), check=True, cwd=ROOT)
+        return dict(np.load(tmp_path / name))
+    widest, capped = run(None, "widest.npz"), run(cap, f"{cap}.npz")
+    assert widest.keys() == capped.keys() and len(widest) == 2 * 7 * (len(FORWARD_OPS) + 1)
+    differ = [k for k in widest if not np.array_equal(widest[k], capped[k])]
+    assert not differ, differ
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_relu_abs_neg_16bit_bits_against_numpy(dt):
+    """relu, abs and neg of float16/bfloat16 are selects on the bits (the same in every ISA form):
+    against NumPy's maximum(a, 0), abs and negative in float32, rounded back, on every 16-bit
+    pattern but the NaNs (which stay NaNs, payload kept) and relu's -0 (which stays -0, the scalar
+    rule a >= 0 ? a : 0 of elementwise.c; NumPy's SIMD maximum gives +0), both asserted apart."""
+    sys.path.insert(0, HERE)
+    from reference import np_dtype
+    t = np_dtype(dt)
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    a = bits.view(t)
+    nan = np.isnan(a.astype(np.float32))
+    f = a.astype(np.float32)
+    for op, ref in (("relu", np.maximum(f, np.float32(0))), ("abs", np.abs(f)), ("neg", -f)):
+        got = np.asarray(getattr(ewkern, op)(a)).view(np.uint16)
+        want = ref.astype(t).view(np.uint16)
+        bad = np.flatnonzero((got != want) & ~nan & ((bits != 0x8000) | (op != "relu")))
+        assert bad.size == 0, (op, [hex(int(bits[i])) for i in bad[:8]], [hex(int(got[i])) for i in bad[:8]])
+        assert np.isnan(np.asarray(getattr(ewkern, op)(a)).astype(np.float32)[nan]).all(), op
+    r = np.asarray(ewkern.relu(a)).view(np.uint16)
+    assert (r[nan] == bits[nan]).all()           # relu keeps a NaN's bits, sign and payload
+    assert r[0x8000] == 0x8000 and r[0xfc00 if dt == "float16" else 0xff80] == 0

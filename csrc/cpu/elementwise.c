@@ -39,10 +39,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "../ewkern_kernels.h"
 #include "cpu_math.h"
 #include "half.h"
+#include "half_simd.h"
 
 /* EW_X86_DISPATCH (cpu_math.h): the per-ISA forms below; -DEW_CPU_NO_DISPATCH builds the
  * baseline and the portable float16/bfloat16 converters only. */
@@ -94,20 +98,31 @@
     } while (0)
 
 /* copy: the C library's memcpy (the widest moves the CPU has, non-temporal stores for large
- * blocks), in one piece per OpenMP thread when parallel. An element loop compiled for the baseline
- * ISA copied float32 at half NumPy's speed on one thread (8 MiB: 583 against 287 us). */
+ * blocks), in pieces on the OpenMP team when parallel: at most 1 MiB, and at least one piece a
+ * thread where that leaves 64 KiB a piece. An element loop compiled for the baseline ISA copied
+ * float32 at half NumPy's speed on one thread (8 MiB: 583 against 287 us). With pieces of 1 MiB
+ * alone, 1 MiB went to one thread: 19 us against torch's 9.3 on two (CI host, in cache). */
 #define EW_COPY_PIECE ((int64_t)1 << 20)
+#define EW_COPY_MIN_PIECE ((int64_t)1 << 16)
 static void ew_copy_bytes(void *dst, const void *src, int64_t nbytes, int parallel)
 {
-    if (!parallel || nbytes <= EW_COPY_PIECE) {
+#ifdef _OPENMP
+    const int64_t nthreads = omp_get_max_threads();
+#else
+    const int64_t nthreads = 1;
+#endif
+    int64_t piece = (nbytes + nthreads - 1) / nthreads;
+    piece = (piece + 4095) & ~(int64_t)4095;   /* whole pages */
+    piece = piece > EW_COPY_PIECE ? EW_COPY_PIECE : piece < EW_COPY_MIN_PIECE ? EW_COPY_MIN_PIECE : piece;
+    if (!parallel || nbytes <= piece) {
         memcpy(dst, src, (size_t)nbytes);
         return;
     }
-    const int64_t npieces = (nbytes + EW_COPY_PIECE - 1) / EW_COPY_PIECE;
+    const int64_t npieces = (nbytes + piece - 1) / piece;
     EW_PARALLEL
     for (int64_t k = 0; k < npieces; k++) {
-        const int64_t off = k * EW_COPY_PIECE;
-        const int64_t len = nbytes - off < EW_COPY_PIECE ? nbytes - off : EW_COPY_PIECE;
+        const int64_t off = k * piece;
+        const int64_t len = nbytes - off < piece ? nbytes - off : piece;
         memcpy((char *)dst + off, (const char *)src + off, (size_t)len);
     }
 }
@@ -198,8 +213,11 @@ static float ew_double_to_float_odd(double d)
  * (libmvec) at the widest vectors the CPU has; without libmvec they call scalar libm and go
  * parallel sooner (EW_PAR_MIN_HEAVY). sqrt and rsqrt are MATH too, for the wider vectors.
  * ABS and NEG are arithmetic, except that on float16/bfloat16 they work on the sign bit alone, as
- * NumPy's do (exact, NaN payloads kept; a trip through float tiles ran at half NumPy's speed). */
-enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_KIND_NEG };
+ * NumPy's do (exact, NaN payloads kept; a trip through float tiles ran at half NumPy's speed).
+ * RELU likewise: on float16/bfloat16 a negative number below -0 (not a NaN) becomes +0, every other
+ * value keeps its bits, as maximum(a, 0) in float and rounded back gives them; float32/float64
+ * compute it as ARITH does. */
+enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_KIND_NEG, EW_KIND_RELU };
 #define EWK_copy      EW_KIND_COPY
 #define EWK_fill      EW_KIND_FILL
 #define EWK_add       EW_KIND_ARITH
@@ -220,7 +238,7 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EWK_erf       EW_KIND_MATH
 #define EWK_tanh      EW_KIND_MATH
 #define EWK_sigmoid   EW_KIND_MATH
-#define EWK_relu      EW_KIND_ARITH
+#define EWK_relu      EW_KIND_RELU
 #define EWK_gelu      EW_KIND_MATH
 #define EWK_silu      EW_KIND_MATH
 
@@ -376,13 +394,8 @@ __attribute__((target("avx,f16c"))) static void ew_f32_to_f16_f16c(const float *
         dst[j] = ew_float_to_half(src[j]);
 }
 
-/* __builtin_cpu_supports reads a table libgcc fills before constructors run; "avx" includes
- * the check that the OS saves the YMM registers. */
-#define EW_HAVE_F16C() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx") \
-                        && __builtin_cpu_supports("f16c"))
 #define EW_HAVE_AVX2() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx2"))
 #else
-#define EW_HAVE_F16C() 0
 #define EW_HAVE_AVX2() 0
 #define ew_f16_to_f32_f16c ew_f16_to_f32_portable
 #define ew_f32_to_f16_f16c ew_f32_to_f16_portable
@@ -443,6 +456,7 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 #define EW_DT_f32_FS(x) ((float)(x))
 #define EW_DT_f32_TOFN NULL
 #define EW_DT_f32_FROMFN NULL
+#define EW_DT_f32_NEGINF 0u
 
 #define EW_DT_f16_ST uint16_t
 #define EW_DT_f16_CT float
@@ -455,6 +469,7 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 #define EW_DT_f16_FS(x) ew_double_to_float_odd(x)
 #define EW_DT_f16_TOFN ew_f16_to_f32_block
 #define EW_DT_f16_FROMFN ew_f32_to_f16_block
+#define EW_DT_f16_NEGINF 0xfc00u   /* -inf's bits (relu) */
 
 #define EW_DT_bf16_ST uint16_t
 #define EW_DT_bf16_CT float
@@ -467,6 +482,7 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 #define EW_DT_bf16_FS(x) ew_double_to_float_odd(x)
 #define EW_DT_bf16_TOFN ew_bf16_to_f32_block
 #define EW_DT_bf16_FROMFN ew_f32_to_bf16_block
+#define EW_DT_bf16_NEGINF 0xff80u
 
 #define EW_DT_f64_ST double
 #define EW_DT_f64_CT double
@@ -479,8 +495,95 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 #define EW_DT_f64_FS(x) ((double)(x))
 #define EW_DT_f64_TOFN NULL
 #define EW_DT_f64_FROMFN NULL
+#define EW_DT_f64_NEGINF 0u
 
 #define EW_DT(dt, what) EW_DT_##dt##_##what
+
+/* ---- float16/bfloat16 arithmetic in one pass ---------------------------------------------
+ * add, sub, mul, div, add_const, mul_const and axpby (EWA_<op> below): each group of W elements
+ * (16 with AVX-512, 8 with AVX2) is loaded, widened to float in registers, computed by the op's
+ * own line (EWF_<op> on GCC's vector types, whose arithmetic is the scalar float arithmetic lane by
+ * lane, -std=c11: no FMA formed), rounded back and stored. The float tiles made four passes over
+ * L1 a tile (each input to float, the op, back to 16 bits); on the CI host (2 threads, 1 MiB,
+ * inputs in cache) float16 add took 58 us there against torch's 28.5. The same bits as the tiles
+ * (half_simd.h's converters; the last m % W elements through half.h's scalar ones).
+ * The baseline ISA (and a CPU without F16C, for float16) keeps the tiles (the pick returns NULL). */
+typedef void (*ew_a16_fn)(const uint16_t *a, const uint16_t *b, uint16_t *out, int64_t m, float c0, float c1);
+
+#define EW_DT_f16_TOFLOAT(h) ew_half_to_float(h)
+#define EW_DT_bf16_TOFLOAT(h) ew_bf16_to_float(h)
+
+#if EW_X86_DISPATCH
+#define EW_A16_FORM(name, inputs, dt, sfx, attr, W, VT, WIDEN, NARROW)                       \
+    attr static void ew_a16_##name##_##dt##_##sfx(const uint16_t *a, const uint16_t *b,       \
+                                                  uint16_t *out, int64_t m, float C0, float C1) \
+    {                                                                                        \
+        (void)C0; (void)C1;                                                                  \
+        int64_t i = 0;                                                                       \
+        for (; i + (W) <= m; i += (W)) {                                                     \
+            const VT A = WIDEN(a + i);                                                       \
+            const VT B = (inputs) >= 2 ? WIDEN(b + i) : A;                                   \
+            (void)B;                                                                         \
+            NARROW(out + i, EWF_##name(VT));                                                 \
+        }                                                                                    \
+        for (; i < m; i++) {                                                                 \
+            const float A = EW_DT(dt, TOFLOAT)(a[i]);                                        \
+            const float B = (inputs) >= 2 ? EW_DT(dt, TOFLOAT)(b[i]) : A;                    \
+            (void)B;                                                                         \
+            out[i] = EW_DT(dt, SV)(EWF_##name(float));                                       \
+        }                                                                                    \
+    }
+
+#define EW_DEFINE_A16(name, inputs, dt, f16c)                                                \
+    EW_A16_FORM(name, inputs, dt, avx512, EW_ISA_AVX512, 16, __m512, ew_w16_##dt, ew_n16_##dt) \
+    EW_A16_FORM(name, inputs, dt, avx2, EW_ISA_AVX2_F16C, 8, __m256, ew_w8_##dt, ew_n8_##dt)  \
+    static ew_a16_fn ew_a16_pick_##name##_##dt(void)                                         \
+    {                                                                                        \
+        if (EW_HAVE_AVX512())                                                                \
+            return ew_a16_##name##_##dt##_avx512;                                            \
+        if (EW_HAVE_AVX2_FMA() && (!(f16c) || EW_HAVE_F16C()))                               \
+            return ew_a16_##name##_##dt##_avx2;                                              \
+        return NULL;                                                                         \
+    }
+#else
+#define EW_DEFINE_A16(name, inputs, dt, f16c)                                                \
+    static ew_a16_fn ew_a16_pick_##name##_##dt(void) { return NULL; }
+#endif
+
+#define EW_A16_OPS(X) X(add, 2) X(sub, 2) X(mul, 2) X(div, 2) X(add_const, 1) X(mul_const, 1) X(axpby, 2)
+#define EW_DEFINE_A16_BOTH(name, inputs) EW_DEFINE_A16(name, inputs, f16, 1) EW_DEFINE_A16(name, inputs, bf16, 0)
+EW_A16_OPS(EW_DEFINE_A16_BOTH)
+
+/* the one-pass form of op name for dtype dt on this CPU, or NULL (the tiles) */
+#define EWA_YES(name, dt) ew_a16_pick_##name##_##dt()
+#define EWA_NO(name, dt) ((ew_a16_fn)NULL)
+#define EWA_copy      EWA_NO
+#define EWA_fill      EWA_NO
+#define EWA_add       EWA_YES
+#define EWA_sub       EWA_YES
+#define EWA_mul       EWA_YES
+#define EWA_div       EWA_YES
+#define EWA_maximum   EWA_NO
+#define EWA_minimum   EWA_NO
+#define EWA_add_const EWA_YES
+#define EWA_mul_const EWA_YES
+#define EWA_axpby     EWA_YES
+#define EWA_neg       EWA_NO
+#define EWA_abs       EWA_NO
+#define EWA_exp       EWA_NO
+#define EWA_log       EWA_NO
+#define EWA_sqrt      EWA_NO
+#define EWA_rsqrt     EWA_NO
+#define EWA_erf       EWA_NO
+#define EWA_tanh      EWA_NO
+#define EWA_sigmoid   EWA_NO
+#define EWA_relu      EWA_NO
+#define EWA_gelu      EWA_NO
+#define EWA_silu      EWA_NO
+#define EW_DT_f32_A16(name) ((ew_a16_fn)NULL)
+#define EW_DT_f64_A16(name) ((ew_a16_fn)NULL)
+#define EW_DT_f16_A16(name) EWA_##name(name, f16)
+#define EW_DT_bf16_A16(name) EWA_##name(name, bf16)
 
 /* ---- the launchers ----------------------------------------------------------------------- */
 
@@ -570,7 +673,8 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
         (void)C0; (void)C1;                                                                  \
         static _Atomic(uint16_t *) lut_slot;   /* float16/bfloat16 math: ew_lut */            \
         const uint16_t *lut = NULL;                                                          \
-        (void)lut;                                                                           \
+        ew_a16_fn a16 = NULL;                  /* float16/bfloat16 arithmetic in one pass */  \
+        (void)lut; (void)a16;                                                                \
         if (n <= 0)                                                                          \
             return n == 0 ? 0 : EINVAL;                                                      \
         if (!out || ((inputs) >= 1 && !a) || ((inputs) >= 2 && !b))                          \
@@ -581,13 +685,32 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
         } else if (EWK_##name == EW_KIND_FILL) {                                             \
             const EW_DT(dt, ST) v = EW_DT(dt, SV)(EW_DT(dt, FS)(args->scalar[0]));           \
             EW_FOR(i, n, par_min, out[i] = v);                                               \
-        } else if (EW_DT(dt, TILED) && (EWK_##name == EW_KIND_ABS || EWK_##name == EW_KIND_NEG)) { \
+        } else if (EW_DT(dt, TILED) && (EWK_##name == EW_KIND_ABS || EWK_##name == EW_KIND_NEG \
+                                         || EWK_##name == EW_KIND_RELU)) {                   \
             const uint16_t *ab = (const uint16_t *)(const void *)a;                          \
             uint16_t *ob = (uint16_t *)(void *)out;                                          \
             if (EWK_##name == EW_KIND_ABS)                                                   \
                 EW_FOR(i, n, par_min, ob[i] = (uint16_t)(ab[i] & 0x7fffu));                  \
-            else                                                                             \
+            else if (EWK_##name == EW_KIND_NEG)                                              \
                 EW_FOR(i, n, par_min, ob[i] = (uint16_t)(ab[i] ^ 0x8000u));                  \
+            else   /* below -0 down to -inf: +0 */                                           \
+                EW_FOR(i, n, par_min,                                                        \
+                       ob[i] = (uint16_t)(ab[i] > 0x8000u && ab[i] <= EW_DT(dt, NEGINF) ? 0u : ab[i])); \
+        } else if (EW_DT(dt, TILED) && (a16 = EW_DT(dt, A16)(name)) != NULL) {               \
+            const uint16_t *ab = (const uint16_t *)(const void *)a;                          \
+            const uint16_t *bb = (const uint16_t *)(const void *)b;                          \
+            uint16_t *ob = (uint16_t *)(void *)out;                                          \
+            if (n < par_min) {                                                               \
+                a16(ab, bb, ob, n, (float)C0, (float)C1);                                    \
+            } else {                                                                         \
+                const int64_t ntiles = (n + EW_TILE - 1) / EW_TILE;                          \
+                EW_PARALLEL                                                                  \
+                for (int64_t t = 0; t < ntiles; t++) {                                       \
+                    const int64_t i0 = t * EW_TILE;                                          \
+                    const int64_t m = n - i0 < EW_TILE ? n - i0 : EW_TILE;                   \
+                    a16(ab + i0, (inputs) >= 2 ? bb + i0 : NULL, ob + i0, m, (float)C0, (float)C1); \
+                }                                                                            \
+            }                                                                                \
         } else if (EW_DT(dt, TILED) && EWK_##name == EW_KIND_MATH &&                         \
                    (lut = ew_lut(&lut_slot, n, EWV_FN(name, float), EW_DT(dt, TOFN),            \
                                  EW_DT(dt, FROMFN))) != NULL) {                                 \
