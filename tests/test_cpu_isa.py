@@ -164,3 +164,47 @@ def test_relu_abs_neg_16bit_bits_against_numpy(dt):
     r = np.asarray(ewkern.relu(a)).view(np.uint16)
     assert (r[nan] == bits[nan]).all()           # relu keeps a NaN's bits, sign and payload
     assert r[0x8000] == 0x8000 and r[0xfc00 if dt == "float16" else 0xff80] == 0
+
+
+_TABLE = """
+import sys, numpy as np, ewkern
+sys.path.insert(0, %r)
+from reference import np_dtype
+rng = np.random.default_rng(5)
+out = {}
+for op in ("gelu_backward", "silu_backward", "erf_backward"):
+    for dt in ("float16", "bfloat16"):
+        a = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np_dtype(dt))   # every pattern
+        g = (rng.standard_normal(65536) * 4).astype(np_dtype(dt))
+        g[::97] = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32).astype(g.dtype)[
+            np.arange(g[::97].size) %% 5]
+        # below EW_BW_LUT_MIN elements a call runs the float tiles, until a table exists: first the
+        # tiles (pieces of 8191), then one call of 65536 that makes the table and reads it
+        tiles = np.concatenate([np.asarray(getattr(ewkern, op)(g[i:i + 8191], a[i:i + 8191]))
+                                for i in range(0, 65536, 8191)])
+        table = np.asarray(getattr(ewkern, op)(g, a))
+        again = np.asarray(getattr(ewkern, op)(g[:100], a[:100]))   # a small call reads the table too
+        out[op + " " + dt] = np.stack([tiles.view(np.uint16), table.view(np.uint16)])
+        out[op + " " + dt + " small"] = np.stack([tiles[:100].view(np.uint16), again.view(np.uint16)])
+np.savez(sys.argv[1], **out)
+"""
+
+
+@pytest.mark.parametrize("cap", [None] + CAPS)
+def test_16bit_gradient_tables_give_the_tiles_bits(cap, tmp_path):
+    """float16/bfloat16 gelu, silu and erf gradients read a table of d(a) for every 16-bit pattern
+    (made on a call of >= 2^14 elements by the tile loop with grad 1): the same bits as the float
+    tiles over every pattern of a, with NaN, infinities and zeros in grad, under each ISA cap. A NaN
+    result only as a NaN: the tiles' own payload depends on where an element falls (libmvec's vector
+    exp in full vectors, the scalar epilogue's expf in a tile's last few: silu float16 of a = 0x7ff6
+    at the end of a tile of 1023)."""
+    path = tmp_path / "t.npz"
+    subprocess.run([sys.executable, "-c", _TABLE % HERE, str(path)], env=_env(cap), check=True, cwd=ROOT)
+    res = dict(np.load(path))
+    assert len(res) == 12
+    def nan(bits, k):
+        exp_mask, mant = (0x7c00, 0x3ff) if k.split()[1] == "float16" else (0x7f80, 0x7f)
+        return ((bits & exp_mask) == exp_mask) & ((bits & mant) != 0)
+    differ = [k for k, v in res.items()
+              if not (np.array_equal(nan(v[0], k), nan(v[1], k)) and np.array_equal(v[0][~nan(v[0], k)], v[1][~nan(v[0], k)]))]
+    assert not differ, differ

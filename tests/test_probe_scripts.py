@@ -55,3 +55,12 @@ def test_rows_variants_compile(rows_variants):
         src, entries = _mse_rows(rows_variants, v)
         ptx, _, _ = _build.compile_cuda("probe_mse_" + v, src, (9, 0), ptx_only=True)
         assert all((".entry " + e).encode() in ptx for e in entries)
+
+
+def test_layout_probe_kernels_compile():
+    """scripts/layout_probe.py's kernels (CuPy compiles them on the GPU machine) pass NVRTC for sm_90."""
+    _nvrtc()
+    import layout_probe
+    from ewkern.rtc import _build
+    ptx, _, _ = _build.compile_cuda("layout_probe", layout_probe.SOURCE, (9, 0), ptx_only=True)
+    assert all((".entry " + name).encode() in ptx for name, _, _ in layout_probe.WAYS.values())

@@ -9,7 +9,9 @@
  *         libmvec's vector functions of that ISA, as in the forward math ops; float32/float64 run
  *         it on the arrays, float16/bfloat16 on float tiles of EW_BW_TILE elements converted by
  *         the forward's block converters (the same bits as element by element: round to nearest
- *         even on the way back). On the OpenMP team from EW_BW_PAR_MIN elements, in blocks.
+ *         even on the way back), except where a faster form gives the same bits: the arithmetic
+ *         gradients in one pass widened in registers, and gelu, silu, erf by a table of d(a) for
+ *         every 16-bit a (below). On the OpenMP team from EW_BW_PAR_MIN elements, in blocks.
  *         Before 2026-11-26 it was one baseline loop calling scalar libm per element: gelu, silu
  *         and erf gradients 3-23x and every float16 gradient 11-50x slower (CPU_NOTES.md).
  *
@@ -20,6 +22,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -303,9 +306,65 @@ EW_BW16_OPS(EW_BW16_BOTH)
 #define EWBA_minimum_backward EWBA_NO
 #define EWBA_axpby_backward   EWBA_YES
 
-/* float16/bfloat16: the one-pass form where the op and the CPU have one, else float tiles (in,
- * the loop, out); groups or tiles on the OpenMP team. Every input of a tile is converted before a
- * gradient is written, so a gradient may be written over an input. */
+/* float16/bfloat16 gradients that are G times a function of A alone, d(A), costing exp or erfc an
+ * element (EWBD_<op>: gelu, silu, erf): a table of d for each of the 65536 patterns of A, made on
+ * the first call of at least EW_BW_LUT_MIN elements by the tile loop itself with G = 1 (1 * d is d,
+ * NaN included), so that G * table[A] in float is the tile loop's G * d(A), the same bits; kept for
+ * the life of the process (256 KiB a table, published once: a thread that loses the race frees its
+ * copy); if it cannot be allocated the tiles run. A tile is then G widened, times the entry, rounded
+ * back: no libmvec call an element (forward 16-bit math ops read tables the same way, elementwise.c). */
+#define EW_BW_LUT_MIN ((int64_t)1 << 14)
+#define EW_BW_LUT_SIZE 65536
+typedef void (*ew_bw_tof_fn)(const uint16_t *, float *, int);
+typedef void (*ew_bwr_float_fn)(const float *, const float *, const float *, float *, float *, float, float,
+                                int64_t);
+
+static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn range, ew_bw_tof_fn tof)
+{
+    float *t = atomic_load_explicit(slot, memory_order_acquire);
+    if (t != NULL || n < EW_BW_LUT_MIN)
+        return t;
+    t = (float *)malloc(EW_BW_LUT_SIZE * sizeof *t);
+    if (t == NULL)
+        return NULL;
+    _Alignas(64) uint16_t idx[EW_BW_TILE];
+    _Alignas(64) float ta[EW_BW_TILE], ones[EW_BW_TILE];
+    for (int j = 0; j < EW_BW_TILE; j++)
+        ones[j] = 1.0f;
+    for (int base = 0; base < EW_BW_LUT_SIZE; base += EW_BW_TILE) {
+        for (int j = 0; j < EW_BW_TILE; j++)
+            idx[j] = (uint16_t)(base + j);
+        tof(idx, ta, EW_BW_TILE);
+        range(ones, ta, NULL, t + base, NULL, 0.0f, 0.0f, EW_BW_TILE);
+    }
+    float *expected = NULL;
+    if (!atomic_compare_exchange_strong_explicit(slot, &expected, t, memory_order_acq_rel, memory_order_acquire)) {
+        free(t);
+        t = expected;
+    }
+    return t;
+}
+#define EWBD_gelu_backward    1
+#define EWBD_silu_backward    1
+#define EWBD_erf_backward     1
+#define EWBD_sigmoid_backward 0
+#define EWBD_tanh_backward    0
+#define EWBD_exp_backward     0
+#define EWBD_log_backward     0
+#define EWBD_sqrt_backward    0
+#define EWBD_rsqrt_backward   0
+#define EWBD_abs_backward     0
+#define EWBD_relu_backward    0
+#define EWBD_mul_backward     0
+#define EWBD_div_backward     0
+#define EWBD_maximum_backward 0
+#define EWBD_minimum_backward 0
+#define EWBD_axpby_backward   0
+
+/* float16/bfloat16: the one-pass form where the op and the CPU have one, a table of d(A) where the
+ * op has one (above), else float tiles (in, the loop, out); groups or tiles on the OpenMP team.
+ * Every input of a tile is converted before a gradient is written, so a gradient may be written over
+ * an input. */
 #define EW_BW_LAUNCHER_TILED(name, inputs, outputs, dt)                                      \
     static int ew_cpu_##name##_##dt(const void *argp)                                        \
     {                                                                                        \
@@ -318,6 +377,22 @@ EW_BW16_OPS(EW_BW16_BOTH)
                 const int64_t i0 = t * EW_BW_TILE;                                           \
                 one(g + i0, EW_BW_AT(a, i0), EW_BW_AT(b, i0), EW_BW_AT(o1, i0), EW_BW_AT(o2, i0), S0, S1, \
                     n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE);                               \
+            }                                                                                \
+            return 0;                                                                        \
+        }                                                                                    \
+        static _Atomic(float *) lut_slot;                                                    \
+        const float *lut = EWBD_##name ? ew_bw_lut(&lut_slot, n, ew_bwr_##name##_float, EW_BW(dt, TOF)) : NULL; \
+        if (lut && o1) {                                                                     \
+            EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
+            for (int64_t t = 0; t < nt; t++) {                                               \
+                _Alignas(64) float tg[EW_BW_TILE];                                           \
+                const int64_t i0 = t * EW_BW_TILE;                                           \
+                const int m = (int)(n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE);              \
+                EW_BW(dt, TOF)(g + i0, tg, m);                                               \
+                EW_BW_SIMD                                                                   \
+                for (int j = 0; j < m; j++)                                                  \
+                    tg[j] = tg[j] * lut[a[i0 + j]];                                          \
+                EW_BW(dt, FROMF)(tg, o1 + i0, m);                                            \
             }                                                                                \
             return 0;                                                                        \
         }                                                                                    \

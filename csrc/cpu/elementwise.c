@@ -3,11 +3,12 @@
  *
  * Versions (variant names as the registry lists them):
  *   auto  float32/float64: one compiler-vectorised loop (#pragma omp simd) per (op, dtype);
- *         float16/bfloat16: tiles of EW_TILE elements converted to float in a stack buffer
- *         (F16C or AVX2 when the CPU has them, chosen at run time; portable C otherwise),
- *         computed in float, rounded once on the way back. copy moves bits; fill stores one
- *         precomputed value. Runs on the OpenMP team from EW_PAR_MIN_* elements, on the calling
- *         thread below that.
+ *         float16/bfloat16: the arithmetic ops in one pass, widened to float in registers
+ *         (AVX-512 or AVX2, chosen at run time), the math ops by a table of all 65536 results,
+ *         abs/neg/relu on the bits; otherwise (the baseline ISA) tiles of EW_TILE elements
+ *         converted to float in a stack buffer; always computed in float, rounded once on the way
+ *         back. copy moves bits; fill stores one precomputed value. Runs on the OpenMP team from
+ *         EW_PAR_MIN_* elements, on the calling thread below that.
  *
  * The launchers are generated: ops.def lists the ops (EW_OP X-macro); below, EWF_<op> gives
  * each op's arithmetic once for any compute type T, EWK_<op> its kind, and the EW_DT_* traits
@@ -758,7 +759,8 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
 
 #define EW_ABOUT_AUTO                                                                        \
     "OpenMP + compiler-vectorised loop (threads from 2^15 elements, 2^12 for libm ops); "    \
-    "f16/bf16 in float tiles via F16C/AVX-512/AVX2/portable converters picked at run time"
+    "f16/bf16 arithmetic widened in registers (AVX-512/AVX2 picked at run time), math by 2^16-entry " \
+    "tables, else float tiles"
 
 #define EW_ROW(name, dt)                                                                     \
     {#name, "auto", EW_DT(dt, ENUM), ew_cpu_##name##_##dt, NULL, 0, EW_ABOUT_AUTO},
