@@ -269,14 +269,7 @@ typedef void (*ew_bw16_fn)(const uint16_t *g, const uint16_t *a, const uint16_t 
 #define EW_BW16_DEFINE(name, inputs, outputs, dt, f16c)                                      \
     EW_BW16_FORM(name, inputs, outputs, dt, avx512, EW_ISA_AVX512, 16, __m512, ew_w16_##dt, ew_n16_##dt) \
     EW_BW16_FORM(name, inputs, outputs, dt, avx2, EW_ISA_AVX2_F16C, 8, __m256, ew_w8_##dt, ew_n8_##dt) \
-    static ew_bw16_fn ew_bw16_pick_##name##_##dt(void)                                       \
-    {                                                                                        \
-        if (EW_HAVE_AVX512())                                                                \
-            return ew_bw16_##name##_##dt##_avx512;                                           \
-        if (EW_HAVE_AVX2_FMA() && (!(f16c) || EW_HAVE_F16C()))                               \
-            return ew_bw16_##name##_##dt##_avx2;                                             \
-        return NULL;                                                                         \
-    }
+    static ew_bw16_fn ew_bw16_pick_##name##_##dt(void) { return EW_PICK16(ew_bw16_##name##_##dt, f16c); }
 #else
 #define EW_BW16_DEFINE(name, inputs, outputs, dt, f16c)                                      \
     static ew_bw16_fn ew_bw16_pick_##name##_##dt(void) { return NULL; }

@@ -82,6 +82,11 @@ EW_ISA_AVX2 static inline void ew_n8_bf16(uint16_t *p, __m256 r)
     _mm_storeu_si128((__m128i *)(void *)p, _mm256_castsi256_si128(packed));
 }
 
+
+/* the widest form of a one-pass loop fn (fn_avx512, fn_avx2) this CPU runs, or NULL (the float
+ * tiles); f16c: the AVX2 form needs F16C (float16) */
+#define EW_PICK16(fn, f16c) (EW_HAVE_AVX512() ? fn##_avx512                                      \
+                             : EW_HAVE_AVX2_FMA() && (!(f16c) || EW_HAVE_F16C()) ? fn##_avx2 : NULL)
 #else
 #define EW_HAVE_F16C() 0
 #endif /* EW_X86_DISPATCH */
