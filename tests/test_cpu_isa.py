@@ -144,7 +144,7 @@ def test_forward_16bit_bits_match_across_isa_forms(cap, tmp_path):
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 def test_relu_abs_neg_16bit_bits_against_numpy(dt):
-    """relu, abs and neg of float16/bfloat16 are selects on the bits (the same in every ISA form):
+    """relu, abs, neg and relu_backward of float16/bfloat16 are selects on the bits (the same in every ISA form):
     against NumPy's maximum(a, 0), abs and negative in float32, rounded back, on every 16-bit
     pattern but the NaNs (which stay NaNs, payload kept) and relu's -0 (which stays -0, the scalar
     rule a >= 0 ? a : 0 of elementwise.c; NumPy's SIMD maximum gives +0), both asserted apart."""
@@ -164,6 +164,14 @@ def test_relu_abs_neg_16bit_bits_against_numpy(dt):
     r = np.asarray(ewkern.relu(a)).view(np.uint16)
     assert (r[nan] == bits[nan]).all()           # relu keeps a NaN's bits, sign and payload
     assert r[0x8000] == 0x8000 and r[0xfc00 if dt == "float16" else 0xff80] == 0
+    # relu_backward(g, y), y every pattern (a select on the bits too): +0 where y <= 0, else g
+    g = (np.random.default_rng(3).standard_normal(65536) * 100).astype(t)
+    g[::7] = np.array([np.nan, np.inf, -np.inf, -0.0], dtype=np.float32).astype(t)[np.arange(g[::7].size) % 4]
+    got = np.asarray(ewkern.relu_backward(g, a)).view(np.uint16)
+    want = np.where(f <= 0, np.float32(0), g.astype(np.float32)).astype(t).view(np.uint16)
+    gnan = np.isnan(g.astype(np.float32))
+    assert np.array_equal(got[~gnan | (f <= 0)], want[~gnan | (f <= 0)])
+    assert np.isnan(np.asarray(ewkern.relu_backward(g, a)).astype(np.float32)[gnan & ~(f <= 0)]).all()
 
 
 _TABLE = """

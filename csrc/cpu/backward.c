@@ -233,6 +233,8 @@ typedef void (*ew_bw16_fn)(const uint16_t *g, const uint16_t *a, const uint16_t 
 #define EW_BW_f16_SV(x) ew_float_to_half(x)
 #define EW_BW_bf16_TOFLOAT(h) ew_bf16_to_float(h)
 #define EW_BW_bf16_SV(x) ew_float_to_bf16(x)
+#define EW_BW_f16_NEGINF 0xfc00u   /* -inf's bits */
+#define EW_BW_bf16_NEGINF 0xff80u
 
 #if EW_X86_DISPATCH
 #define EW_BW16_FORM(name, inputs, outputs, dt, sfx, attr, W, VT, WIDEN, NARROW)               \
@@ -300,7 +302,7 @@ EW_BW16_OPS(EW_BW16_BOTH)
 #define EWBA_axpby_backward   EWBA_YES
 
 /* float16/bfloat16 gradients that are G times a function of A alone, d(A), costing exp or erfc an
- * element (EWBD_<op>: gelu, silu, erf): a table of d for each of the 65536 patterns of A, made on
+ * element (EWBK_<op> 1: gelu, silu, erf): a table of d for each of the 65536 patterns of A, made on
  * the first call of at least EW_BW_LUT_MIN elements by the tile loop itself with G = 1 (1 * d is d,
  * NaN included), so that G * table[A] in float is the tile loop's G * d(A), the same bits; kept for
  * the life of the process (256 KiB a table, published once: a thread that loses the race frees its
@@ -337,22 +339,25 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
     }
     return t;
 }
-#define EWBD_gelu_backward    1
-#define EWBD_silu_backward    1
-#define EWBD_erf_backward     1
-#define EWBD_sigmoid_backward 0
-#define EWBD_tanh_backward    0
-#define EWBD_exp_backward     0
-#define EWBD_log_backward     0
-#define EWBD_sqrt_backward    0
-#define EWBD_rsqrt_backward   0
-#define EWBD_abs_backward     0
-#define EWBD_relu_backward    0
-#define EWBD_mul_backward     0
-#define EWBD_div_backward     0
-#define EWBD_maximum_backward 0
-#define EWBD_minimum_backward 0
-#define EWBD_axpby_backward   0
+/* EWBK_<op>: the 16-bit form past the one-pass ones: 1 the table of d(A) above, 2 a select on the
+ * bits (relu: A <= 0, i.e. +-0 or a negative number down to -inf, gives +0, else G's bits, as the
+ * tiles give them but for a signalling NaN in G, which the tiles quieted), 0 the float tiles */
+#define EWBK_gelu_backward    1
+#define EWBK_silu_backward    1
+#define EWBK_erf_backward     1
+#define EWBK_sigmoid_backward 0
+#define EWBK_tanh_backward    0
+#define EWBK_exp_backward     0
+#define EWBK_log_backward     0
+#define EWBK_sqrt_backward    0
+#define EWBK_rsqrt_backward   0
+#define EWBK_abs_backward     0
+#define EWBK_relu_backward    2
+#define EWBK_mul_backward     0
+#define EWBK_div_backward     0
+#define EWBK_maximum_backward 0
+#define EWBK_minimum_backward 0
+#define EWBK_axpby_backward   0
 
 /* float16/bfloat16: the one-pass form where the op and the CPU have one, a table of d(A) where the
  * op has one (above), else float tiles (in, the loop, out); groups or tiles on the OpenMP team.
@@ -373,8 +378,21 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
             }                                                                                \
             return 0;                                                                        \
         }                                                                                    \
+        if (EWBK_##name == 2 && o1) {                                                        \
+            EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
+            for (int64_t t = 0; t < nt; t++) {                                               \
+                const int64_t i0 = t * EW_BW_TILE, m = n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE; \
+                EW_BW_SIMD                                                                   \
+                for (int64_t i = i0; i < i0 + m; i++) { /* a mask, not a ?: around the load of g */ \
+                    const uint32_t zero = (uint32_t)(a[i] == 0u)                             \
+                                          | (uint32_t)((uint16_t)(a[i] - 0x8000u) <= EW_BW(dt, NEGINF) - 0x8000u); \
+                    o1[i] = (uint16_t)(g[i] & (zero - 1u));                                  \
+                }                                                                            \
+            }                                                                                \
+            return 0;                                                                        \
+        }                                                                                    \
         static _Atomic(float *) lut_slot;                                                    \
-        const float *lut = EWBD_##name ? ew_bw_lut(&lut_slot, n, ew_bwr_##name##_float, EW_BW(dt, TOF)) : NULL; \
+        const float *lut = EWBK_##name == 1 ? ew_bw_lut(&lut_slot, n, ew_bwr_##name##_float, EW_BW(dt, TOF)) : NULL; \
         if (lut && o1) {                                                                     \
             EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
             for (int64_t t = 0; t < nt; t++) {                                               \
