@@ -28,7 +28,10 @@
 #define EW_HAVE_F16C() (ew_cpu_isa_cap() >= 1 && __builtin_cpu_supports("avx") \
                         && __builtin_cpu_supports("f16c"))
 
-/* W = 16 (AVX-512F): widen 16 elements at p, narrow 16 floats into p */
+/* W = 16 (AVX-512F): widen 16 elements at p, narrow 16 floats into p. The bfloat16 narrowing is
+ * written per width in intrinsics: the same arithmetic once, on GCC vectors of uint32_t for both
+ * widths, compiled to a zero-masked move and two ternary logic ops where this takes one masked
+ * blend, and ran bfloat16 add at 1 MiB 10% slower (CI host, 2 threads: 23.5 against 21.3 us). */
 EW_ISA_AVX512 static inline __m512 ew_w16_f16(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
