@@ -365,3 +365,18 @@ def test_more_than_2_31_elements():
             b = want = None
         del a, b, want, out, c
         torch.cuda.empty_cache()
+    # float64 libm-class math past 2^31 elements: the 64-bit instance of tanh's kernel, whose math
+    # runs ahead of the store guard (elementwise_kernel.cuh, MathFirst), and exp's, which keeps it
+    if free >= 3 * 8 * n + (2 << 30):
+        x = torch.rand(n, device="cuda", dtype=torch.float64).mul_(6).sub_(3)
+        for op in ("tanh", "exp"):
+            got = getattr(ewkern, op)(x, out=torch.full_like(x, float("nan")))   # NaN where unwritten
+            want = getattr(torch, op)(x)
+            torch.cuda.synchronize()
+            step = 1 << 27   # compared in pieces: assert_close's temporaries of 2^31 float64 do not fit
+            for s in range(0, n, step):
+                torch.testing.assert_close(got[s:s + step], want[s:s + step], rtol=4e-16, atol=0,
+                                           msg=f"{op} float64 wrong at n = 2^31 + 5, from element {s}")
+            del got, want
+        del x
+        torch.cuda.empty_cache()

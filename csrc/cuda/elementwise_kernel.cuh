@@ -202,6 +202,19 @@ ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n
     }
 }
 
+/* MathFirst: ew_fast_body runs a thread's every vector's math, past the end too (zeros, computed,
+ * not stored), and guards only the stores; otherwise (the default) the math sits inside the
+ * vector's `if (v < nvec)`, a region of its own that ptxas does not interleave across a libm-class
+ * function's own branches. Measured for float64 exp, log, erf, tanh, sigmoid, silu and gelu (its
+ * 1-vector form) against the guarded form, one call per GPU, the two builds' `peers` in turns (two
+ * runs each, 4-256 MiB, three methods; ELEMENTWISE_NOTES.md, "The math ahead of the store guard"):
+ * only tanh gains on both GPUs (H200 1-3% in every method at 4-256 MiB: single launch at 64 / 256
+ * MiB 0.955 / 0.950 -> 0.972 / 0.964 of torch's; H100 within 1%), so only tanh takes it. exp lost
+ * 2-6% on the H200 at 16-256 MiB (34 registers where it had 31), erf 3-5% at 16 MiB on both GPUs,
+ * gelu's 1-vector form after a torch kernel 2-4% (single launches gained 5-10%). */
+template <class M, class T> struct MathFirst { enum { value = 0 }; };
+template <> struct MathFirst<Op_tanh, double> { enum { value = 1 }; };
+
 /* The default path (auto). Pointers and head as for ew_gs's VEC case. Block k owns the VPT *
  * blockDim.x vectors from k * VPT * blockDim.x; thread t loads its vectors t, t + blockDim.x, ...
  * (coalesced), all of them before it computes and stores any, and stores with st.global.cs
@@ -280,11 +293,14 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
             }
         }
     } else {
+        enum { MF = MathFirst<typename MathOf<Op, T>::type, T>::value };
 #pragma unroll
         for (int r = 0; r < VPT; ++r) {
             const Idx v = base + Idx(r) * Idx(blockDim.x);
+            if (!MF && !(v < nvec))
+                continue;
+            const uint4 res = vec_op<Op, T>(ra[r], rb[r], p);
             if (v < nvec) {
-                const uint4 res = vec_op<Op, T>(ra[r], rb[r], p);
                 if constexpr (WB)
                     ov[v] = res;
                 else
