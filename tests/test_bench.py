@@ -588,6 +588,18 @@ def test_merge_pools_a_cell_across_runs():
     # replaced without --pool; --combine keys cells by the method text too
     assert merge.merge(parts)["experiments"]["train"]["measurements"][0]["samples_s"] == runs[2]
     assert len(merge.merge(parts, combine=["train"])["experiments"]["train"]["measurements"]) == 3
+    # runs timed in turns and one after another, combined: the summary says both
+    from ewkern.bench.common import how_timed
+    for i, t in enumerate((False, True, True)):
+        parts[i]["experiments"]["train"]["params"] = {"in_turns": t}
+    assert merge.merge(parts[1:], combine=["train"])["experiments"]["train"]["params"]["in_turns"] is True
+    mixed = merge.merge(parts, combine=["train"])["experiments"]["train"]
+    assert mixed["params"]["in_turns"] == "partly"
+    assert "in some of the merged runs and one after another in the others" in how_timed(mixed, [], "Ways")
+    assert merge.merge(parts[::-1], combine=["train"])["experiments"]["train"]["params"]["in_turns"] == "partly"
+    parts[0]["experiments"]["train"]["params"] = {}          # a run older than the parameter
+    assert merge.merge(parts, combine=["train"])["experiments"]["train"]["params"]["in_turns"] == "partly"
+    assert "in_turns" not in merge.merge(parts[:1] * 2, combine=["train"])["experiments"]["train"]["params"]
     with pytest.raises(ValueError, match="not e2"):
         merge.merge(parts, pool=["e2"])
     # after a torch kernel: the pairs and the foreign calls alone are read across runs alike

@@ -176,8 +176,12 @@ def how_timed(exp, ms, ways: str) -> str:
     """A summary's sentence on how a cell's ways were timed: in turns (the experiment's in_turns
     parameter) or one after another, and across how many runs its cells are read (merge --pool)."""
     from .frameworks import TURNS_WORDS
-    how = (f"{ways} were timed in turns ({TURNS_WORDS})"
-           if (exp.get("params") or {}).get("in_turns") else f"{ways} were timed one after another")
+    turns = (exp.get("params") or {}).get("in_turns")
+    if turns == "partly":     # merge --combine of runs timed either way
+        how = (f"{ways} were timed in turns ({TURNS_WORDS}) in some of the merged runs and one after "
+               "another in the others (each run's arguments: results.json, parts)")
+    else:
+        how = f"{ways} were timed in turns ({TURNS_WORDS})" if turns else f"{ways} were timed one after another"
     runs = max((len((m.get("pooled_runs_samples_s") or {}).get("samples_s", [])) for m in ms), default=0)
     if runs > 1:
         how += f"; the cells are read across {runs} runs (bench.merge --pool)"
