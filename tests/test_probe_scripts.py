@@ -64,3 +64,42 @@ def test_layout_probe_kernels_compile():
     from ewkern.rtc import _build
     ptx, _, _ = _build.compile_cuda("layout_probe", layout_probe.SOURCE, (9, 0), ptx_only=True)
     assert all((".entry " + name).encode() in ptx for name, _, _ in layout_probe.WAYS.values())
+
+
+def test_ab_peers_prepare_lays_out_the_base_files(tmp_path):
+    """scripts/ab-peers.sh prepare BASE writes, under ab-base/, each file of csrc/ and setup.py that
+    differs from BASE as BASE has it (and names the files BASE lacks), which the device's copy of
+    the tree (no .git) needs to build the base; run refuses clearly without it."""
+    import shutil
+    import subprocess
+    if not shutil.which("git"):
+        pytest.skip("needs git")
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "csrc" / "cuda").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "scripts", "ab-peers.sh"), repo / "scripts" / "ab-peers.sh")
+    (repo / "csrc" / "cuda" / "k.cuh").write_text("old kernel\n")
+    (repo / "setup.py").write_text("# setup\n")
+    (repo / "README.md").write_text("docs\n")
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "base")
+    (repo / "csrc" / "cuda" / "k.cuh").write_text("new kernel\n")
+    (repo / "csrc" / "cuda" / "added.cuh").write_text("only in the change\n")
+    (repo / "README.md").write_text("changed docs\n")
+    git("add", "-A")
+    run = subprocess.run(["bash", "scripts/ab-peers.sh", "run"], cwd=repo, capture_output=True, text=True)
+    assert run.returncode == 2 and "ab-base/ is missing" in run.stdout
+    prep = subprocess.run(["bash", "scripts/ab-peers.sh", "prepare", "HEAD"], cwd=repo, capture_output=True,
+                          text=True)
+    assert prep.returncode == 0, prep.stderr
+    base = repo / "ab-base"
+    assert (base / "csrc" / "cuda" / "k.cuh").read_text() == "old kernel\n"
+    assert not (base / "csrc" / "cuda" / "added.cuh").exists()
+    assert (base / ".absent").read_text().split() == ["csrc/cuda/added.cuh"]
+    assert not (base / "README.md").exists() and not (base / "setup.py").exists()
+    assert len((base / ".commit").read_text().strip()) >= 7
