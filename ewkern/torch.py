@@ -336,8 +336,8 @@ def _function(name, nin, saves, fast, composed):
     single training step pays while the GPU waits). One-input ops whose backward is one kernel of
     grads.def get a forward and backward without the general bookkeeping (about 6 us less of host
     time a step than the general form on the CI host), and so do the two-input ops without scalars
-    (about 2.2 us less a step of add or mul on tiny tensors there: 19.2 -> 17.0 and 23.4 -> 21.0
-    us, torch's own 13.6 and 14.8; a bare autograd.Function costs about 3.3 us over torch)."""
+    (about 1.5-2 us less a step of add or mul on tiny tensors there: 19.2 -> 17.9 and 23.4 -> 21.5
+    us, torch's own 13.0 and 14.7; a bare autograd.Function costs about 3.3 us over torch)."""
     fn = getattr(_C, name)
     grad_enabled = torch.is_grad_enabled
     if nin == 1 and saves in ("a", "y") and name in _UNARY_BACKWARD:

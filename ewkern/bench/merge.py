@@ -169,8 +169,8 @@ def _combine(a: dict, b: dict, pool: bool = False) -> dict:
     out["params"] = _union(a.get("params") or {}, b.get("params") or {})
     # how_timed: not every cell was timed the later part's way (a run older than the in_turns
     # parameter timed its ways one after another)
-    turns = [(x.get("params") or {}).get("in_turns", False) for x in (a, b)]
-    if turns[0] != turns[1] and any(x.get("params", {}).get("in_turns") is not None for x in (a, b)):
+    turns = [(x.get("params") or {}).get("in_turns") for x in (a, b)]
+    if turns != [None, None] and bool(turns[0]) != bool(turns[1]) or "partly" in turns:
         out["params"]["in_turns"] = "partly"
     out["tables"] = {**(a.get("tables") or {}), **(b.get("tables") or {})}
     out["elapsed_s"] = round((a.get("elapsed_s") or 0.0) + (b.get("elapsed_s") or 0.0), 3)
