@@ -208,8 +208,8 @@ ew_gs(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ o, Idx n
  * function's own branches. Measured for float64 exp, log, erf, tanh, sigmoid, silu and gelu (its
  * 1-vector form) against the guarded form, one call per GPU, the two builds' `peers` in turns (two
  * runs each, 4-256 MiB, three methods; ELEMENTWISE_NOTES.md, "The math ahead of the store guard"):
- * only tanh gains on both GPUs (H200 1-3% in every method at 4-256 MiB: single launch at 64 / 256
- * MiB 0.955 / 0.950 -> 0.972 / 0.964 of torch's; H100 within 1%), so only tanh takes it. exp lost
+ * only tanh gains on both GPUs (H200 0.4-3% in every method at 4-256 MiB: single launch at 64 / 256
+ * MiB 0.955 / 0.950 -> 0.971 / 0.964 of torch's; H100 within 1.5%), so only tanh takes it. exp lost
  * 2-6% on the H200 at 16-256 MiB (34 registers where it had 31: 6 blocks of 256 an SM, not 8),
  * erf 3-5% at 16 MiB on both GPUs, gelu's 1-vector form after a torch kernel 2-5%
  * (its single launches gained 5-10%). */
