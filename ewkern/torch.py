@@ -324,10 +324,8 @@ def _autograd(nin, saves, grads):
     return backward, setup_context
 
 
-# two-input ops without scalars: the backward kernel that gives both gradients in one pass (None:
-# the gradients are the incoming one, or its negation); one gradient alone takes FAST's single op
-_BINARY_ONE_PASS = {"add": None, "sub": None, "mul": "mul_backward", "div": "div_backward",
-                    "maximum": "maximum_backward", "minimum": "minimum_backward"}
+# two-input ops without scalars: their own forward and backward around FAST's gradient
+_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 
 def _function(name, nin, saves, fast, composed):
@@ -336,8 +334,8 @@ def _function(name, nin, saves, fast, composed):
     single training step pays while the GPU waits). One-input ops whose backward is one kernel of
     grads.def get a forward and backward without the general bookkeeping (about 6 us less of host
     time a step than the general form on the CI host), and so do the two-input ops without scalars
-    (about 1.5-2 us less a step of add or mul on tiny tensors there: 19.2 -> 17.9 and 23.4 -> 21.5
-    us, torch's own 13.0 and 14.7; a bare autograd.Function costs about 3.3 us over torch)."""
+    (about 1 us less a step of add or mul on tiny tensors there: 19.2 -> 17.9 and 23.4 -> 22.5 us,
+    torch's own 13.0 and 14.7; a bare autograd.Function costs about 3.3 us over torch)."""
     fn = getattr(_C, name)
     grad_enabled = torch.is_grad_enabled
     if nin == 1 and saves in ("a", "y") and name in _UNARY_BACKWARD:
@@ -357,8 +355,7 @@ def _function(name, nin, saves, fast, composed):
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward1), "backward": staticmethod(backward1)})
 
-    if nin == 2 and name in _BINARY_ONE_PASS:
-        two = _BINARY_ONE_PASS[name]     # the backward kernel for both gradients, or None (add, sub)
+    if nin == 2 and name in _BINARY:
         keep = bool(saves)
 
         def forward2(ctx, a, b):
@@ -371,10 +368,6 @@ def _function(name, nin, saves, fast, composed):
             saved, need = ctx.saved_tensors, ctx.needs_input_grad
             if grad_enabled():          # a graph of the backward is wanted: the composed formula
                 return composed(grad, saved, (), need)
-            if two is not None and need[0] and need[1]:
-                ga, gb = getattr(_C, two)(grad.contiguous(), saved[0].contiguous(), saved[1].contiguous(),
-                                          output_mask=(True, True))
-                return _as_tensor(ga), _as_tensor(gb)
             return tuple(fast(_Eager, grad.contiguous(), [t.contiguous() for t in saved], (), need))
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward2), "backward": staticmethod(backward2)})

@@ -170,7 +170,7 @@ def _combine(a: dict, b: dict, pool: bool = False) -> dict:
     # how_timed: not every cell was timed the later part's way (a run older than the in_turns
     # parameter timed its ways one after another)
     turns = [(x.get("params") or {}).get("in_turns") for x in (a, b)]
-    if turns != [None, None] and bool(turns[0]) != bool(turns[1]) or "partly" in turns:
+    if "partly" in turns or bool(turns[0]) != bool(turns[1]):
         out["params"]["in_turns"] = "partly"
     out["tables"] = {**(a.get("tables") or {}), **(b.get("tables") or {})}
     out["elapsed_s"] = round((a.get("elapsed_s") or 0.0) + (b.get("elapsed_s") or 0.0), 3)
