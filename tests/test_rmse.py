@@ -218,6 +218,56 @@ def test_auto_shortcols_units_change_no_bits(dtype, n):
     torch.cuda.empty_cache()
 
 
+_LONG_SHORTCOLS = r"""
+import sys, numpy as np, torch, ewkern
+rtol = float(sys.argv[1])
+g = torch.Generator(device="cuda").manual_seed(7)
+for dtype in ("float32", "float16", "bfloat16"):
+    tdt = getattr(torch, dtype)
+    for n in (32, 33, 64, 97, 128):
+        cols = (1 << 20) + 64
+        a = (torch.randn((n, cols), device="cuda", generator=g) * 2).to(tdt)
+        b = (torch.randn((n, cols), device="cuda", generator=g) * 2).to(tdt)
+        want = ((a.double() - b.double()) ** 2).mean(0).sqrt().cpu().numpy()
+        for pdl in (True, False):
+            ewkern.set_pdl(pdl)
+            got = torch.from_dlpack(ewkern.rmse(a, b, axis=0))
+            np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=rtol, atol=0,
+                                       err_msg=f"{dtype} n={n} pdl={pdl}")
+            again = torch.from_dlpack(ewkern.rmse(a, b, axis=0))
+            assert torch.equal(got.view(torch.int32), again.view(torch.int32)), (dtype, n, pdl)
+    # 1, 2 and 4 units a thread (2^20, 2^22 and 2^24 columns) give the same bits over runs of rows
+    n = 64
+    a = (torch.randn((n, 1 << 24), device="cuda", generator=g) * 2).to(tdt)
+    b = (torch.randn((n, 1 << 24), device="cuda", generator=g) * 2).to(tdt)
+    wide = torch.from_dlpack(ewkern.rmse(a, b, axis=0))
+    for width in (1 << 22, 1 << 20):
+        part = torch.from_dlpack(ewkern.rmse(a[:, -width:].contiguous(), b[:, -width:].contiguous(), axis=0))
+        assert torch.equal(part.view(torch.int32), wide[-width:].view(torch.int32)), (dtype, width)
+    del a, b
+    torch.cuda.empty_cache()
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_auto_shortcols_runs_of_rows():
+    """The shortcols kernel past 32 rows (float sums in runs of 32 rows, the runs' sums added in
+    order), forced on for up to 128 rows by EWKERN_RMSE_SHORT_COLS_N in a child process, whatever
+    the default limit: float32 / float16 / bfloat16 at 32, 33, 64, 97, 128 rows against the float64
+    reference at the stated bound, the same bits on a second call, with PDL on and off, and the same
+    bits at 1, 2 and 4 column units a thread."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, EWKERN_RMSE_SHORT_COLS_N="128")
+    r = subprocess.run([sys.executable, "-c", _LONG_SHORTCOLS, repr(RTOL["float32"])], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])

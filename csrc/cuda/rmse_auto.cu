@@ -208,6 +208,7 @@ enum {
     AUTO_SHORT_N = 64,         /* rows: batches of at most this many elements take the short kernel */
     AUTO_SHORT_COLS_N = 8,     /* columns: at most this many rows take the shortcols kernel */
     AUTO_SHORT_COLS_N16 = 32,  /* the same for 16-bit inputs */
+    AUTO_SHORT_COLS_SPLIT = 32, /* shortcols: float sums in runs of this many rows (31 epsilons each) */
     AUTO_SHORT_MIN_BLOCKS = 128 /* short and shortcols kernels: at least this many blocks, else the
                                    group / cols kernel (the grid of rmse_grid: 2^16-2^18 batches of
                                    1-8 elements ran at 0.2-0.6 of torch's best with 16-64 blocks);
@@ -606,9 +607,13 @@ rmse_auto_cols_kernel(const T *a, const T *b, out_t<T> *out, double *partial, in
  * results per unit go out as 16-byte stores. U = 4 reads one row a step (the form measured in
  * RMSE_NOTES.md); U = 1 and 2 start 4x and 2x the blocks, for shapes where U = 4 would leave
  * the GPU under two waves (auto_shortcols). The cols kernel would give each thread one unit and
- * a block reduction over row threads, too few loads in flight for these shapes. */
-template <typename T, int U>
-__global__ void __launch_bounds__(AUTO_BLOCK, U == 4 ? 0 : 1)
+ * a block reduction over row threads, too few loads in flight for these shapes.
+ * SPLIT (float sums, n > AUTO_SHORT_COLS_SPLIT): each run of AUTO_SHORT_COLS_SPLIT rows is summed
+ * alone in row order and the runs' sums are added in order, so a float sum of n squares errs by
+ * at most (31 + n / 32) float epsilons instead of n - 1 (RMSE_NOTES.md); with one run (n <= 32)
+ * it is the plain kernel's sum plus zero, the same bits. */
+template <typename T, int U, bool SPLIT>
+__global__ void __launch_bounds__(AUTO_BLOCK, SPLIT && U < 4 ? 3 : U == 4 ? 0 : 1)
 rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
                            int64_t ncu, int64_t prefetch_blocks)
 {
@@ -617,6 +622,7 @@ rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer,
     typedef out_t<T> O;
     enum { W = io::W, R = AUTO_UNROLL / U, SPAN = AUTO_BLOCK * U };
     static_assert(U * R == AUTO_UNROLL, "U units x R rows = AUTO_UNROLL loads of each input a step");
+    static_assert(AUTO_SHORT_COLS_SPLIT % R == 0, "a run of rows is whole steps");
     const int64_t units = outer * ncu;
     int64_t base = (int64_t)blockIdx.x * SPAN + threadIdx.x;
     if ((int64_t)blockIdx.x < prefetch_blocks && base < units) {
@@ -629,7 +635,7 @@ rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer,
     for (; base < units; base += (int64_t)gridDim.x * SPAN) {
         int64_t off[U];
         bool in[U];
-        A acc[U][W];
+        A acc[U][W], tot[U][W];   /* tot: SPLIT's sum of the runs (unused otherwise) */
 #pragma unroll
         for (int r = 0; r < U; ++r) {
             const int64_t u = base + r * AUTO_BLOCK;
@@ -637,38 +643,53 @@ rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer,
             const int64_t o = outer == 1 || !in[r] ? 0 : u / ncu;
             off[r] = (o * n) * inner + (u - o * ncu) * W;
 #pragma unroll
-            for (int e = 0; e < W; ++e) acc[r][e] = A(0);
+            for (int e = 0; e < W; ++e) acc[r][e] = tot[r][e] = A(0);
         }
         int64_t i = 0;
-        for (; i + R <= n; i += R) {   /* R rows of U units: all loads, then the adds in row order */
-            uint4 x[R][U], y[R][U];
+        for (;;) {
+            const int64_t stop = SPLIT && i + AUTO_SHORT_COLS_SPLIT < n ? i + AUTO_SHORT_COLS_SPLIT : n;
+            for (; i + R <= stop; i += R) {   /* R rows of U units: all loads, then the adds in row order */
+                uint4 x[R][U], y[R][U];
 #pragma unroll
-            for (int q = 0; q < R; ++q)
+                for (int q = 0; q < R; ++q)
 #pragma unroll
-                for (int r = 0; r < U; ++r) {
-                    x[q][r] = in[r] ? io::load(a + off[r] + (i + q) * inner, 0) : io::zero();
-                    y[q][r] = in[r] ? io::load(b + off[r] + (i + q) * inner, 0) : io::zero();
-                }
+                    for (int r = 0; r < U; ++r) {
+                        x[q][r] = in[r] ? io::load(a + off[r] + (i + q) * inner, 0) : io::zero();
+                        y[q][r] = in[r] ? io::load(b + off[r] + (i + q) * inner, 0) : io::zero();
+                    }
 #pragma unroll
-            for (int q = 0; q < R; ++q)
+                for (int q = 0; q < R; ++q)
 #pragma unroll
-                for (int r = 0; r < U; ++r) {
-                    A d[W];
-                    io::diffs(x[q][r], y[q][r], d);
+                    for (int r = 0; r < U; ++r) {
+                        A d[W];
+                        io::diffs(x[q][r], y[q][r], d);
 #pragma unroll
-                    for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
-                }
+                        for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
+                    }
+            }
+            if (R > 1)
+                for (; i < stop; ++i)   /* the last n % R rows, one at a time */
+#pragma unroll
+                    for (int r = 0; r < U; ++r) {
+                        A d[W];
+                        io::diffs(in[r] ? io::load(a + off[r] + i * inner, 0) : io::zero(),
+                                  in[r] ? io::load(b + off[r] + i * inner, 0) : io::zero(), d);
+#pragma unroll
+                        for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
+                    }
+            if constexpr (SPLIT) {
+#pragma unroll
+                for (int r = 0; r < U; ++r)
+#pragma unroll
+                    for (int e = 0; e < W; ++e) {   /* the run's sum into the total, in run order */
+                        tot[r][e] += acc[r][e];
+                        acc[r][e] = A(0);
+                    }
+                if (i >= n) break;
+            } else {
+                break;
+            }
         }
-        if (R > 1)
-            for (; i < n; ++i)   /* the last n % R rows, one at a time */
-#pragma unroll
-                for (int r = 0; r < U; ++r) {
-                    A d[W];
-                    io::diffs(in[r] ? io::load(a + off[r] + i * inner, 0) : io::zero(),
-                              in[r] ? io::load(b + off[r] + i * inner, 0) : io::zero(), d);
-#pragma unroll
-                    for (int e = 0; e < W; ++e) acc[r][e] += d[e] * d[e];
-                }
 #pragma unroll
         for (int r = 0; r < U; ++r) {
             const int64_t u = base + r * AUTO_BLOCK;
@@ -676,7 +697,7 @@ rmse_auto_shortcols_kernel(const T *a, const T *b, out_t<T> *out, int64_t outer,
                 const int64_t o = outer == 1 ? 0 : u / ncu;
                 __align__(16) O res[W];
 #pragma unroll
-                for (int e = 0; e < W; ++e) res[e] = finish_o(acc[r][e], n);
+                for (int e = 0; e < W; ++e) res[e] = finish_o(SPLIT ? tot[r][e] : acc[r][e], n);
                 uint4 *dst = reinterpret_cast<uint4 *>(out + o * inner + (u - o * ncu) * W);
 #pragma unroll
                 for (int h = 0; h < (int)(W * sizeof(O) / 16); ++h) dst[h] = reinterpret_cast<const uint4 *>(res)[h];
@@ -920,38 +941,52 @@ static int64_t short_cols_limit()
 }
 
 /* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
-template <typename T, int U>
+template <typename T, int U, bool SPLIT>
 static int64_t shortcols_wave(int dev)
 {
     static std::atomic<int> occ[kMaxCachedDevices];
-    return wave_blocks(occ, (const void *)rmse_auto_shortcols_kernel<T, U>, AUTO_BLOCK, dev);
+    return wave_blocks(occ, (const void *)rmse_auto_shortcols_kernel<T, U, SPLIT>, AUTO_BLOCK, dev);
 }
 
 /* The shortcols kernel with U units a thread: one unit per AUTO_BLOCK x U of them, its first wave
  * prefetching under PDL. */
-template <typename T, int U>
+template <typename T, int U, bool SPLIT>
 static int launch_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
                             int64_t ncu, int dev, cudaStream_t s)
 {
     const bool pdl = ewcuda_pdl_active(dev);
-    return launch_auto_kernel(rmse_auto_shortcols_kernel<T, U>, min64(cdiv(outer * ncu, AUTO_BLOCK * U), GRID_CAP),
-                              pdl, s, a, b, out, outer, n, inner, ncu, pdl ? shortcols_wave<T, U>(dev) : (int64_t)0);
+    return launch_auto_kernel(rmse_auto_shortcols_kernel<T, U, SPLIT>,
+                              min64(cdiv(outer * ncu, AUTO_BLOCK * U), GRID_CAP), pdl, s, a, b, out, outer, n,
+                              inner, ncu, pdl ? shortcols_wave<T, U, SPLIT>(dev) : (int64_t)0);
 }
 
 /* Units per thread: 4 (one row a step) where that still starts two waves of the U = 4 kernel's
  * blocks on this device, else 2 where the U = 2 kernel's grid is two of its waves, else 1 (4 rows
  * a step, the most blocks). Each element's sum is in row order whatever U is, so the choice,
  * which depends on the device, changes no bits. */
+template <typename T, bool SPLIT>
+static int auto_shortcols_units(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner,
+                                int dev, cudaStream_t s)
+{
+    const int64_t ncu = inner / vec16<T>::W, units = outer * ncu;
+    if (cdiv(units, AUTO_BLOCK * 4) >= 2 * shortcols_wave<T, 4, SPLIT>(dev))
+        return launch_shortcols<T, 4, SPLIT>(a, b, out, outer, n, inner, ncu, dev, s);
+    if (cdiv(units, AUTO_BLOCK * 2) >= 2 * shortcols_wave<T, 2, SPLIT>(dev))
+        return launch_shortcols<T, 2, SPLIT>(a, b, out, outer, n, inner, ncu, dev, s);
+    return launch_shortcols<T, 1, SPLIT>(a, b, out, outer, n, inner, ncu, dev, s);
+}
+
+/* Float sums of more than AUTO_SHORT_COLS_SPLIT rows take the kernel that sums runs of rows
+ * (SPLIT); double sums (float64) never need it. The choice depends on n alone: the bits on the
+ * shape alone. */
 template <typename T>
 static int auto_shortcols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64_t n, int64_t inner, int dev,
                           cudaStream_t s)
 {
-    const int64_t ncu = inner / vec16<T>::W, units = outer * ncu;
-    if (cdiv(units, AUTO_BLOCK * 4) >= 2 * shortcols_wave<T, 4>(dev))
-        return launch_shortcols<T, 4>(a, b, out, outer, n, inner, ncu, dev, s);
-    if (cdiv(units, AUTO_BLOCK * 2) >= 2 * shortcols_wave<T, 2>(dev))
-        return launch_shortcols<T, 2>(a, b, out, outer, n, inner, ncu, dev, s);
-    return launch_shortcols<T, 1>(a, b, out, outer, n, inner, ncu, dev, s);
+    if constexpr (sizeof(acc_t<T>) == 4) {
+        if (n > AUTO_SHORT_COLS_SPLIT) return auto_shortcols_units<T, true>(a, b, out, outer, n, inner, dev, s);
+    }
+    return auto_shortcols_units<T, false>(a, b, out, outer, n, inner, dev, s);
 }
 
 template <typename T>
