@@ -166,9 +166,9 @@ def test_auto_short_rows(device, dtype):
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_auto_columns(device, dtype):
-    """Batch-last shapes across auto's column kernels: the shortcols kernel (at most 8 rows, 32 for
-    16-bit inputs, at least 128 blocks of 1024 column vectors; row counts that are and are not
-    multiples of its 4-row step) and the cols kernel's narrow and wide column tiles, one row chunk
+    """Batch-last shapes across auto's column kernels: the shortcols kernel (at most 32 float32
+    rows, 256 16-bit rows, 8 float64 rows, at least 128 blocks of 1024 column vectors; row counts
+    that are and are not multiples of its 4-row step) and the cols kernel's narrow and wide column tiles, one row chunk
     or several (with the combine), rows fewer than a thread's unrolled step, and column counts that
     are not whole 16-byte vectors."""
     rng = np.random.default_rng(32)
@@ -186,13 +186,15 @@ def test_auto_columns(device, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
-@pytest.mark.parametrize("dtype,n", [("float16", 9), ("bfloat16", 32), ("float16", 18), ("float32", 7)])
+@pytest.mark.parametrize("dtype,n", [("float16", 9), ("bfloat16", 32), ("float16", 18), ("float32", 7),
+                                     ("float32", 32), ("float16", 64), ("bfloat16", 100)])
 def test_auto_shortcols_units_change_no_bits(dtype, n):
     """The shortcols kernel takes 1, 2 or 4 column units a thread by the grid it would start on
     the device at hand (2^24 columns: 4 on an H100 or H200; 2^22: 2; 2^20: 1). Each column's sum
     is in row order whatever that choice, so a column's result is the same bits in the wide array
     as in a narrow copy of its first or last 2^20 columns, and the narrow one matches the float64
-    reference; with PDL on and off."""
+    reference; with PDL on and off. Past 32 rows (16-bit) the kernel sums runs of 32 rows (its
+    SPLIT form, 2 blocks an SM at 4 units a thread): the same choice of units at these widths."""
     torch = pytest.importorskip("torch")
     cols = 1 << 24
     g = torch.Generator(device="cuda").manual_seed(n)
@@ -254,8 +256,8 @@ print("ok")
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 def test_auto_shortcols_runs_of_rows():
     """The shortcols kernel past 32 rows (float sums in runs of 32 rows, the runs' sums added in
-    order), forced on for up to 128 rows by EWKERN_RMSE_SHORT_COLS_N in a child process, whatever
-    the default limit: float32 / float16 / bfloat16 at 32, 33, 64, 97, 128 rows against the float64
+    order), forced on for up to 128 rows by EWKERN_RMSE_SHORT_COLS_N in a child process (float32's
+    default limit is 32 rows, 16-bit's 256): float32 / float16 / bfloat16 at 32, 33, 64, 97, 128 rows against the float64
     reference at the stated bound, the same bits on a second call, with PDL on and off, and the same
     bits at 1, 2 and 4 column units a thread."""
     pytest.importorskip("torch")

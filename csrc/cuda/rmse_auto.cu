@@ -206,8 +206,9 @@ enum {
     AUTO_COL_ROWS = 16,        /* cols kernel: at least this many rows per thread in a chunk */
     AUTO_COL_MIN_WC = 8,       /* cols kernel: at least this many column units per block */
     AUTO_SHORT_N = 64,         /* rows: batches of at most this many elements take the short kernel */
-    AUTO_SHORT_COLS_N = 8,     /* columns: at most this many rows take the shortcols kernel */
-    AUTO_SHORT_COLS_N16 = 32,  /* the same for 16-bit inputs */
+    AUTO_SHORT_COLS_N = 8,     /* columns: at most this many float64 rows take the shortcols kernel */
+    AUTO_SHORT_COLS_N32 = 32,  /* the same for float32 rows (short_cols_limit: both GPUs) */
+    AUTO_SHORT_COLS_N16 = 256, /* the same for 16-bit rows (float sums in runs of 32 rows) */
     AUTO_SHORT_COLS_SPLIT = 32, /* shortcols: float sums in runs of this many rows (31 epsilons each) */
     AUTO_SHORT_MIN_BLOCKS = 128 /* short and shortcols kernels: at least this many blocks, else the
                                    group / cols kernel (the grid of rmse_grid: 2^16-2^18 batches of
@@ -924,12 +925,16 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
 }
 
 /* Batch-last shapes with at most this many rows take the shortcols kernel (16-byte units, out
- * aligned): AUTO_SHORT_COLS_N for float32 and float64 (H200, 2^20 batches of 16 float32 rows: the
- * column kernel 3890 GB/s against 3320), AUTO_SHORT_COLS_N16 for 16-bit inputs, where the column
- * kernel's one step of rows a thread before its block reduction ran at 0.56-0.75 of torch.dot at
- * 2^20 x 16-32 on both GPUs (float sums of at most 32 squares a column).
- * EWKERN_RMSE_SHORT_COLS_N=<n> (read once) sets both limits: a knob for measuring the rule, not
- * for users (0 turns the kernel off). */
+ * aligned; at least AUTO_SHORT_MIN_BLOCKS blocks of it), measured on the H100 and the H200
+ * (rmse_grid, batch-last, >= 32 MiB, the limit moved by the knob below; RMSE_NOTES.md, "Past 32
+ * rows"): float32 up to 32 rows (2^20 x 16 / 32 rows 1.01-1.02 -> 1.08-1.12 / 0.97-1.00 ->
+ * 1.03-1.06 of torch.dot, 2^22 x 16 0.96-0.97 -> 0.98-1.00), not 64 (2^22 x 64: 0.98-0.99 ->
+ * 0.91-0.96 with the SPLIT form at 4 units a thread); 16-bit inputs up to 256 rows, past 32 in the
+ * SPLIT form (2^20 x 64: 0.89-0.97 -> 1.09-1.23; 2^22 x 64: 1.07-1.15 -> 1.09-1.22; 2^20 x 256
+ * 1.08-1.15 -> 1.08-1.20; its float sums of 256 squares err by at most 39 epsilons); float64 up to
+ * 8 rows (not measured past that: rmse_grid has no float64).
+ * EWKERN_RMSE_SHORT_COLS_N=<n> (read once) sets all three limits: a knob for measuring the rule,
+ * not for users (0 turns the kernel off). */
 template <typename T>
 static int64_t short_cols_limit()
 {
@@ -937,7 +942,9 @@ static int64_t short_cols_limit()
         const char *e = getenv("EWKERN_RMSE_SHORT_COLS_N");
         return e ? (int64_t)atoll(e) : (int64_t)-1;
     }();
-    return env >= 0 ? env : sizeof(T) == 2 ? (int64_t)AUTO_SHORT_COLS_N16 : (int64_t)AUTO_SHORT_COLS_N;
+    if (env >= 0) return env;
+    return sizeof(T) == 2 ? (int64_t)AUTO_SHORT_COLS_N16 : sizeof(T) == 4 ? (int64_t)AUTO_SHORT_COLS_N32
+                                                                           : (int64_t)AUTO_SHORT_COLS_N;
 }
 
 /* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
