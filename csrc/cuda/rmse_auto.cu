@@ -947,6 +947,19 @@ static int64_t short_cols_limit()
                                                                            : (int64_t)AUTO_SHORT_COLS_N;
 }
 
+/* Batch-last shapes take the shortcols kernel from this many blocks of AUTO_BLOCK x AUTO_UNROLL
+ * column units (AUTO_SHORT_MIN_BLOCKS); EWKERN_RMSE_SHORT_MIN_BLOCKS=<n> (read once) replaces it: a
+ * knob for measuring the rule, not for users. */
+static int64_t shortcols_min_blocks()
+{
+    static const int64_t v = [] {
+        const char *e = getenv("EWKERN_RMSE_SHORT_MIN_BLOCKS");
+        const int64_t x = e ? (int64_t)atoll(e) : 0;
+        return x > 0 ? x : (int64_t)AUTO_SHORT_MIN_BLOCKS;
+    }();
+    return v;
+}
+
 /* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
 template <typename T, int U, bool SPLIT>
 static int64_t shortcols_wave(int dev)
@@ -1026,7 +1039,7 @@ static int launch_auto(const void *p)
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
         if (v.n <= short_cols_limit<T>() && ((uintptr_t)out & 15u) == 0 &&
-            cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL) >= AUTO_SHORT_MIN_BLOCKS)
+            cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL) >= shortcols_min_blocks())
             return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
     }
