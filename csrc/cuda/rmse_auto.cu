@@ -212,9 +212,11 @@ enum {
     AUTO_SHORT_COLS_SPLIT = 32, /* shortcols: float sums in runs of this many rows (31 epsilons each) */
     AUTO_SHORT_MIN_BLOCKS = 128 /* short and shortcols kernels: at least this many blocks, else the
                                    group / cols kernel (the grid of rmse_grid: 2^16-2^18 batches of
-                                   1-8 elements ran at 0.2-0.6 of torch's best with 16-64 blocks);
-                                   a constant, not the SM count, so the kernel and with it the sum
-                                   order depend on the shape only */
+                                   1-8 elements ran at 0.2-0.6 of torch's best with 16-64 blocks,
+                                   before the shortcols kernel took 1-2 units a thread: it now
+                                   starts lower for few rows, shortcols_grid); a constant, not the
+                                   SM count, so the kernel and with it the sum order depend on
+                                   the shape only */
 };
 
 /* __launch_bounds__(256, 1): the explicit minimum of one block lets ptxas keep more loads in
@@ -925,7 +927,7 @@ static int auto_cols(const T *a, const T *b, out_t<T> *out, int64_t outer, int64
 }
 
 /* Batch-last shapes with at most this many rows take the shortcols kernel (16-byte units, out
- * aligned; at least AUTO_SHORT_MIN_BLOCKS blocks of it), measured on the H100 and the H200
+ * aligned; a grid shortcols_grid allows), measured on the H100 and the H200
  * (rmse_grid, batch-last, >= 32 MiB, the limit moved by the knob below; RMSE_NOTES.md, "Past 32
  * rows"): float32 up to 32 rows (2^20 x 16 / 32 rows 1.01-1.02 -> 1.08-1.12 / 0.97-1.00 ->
  * 1.03-1.06 of torch.dot, 2^22 x 16 0.96-0.97 -> 0.98-1.00), not 64 (2^22 x 64: 0.98-0.99 ->
@@ -947,17 +949,27 @@ static int64_t short_cols_limit()
                                                                            : (int64_t)AUTO_SHORT_COLS_N;
 }
 
-/* Batch-last shapes take the shortcols kernel from this many blocks of AUTO_BLOCK x AUTO_UNROLL
- * column units (AUTO_SHORT_MIN_BLOCKS); EWKERN_RMSE_SHORT_MIN_BLOCKS=<n> (read once) replaces it: a
- * knob for measuring the rule, not for users. */
-static int64_t shortcols_min_blocks()
+/* Whether a batch-last shape of n rows whose column units fill `blocks` blocks of AUTO_BLOCK x
+ * AUTO_UNROLL units takes the shortcols kernel (n already within short_cols_limit): from
+ * AUTO_SHORT_MIN_BLOCKS blocks at any n, from 32 at up to 32 rows and from 8 at up to 16 rows. Each
+ * thread walks its columns' n rows, so a small grid with many rows leaves too few loads in
+ * flight; the cols kernel splits the rows across blocks instead. Measured on the H200 (ff180f8,
+ * rmse_grid batch-last <= 32 MiB, the floor moved by the knob below; RMSE_NOTES.md, "The
+ * shortcols kernel on small grids"): at 2^18 16-bit batches (32 blocks) of 2-32 rows 5.0-14.8 ->
+ * 2.3-10.6 us, float32 (64 blocks) of 2-16 rows 3.8-14.5 -> 2.7-9.4 us; at 2^16 16-bit batches
+ * (8 blocks) of 4-16 rows 3.6-4.9 -> 2.1-4.3 us, but 32 / 64 rows 4.6 / 7.8 -> 7.0 / 12.6 us.
+ * The choice depends on the shape alone, and with it the sum order.
+ * EWKERN_RMSE_SHORT_MIN_BLOCKS=<n> (read once) replaces the rule by "at least n blocks": a knob
+ * for measuring it, not for users. */
+static bool shortcols_grid(int64_t blocks, int64_t n)
 {
-    static const int64_t v = [] {
+    static const int64_t knob = [] {
         const char *e = getenv("EWKERN_RMSE_SHORT_MIN_BLOCKS");
         const int64_t x = e ? (int64_t)atoll(e) : 0;
-        return x > 0 ? x : (int64_t)AUTO_SHORT_MIN_BLOCKS;
+        return x > 0 ? x : (int64_t)0;
     }();
-    return v;
+    if (knob) return blocks >= knob;
+    return blocks >= AUTO_SHORT_MIN_BLOCKS || (blocks >= 32 && n <= 32) || (blocks >= 8 && n <= 16);
 }
 
 /* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
@@ -1039,7 +1051,7 @@ static int launch_auto(const void *p)
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
         if (v.n <= short_cols_limit<T>() && ((uintptr_t)out & 15u) == 0 &&
-            cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL) >= shortcols_min_blocks())
+            shortcols_grid(cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL), v.n))
             return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
     }
