@@ -25,9 +25,9 @@ export EWKERN_GIT_COMMIT=${EWKERN_GIT_COMMIT:-}
 export EWKERN_NVCC_THREADS=${EWKERN_NVCC_THREADS:-4}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 # A warm machine keeps the in-place build between calls: a stamp of the sources, the archs and the
-# commit lets the next call of the same tree skip the build (GPU_CHECK_REBUILD=1 forces it).
-stamp=$( (cat setup.py csrc/*.[ch] csrc/*.def csrc/cpu/* csrc/cuda/*; echo "$EWKERN_CUDA_ARCHS $EWKERN_GIT_COMMIT") \
-        | sha1sum | cut -c1-16)
+# commit lets the next call of the same tree skip the build (GPU_CHECK_REBUILD=1 forces it); so does
+# an extension built elsewhere and unpacked with its stamp (scripts/prebuilt.sh).
+stamp=$(bash scripts/build-stamp.sh "$EWKERN_CUDA_ARCHS" "$EWKERN_GIT_COMMIT")
 if [ "${GPU_CHECK_REBUILD:-0}" = 0 ] && [ "$(cat ewkern/.gpu-check-stamp 2>/dev/null)" = "$stamp" ] \
         && ls ewkern/_C*.so >/dev/null 2>&1; then
     echo "== build: this tree's build is already here (stamp $stamp)"

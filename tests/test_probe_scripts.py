@@ -103,3 +103,40 @@ def test_ab_peers_prepare_lays_out_the_base_files(tmp_path):
     assert (base / ".absent").read_text().split() == ["csrc/cuda/added.cuh"]
     assert not (base / "README.md").exists() and not (base / "setup.py").exists()
     assert len((base / ".commit").read_text().strip()) >= 7
+
+
+def test_prebuilt_unpack_writes_the_extension_and_the_stamp_gpu_check_reads(tmp_path):
+    """scripts/prebuilt.sh unpack COMMIT (on the GPU machine) writes the carried extension and the
+    stamp scripts/build-stamp.sh gives this tree for COMMIT, the stamp gpu-check.sh compares before
+    it builds; a different commit label gives another stamp; no arguments print the usage and fail."""
+    import lzma
+    import shutil
+    import subprocess
+    if not (shutil.which("sha1sum") and shutil.which("python3")):
+        pytest.skip("needs sha1sum and python3")
+    repo = tmp_path / "repo"
+    for d in ("scripts", "csrc/cpu", "csrc/cuda", "ewkern", "probe-out"):
+        (repo / d).mkdir(parents=True)
+    for name in ("prebuilt.sh", "build-stamp.sh"):
+        shutil.copy(os.path.join(ROOT, "scripts", name), repo / "scripts" / name)
+    (repo / "setup.py").write_text("# setup\n")
+    (repo / "csrc" / "a.c").write_text("int a;\n")
+    (repo / "csrc" / "a.h").write_text("int a;\n")
+    (repo / "csrc" / "x.def").write_text("X\n")
+    (repo / "csrc" / "cpu" / "b.c").write_text("int b;\n")
+    (repo / "csrc" / "cuda" / "k.cu").write_text("// kernel\n")
+    with lzma.open(repo / "probe-out" / "c312.so.xz", "wb") as f:
+        f.write(b"\x7fELF built elsewhere")
+    usage = subprocess.run(["bash", "scripts/prebuilt.sh"], cwd=repo, capture_output=True, text=True)
+    assert usage.returncode == 2 and "prepare" in usage.stdout and "unpack COMMIT" in usage.stdout
+    r = subprocess.run(["bash", "scripts/prebuilt.sh", "unpack", "abc1234"], cwd=repo, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (repo / "ewkern" / "_C.cpython-312-x86_64-linux-gnu.so").read_bytes() == b"\x7fELF built elsewhere"
+
+    def stamp(commit):
+        return subprocess.run(["bash", "scripts/build-stamp.sh", "90", commit], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    got = (repo / "ewkern" / ".gpu-check-stamp").read_text().strip()
+    assert len(got) == 16 and got == stamp("abc1234") and got != stamp("abc1235")
+    (repo / "csrc" / "cuda" / "k.cu").write_text("// another kernel\n")
+    assert stamp("abc1234") != got
