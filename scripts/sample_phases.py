@@ -2,8 +2,8 @@
 
     python scripts/sample_phases.py RESULTS_DIR_OR_JSON [PERIOD]
 
-For every measurement of a results.json (`python -m ewkern.bench` output) taken with the flush
-cache mode and at least 8 x PERIOD samples, the median of each phase of PERIOD (default 4)
+For every measurement of a results.json or results.json.gz (`python -m ewkern.bench` output) taken
+with the flush cache mode and at least 8 x PERIOD samples, the median of each phase of PERIOD (default 4)
 consecutive samples (samples 0, P, 2P, ...; 1, P + 1, ...), sorted and given relative to the
 fastest phase; then, per experiment, impl and size, the median of those offsets over its series,
 beside the same statistic for a split of each series into its first and second half (a series
@@ -12,6 +12,7 @@ medians). On 2026-11-27 the series of one kernel timed on torch's stream showed 
 +1.07 us at period 4 on both GPUs, CuPy's series and those of several kernels at most 0.34 at 1
 MiB (BENCHMARKS.md, twenty-eighth session).
 """
+import gzip
 import json
 import statistics
 import sys
@@ -32,7 +33,9 @@ def series(node):
 
 def main(path, period=4):
     p = Path(path)
-    data = json.loads((p / "results.json" if p.is_dir() else p).read_text())
+    if p.is_dir():   # results.json, or the committed folders' results.json.gz
+        p = next((p / n for n in ("results.json", "results.json.gz") if (p / n).is_file()), p / "results.json")
+    data = json.loads(gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_text())
     groups = {}
     for m in series(data):
         s = m["samples_s"]

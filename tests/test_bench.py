@@ -516,6 +516,42 @@ def test_merge_runs_made_in_parts(tmp_path, capsys):
     assert "no results.json" in capsys.readouterr().err
 
 
+def test_results_json_gz_is_read_and_kept_and_merge_gzip_writes_it(tmp_path):
+    """The committed folders keep results.json.gz: load() reads it (and a folder with results.json
+    too), write_json keeps a folder's gzip form and leaves one file, merge --gzip writes that form
+    and so does a merge of a gzip folder with a plain run; the notebooks' find_runs finds gzip
+    folders; the bytes do not depend on the time written."""
+    import gzip
+    from ewkern.bench import merge, notebook
+    code, p1 = run_main(tmp_path, "e2", out=tmp_path / "p1")
+    assert code == 0 and (p1 / "results.json").is_file()
+    plain = bench_results.load(p1)
+    assert "_gzip" not in plain
+    assert merge.main([str(tmp_path / "gpu" / "m"), str(p1), "--gzip", "--no-plots"]) == 0
+    m = tmp_path / "gpu" / "m"
+    assert (m / "results.json.gz").is_file() and not (m / "results.json").exists()
+    res = json.loads(gzip.decompress((m / "results.json.gz").read_bytes()))
+    assert res["experiments"]["e2"]["measurements"] == plain["experiments"]["e2"]["measurements"]
+    again = bench_results.load(m)
+    assert again["_gzip"] and again["experiments"]["e2"] == res["experiments"]["e2"]
+    assert bench_results.results_file(m).name == "results.json.gz"
+    first = (m / "results.json.gz").read_bytes()
+    bench_results.write_json(again, m)           # the same results, written again: the same bytes
+    assert (m / "results.json.gz").read_bytes() == first and not (m / "results.json").exists()
+    # a gzip folder merged with a plain run stays gzip, without --gzip
+    code2, p2 = run_main(tmp_path, "overhead", out=tmp_path / "p2")
+    assert code2 == 0 and merge.main([str(tmp_path / "gpu" / "m2"), str(m), str(p2), "--no-plots"]) == 0
+    m2 = tmp_path / "gpu" / "m2"
+    assert bench_results.results_file(m2).name == "results.json.gz"
+    assert set(bench_results.load(m2)["experiments"]) == {"e2", "overhead"}
+    # write_json of a plain dict into a gzip folder keeps the gzip form
+    bench_results.write_json(plain, m2)
+    assert (m2 / "results.json.gz").is_file() and not (m2 / "results.json").exists()
+    found = notebook.find_runs(root=tmp_path / "gpu")
+    assert set(found.values()) <= {m, m2} and found
+    assert bench_results.results_file(tmp_path) is None
+
+
 def test_merge_combines_an_experiment_run_in_parts(tmp_path):
     """--combine joins one experiment's measurements from two parts instead of the later
     replacing the earlier; a cell measured in both parts keeps the later part's measurement."""

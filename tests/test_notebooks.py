@@ -25,6 +25,7 @@ pytest.importorskip("ipykernel", reason="ipykernel is not installed (make build 
 import nbformat  # noqa: E402
 
 from ewkern.bench import notebook  # noqa: E402
+from ewkern.bench import results as bench_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NB_DIR = ROOT / "notebooks"
@@ -123,7 +124,7 @@ def two_gpus(tmp_path_factory):
     (peers cut to copy, gelu and rmse: its heat maps of every op take the notebook most of its time)."""
     runs = notebook.find_runs(root=ROOT / "results")
     src = next(iter(runs.values()), None)
-    data = json.loads((src / "results.json").read_text()) if src else {}
+    data = {k: v for k, v in bench_results.load(src).items() if not k.startswith("_")} if src else {}
     if data.get("device", "cpu") == "cpu":
         pytest.skip("results/ holds no GPU run to copy")
     peers = data["experiments"].get("peers")

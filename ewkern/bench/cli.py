@@ -251,7 +251,7 @@ def _in_processes(argv, names, out: Path, n: int, *, plots: bool) -> int:
             return code
         if code != 0:
             worst = 1
-        if (folder / "results.json").exists():
+        if results.results_file(folder) is not None:
             folders.append(folder)
         else:
             print(f"ewkern.bench: process {i} wrote no results (exit code {code}); left out", file=sys.stderr)

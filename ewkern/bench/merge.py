@@ -232,8 +232,8 @@ def merge(parts: list, combine=(), pool=()) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ewkern.bench.merge",
                                  description="Merge ewkern.bench runs made in parts on one GPU into one folder.")
-    ap.add_argument("out", help="the folder to write (made if absent; its results.json is replaced)")
-    ap.add_argument("runs", nargs="+", help="run folders (each holding results.json), in order")
+    ap.add_argument("out", help="the folder to write (made if absent; its results file is replaced)")
+    ap.add_argument("runs", nargs="+", help="run folders (each holding results.json or results.json.gz), in order")
     ap.add_argument("--combine", default="", metavar="NAMES",
                     help="experiments measured in parts (e.g. rmse_grid's dtypes in two runs) whose "
                          "measurements are joined instead of the later replacing the earlier")
@@ -241,6 +241,9 @@ def main(argv=None) -> int:
                     help="experiments run several times (processes) whose cells are read across the runs: "
                          "each run's samples at equal weight, the median between the runs' medians")
     ap.add_argument("--no-plots", action="store_true", help="write no PNG files")
+    ap.add_argument("--gzip", action="store_true",
+                    help="write results.json.gz (the committed folders' form); also the default when "
+                         "any run given is in that form")
     args = ap.parse_args(argv)
     try:
         parts = [load(r) for r in args.runs]
@@ -251,6 +254,8 @@ def main(argv=None) -> int:
         return 2
     for note in res["notes"]:
         print(f"note: {note}", file=sys.stderr)
+    if args.gzip or any(p.get("_gzip") for p in parts):
+        res["_gzip"] = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from .runner import finish_outputs

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import re
 import tempfile
@@ -43,6 +42,7 @@ from . import claims as _claims
 from . import peers as _peers
 from . import plots as _plots
 from . import registry
+from . import results as _results
 from .results import load
 from .summary import md_table
 from .units import fmt_bytes
@@ -111,19 +111,19 @@ def settings() -> dict:
 # --- finding the results folders --------------------------------------------------------------
 
 def _candidates(root: Path) -> list[Path]:
-    if (root / "results.json").is_file():
+    if _results.results_file(root) is not None:
         return [root]
-    found = []
+    found = set()
     for depth in ("*", "*/*", "*/*/*"):
-        found += [p.parent for p in root.glob(f"{depth}/results.json")]
-    return found
+        for name in _results.JSON_NAMES:
+            found.update(p.parent for p in root.glob(f"{depth}/{name}"))
+    return sorted(found)
 
 
 def _describe(folder: Path, wanted, root: Path) -> dict | None:
     try:
-        with open(folder / "results.json") as f:
-            res = json.load(f)
-    except (OSError, ValueError):
+        res = _results.load(folder)
+    except (OSError, ValueError, EOFError):
         return None
     exps = res.get("experiments") or {}
     have = sum(1 for e in wanted if (exps.get(e) or {}).get("status") == "ok")
@@ -221,7 +221,7 @@ def runs_for(paper: str, mode=None, quick=None, tiny=None) -> list[dict]:
         found = find_runs(spec["experiments"])
         if not found:
             where = os.environ.get("EWKERN_RESULTS_DIR") or _rel(REPO / "results")
-            print(f"no results folder (results.json) under {where}: running the experiments here instead")
+            print(f"no results folder (results.json or results.json.gz) under {where}: running the experiments here instead")
         for name, folder in found.items():
             res = load(folder)
             res["_source"] = f"results folder {_rel(folder)}"

@@ -1,14 +1,22 @@
-"""Result files: results.json (everything), one CSV per experiment, and loading them back."""
+"""Result files: results.json (everything), one CSV per experiment, and loading them back.
+
+A folder holds results.json, or results.json.gz in its place: the committed folders under results/
+keep the gzip form (every raw sample of every merged run; about a sixth of the size, and the tree a
+GPU machine's call carries is limited). load() reads either; write_json() keeps the folder's form,
+or writes the gzip form when the results dict asks for it (its "_gzip" key, `merge --gzip`)."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
 from pathlib import Path
 
-__all__ = ["load", "write_json", "write_csvs", "measurements", "CSV_FIRST"]
+__all__ = ["load", "results_file", "write_json", "write_csvs", "measurements", "CSV_FIRST", "JSON_NAMES"]
+
+JSON_NAMES = ("results.json", "results.json.gz")
 
 CSV_FIRST = ["experiment", "series", "impl", "op", "variant", "resolved_variant", "dtype", "shape",
              "n", "size_bytes", "cache", "bytes_read", "bytes_written", "bytes", "time_s", "gbs",
@@ -16,17 +24,30 @@ CSV_FIRST = ["experiment", "series", "impl", "op", "variant", "resolved_variant"
 _STAT_COLS = ["t_min_s", "t_median_s", "t_mean_s", "t_std_s", "t_max_s", "count"]
 
 
+def results_file(folder) -> Path | None:
+    """A run folder's results file: results.json, else results.json.gz; None if it has neither."""
+    for name in JSON_NAMES:
+        p = Path(folder) / name
+        if p.is_file():
+            return p
+    return None
+
+
 def load(results_dir) -> dict:
-    """The results dict of a run: a folder holding results.json, or the JSON file itself."""
+    """The results dict of a run: a folder holding results.json (or results.json.gz), or the file
+    itself. A dict read from the gzip form carries "_gzip" (write_json keeps that form)."""
     p = Path(results_dir)
     if p.is_dir():
-        p = p / "results.json"
+        p = results_file(p) or p / "results.json"
     if not p.exists():
         raise FileNotFoundError(f"no results.json at {results_dir}")
-    with open(p) as f:
+    gz = p.name.endswith(".gz")
+    with (gzip.open(p, "rt") if gz else open(p)) as f:
         res = json.load(f)
     res.setdefault("experiments", {})
     res["_path"] = str(p.parent)
+    if gz:
+        res["_gzip"] = True
     return res
 
 
@@ -59,12 +80,22 @@ def _clean(v):
 
 
 def write_json(results: dict, out: Path):
+    """results.json in out, or results.json.gz where results asks for it ("_gzip") or out already
+    holds that form; the other form's file, if any, is removed (a folder holds one)."""
     out = Path(out)
-    tmp = out / "results.json.tmp"
+    gz = bool(results.get("_gzip")) or (out / JSON_NAMES[1]).is_file()
+    name, other = (JSON_NAMES[1], JSON_NAMES[0]) if gz else JSON_NAMES
+    tmp = out / (name + ".tmp")
     data = _clean({k: v for k, v in results.items() if not k.startswith("_")})
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, allow_nan=False)
-    os.replace(tmp, out / "results.json")
+    if gz:   # mtime 0: the same results give the same bytes
+        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(json.dumps(data, indent=1, allow_nan=False).encode())
+    else:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+    os.replace(tmp, out / name)
+    if (out / other).is_file():
+        os.remove(out / other)
 
 
 def _cell(v):
