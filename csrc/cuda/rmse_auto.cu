@@ -951,7 +951,8 @@ static int64_t short_cols_limit()
 
 /* Whether a batch-last shape of n rows whose column units fill `blocks` blocks of AUTO_BLOCK x
  * AUTO_UNROLL units takes the shortcols kernel (n already within short_cols_limit): from
- * AUTO_SHORT_MIN_BLOCKS blocks at any n, from 32 at up to 32 rows and from 8 at up to 16 rows. Each
+ * AUTO_SHORT_MIN_BLOCKS blocks at any n; for float32 and 16-bit inputs (`few`: the dtypes
+ * measured) also from 32 at up to 32 rows and from 8 at up to 16 rows. Each
  * thread walks its columns' n rows, so a small grid with many rows leaves too few loads in
  * flight; the cols kernel splits the rows across blocks instead. Measured on the H200 (ff180f8,
  * rmse_grid batch-last <= 32 MiB, the floor moved by the knob below; RMSE_NOTES.md, "The
@@ -961,7 +962,7 @@ static int64_t short_cols_limit()
  * The choice depends on the shape alone, and with it the sum order.
  * EWKERN_RMSE_SHORT_MIN_BLOCKS=<n> (read once) replaces the rule by "at least n blocks": a knob
  * for measuring it, not for users. */
-static bool shortcols_grid(int64_t blocks, int64_t n)
+static bool shortcols_grid(int64_t blocks, int64_t n, bool few)
 {
     static const int64_t knob = [] {
         const char *e = getenv("EWKERN_RMSE_SHORT_MIN_BLOCKS");
@@ -969,7 +970,7 @@ static bool shortcols_grid(int64_t blocks, int64_t n)
         return x > 0 ? x : (int64_t)0;
     }();
     if (knob) return blocks >= knob;
-    return blocks >= AUTO_SHORT_MIN_BLOCKS || (blocks >= 32 && n <= 32) || (blocks >= 8 && n <= 16);
+    return blocks >= AUTO_SHORT_MIN_BLOCKS || (few && ((blocks >= 32 && n <= 32) || (blocks >= 8 && n <= 16)));
 }
 
 /* Blocks of the shortcols kernel with U units a thread resident at once on device dev. */
@@ -1051,7 +1052,8 @@ static int launch_auto(const void *p)
     /* 16-byte column units need both bases aligned and whole vectors per row */
     if ((ua & 15u) == 0 && (ub & 15u) == 0 && args->inner % vec16<T>::W == 0) {
         if (v.n <= short_cols_limit<T>() && ((uintptr_t)out & 15u) == 0 &&
-            shortcols_grid(cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL), v.n))
+            shortcols_grid(cdiv(args->outer * (args->inner / vec16<T>::W), AUTO_BLOCK * AUTO_UNROLL), v.n,
+                           sizeof(T) != 8))
             return auto_shortcols<T>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
         return auto_cols<T, true>(a, b, out, args->outer, v.n, args->inner, args->device, v.s);
     }
