@@ -374,7 +374,9 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         _cpu_entry_head(src, entry, name, loop_prep)
         simd = " simd" if dense else ""
         src.add("#ifdef _OPENMP")
-        src.add(f"#pragma omp parallel for{simd} schedule(static) num_threads(_threads) if(_threads > 1)")
+        # if(parallel: ...): an if clause without the modifier applies to every construct of the
+        # combined directive, simd included (OpenMP 5.0), so a one-thread call ran the scalar loop
+        src.add(f"#pragma omp parallel for{simd} schedule(static) num_threads(_threads) if(parallel: _threads > 1)")
         src.add("#endif")
         src.add("    for (long long i = 0; i < P.size; ++i) {")
     else:
