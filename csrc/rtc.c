@@ -42,6 +42,7 @@
 #include "dtype.h"
 #include "state.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -300,7 +301,9 @@ static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o
  * (template bytes, pointer slots, scalar slots, outputs, run, ret): slots as bytes of int64
  * triples, (offset, argument, bytes added) and (offset, 0 float32 | 1 float64, argument), with
  * the new outputs numbered after the arguments; outputs ((dtype name, shape), ...) allocated like
- * the first array; run(buf, stream); ret 0: None, 1: the first result, 2: every result. An
+ * the first array; run(buf, stream), or for a CPU kernel (address, threads), called here as
+ * `void entry(const params *, int threads)` without the GIL; ret 0: None, 1: the first result,
+ * 2: every result. An
  * optional seventh item, hidden: how many of the last outputs are the kernel's own scratch (a
  * RowKernel's partial rows for its column sums), allocated and held through run but not returned. */
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfargs)
@@ -445,10 +448,27 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
     rtc_fast_release(&a);
     a.n = 0;
     miss = 0;
-    PyObject *r = PyObject_CallFunctionObjArgs(run, buf, stream_obj, NULL);
-    if (r == NULL)
-        goto fail;
-    Py_DECREF(r);
+    if (PyTuple_Check(run) && PyTuple_GET_SIZE(run) == 2) {
+        /* a CPU kernel's (address, threads): `void entry(const params *, int threads)` called here,
+         * without the GIL, as ctypes would (ewkern/rtc/_kernel.py's _CpuRun) */
+        void *fn = PyLong_AsVoidPtr(PyTuple_GET_ITEM(run, 0));
+        const long threads = PyLong_AsLong(PyTuple_GET_ITEM(run, 1));
+        if (fn == NULL || threads < 1 || threads > INT_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_SystemError, "_rtc_fast: a CPU plan without a kernel address");
+            goto fail;
+        }
+        void (*entry)(const void *, int) = (void (*)(const void *, int))fn;
+        const char *params = PyByteArray_AS_STRING(buf);
+        Py_BEGIN_ALLOW_THREADS
+        entry(params, (int)threads);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyObject *r = PyObject_CallFunctionObjArgs(run, buf, stream_obj, NULL);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+    }
     if (ret == 0) {
         res = Py_NewRef(Py_None);
     } else {

@@ -156,6 +156,36 @@ def test_errors_of_the_run_propagate():
         _C._rtc_fast(k._cplans, (x,), 1, None)
 
 
+def test_cpu_plans_call_the_kernel_address_from_c(full_calls):
+    """A CPU kernel's C plan holds (the compiled function's address, threads), which _rtc_fast calls
+    itself without the GIL (no ctypes call): one thread below CPU_PAR_MIN_ELEMENTWISE elements,
+    every core from it; the same results as the full path on both sides of that size, every warm
+    call in C, and a plan whose address is not an int fails with an error, not a crash."""
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + 1", "cfast_direct")
+    rng = np.random.default_rng(5)
+    floor = _kernel.CPU_PAR_MIN_ELEMENTWISE
+    for n in (7, floor - 1, floor, floor + 9):
+        x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        want = k(x, y)
+        run = [p[4] for p in k._cplans.values() if len(p) > 4 and isinstance(p[4], tuple)]
+        assert run and all(isinstance(r[0], int) and r[0] for r in run)
+        threads = {r[1] for r in run}
+        assert threads <= {1, _kernel._threads(n, floor)}
+        calls = full_calls[0]
+        for _ in range(3):
+            x2, y2 = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+            np.testing.assert_array_equal(k(x2, y2), (x2 * y2 + np.float32(1)).astype(np.float32))
+        assert full_calls[0] == calls
+        np.testing.assert_array_equal(want, (x * y + np.float32(1)).astype(np.float32))
+    assert _kernel._threads(floor - 1, floor) == 1
+    (key, plan), *_ = k._cplans.items()
+    k._cplans.clear()
+    k._cplans[key] = plan[:4] + (("not an address", 1),) + plan[5:]
+    k._plans.clear()
+    with pytest.raises(TypeError):
+        _C._rtc_fast(k._cplans, (np.zeros(7, np.float32), np.zeros(7, np.float32)), 2, None, SC)
+
+
 def test_hidden_outputs_are_allocated_and_not_returned():
     """A plan's hidden outputs (a column sum's partial rows): allocated after the results like the
     first array, their addresses written where the plan's slots say (with bytes added), not

@@ -24,6 +24,10 @@ _CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_
            "unsigned char": ctypes.c_ubyte, "unsigned short": ctypes.c_ushort, "unsigned int": ctypes.c_uint,
            "unsigned long long": ctypes.c_ulonglong}
 GIL_FREE_WORK = 1 << 16
+# elementwise CPU kernels: every core from this many elements, as ewkern's own cheap ops
+# (EW_PAR_MIN_CHEAP in csrc/cpu/elementwise.c); 2 cores here, z = x + y / exp(x) at 2^15 elements:
+# 3.7 / 6.1 us on two threads against 4.2 / 9.1 on one (csrc/cpu/CPU_NOTES.md)
+CPU_PAR_MIN_ELEMENTWISE = 1 << 15
 FALLBACK_BLOCK = 256
 _AUTO_BLOCK = 256   # the default path's block (kAutoBlock in csrc/cuda/elementwise_launch.cuh)
 
@@ -287,8 +291,9 @@ def _fill(layout: _codegen.Layout, size: int, shape, values: dict, head: int = 0
     return S
 
 
-def _threads(work: int) -> int:
-    return (os.cpu_count() or 1) if work > GIL_FREE_WORK else 1
+def _threads(work: int, floor: int | None = None) -> int:
+    """Threads of a CPU call: every core from floor work items (default: past GIL_FREE_WORK)."""
+    return (os.cpu_count() or 1) if work >= (GIL_FREE_WORK + 1 if floor is None else floor) else 1
 
 
 # ---- device facts and loaded GPU kernels ------------------------------------------------------
@@ -775,6 +780,8 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
     sig = C._rtc_sig(args, _SCALARS)
     if sig is None:
         return
+    if isinstance(run, _CpuRun):
+        run = run.run_c   # C calls the kernel's address itself (rtc.c's _rtc_fast)
     pslots = struct.pack(f"<{3 * len(ptrs)}q", *[x for off, k, add in ptrs for x in (off, k, add)])
     sslots = struct.pack(f"<{3 * len(scalars)}q", *[x for (off, _, k, _, _), kind in zip(scalars, kinds)
                                                     for x in (off, kind, k)])
@@ -792,9 +799,23 @@ def _colsum_runner(run: Callable[[bytearray, int], None], tail: int, launches) -
     return run_all
 
 
+class _CpuRun:
+    """run(buf, stream) of a CPU kernel `void entry(const params *, int threads)` that takes the
+    address of its argument struct. A C plan (_record_cplan) calls the function's address itself
+    (run_c: (address, threads)), without ctypes' foreign call (about 1.5 us of a warm call)."""
+    __slots__ = ("compiled", "threads", "cls", "run_c")
+
+    def __init__(self, compiled: Any, threads: int, cls: Any) -> None:
+        self.compiled, self.threads, self.cls = compiled, threads, cls
+        self.run_c = (ctypes.cast(compiled, ctypes.c_void_p).value, int(threads))
+
+    def __call__(self, buf: bytearray, stream: int) -> None:
+        self.compiled(ctypes.addressof(self.cls.from_buffer(buf)), self.threads)
+
+
 def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of a CPU kernel that takes the address of its argument struct."""
-    return lambda buf, stream: compiled(ctypes.addressof(cls.from_buffer(buf)), threads)
+    return _CpuRun(compiled, threads, cls)
 
 
 def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: int,
@@ -815,7 +836,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size, cls):
     """run(buf, stream): the launch an ElementwiseKernel call decided (a plan keeps it)."""
     if device == "cpu":
-        return _cpu_runner(compiled, _threads(n), cls)
+        return _cpu_runner(compiled, _threads(n, CPU_PAR_MIN_ELEMENTWISE), cls)
     if mode == "vector":
         E = _codegen.vector_units(layout)
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
