@@ -34,6 +34,9 @@
  *                                     launch on a device of >= 30 GB/s an SM; the caller decides);
  *                                     max_vpt: the most vectors a thread of the forms that do
  *                                     not spill (1, 2 or 4, default 4).
+ *   _rtc_store_wb(device, bytes)      whether a vector kernel's launch that moves `bytes` stores
+ *                                     write-back (True) or streaming (False), by the default
+ *                                     path's store rule (ewcuda_store_wb).
  */
 #include "rtc.h"
 
@@ -628,6 +631,19 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
 
+PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args)
+{
+    int device;
+    long long bytes;
+    if (!PyArg_ParseTuple(args, "iL:_rtc_store_wb", &device, &bytes))
+        return NULL;
+    if (bytes < 0) {
+        PyErr_Format(PyExc_ValueError, "_rtc_store_wb: bytes must be >= 0, got %lld", bytes);
+        return NULL;
+    }
+    return PyBool_FromLong(ewcuda_store_wb(device, bytes));
+}
+
 PyObject *ew_auto_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4, heavy16_from;
@@ -669,6 +685,10 @@ PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
     return ew_rtc_load(module, args);
 }
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
 }

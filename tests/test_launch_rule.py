@@ -3,7 +3,10 @@ ops' launchers ask it, checked on the host: vectors per thread by waves for plai
 16-bit libm-class and float64 ops, and the grid. Runs wherever ewkern is built with CUDA (the rule
 is host code; CI builds it without a GPU); a GPU gives each launcher its waves from the device."""
 import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 import ewkern
@@ -116,3 +119,72 @@ def test_bad_arguments_raise():
         ewkern._C._auto_plan(10, 0, 0, WAVE1, WAVE4, True, False, False, 0, 0, 32)
     with pytest.raises(ValueError, match="out of range"):
         ewkern._C._auto_plan(10, 0, BLOCK, WAVE1, WAVE4, True, False, False, 3, 0, 32)
+
+
+_STORES = """
+import sys, ewkern
+print(int(ewkern._C._rtc_store_wb(0, 1)), int(ewkern._C._rtc_store_wb(0, 1 << 40)))
+"""
+
+
+@pytest.mark.parametrize("knob,expect", [("wb", "1 1"), ("cs", "0 0")])
+def test_store_rule_knob_forces_one_policy(knob, expect):
+    """EWKERN_AUTO_STORES=wb|cs (read once a process) sets the store policy at every size."""
+    env = dict(os.environ, EWKERN_AUTO_STORES=knob)
+    r = subprocess.run([sys.executable, "-c", _STORES], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == expect.split()
+
+
+def test_store_rule_bad_bytes_raise():
+    with pytest.raises(ValueError, match="bytes must be >= 0"):
+        ewkern._C._rtc_store_wb(0, -1)
+
+
+def _gpu():
+    return ewkern.build_info().get("cuda") and ewkern.device_count() > 0
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs a GPU (the rule reads the device's L2 size)")
+def test_store_rule_writes_back_past_the_l2():
+    """Streaming stores up to the L2's size of bytes moved, write-back stores past it."""
+    if os.environ.get("EWKERN_AUTO_STORES"):
+        pytest.skip("EWKERN_AUTO_STORES fixes the store policy in this process")
+    l2 = ewkern.device_info("cuda:0")["l2_bytes"]
+    assert l2 > 0
+    assert not ewkern._C._rtc_store_wb(0, l2) and ewkern._C._rtc_store_wb(0, l2 + 1)
+    assert not ewkern._C._rtc_store_wb(0, 0)
+
+
+_BOTH = """
+import sys, numpy as np, torch, ewkern
+n = int(sys.argv[1])
+g = torch.Generator(device="cuda").manual_seed(7)
+host = lambda t: t.double().cpu().numpy() if isinstance(t, torch.Tensor) else t.numpy().astype(np.float64)
+for dt in (torch.float32, torch.float16, torch.float64):
+    x = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(0.5, 2.0, generator=g).to(dt)
+    y = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(-2.0, 2.0, generator=g).to(dt)
+    for off in (0, 1):                          # a start off the 16-byte boundary too
+        a, b = x[off:off + n], y[off:off + n]
+        a64, b64 = host(a), host(b)
+        tol = {torch.float32: 2e-6, torch.float16: 2e-3, torch.float64: 1e-14}[dt]
+        for name, args, ref in (("add", (a, b), a64 + b64), ("log", (a,), np.log(a64)), ("copy", (a,), a64)):
+            got = host(getattr(ewkern, name)(*args))
+            assert np.allclose(got, ref, rtol=tol, atol=tol), (name, dt, off)
+            out = torch.full_like(a, 3.0)
+            getattr(ewkern, name)(*args, out=out)
+            assert np.allclose(host(out), ref, rtol=tol, atol=tol), (name, dt, off, "out=")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("knob", ["wb", "cs"])
+@pytest.mark.parametrize("n", [1, 1000003, (3 << 20) + 5])
+def test_default_path_results_with_either_store_policy(knob, n):
+    """The default path's kernels give the same results with write-back stores as with streaming
+    ones, at sizes where the rule would choose the other (a child process a policy)."""
+    env = dict(os.environ, EWKERN_AUTO_STORES=knob)
+    r = subprocess.run([sys.executable, "-c", _BOTH, str(n)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "ok"

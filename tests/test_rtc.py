@@ -639,7 +639,8 @@ def test_vector_head_aligns_every_array_together():
                                     ("float32", "float16", "float32", "float32")])
 def test_nvrtc_compiles_vector_forms(dtypes):
     """The default path's body for a user kernel: its four forms, 16-byte loads of the widest
-    array, streaming stores, the PDL wait and the L2 prefetch."""
+    array, stores by the launch's policy (write-back or streaming under the params' wb), the PDL
+    wait and the L2 prefetch."""
     _nvrtc()
     specs = [(f"{dt} {n}", dt, "array", 0) for n, dt in zip("abc", dtypes[:3])]
     lay = _layout("vector", 1, specs)
@@ -650,7 +651,8 @@ def test_nvrtc_compiles_vector_forms(dtypes):
     text = ptx.decode(errors="replace")
     assert all(f".entry {e}" in text for e in entries) and len(entries) == 4
     assert "ld.global.v4" in text or "ld.global.v2.f64" in text
-    assert "st.global.cs.v4.b32" in text and "griddepcontrol.wait" in text and "prefetch.global.L2" in text
+    assert "griddepcontrol.wait" in text and "prefetch.global.L2" in text
+    assert "@w st.global.v4.b32" in text and "@!w st.global.cs.v4.b32" in text and "P.wb" in src
     # an output the body reads is loaded with the inputs
     src2, _ = _codegen.vector_source("vacc", lay, "o += a * b + c", "", "", "", "", {"o"})
     assert "_r_o[_q] = " in src2 and "_r_o[_q] = " not in src

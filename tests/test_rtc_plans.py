@@ -52,6 +52,9 @@ class FakeC:
         self.wide, self.max_vpt = wide, max_vpt
         return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
 
+    def _rtc_store_wb(self, dev, nbytes):
+        return nbytes > (60 << 20)   # an H200's L2
+
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
         self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl)))
 

@@ -136,13 +136,17 @@ def test_vector_kernels_move_128_bits(sass, parts):
         assert any(STG128.search(t) for t in text), "%s: no 128-bit global store" % name
 
 
-def _assert_default_path_forms(forms, vpt=None):
+PRED = re.compile(r"^@(!?)(U?P\w+)\s")
+
+
+def _assert_default_path_forms(forms, vpt=None, policy=False):
     """forms: {"1": the PDL form's kernels, "0": the plain form's}. Every 128-bit load of a thread's
     vectors issues before its first store (vpt of each when given), the stores are streaming
-    (st.global.cs shows as STG.E.EF), the dependents are triggered early
-    (griddepcontrol.launch_dependents = PREEXIT); the PDL form waits for its primary
-    (griddepcontrol.wait = ACQBULK) before any global load, after its L2 prefetch; the plain form
-    (launches without PDL) neither waits nor prefetches."""
+    (st.global.cs shows as STG.E.EF) or, with policy (ew_fast's store rule, p.wb), each vector's
+    store is a pair: write-back and streaming, each under its own predicate (ptxas forms the two
+    of the guard and p.wb), at one address; the dependents are triggered early (griddepcontrol.launch_dependents = PREEXIT);
+    the PDL form waits for its primary (griddepcontrol.wait = ACQBULK) before any global load,
+    after its L2 prefetch; the plain form (launches without PDL) neither waits nor prefetches."""
     for form, funcs in forms.items():
         for name, ins in funcs.items():
             text = [t for _, t in ins]
@@ -150,9 +154,18 @@ def _assert_default_path_forms(forms, vpt=None):
             stores = [i for i, t in enumerate(text) if STG128.search(t)]
             assert loads and stores, name
             if vpt is not None:
-                assert len(loads) >= vpt and len(stores) == vpt, name
+                assert len(loads) >= vpt and len(stores) == vpt * (2 if policy else 1), name
             assert max(loads) < min(stores), "%s: a 128-bit store before the last vector load" % name
-            assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
+            if policy:
+                ef = [text[i] for i in stores if ".EF" in text[i]]
+                wb = [text[i] for i in stores if ".EF" not in text[i]]
+                assert len(ef) == len(wb), "%s: %d streaming against %d write-back stores" % (name, len(ef), len(wb))
+                for e, w in zip(ef, wb):
+                    pe, pw = PRED.match(e), PRED.match(w)
+                    assert pe and pw and pe.groups() != pw.groups(), "%s: not a predicated pair: %s / %s" % (name, e, w)
+                    assert e.split("]")[1] == w.split("]")[1], "%s: the pair's addresses differ: %s / %s" % (name, e, w)
+            else:
+                assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
             waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
             triggers = [i for i, t in enumerate(text) if t.startswith("PREEXIT")]
             assert triggers and triggers[0] < min(stores), "%s: no early trigger of the dependents" % name
@@ -166,10 +179,11 @@ def _assert_default_path_forms(forms, vpt=None):
 
 @pytest.mark.parametrize("vpt", ["1", "2", "4"])
 @pytest.mark.parametrize("op", ["6Op_addEf", "7Op_copyE6__half", "6Op_logE13__nv_bfloat16"])
-def test_auto_loads_first_then_streams_stores(sass, op, vpt):
-    # auto (ew_fast) in both forms (_assert_default_path_forms); auto_wb keeps write-back stores
+def test_auto_loads_first_then_stores_by_the_policy(sass, op, vpt):
+    # auto (ew_fast) in both forms (_assert_default_path_forms, each vector's store a write-back /
+    # streaming pair chosen by the launch's store rule); auto_wb keeps write-back stores
     forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
-    _assert_default_path_forms(forms, int(vpt))
+    _assert_default_path_forms(forms, int(vpt), policy=True)
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 

@@ -1,6 +1,7 @@
 /*
  * device_cache.cuh: per-device facts the launchers ask on every call, cached (host side, shared
- * by the kernel files): the SM count and threads per SM, and a kernel's resident blocks per SM.
+ * by the kernel files): the SM count and threads per SM, the memory's bandwidth per SM, the L2's
+ * size, and a kernel's resident blocks per SM.
  */
 #ifndef EWKERN_DEVICE_CACHE_CUH
 #define EWKERN_DEVICE_CACHE_CUH
@@ -71,6 +72,27 @@ static inline int sm_bandwidth_gbs(int dev)
     if (cached)
         g_sm_gbs[dev].store(v > 0 ? v : -1, std::memory_order_relaxed);
     return v > 0 ? v : 0;
+}
+
+static std::atomic<long long> g_l2[kMaxCachedDevices];
+
+/* The device's L2 size in bytes (H100 50 MiB, H200 60 MiB), or 0 where the device does not say. */
+static inline long long l2_bytes(int dev)
+{
+    const bool cached = dev >= 0 && dev < kMaxCachedDevices;
+    if (cached) {
+        const long long v = g_l2[dev].load(std::memory_order_relaxed);
+        if (v != 0)
+            return v > 0 ? v : 0;
+    }
+    int b = 0;
+    if (cudaDeviceGetAttribute(&b, cudaDevAttrL2CacheSize, dev) != cudaSuccess || b < 0) {
+        cudaGetLastError();
+        b = 0;
+    }
+    if (cached)
+        g_l2[dev].store(b > 0 ? b : -1, std::memory_order_relaxed);
+    return b;
 }
 
 /* Resident blocks per SM of kernel k at `block` threads on device dev (occupancy API; 1 when it

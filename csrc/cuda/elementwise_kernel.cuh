@@ -104,7 +104,30 @@ struct OpArgs {
     uint4 pattern;
     int prefetch; /* ew_fast: blocks below this index prefetch their first vector's lines into L2
                      before pdl_wait (PDL launches; 0: none) */
+    int wb;       /* ew_fast: 1: write-back vector stores (st.global), 0: streaming (st.global.cs);
+                     the launcher's store rule (elementwise_launch.cuh, store_wb) */
 };
+
+/* One 16-byte vector of ew_fast's results where ok (the vector is in the array): write-back where
+ * WB (auto_wb) or the launch asks for it (p.wb, uniform across the grid), else streaming
+ * (st.global.cs: the written lines are the first the L2 evicts). Without WB both stores are in
+ * straight-line code under predicates of ok and p.wb, at the one address (one PTX block: written
+ * as two C++ stores, ptxas formed the address twice and branched around them; with the guard
+ * outside the block, it branched around each vector's pair). */
+template <bool WB, class T>
+EW_DEV void store_vec(uint4 *dst, const uint4 &v, const OpArgs<T> &p, bool ok)
+{
+    if constexpr (WB) {
+        if (ok)
+            *dst = v;
+    } else {
+        asm volatile("{\n\t.reg .pred g, w, s;\n\tsetp.ne.s32 g, %6, 0;\n\t"
+                     "setp.ne.and.s32 w, %5, 0, g;\n\tsetp.eq.and.s32 s, %5, 0, g;\n\t"
+                     "@w st.global.v4.b32 [%0], {%1, %2, %3, %4};\n\t"
+                     "@s st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n\t}"
+                     ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(p.wb), "r"(int(ok)) : "memory");
+    }
+}
 
 template <class Op, class T, class Idx>
 EW_DEV T elem(const T *__restrict__ a, const T *__restrict__ b, Idx i, const OpArgs<T> &p)
@@ -219,9 +242,11 @@ template <> struct MathFirst<Op_tanh, double> { enum { value = 1 }; };
 /* The default path (auto). Pointers and head as for ew_gs's VEC case. Block k owns the VPT *
  * blockDim.x vectors from k * VPT * blockDim.x; thread t loads its vectors t, t + blockDim.x, ...
  * (coalesced), all of them before it computes and stores any, and stores with st.global.cs
- * (streaming: the written lines are the first the L2 evicts). No loop: the grid covers the array.
+ * (streaming: the written lines are the first the L2 evicts) or, where the launch sets p.wb (the
+ * store rule, store_wb in elementwise_launch.cuh: launches that move more bytes than the L2 holds),
+ * ordinary write-back stores. No loop: the grid covers the array.
  * The head and tail elements (fewer than 2N) go to the last block's last threads, which the
- * launcher leaves without a vector. WB: ordinary write-back stores instead (variant "auto_wb").
+ * launcher leaves without a vector. WB: write-back stores at every size (variant "auto_wb").
  * No __restrict__: out may be an input (add(a, b, out=a)), and with it ptxas moved stores above
  * later loads when VPT = 4 (to save registers), halving the loads in flight.
  * PDL: the form for launches with programmatic dependent launch (prefetch, then pdl_wait). The
@@ -284,29 +309,22 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
 #pragma unroll
             for (int r = 0; r < B; ++r) {
                 const Idx v = base + Idx(r0 + r) * Idx(blockDim.x);
-                if (v < nvec) {
-                    const uint4 res = Vec16<T>::pack(*reinterpret_cast<const T (*)[Vec16<T>::N]>(y + r * Vec16<T>::N));
-                    if constexpr (WB)
-                        ov[v] = res;
-                    else
-                        __stcs(ov + v, res);
-                }
+                const uint4 res = Vec16<T>::pack(*reinterpret_cast<const T (*)[Vec16<T>::N]>(y + r * Vec16<T>::N));
+                store_vec<WB>(ov + v, res, p, v < nvec);
             }
         }
     } else {
-        enum { MF = MathFirst<typename MathOf<Op, T>::type, T>::value };
+        /* libm-class math (Heavy) sits in the vector's own region unless MathFirst; the rest runs
+         * on every vector (zeros past the end: computed, not stored), so that the stores' pair
+         * (store_vec) stays predicated straight-line code, as the one streaming store was */
+        enum { MF = MathFirst<typename MathOf<Op, T>::type, T>::value || !Heavy<Op>::value };
 #pragma unroll
         for (int r = 0; r < VPT; ++r) {
             const Idx v = base + Idx(r) * Idx(blockDim.x);
             if (!MF && !(v < nvec))
                 continue;
             const uint4 res = vec_op<Op, T>(ra[r], rb[r], p);
-            if (v < nvec) {
-                if constexpr (WB)
-                    ov[v] = res;
-                else
-                    __stcs(ov + v, res);
-            }
+            store_vec<WB>(ov + v, res, p, v < nvec);
         }
     }
     if (blockIdx.x == gridDim.x - 1) {

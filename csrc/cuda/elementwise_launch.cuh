@@ -48,6 +48,7 @@ static OpArgs<T> op_args(const ew_args *a)
     typedef typename Compute<T>::type C;
     OpArgs<T> p;
     p.prefetch = 0;
+    p.wb = 0;
     p.s0 = C(a->scalar[0]);
     p.s1 = C(a->scalar[1]);
     p.v = host_round<T>(a->scalar[0]);
@@ -104,6 +105,42 @@ static PrefetchRule prefetch_rule()
         return PREFETCH_WAVE;
     }();
     return r;
+}
+
+/* The default path's store policy for a launch that moves `bytes` (inputs read + output written):
+ * write-back stores (1) where that is more than the L2 holds, streaming stores (st.global.cs, 0)
+ * below. EWKERN_AUTO_STORES=cs|wb (read once) forces one policy: a knob for measuring the rule.
+ * Why (speed_probe variants auto against auto_wb, the same plan and kernel form, two rounds a GPU,
+ * 59f37f6, ewkern / torch): single launches at 64 MiB a buffer, where the written lines outnumber
+ * what the L2 keeps: H200 copy float32 0.979 -> 0.996-1.007, add_const bfloat16 0.979-0.980 ->
+ * 0.997-1.008, log float32 0.971 -> 0.980, erf float32 0.981-0.987 -> 0.984-0.993; H100 copy
+ * 0.969-0.986 -> 0.981-1.005, add_const 0.989-0.993 -> 0.989-1.005, erf 0.973-0.981 -> 0.982-1.018;
+ * back-to-back at 64 MiB the same or up to 1% better (add_const, log 16-bit); binary ops within
+ * 0.01 either way; 256 MiB-1 GiB within 0.01. Below: at 1 MiB back-to-back streaming stores lead by
+ * 0.2-1.5% on both GPUs (H100 add_const bfloat16 1.488 against 1.466), and the first auto's scratch
+ * study (notes, "auto, second version") found them 0.1-0.2 us ahead at 1-4 MiB without PDL; 4-16
+ * MiB within the spread either way. */
+enum StoreRule { STORES_RULE, STORES_CS, STORES_WB };
+static StoreRule store_rule()
+{
+    static const StoreRule r = [] {
+        const char *e = getenv("EWKERN_AUTO_STORES");
+        if (e && !strcmp(e, "cs"))
+            return STORES_CS;
+        if (e && !strcmp(e, "wb"))
+            return STORES_WB;
+        return STORES_RULE;
+    }();
+    return r;
+}
+
+static int store_wb(int dev, int64_t bytes)
+{
+    const StoreRule r = store_rule();
+    if (r != STORES_RULE)
+        return r == STORES_WB;
+    const long long l2 = l2_bytes(dev);
+    return l2 > 0 && bytes > l2;
 }
 
 /* The vectors per thread (1, 2 or 4), the grid and the prefetch of one auto launch. */

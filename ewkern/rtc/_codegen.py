@@ -228,7 +228,7 @@ class Layout:
     """The argument struct of one compiled instance. mode is 'contig' (every non-raw array is
     C-contiguous over the whole loop: element i is at i * itemsize), 'vector' (as contig, for
     vector_source: the pointers start at element `head`, where every array's vector is aligned,
-    nfast = size - head, and the launch's prefetch; inputs may also broadcast over a loop of
+    nfast = size - head, the launch's prefetch and store policy (wb); inputs may also broadcast over a loop of
     rows of ccols elements: kind 'bcol' is one row, 'brow' one element per row, 'bone' one
     element) or 'strided' (ndim dims with byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
     'scalar' | 'raw', raw ndim)."""
@@ -244,7 +244,7 @@ class Layout:
         f = [("long long", "size", "q", 0), ("long long", "shape", "q", self.ndim)]
         if self.mode == "vector":
             f += [("long long", "head", "q", 0), ("long long", "nfast", "q", 0), ("long long", "prefetch", "q", 0),
-                  ("long long", "ccols", "q", 0)]
+                  ("long long", "wb", "q", 0), ("long long", "ccols", "q", 0)]
         for p, dt, kind, rnd in self.args:
             if kind == "scalar":
                 f.append((DTYPES[dt][1], "s_" + p.name, "scalar:" + dt, 0))
@@ -858,6 +858,32 @@ template <class P> __device__ __forceinline__ void stcs(P *dst, const P &x)
         *dst = x;
     }
 }
+/* a store of one Pack by the launch's store policy: write-back (st.global) where wb (the default
+   path's store rule: a launch that moves more bytes than the L2 holds), else streaming (as stcs);
+   both under complementary predicates of the one address, as the default path's store_vec */
+#define EWRTC_STV(V, ...) "{\n\t.reg .pred w;\n\tsetp.ne.s32 w, %0, 0;\n\t@w st.global" V " [%1], " \
+    __VA_ARGS__ ";\n\t@!w st.global.cs" V " [%1], " __VA_ARGS__ ";\n\t}"
+template <class P> __device__ __forceinline__ void stv(P *dst, const P &x, long long wb)
+{
+    const int w = wb != 0;
+    if constexpr (sizeof(P) == 16) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(&x);
+        asm volatile(EWRTC_STV(".v4.b32", "{%2, %3, %4, %5}") ::"r"(w), "l"(dst), "r"(u.x), "r"(u.y), "r"(u.z),
+                     "r"(u.w) : "memory");
+    } else if constexpr (sizeof(P) == 8) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(&x);
+        asm volatile(EWRTC_STV(".v2.b32", "{%2, %3}") ::"r"(w), "l"(dst), "r"(u.x), "r"(u.y) : "memory");
+    } else if constexpr (sizeof(P) == 4) {
+        const unsigned u = *reinterpret_cast<const unsigned *>(&x);
+        asm volatile(EWRTC_STV(".b32", "%2") ::"r"(w), "l"(dst), "r"(u) : "memory");
+    } else if constexpr (sizeof(P) == 2) {
+        const unsigned short u = *reinterpret_cast<const unsigned short *>(&x);
+        asm volatile(EWRTC_STV(".b16", "%2") ::"r"(w), "l"(dst), "h"(u) : "memory");
+    } else {
+        *dst = x;
+    }
+}
+#undef EWRTC_STV
 /* a 16-byte load with an L2 eviction priority (Hopper's createpolicy; sm_80 and later), as
    Triton's eviction_policy: ldkeep (evict_last) for a row that is read again, lddrop
    (evict_first) for its last read; other sizes and older GPUs: a plain load. volatile: kept in
@@ -961,7 +987,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     pointer advanced by the host to element `head`, where every array's vector of E elements
     (E x itemsize bytes: 16 for the widest) is aligned; block k owns VPT x blockDim vectors, each
     thread loads all of its vectors before it computes and stores any, stores stream
-    (st.global.cs); the head elements (before the pointers) and the tail go to the last block's
+    (st.global.cs) or, where the launch sets wb (the default path's store rule), write back; the head elements (before the pointers) and the tail go to the last block's
     last threads, which the launch rule (auto_plan) leaves without a vector; PDL's wait with the
     first vector's lines prefetched into L2 by the blocks of the first wave. Four forms, as auto
     has: 1, 2 and 4 vectors per thread with a 32-bit index, 1 with a 64-bit index (entries in
@@ -1043,7 +1069,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
              lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
     src.add("            }")
     for p, dt, kind, _ in outs:
-        src.add(f"            ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
+        src.add(f"            ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, P.wb);")
     src.add("        }")
     src.add("    }")
     src.add("    if (blockIdx.x == gridDim.x - 1) {")

@@ -393,13 +393,17 @@ class _VectorKernel:
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
         return h, grid, prefetch
 
-    def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int) -> Callable[[bytearray, int], None]:
+    def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int, wb_offset: int,
+               nbytes: int) -> Callable[[bytearray, int], None]:
         """run(buf, stream): launch over n elements from head with the argument struct's bytes,
-        its prefetch field (at prefetch_offset) set for the launch; the launch plan is made once
-        per PDL setting."""
+        its prefetch field (at prefetch_offset) set for the launch and its store policy (at
+        wb_offset) by the default path's store rule for a launch that moves nbytes; the launch plan
+        is made once per PDL setting."""
         from .. import pdl_enabled
         plans: dict[bool, tuple[int, int, int]] = {}
-        dev, launch = self.dev, _C()._rtc_launch
+        C = _C()
+        dev, launch = self.dev, C._rtc_launch
+        wb = int(C._rtc_store_wb(dev, nbytes))
 
         def run(buf: bytearray, stream: int) -> None:
             pdl = bool(pdl_enabled())
@@ -407,6 +411,7 @@ class _VectorKernel:
             if lp is None:
                 lp = plans[pdl] = self.launch_plan(n, head, E, block, pdl)
             _pack_into("q", buf, prefetch_offset, lp[2])
+            _pack_into("q", buf, wb_offset, wb)
             launch(lp[0], lp[1], block, buf, dev, stream, pdl)
         return run
 
@@ -840,7 +845,9 @@ def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, 
     if mode == "vector":
         E = _codegen.vector_units(layout)
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
-        return compiled.runner(n, head, E, vblock, cls.prefetch.offset)
+        # the bytes the launch moves: its dense arrays, read or written (broadcast rows are small)
+        nbytes = n * sum(DTYPES[dt][2] for _, dt, kind, _ in layout.args if kind == "array")
+        return compiled.runner(n, head, E, vblock, cls.prefetch.offset, cls.wb.offset, nbytes)
     block = int(block_size) if block_size else FALLBACK_BLOCK
     return _gpu_runner(compiled, max(1, min(-(-n // block), 32 * _device_facts(device)[1])), block, device)
 
