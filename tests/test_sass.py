@@ -180,10 +180,12 @@ def _assert_default_path_forms(forms, vpt=None, policy=False):
 @pytest.mark.parametrize("vpt", ["1", "2", "4"])
 @pytest.mark.parametrize("op", ["6Op_addEf", "7Op_copyE6__half", "6Op_logE13__nv_bfloat16"])
 def test_auto_loads_first_then_stores_by_the_policy(sass, op, vpt):
-    # auto (ew_fast) in both forms (_assert_default_path_forms, each vector's store a write-back /
-    # streaming pair chosen by the launch's store rule); auto_wb keeps write-back stores
+    # auto (ew_fast) in both forms (_assert_default_path_forms: the PDL form's store of each vector
+    # a write-back / streaming pair chosen by the launch's store rule, the plain form's streaming);
+    # auto_wb keeps write-back stores
     forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
-    _assert_default_path_forms(forms, int(vpt), policy=True)
+    _assert_default_path_forms({"1": forms["1"]}, int(vpt), policy=True)
+    _assert_default_path_forms({"0": forms["0"]}, int(vpt))
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 

@@ -108,18 +108,24 @@ struct OpArgs {
                      the launcher's store rule (elementwise_launch.cuh, store_wb) */
 };
 
-/* One 16-byte vector of ew_fast's results where ok (the vector is in the array): write-back where
- * WB (auto_wb) or the launch asks for it (p.wb, uniform across the grid), else streaming
- * (st.global.cs: the written lines are the first the L2 evicts). Without WB both stores are in
- * straight-line code under predicates of ok and p.wb, at the one address (one PTX block: written
- * as two C++ stores, ptxas formed the address twice and branched around them; with the guard
- * outside the block, it branched around each vector's pair). */
-template <bool WB, class T>
+/* One 16-byte vector of ew_fast's results where ok (the vector is in the array). WB (auto_wb):
+ * write-back. The plain form (PDL false: launches behind a foreign kernel or with PDL off):
+ * streaming (st.global.cs: the written lines are the first the L2 evicts). The PDL form: write-back
+ * where the launch asks for it (p.wb, uniform across the grid), else streaming, both stores in
+ * straight-line code under predicates of ok and p.wb at the one address (one PTX block: written as
+ * two C++ stores, ptxas formed the address twice and branched around them). The plain form keeps
+ * the one store: its three instructions more cost add / copy / add_const float32 and bfloat16 at
+ * 1-4 MiB after a torch kernel 0.05 us (0.974-0.981 -> 0.953-0.956 of torch's at 1 MiB on the H200,
+ * 59f37f6 against 91efc65), where the PDL form's back-to-back was unchanged. */
+template <bool WB, bool PDL, class T>
 EW_DEV void store_vec(uint4 *dst, const uint4 &v, const OpArgs<T> &p, bool ok)
 {
     if constexpr (WB) {
         if (ok)
             *dst = v;
+    } else if constexpr (!PDL) {
+        if (ok)
+            __stcs(dst, v);
     } else {
         asm volatile("{\n\t.reg .pred g, w, s;\n\tsetp.ne.s32 g, %6, 0;\n\t"
                      "setp.ne.and.s32 w, %5, 0, g;\n\tsetp.eq.and.s32 s, %5, 0, g;\n\t"
@@ -242,9 +248,9 @@ template <> struct MathFirst<Op_tanh, double> { enum { value = 1 }; };
 /* The default path (auto). Pointers and head as for ew_gs's VEC case. Block k owns the VPT *
  * blockDim.x vectors from k * VPT * blockDim.x; thread t loads its vectors t, t + blockDim.x, ...
  * (coalesced), all of them before it computes and stores any, and stores with st.global.cs
- * (streaming: the written lines are the first the L2 evicts) or, where the launch sets p.wb (the
- * store rule, store_wb in elementwise_launch.cuh: launches that move more bytes than the L2 holds),
- * ordinary write-back stores. No loop: the grid covers the array.
+ * (streaming: the written lines are the first the L2 evicts) or, in the PDL form where the launch
+ * sets p.wb (the store rule, store_wb in elementwise_launch.cuh: launches that move more bytes than
+ * the L2 holds), ordinary write-back stores (store_vec). No loop: the grid covers the array.
  * The head and tail elements (fewer than 2N) go to the last block's last threads, which the
  * launcher leaves without a vector. WB: write-back stores at every size (variant "auto_wb").
  * No __restrict__: out may be an input (add(a, b, out=a)), and with it ptxas moved stores above
@@ -310,21 +316,22 @@ EW_DEV void ew_fast_body(const T *a, const T *b, T *o, Idx n, Idx head, OpArgs<T
             for (int r = 0; r < B; ++r) {
                 const Idx v = base + Idx(r0 + r) * Idx(blockDim.x);
                 const uint4 res = Vec16<T>::pack(*reinterpret_cast<const T (*)[Vec16<T>::N]>(y + r * Vec16<T>::N));
-                store_vec<WB>(ov + v, res, p, v < nvec);
+                store_vec<WB, PDL>(ov + v, res, p, v < nvec);
             }
         }
     } else {
-        /* libm-class math (Heavy) sits in the vector's own region unless MathFirst; the rest runs
-         * on every vector (zeros past the end: computed, not stored), so that the stores' pair
-         * (store_vec) stays predicated straight-line code, as the one streaming store was */
-        enum { MF = MathFirst<typename MathOf<Op, T>::type, T>::value || !Heavy<Op>::value };
+        /* libm-class math (Heavy) sits in the vector's own region unless MathFirst; in the PDL form
+         * the rest runs on every vector (zeros past the end: computed, not stored), so that the
+         * stores' pair (store_vec) stays predicated straight-line code, as the one streaming store
+         * was */
+        enum { MF = MathFirst<typename MathOf<Op, T>::type, T>::value || (PDL && !WB && !Heavy<Op>::value) };
 #pragma unroll
         for (int r = 0; r < VPT; ++r) {
             const Idx v = base + Idx(r) * Idx(blockDim.x);
             if (!MF && !(v < nvec))
                 continue;
             const uint4 res = vec_op<Op, T>(ra[r], rb[r], p);
-            store_vec<WB>(ov + v, res, p, v < nvec);
+            store_vec<WB, PDL>(ov + v, res, p, v < nvec);
         }
     }
     if (blockIdx.x == gridDim.x - 1) {

@@ -116,6 +116,7 @@ static int run_fast(const ew_args *a)
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
     p.prefetch = plan.prefetch;
+    /* the store rule (store_wb); only the PDL form reads it: the plain form streams */
     p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + 1));
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
     const T *xh = w.xh(), *yh = w.yh();
