@@ -161,6 +161,7 @@ import sys, numpy as np, torch, ewkern
 n = int(sys.argv[1])
 g = torch.Generator(device="cuda").manual_seed(7)
 host = lambda t: t.double().cpu().numpy() if isinstance(t, torch.Tensor) else t.numpy().astype(np.float64)
+fma = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "store_policy_fma")
 for dt in (torch.float32, torch.float16, torch.float64):
     x = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(0.5, 2.0, generator=g).to(dt)
     y = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(-2.0, 2.0, generator=g).to(dt)
@@ -174,6 +175,9 @@ for dt in (torch.float32, torch.float16, torch.float64):
             out = torch.full_like(a, 3.0)
             getattr(ewkern, name)(*args, out=out)
             assert np.allclose(host(out), ref, rtol=tol, atol=tol), (name, dt, off, "out=")
+        # a user kernel's vector forms read the same knob through the launch's wb field
+        got = host(fma(a, b))
+        assert np.allclose(got, a64 * b64 + a64, rtol=4 * tol, atol=4 * tol), ("ElementwiseKernel", dt, off)
 print("ok")
 """
 
@@ -182,8 +186,9 @@ print("ok")
 @pytest.mark.parametrize("knob", ["wb", "cs"])
 @pytest.mark.parametrize("n", [1, 1000003, (3 << 20) + 5])
 def test_default_path_results_with_either_store_policy(knob, n):
-    """The default path's kernels give the same results with write-back stores as with streaming
-    ones, at sizes where the rule would choose the other (a child process a policy)."""
+    """The default path's kernels, and a user kernel's vector forms, give the same results with
+    write-back stores as with streaming ones, at sizes where the rule would choose the other (a
+    child process a policy)."""
     env = dict(os.environ, EWKERN_AUTO_STORES=knob)
     r = subprocess.run([sys.executable, "-c", _BOTH, str(n)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

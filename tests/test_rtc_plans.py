@@ -25,6 +25,7 @@ class FakeC:
     """The parts of ewkern._C that run-time kernels use on CUDA, recording launches."""
 
     def __init__(self):
+        self.store_asks = []
         self.launches, self.plans, self.next_ptr = [], 0, 1 << 32
         self.images, self.bounded_local = {}, 0   # handle -> image; local bytes of a bounded build
 
@@ -53,6 +54,7 @@ class FakeC:
         return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
 
     def _rtc_store_wb(self, dev, nbytes):
+        self.store_asks.append(nbytes)
         return nbytes > (60 << 20)   # an H200's L2
 
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
@@ -121,6 +123,24 @@ def test_elementwise_plan_launch_is_the_full_paths(fake, pdl):
             assert len(diff) == 1
     finally:
         ewkern.set_pdl(saved)
+
+
+def test_elementwise_launch_carries_the_store_rule(fake):
+    """A vector kernel's launch asks the store rule for the bytes its dense arrays move (inputs read
+    + outputs written) and writes the answer into the argument struct's wb field (1-D: size,
+    shape[1], head, nfast, prefetch, wb: byte 40), once per plan."""
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x + y", "fake_add_wb")
+    for n, want in ((100003, 0), (6 << 20, 1)):
+        base = 1 << 36
+        arrs = (FakeArray(base, "float32", (n,)), FakeArray(base + (1 << 30), "float32", (n,)),
+                FakeArray(base + (2 << 30), "float32", (n,)))
+        asked = len(fake.store_asks)
+        k(*arrs)
+        assert fake.store_asks[asked:] == [n * 12]
+        assert struct.unpack_from("<q", fake.launches[-1][3], 40)[0] == want
+        k(*arrs)                                   # the plan keeps the answer
+        assert len(fake.store_asks) == asked + 1
+        assert struct.unpack_from("<q", fake.launches[-1][3], 40)[0] == want
 
 
 @pytest.mark.parametrize("twin_local, compiles, want", [(0, 2, "maxnreg"), (16, 2, "image"), (None, 1, "image")])
