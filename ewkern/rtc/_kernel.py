@@ -393,12 +393,12 @@ class _VectorKernel:
         h = self.handles[{1: 0, 2: 1, 4: 2}[vpt]] if i32 else self.handles[3]
         return h, grid, prefetch
 
-    def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int, wb_offset: int,
+    def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int,
                nbytes: int) -> Callable[[bytearray, int], None]:
         """run(buf, stream): launch over n elements from head with the argument struct's bytes,
-        its prefetch field (at prefetch_offset) set for the launch and its store policy (at
-        wb_offset) by the default path's store rule for a launch that moves nbytes; the launch plan
-        is made once per PDL setting."""
+        its prefetch field (at prefetch_offset) set for the launch and the wb field after it (the
+        vector layout's fields, _codegen.Layout) by the default path's store rule for a launch that
+        moves nbytes; the launch plan is made once per PDL setting."""
         from .. import pdl_enabled
         plans: dict[bool, tuple[int, int, int]] = {}
         C = _C()
@@ -410,8 +410,7 @@ class _VectorKernel:
             lp = plans.get(pdl)
             if lp is None:
                 lp = plans[pdl] = self.launch_plan(n, head, E, block, pdl)
-            _pack_into("q", buf, prefetch_offset, lp[2])
-            _pack_into("q", buf, wb_offset, wb)
+            _pack_into("qq", buf, prefetch_offset, lp[2], wb)
             launch(lp[0], lp[1], block, buf, dev, stream, pdl)
         return run
 
@@ -847,7 +846,8 @@ def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, 
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
         # the bytes the launch moves: its dense arrays, read or written (broadcast rows are small)
         nbytes = n * sum(DTYPES[dt][2] for _, dt, kind, _ in layout.args if kind == "array")
-        return compiled.runner(n, head, E, vblock, cls.prefetch.offset, cls.wb.offset, nbytes)
+        assert cls.wb.offset == cls.prefetch.offset + 8   # one pack sets both (runner)
+        return compiled.runner(n, head, E, vblock, cls.prefetch.offset, nbytes)
     block = int(block_size) if block_size else FALLBACK_BLOCK
     return _gpu_runner(compiled, max(1, min(-(-n // block), 32 * _device_facts(device)[1])), block, device)
 
