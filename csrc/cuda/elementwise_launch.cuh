@@ -158,7 +158,9 @@ struct AutoPlan {
  * H200 silu 0.96-1.00 -> 1.00-1.06, erf 0.98-1.04 -> 1.04-1.11, sigmoid and gelu 1-5% up, in every
  * cell; H100 within 0.03 either way (silu 64 MiB single 1.00 -> 0.98, erf single 1.00 -> 1.03-1.05),
  * and at 16 MiB (3.9 waves) single launch 0.93-0.97 against 0.99-1.02 with 1. The backward kernels
- * keep 32 (not measured). */
+ * keep 32 (not measured). float32 libm-class ops (no heavy16) keep the plain ops' rule: 2 a thread
+ * on the H200 at 64-256 MiB left single launches where they were and lost 2-4% back-to-back and
+ * after a torch kernel (8208174; notes, "Three leads refuted"). */
 static bool wide_sm(int dev)
 {
     return sm_bandwidth_gbs(dev) >= 30;
