@@ -45,9 +45,12 @@ np.savez(sys.argv[1], **out)
 """
 
 
-# forward ops whose 16-bit CPU form has a one-pass form per ISA (add ... axpby), a select on the bits
-# (relu, abs, neg) or a plain copy; the baseline cap runs them on float tiles
-FORWARD_OPS = ["add", "sub", "mul", "div", "add_const", "mul_const", "axpby", "relu", "abs", "neg", "copy"]
+# forward ops with a loop per ISA: in float16/bfloat16 a one-pass form (add ... axpby; the baseline
+# cap runs them on float tiles) or a select on the bits (relu, abs, neg), in float32/float64 the
+# plain loop of each (the baseline cap: SSE2 on x86-64); copy moves bits, and fill (below) stores one
+FORWARD_OPS = ["add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby", "relu", "abs",
+               "neg", "copy"]
+FORWARD_SIZES = (1, 7, 15, 17, 1029, 3 * 1024 + 5, 70001)
 
 _FORWARD = """
 import sys, numpy as np, ewkern
@@ -55,11 +58,12 @@ sys.path.insert(0, %r)
 from reference import np_dtype
 rng = np.random.default_rng(11)
 out = {}
-for dt in ("float16", "bfloat16"):
+for dt in ("float16", "bfloat16", "float32", "float64"):
     t = np_dtype(dt)
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-7, -1e-7, 6e-8, 65504.0, -65504.0,
                         3.0e38, -3.0e38, 1e-40, -1e-40, 1.0, -1.0], dtype=np.float32).astype(t)
-    for n in (1, 7, 15, 17, 1029, 3 * 1024 + 5, 70001):
+    view = {2: np.uint16, 4: np.uint32, 8: np.uint64}[special.itemsize]
+    for n in %r:
         a = (rng.standard_normal(n + 1) * 300).astype(t)
         b = (rng.standard_normal(n + 1) * 300).astype(t)
         a[1:1 + min(n, special.size)] = special[:n]
@@ -68,11 +72,14 @@ for dt in ("float16", "bfloat16"):
         for op in %r:
             args = {"add_const": (a, 0.1), "mul_const": (a, -3.7), "axpby": (a, b, 0.5, -2.25)}.get(op)
             if args is None:
-                args = (a, b) if op in ("add", "sub", "mul", "div") else (a,)
-            out[f"{op} {dt} {n}"] = np.asarray(getattr(ewkern, op)(*args)).view(np.uint16)
+                args = (a, b) if op in ("add", "sub", "mul", "div", "maximum", "minimum") else (a,)
+            out[f"{op} {dt} {n}"] = np.asarray(getattr(ewkern, op)(*args)).view(view)
         x = a.copy()
         ewkern.add(x, b, out=x)                  # the output is an input
-        out[f"add inplace {dt} {n}"] = x.view(np.uint16)
+        out[f"add inplace {dt} {n}"] = x.view(view)
+        x = a.copy()
+        ewkern.fill(x[1:], -0.1)                 # from a misaligned start
+        out[f"fill {dt} {n}"] = x.view(view)
 np.savez(sys.argv[1], **out)
 """
 
@@ -127,17 +134,19 @@ def test_build_info_names_the_capped_isa(cap):
 
 
 @pytest.mark.parametrize("cap", CAPS)
-def test_forward_16bit_bits_match_across_isa_forms(cap, tmp_path):
+def test_forward_bits_match_across_isa_forms(cap, tmp_path):
     """float16/bfloat16 add ... axpby run in one pass per ISA (AVX-512: 16 lanes, AVX2: 8) and on
-    float tiles at the baseline; relu, abs, neg as selects on the bits: the same bits in every form,
-    NaN, infinities, -0, subnormals and overflow included, at sizes around the vector widths, from
-    a misaligned start, and with the output an input."""
+    float tiles at the baseline; relu, abs, neg as selects on the bits; float32/float64 arithmetic,
+    relu, abs and neg, and fill in every dtype, as one loop per ISA: the same bits in every form,
+    NaN, infinities, -0, subnormals and overflow included, at sizes around the vector widths and
+    past the threads' floor (70001 elements: blocks on the OpenMP team, a short last one), from a
+    misaligned start, and with the output an input."""
     def run(c, name):
-        subprocess.run([sys.executable, "-c", _FORWARD % (HERE, FORWARD_OPS), str(tmp_path / name)],
+        subprocess.run([sys.executable, "-c", _FORWARD % (HERE, FORWARD_SIZES, FORWARD_OPS), str(tmp_path / name)],
                        env=_env(c), check=True, cwd=ROOT)
         return dict(np.load(tmp_path / name))
     widest, capped = run(None, "widest.npz"), run(cap, f"{cap}.npz")
-    assert widest.keys() == capped.keys() and len(widest) == 2 * 7 * (len(FORWARD_OPS) + 1)
+    assert widest.keys() == capped.keys() and len(widest) == 4 * len(FORWARD_SIZES) * (len(FORWARD_OPS) + 2)
     differ = [k for k in widest if not np.array_equal(widest[k], capped[k])]
     assert not differ, differ
 

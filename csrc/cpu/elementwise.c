@@ -2,7 +2,8 @@
  * elementwise.c: the CPU elementwise kernels, one "auto" variant per (op, dtype).
  *
  * Versions (variant names as the registry lists them):
- *   auto  float32/float64: one compiler-vectorised loop (#pragma omp simd) per (op, dtype);
+ *   auto  float32/float64: one compiler-vectorised loop (#pragma omp simd) per (op, dtype), compiled
+ *         per ISA (AVX-512, AVX2 + FMA, the baseline; the widest this CPU has runs);
  *         float16/bfloat16: the arithmetic ops in one pass, widened to float in registers
  *         (AVX-512 or AVX2, chosen at run time), the math ops by a table of all 65536 results,
  *         abs/neg/relu on the bits; otherwise (the baseline ISA) tiles of EW_TILE elements
@@ -95,6 +96,26 @@
         } else {                                                                             \
             EW_PARALLEL_SIMD                                                                 \
             for (int64_t i = 0; i < (n); i++) { __VA_ARGS__; }                               \
+        }                                                                                    \
+    } while (0)
+
+/* call(i0, m) on blocks [i0, i0 + m) of EW_VBLOCK elements covering [0, n): on the OpenMP team in
+ * contiguous runs of blocks (a static schedule) when n >= par_min, else as one block on the calling
+ * thread. For the block functions compiled once per ISA (the math ops, the float32/float64
+ * arithmetic). */
+#define EW_BLOCKS(n, par_min, i0, m, ...)                                                    \
+    do {                                                                                     \
+        if ((n) < (par_min)) {                                                               \
+            const int64_t i0 = 0, m = (n);                                                   \
+            __VA_ARGS__;                                                                     \
+        } else {                                                                             \
+            const int64_t nblocks_ = ((n) + EW_VBLOCK - 1) / EW_VBLOCK;                      \
+            EW_PARALLEL                                                                      \
+            for (int64_t t_ = 0; t_ < nblocks_; t_++) {                                      \
+                const int64_t i0 = t_ * EW_VBLOCK;                                           \
+                const int64_t m = (n) - i0 < EW_VBLOCK ? (n) - i0 : EW_VBLOCK;               \
+                __VA_ARGS__;                                                                 \
+            }                                                                                \
         }                                                                                    \
     } while (0)
 
@@ -629,6 +650,102 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
     return t;
 }
 
+/* Loops on the bits, one function per ISA (as below): fill by element size, and float16/bfloat16
+ * abs, neg and relu on the sign bit (relu: below -0 down to -inf, neginf, becomes +0, every other
+ * pattern keeps its bits). Compiled for the baseline alone they stored 16 bytes an instruction:
+ * fill of 1 MiB took 8.8-9.0 us on the CI host's two threads in cache, torch's fill_ 4.0-4.3
+ * (CPU_NOTES.md, "float32/float64 arithmetic per ISA"). */
+#define EW_DEFINE_BITS_VARIANT(unused, sfx, attr)                                            \
+    attr static void ew_fill16_##sfx(uint16_t *o, int64_t n, uint16_t v)                     \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = v;                                            \
+    }                                                                                        \
+    attr static void ew_fill32_##sfx(uint32_t *o, int64_t n, uint32_t v)                     \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = v;                                            \
+    }                                                                                        \
+    attr static void ew_fill64_##sfx(uint64_t *o, int64_t n, uint64_t v)                     \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = v;                                            \
+    }                                                                                        \
+    attr static void ew_abs16_##sfx(const uint16_t *a, uint16_t *o, int64_t n)               \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = (uint16_t)(a[i] & 0x7fffu);                   \
+    }                                                                                        \
+    attr static void ew_neg16_##sfx(const uint16_t *a, uint16_t *o, int64_t n)               \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = (uint16_t)(a[i] ^ 0x8000u);                   \
+    }                                                                                        \
+    attr static void ew_relu16_##sfx(const uint16_t *a, uint16_t *o, int64_t n, unsigned neginf) \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < n; i++)                                                      \
+            o[i] = (uint16_t)(a[i] > 0x8000u && a[i] <= neginf ? 0u : a[i]);                 \
+    }
+EW_ISA_FORMS(EW_DEFINE_BITS_VARIANT, bits)
+
+/* out[0, m) = the element at v (size bytes: 2, 4 or 8) */
+static void ew_fill_block(void *out, int64_t m, const void *v, size_t size)
+{
+    if (size == 2) {
+        uint16_t x;
+        memcpy(&x, v, 2);
+        EW_ISA_CALL(ew_fill16, (uint16_t *)out, m, x);
+    } else if (size == 4) {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        EW_ISA_CALL(ew_fill32, (uint32_t *)out, m, x);
+    } else {
+        uint64_t x;
+        memcpy(&x, v, 8);
+        EW_ISA_CALL(ew_fill64, (uint64_t *)out, m, x);
+    }
+}
+
+/* float32/float64 arithmetic (the ARITH ops, neg, abs, relu): EW_DIRECT_BODY over a block, one
+ * function per ISA as the math ops' block functions are (the same omp simd loop compiled for
+ * AVX-512, AVX2 + FMA and the baseline; the widest this CPU has is called). No FMA is formed
+ * (-std=c11 keeps fp-contract off: axpby's s0 * a + s1 * b rounds twice in every form), so every
+ * form gives the same bits. Compiled for the baseline alone (SSE2 on x86-64) the loop moved 16
+ * bytes an instruction, and float32 add of 1 MiB on the CI host's two threads took 17.0 us in
+ * cache against torch's 15.9 (36-38 against 29-32 from memory): CPU_NOTES.md, "float32/float64
+ * arithmetic per ISA". The other ops' and dtypes' functions are empty (never called). */
+#define EW_DIRECT_KIND(name) (EWK_##name == EW_KIND_ARITH || EWK_##name == EW_KIND_NEG             \
+                              || EWK_##name == EW_KIND_ABS || EWK_##name == EW_KIND_RELU)
+#define EW_DEFINE_DIRECT_VARIANT(name, inputs, dt, sfx, attr)                                \
+    attr static void ew_direct_##name##_##dt##_##sfx(const EW_DT(dt, ST) *a, const EW_DT(dt, ST) *b, \
+                                                     EW_DT(dt, ST) *out, int64_t n,          \
+                                                     EW_DT(dt, CT) C0, EW_DT(dt, CT) C1)     \
+    {                                                                                        \
+        (void)a; (void)b; (void)out; (void)n; (void)C0; (void)C1;                            \
+        if (!EW_DT(dt, TILED) && EW_DIRECT_KIND(name)) {                                     \
+            EW_SIMD                                                                          \
+            for (int64_t i = 0; i < n; i++) { EW_DIRECT_BODY(name, inputs, dt); }            \
+        }                                                                                    \
+    }
+
+#define EW_DEFINE_DIRECT(name, inputs, dt)                                                   \
+    EW_ISA_FORMS(EW_DEFINE_DIRECT_VARIANT, name, inputs, dt)                                 \
+    static void ew_direct_##name##_##dt(const EW_DT(dt, ST) *a, const EW_DT(dt, ST) *b,      \
+                                        EW_DT(dt, ST) *out, int64_t n, EW_DT(dt, CT) C0,     \
+                                        EW_DT(dt, CT) C1)                                    \
+    {                                                                                        \
+        EW_ISA_CALL(ew_direct_##name##_##dt, a, b, out, n, C0, C1);                          \
+    }
+
+#define EW_OP(name, inputs, scalars, def, acc)                                               \
+    EW_DEFINE_DIRECT(name, inputs, f32)                                                      \
+    EW_DEFINE_DIRECT(name, inputs, f16)                                                      \
+    EW_DEFINE_DIRECT(name, inputs, bf16)                                                     \
+    EW_DEFINE_DIRECT(name, inputs, f64)
+#include "../ops.def"
+#undef EW_OP
+
 /* float16/bfloat16: one tile. Both inputs are converted before the output is written, so
  * out == in[k] is safe. */
 #define EW_TILE_BODY(name, inputs, dt)                                                       \
@@ -678,18 +795,18 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
                 ew_copy_bytes(out, a, n * (int64_t)sizeof *out, n >= par_min);               \
         } else if (EWK_##name == EW_KIND_FILL) {                                             \
             const EW_DT(dt, ST) v = EW_DT(dt, SV)(EW_DT(dt, FS)(args->scalar[0]));           \
-            EW_FOR(i, n, par_min, out[i] = v);                                               \
+            EW_BLOCKS(n, par_min, i0, m, ew_fill_block(out + i0, m, &v, sizeof v));          \
         } else if (EW_DT(dt, TILED) && (EWK_##name == EW_KIND_ABS || EWK_##name == EW_KIND_NEG \
                                          || EWK_##name == EW_KIND_RELU)) {                   \
             const uint16_t *ab = (const uint16_t *)(const void *)a;                          \
             uint16_t *ob = (uint16_t *)(void *)out;                                          \
             if (EWK_##name == EW_KIND_ABS)                                                   \
-                EW_FOR(i, n, par_min, ob[i] = (uint16_t)(ab[i] & 0x7fffu));                  \
+                EW_BLOCKS(n, par_min, i0, m, EW_ISA_CALL(ew_abs16, ab + i0, ob + i0, m));    \
             else if (EWK_##name == EW_KIND_NEG)                                              \
-                EW_FOR(i, n, par_min, ob[i] = (uint16_t)(ab[i] ^ 0x8000u));                  \
+                EW_BLOCKS(n, par_min, i0, m, EW_ISA_CALL(ew_neg16, ab + i0, ob + i0, m));    \
             else   /* below -0 down to -inf: +0 */                                           \
-                EW_FOR(i, n, par_min,                                                        \
-                       ob[i] = (uint16_t)(ab[i] > 0x8000u && ab[i] <= EW_DT(dt, NEGINF) ? 0u : ab[i])); \
+                EW_BLOCKS(n, par_min, i0, m,                                                 \
+                          EW_ISA_CALL(ew_relu16, ab + i0, ob + i0, m, EW_DT(dt, NEGINF)));   \
         } else if (EW_DT(dt, TILED) && (a16 = EW_DT(dt, A16)(name)) != NULL) {               \
             const uint16_t *ab = (const uint16_t *)(const void *)a;                          \
             const uint16_t *bb = (const uint16_t *)(const void *)b;                          \
@@ -715,19 +832,11 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
             /* ST == CT here; the casts only let the tiled dtypes compile this dead branch */ \
             const EW_DT(dt, CT) *ac = (const EW_DT(dt, CT) *)(const void *)a;                \
             EW_DT(dt, CT) *oc = (EW_DT(dt, CT) *)(void *)out;                                \
-            const int64_t nblocks = (n + EW_VBLOCK - 1) / EW_VBLOCK;                         \
-            if (n < par_min) {                                                               \
-                EWV_FN(name, EW_DT(dt, CT))(ac, oc, n);                                      \
-            } else {                                                                         \
-                EW_PARALLEL                                                                  \
-                for (int64_t t = 0; t < nblocks; t++) {                                      \
-                    const int64_t i0 = t * EW_VBLOCK;                                        \
-                    const int64_t m = n - i0 < EW_VBLOCK ? n - i0 : EW_VBLOCK;               \
-                    EWV_FN(name, EW_DT(dt, CT))(ac + i0, oc + i0, m);                        \
-                }                                                                            \
-            }                                                                                \
+            EW_BLOCKS(n, par_min, i0, m, EWV_FN(name, EW_DT(dt, CT))(ac + i0, oc + i0, m));   \
         } else if (!EW_DT(dt, TILED)) {                                                      \
-            EW_FOR(i, n, par_min, EW_DIRECT_BODY(name, inputs, dt));                         \
+            EW_BLOCKS(n, par_min, i0, m,                                                     \
+                      ew_direct_##name##_##dt((inputs) >= 1 ? a + i0 : a, (inputs) >= 2 ? b + i0 : b, \
+                                              out + i0, m, C0, C1));                         \
         } else {                                                                             \
             const int64_t ntiles = (n + EW_TILE - 1) / EW_TILE;                              \
             if (n < par_min) {                                                               \
@@ -751,7 +860,7 @@ static const uint16_t *ew_lut(_Atomic(uint16_t *) *slot, int64_t n, ew_math_fn m
 /* ---- the table --------------------------------------------------------------------------- */
 
 #define EW_ABOUT_AUTO                                                                        \
-    "OpenMP + compiler-vectorised loop (threads from 2^15 elements, 2^12 for libm ops); "    \
+    "OpenMP + compiler-vectorised loop per ISA (threads from 2^15 elements, 2^12 for libm ops); " \
     "f16/bf16 arithmetic widened in registers (AVX-512/AVX2 picked at run time), math by 2^16-entry " \
     "tables, else float tiles"
 
