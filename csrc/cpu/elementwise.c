@@ -68,7 +68,7 @@
 #define EW_PAR_MIN_HEAVY ((int64_t)1 << 12)
 #define EW_PAR_MIN_VEC ((int64_t)1 << 14)
 
-/* float32/float64 math ops run in blocks of this many elements, one block per OpenMP chunk. */
+/* The most elements of a block that a block function takes at once (EW_BLOCKS). */
 #define EW_VBLOCK ((int64_t)1 << 13)
 
 #ifdef _OPENMP
@@ -99,21 +99,34 @@
         }                                                                                    \
     } while (0)
 
-/* call(i0, m) on blocks [i0, i0 + m) of EW_VBLOCK elements covering [0, n): on the OpenMP team in
- * contiguous runs of blocks (a static schedule) when n >= par_min, else as one block on the calling
- * thread. For the block functions compiled once per ISA (the math ops, the float32/float64
- * arithmetic). */
+/* call(i0, m) on blocks [i0, i0 + m) covering [0, n): on the OpenMP team when n >= par_min, each
+ * thread a contiguous run of blocks (a static schedule) of at most EW_VBLOCK elements, the same
+ * number of blocks a thread (ew_block_size); else as one block on the calling thread. For the
+ * block functions compiled once per ISA (the math ops, the float32/float64 arithmetic, fill). */
+static int64_t ew_block_size(int64_t n)
+{
+#ifdef _OPENMP
+    const int64_t nth = omp_get_max_threads();
+#else
+    const int64_t nth = 1;
+#endif
+    const int64_t per = (n + nth - 1) / nth;              /* elements a thread */
+    const int64_t k = (per + EW_VBLOCK - 1) / EW_VBLOCK;  /* blocks a thread */
+    const int64_t bs = ((per + k - 1) / k + 63) & ~(int64_t)63;
+    return bs < EW_VBLOCK ? bs : EW_VBLOCK;
+}
 #define EW_BLOCKS(n, par_min, i0, m, ...)                                                    \
     do {                                                                                     \
         if ((n) < (par_min)) {                                                               \
             const int64_t i0 = 0, m = (n);                                                   \
             __VA_ARGS__;                                                                     \
         } else {                                                                             \
-            const int64_t nblocks_ = ((n) + EW_VBLOCK - 1) / EW_VBLOCK;                      \
+            const int64_t bs_ = ew_block_size(n);                                            \
+            const int64_t nblocks_ = ((n) + bs_ - 1) / bs_;                                  \
             EW_PARALLEL                                                                      \
             for (int64_t t_ = 0; t_ < nblocks_; t_++) {                                      \
-                const int64_t i0 = t_ * EW_VBLOCK;                                           \
-                const int64_t m = (n) - i0 < EW_VBLOCK ? (n) - i0 : EW_VBLOCK;               \
+                const int64_t i0 = t_ * bs_;                                                 \
+                const int64_t m = (n) - i0 < bs_ ? (n) - i0 : bs_;                           \
                 __VA_ARGS__;                                                                 \
             }                                                                                \
         }                                                                                    \
