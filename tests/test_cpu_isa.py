@@ -225,3 +225,35 @@ def test_16bit_gradient_tables_give_the_tiles_bits(cap, tmp_path):
         return np.array_equal(nan, nan_too) and np.array_equal(tiles[~nan], table[~nan])
     differ = [k for k, v in res.items() if not same(k, v[0], v[1])]
     assert not differ, differ
+
+
+# sizes at and past the threads' floor (2^15 elements for the cheap ops, 2^14 for the math ops),
+# where a launch splits into blocks on the OpenMP team: uneven splits and short last blocks
+BLOCK_SIZES = (2**14 - 1, 2**14 + 1, 2**15 - 1, 2**15, 2**15 + 1, 40007, 3 * 2**13 + 5, 70001, 2**17 + 63)
+BLOCK_OPS = FORWARD_OPS + ["exp", "sqrt", "gelu", "fill"]
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_blocks_on_the_team_cover_every_element(dt):
+    """A call on the OpenMP team (blocks of at most 2^13 elements, the same count a thread) gives,
+    element for element, the bits of the same op run in pieces of 1000 elements on the calling
+    thread, and writes every element of out= (prefilled with a NaN pattern)."""
+    rng = np.random.default_rng(17)
+    t = np_dtype(dt)
+    for n in BLOCK_SIZES:
+        a = (np.abs(rng.standard_normal(n + 1)) * 3 + 0.1).astype(t)[1:]    # misaligned, positive
+        b = (rng.standard_normal(n + 1) * 3).astype(t)[1:]
+        for op in BLOCK_OPS:
+            def call(x, y, out):
+                if op == "fill":
+                    return ewkern.fill(out, -0.1)
+                extra = {"add_const": (0.1,), "mul_const": (-3.7,), "axpby": (0.5, -2.25)}.get(op, ())
+                ins = (x, y) if op in ("add", "sub", "mul", "div", "maximum", "minimum", "axpby") else (x,)
+                return getattr(ewkern, op)(*ins, *extra, out=out)
+            whole = np.full(n, np.nan, dtype=t)
+            call(a, b, whole)
+            pieces = np.full(n, np.nan, dtype=t)
+            for i in range(0, n, 1000):
+                call(a[i:i + 1000], b[i:i + 1000], pieces[i:i + 1000])
+            assert not np.isnan(whole.astype(np.float64)).any(), (op, dt, n)
+            assert np.array_equal(whole.view(np.uint8), pieces.view(np.uint8)), (op, dt, n)
