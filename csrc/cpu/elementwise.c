@@ -751,11 +751,10 @@ static void ew_fill_block(void *out, int64_t m, const void *v, size_t size)
         EW_ISA_CALL(ew_direct_##name##_##dt, a, b, out, n, C0, C1);                          \
     }
 
-#define EW_OP(name, inputs, scalars, def, acc)                                               \
-    EW_DEFINE_DIRECT(name, inputs, f32)                                                      \
-    EW_DEFINE_DIRECT(name, inputs, f16)                                                      \
-    EW_DEFINE_DIRECT(name, inputs, bf16)                                                     \
-    EW_DEFINE_DIRECT(name, inputs, f64)
+/* M(name, inputs, dt) for each of the four dtypes */
+#define EW_EACH_DTYPE(M, name, inputs) M(name, inputs, f32) M(name, inputs, f16) M(name, inputs, bf16) M(name, inputs, f64)
+
+#define EW_OP(name, inputs, scalars, def, acc) EW_EACH_DTYPE(EW_DEFINE_DIRECT, name, inputs)
 #include "../ops.def"
 #undef EW_OP
 
@@ -862,11 +861,7 @@ static void ew_fill_block(void *out, int64_t m, const void *v, size_t size)
         return 0;                                                                            \
     }
 
-#define EW_OP(name, inputs, scalars, def, acc)                                                  \
-    EW_DEFINE_LAUNCHER(name, inputs, f32)                                                    \
-    EW_DEFINE_LAUNCHER(name, inputs, f16)                                                    \
-    EW_DEFINE_LAUNCHER(name, inputs, bf16)                                                   \
-    EW_DEFINE_LAUNCHER(name, inputs, f64)
+#define EW_OP(name, inputs, scalars, def, acc) EW_EACH_DTYPE(EW_DEFINE_LAUNCHER, name, inputs)
 #include "../ops.def"
 #undef EW_OP
 
