@@ -355,6 +355,21 @@ def _function(name, nin, saves, fast, composed):
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward1), "backward": staticmethod(backward1)})
 
+    if nin == 1 and not saves:
+        # copy, neg, add_const, mul_const: the backward needs no tensor, at most the scalar (tiny
+        # tensors, CI host: neg's step 18.8 -> 16.3 us, torch's 12.3; add_const 17.9 -> 15.0)
+        def forward0(ctx, a, *c):
+            ctx.scalars = c
+            return _as_tensor(fn(a.contiguous(), *c))
+
+        def backward0(ctx, grad):
+            c = ctx.scalars
+            if grad_enabled():          # a graph of the backward is wanted: the composed formula
+                return tuple(composed(grad, (), c, (True,))) + (None,) * len(c)
+            return tuple(fast(_Eager, grad.contiguous(), (), c, (True,))) + (None,) * len(c)
+        return type(f"{name}_function", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward0), "backward": staticmethod(backward0)})
+
     if nin == 2 and name in _BINARY:
         keep = bool(saves)
 
@@ -612,7 +627,14 @@ def _binary(name):
 
 
 def _with_const(name):
+    fn = getattr(_C, name)
+
     def op(a, c, out=None):
+        if (out is None and type(a) is _Tensor and not _is_compiling() and not _dispatch_depth()
+                and (a.is_cuda or a.is_cpu)):
+            if a.requires_grad and torch.is_grad_enabled():
+                return _FUNCTION[name].apply(a, c)
+            return _as_tensor(fn(a.contiguous(), c))
         return _run(name, (a,), (c,), out)
     return _named(op, name, "a, c, out=None")
 

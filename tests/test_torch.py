@@ -171,7 +171,8 @@ def test_gradients_match_torch(op, dtype, device):
     ("gelu", (True,), ["gelu_backward"]), ("tanh", (True,), ["tanh_backward"]), ("exp", (True,), ["exp_backward"]),
     ("mul", (True, True), ["mul_backward"]), ("mul", (True, False), ["mul"]), ("div", (True, True), ["div_backward"]),
     ("div", (True, False), ["div"]), ("maximum", (False, True), ["maximum_backward"]),
-    ("axpby", (True, True), ["axpby_backward"]), ("add", (True, True), []), ("rmse", (True, True), ["rmse_backward"])])
+    ("axpby", (True, True), ["axpby_backward"]), ("add", (True, True), []), ("rmse", (True, True), ["rmse_backward"]),
+    ("neg", (True,), ["neg"]), ("mul_const", (True,), ["mul_const"]), ("add_const", (True,), []), ("copy", (True,), [])])
 def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
     """An eager backward of ewkern.torch calls one C function of ewkern (the backward kernel, or the
     forward op that is the gradient), not a composition of ops and not the custom ops' dispatch."""
