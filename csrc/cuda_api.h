@@ -127,9 +127,10 @@ void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave
 void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
                            int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide,
                            int max_vpt, int *vpt, long long *grid, int *prefetch);
-/* The default path's store policy for a launch on device that moves `bytes` (inputs read + output
- * written): 1 write-back stores, 0 streaming stores (elementwise_launch.cuh, store_wb). */
-int ewcuda_store_wb(int device, long long bytes);
+/* The default path's store policy for a launch on device that moves `bytes` (inputs read + outputs
+ * written) and writes `out_bytes` of them: 1 write-back stores, 0 streaming stores
+ * (elementwise_launch.cuh, store_wb). */
+int ewcuda_store_wb(int device, long long bytes, long long out_bytes);
 
 #ifdef __cplusplus
 }

@@ -34,9 +34,11 @@
  *                                     launch on a device of >= 30 GB/s an SM; the caller decides);
  *                                     max_vpt: the most vectors a thread of the forms that do
  *                                     not spill (1, 2 or 4, default 4).
- *   _rtc_store_wb(device, bytes)      whether a vector kernel's launch that moves `bytes` stores
- *                                     write-back (True) or streaming (False), by the default
- *                                     path's store rule (ewcuda_store_wb).
+ *   _rtc_store_wb(device, bytes[, out_bytes])
+ *                                     whether a vector kernel's launch that moves `bytes` and
+ *                                     writes `out_bytes` of them (default 0) stores write-back
+ *                                     (True) or streaming (False), by the default path's store
+ *                                     rule (ewcuda_store_wb).
  */
 #include "rtc.h"
 
@@ -634,14 +636,16 @@ PyObject *ew_rtc_plan(PyObject *module, PyObject *args)
 PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args)
 {
     int device;
-    long long bytes;
-    if (!PyArg_ParseTuple(args, "iL:_rtc_store_wb", &device, &bytes))
+    long long bytes, out_bytes = 0;
+    if (!PyArg_ParseTuple(args, "iL|L:_rtc_store_wb", &device, &bytes, &out_bytes))
         return NULL;
-    if (bytes < 0) {
-        PyErr_Format(PyExc_ValueError, "_rtc_store_wb: bytes must be >= 0, got %lld", bytes);
+    if (bytes < 0 || out_bytes < 0 || out_bytes > bytes) {
+        PyErr_Format(PyExc_ValueError,
+                     "_rtc_store_wb: expected 0 <= out_bytes <= bytes, got bytes %lld, out_bytes %lld", bytes,
+                     out_bytes);
         return NULL;
     }
-    return PyBool_FromLong(ewcuda_store_wb(device, bytes));
+    return PyBool_FromLong(ewcuda_store_wb(device, bytes, out_bytes));
 }
 
 PyObject *ew_auto_plan(PyObject *module, PyObject *args)

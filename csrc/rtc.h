@@ -55,9 +55,10 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      "(wide: its case for a programmatic launch on a GPU of >= 30 GB/s an SM; max_vpt: the most vectors " \
      "a thread of the kernel's forms that do not spill)."}, \
     {"_rtc_store_wb", (PyCFunction)ew_rtc_store_wb, METH_VARARGS, \
-     "_rtc_store_wb(device, bytes, /)\n--\n\nWhether a run-time vector kernel's launch that moves `bytes` " \
-     "(inputs read + outputs written) stores write-back (True: more than the device's L2 holds) or " \
-     "streaming (False), by the default path's store rule (EWKERN_AUTO_STORES=cs|wb forces one)."}, \
+     "_rtc_store_wb(device, bytes, out_bytes=0, /)\n--\n\nWhether a run-time vector kernel's launch that " \
+     "moves `bytes` (inputs read + outputs written) and writes `out_bytes` of them stores write-back " \
+     "(True: outputs of at least 1/32 of the device's L2, or more bytes moved than it holds) or streaming " \
+     "(False), by the default path's store rule (EWKERN_AUTO_STORES=cs|wb forces one)."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
      "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, /)" \
      "\n--\n\n(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \

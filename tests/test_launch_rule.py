@@ -136,9 +136,10 @@ def test_store_rule_knob_forces_one_policy(knob, expect):
     assert r.stdout.split() == expect.split()
 
 
-def test_store_rule_bad_bytes_raise():
-    with pytest.raises(ValueError, match="bytes must be >= 0"):
-        ewkern._C._rtc_store_wb(0, -1)
+@pytest.mark.parametrize("args", [(-1,), (8, -1), (8, 9)])
+def test_store_rule_bad_bytes_raise(args):
+    with pytest.raises(ValueError, match="expected 0 <= out_bytes <= bytes"):
+        ewkern._C._rtc_store_wb(0, *args)
 
 
 def _gpu():
@@ -147,13 +148,17 @@ def _gpu():
 
 @pytest.mark.skipif(not _gpu(), reason="needs a GPU (the rule reads the device's L2 size)")
 def test_store_rule_writes_back_past_the_l2():
-    """Streaming stores up to the L2's size of bytes moved, write-back stores past it."""
+    """Write-back stores for outputs of at least 1/32 of the L2 or past the L2's size of bytes
+    moved, streaming stores below both."""
     if os.environ.get("EWKERN_AUTO_STORES"):
         pytest.skip("EWKERN_AUTO_STORES fixes the store policy in this process")
     l2 = ewkern.device_info("cuda:0")["l2_bytes"]
     assert l2 > 0
     assert not ewkern._C._rtc_store_wb(0, l2) and ewkern._C._rtc_store_wb(0, l2 + 1)
     assert not ewkern._C._rtc_store_wb(0, 0)
+    share = -(-l2 // 32)
+    assert ewkern._C._rtc_store_wb(0, 3 * share, share)
+    assert not ewkern._C._rtc_store_wb(0, 3 * share - 3, share - 1)
 
 
 _BOTH = """

@@ -53,9 +53,9 @@ class FakeC:
         self.wide, self.max_vpt = wide, max_vpt
         return (2 if nvec > 4096 else 1), max(1, nvec // (block * 2)), (132 if pdl else 0)
 
-    def _rtc_store_wb(self, dev, nbytes):
-        self.store_asks.append(nbytes)
-        return nbytes > (60 << 20)   # an H200's L2
+    def _rtc_store_wb(self, dev, nbytes, out_bytes=0):
+        self.store_asks.append((nbytes, out_bytes))
+        return nbytes > (60 << 20) or out_bytes * 32 >= (60 << 20)   # an H200's L2
 
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
         self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl)))
@@ -127,16 +127,16 @@ def test_elementwise_plan_launch_is_the_full_paths(fake, pdl):
 
 def test_elementwise_launch_carries_the_store_rule(fake):
     """A vector kernel's launch asks the store rule for the bytes its dense arrays move (inputs read
-    + outputs written) and writes the answer into the argument struct's wb field (1-D: size,
-    shape[1], head, nfast, prefetch, wb: byte 40), once per plan."""
+    + outputs written) and the bytes of them it writes, and writes the answer into the argument
+    struct's wb field (1-D: size, shape[1], head, nfast, prefetch, wb: byte 40), once per plan."""
     k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x + y", "fake_add_wb")
-    for n, want in ((100003, 0), (6 << 20, 1)):
+    for n, want in ((100003, 0), (1 << 19, 1), (6 << 20, 1)):
         base = 1 << 36
         arrs = (FakeArray(base, "float32", (n,)), FakeArray(base + (1 << 30), "float32", (n,)),
                 FakeArray(base + (2 << 30), "float32", (n,)))
         asked = len(fake.store_asks)
         k(*arrs)
-        assert fake.store_asks[asked:] == [n * 12]
+        assert fake.store_asks[asked:] == [(n * 12, n * 4)]
         assert struct.unpack_from("<q", fake.launches[-1][3], 40)[0] == want
         k(*arrs)                                   # the plan keeps the answer
         assert len(fake.store_asks) == asked + 1

@@ -150,9 +150,9 @@ extern "C" void ewcuda_auto_plan(long long nvec, long long nedge, int block, lon
                           heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, wide && pdl, max_vpt, vpt, grid, prefetch);
 }
 
-extern "C" int ewcuda_store_wb(int device, long long bytes)
+extern "C" int ewcuda_store_wb(int device, long long bytes, long long out_bytes)
 {
-    return ewk::store_wb(device, int64_t(bytes));
+    return ewk::store_wb(device, int64_t(bytes), int64_t(out_bytes));
 }
 
 extern "C" const ew_kernel *ew_cuda_elementwise_auto_table(int *count)

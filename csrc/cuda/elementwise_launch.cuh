@@ -107,19 +107,29 @@ static PrefetchRule prefetch_rule()
     return r;
 }
 
-/* The default path's store policy for a launch that moves `bytes` (inputs read + output written):
- * write-back stores (1) where that is more than the L2 holds, streaming stores (st.global.cs, 0)
- * below. EWKERN_AUTO_STORES=cs|wb (read once) forces one policy: a knob for measuring the rule.
- * Why (speed_probe variants auto against auto_wb, the same plan and kernel form, two rounds a GPU,
- * 59f37f6, ewkern / torch): single launches at 64 MiB a buffer, where the written lines outnumber
- * what the L2 keeps: H200 copy float32 0.979 -> 0.996-1.007, add_const bfloat16 0.979-0.980 ->
- * 0.997-1.008, log float32 0.971 -> 0.980, erf float32 0.981-0.987 -> 0.984-0.993; H100 copy
+/* The default path's store policy for a launch that moves `bytes` (inputs read + output written)
+ * and writes `out_bytes` of them: write-back stores (1) where the output is at least 1/32 of the
+ * L2 (the H100 1.6 MiB, the H200 1.9 MiB) or the launch moves more than the L2 holds; streaming
+ * stores (st.global.cs, 0) for smaller outputs. EWKERN_AUTO_STORES=cs|wb (read once) forces one
+ * policy: a knob for measuring the rule.
+ * Past the L2 (speed_probe variants auto against auto_wb, the same plan and kernel form, two rounds
+ * a GPU, 59f37f6, ewkern / torch): single launches at 64 MiB a buffer, where the written lines
+ * outnumber what the L2 keeps: H200 copy float32 0.979 -> 0.996-1.007, add_const bfloat16 0.979-0.980
+ * -> 0.997-1.008, log float32 0.971 -> 0.980, erf float32 0.981-0.987 -> 0.984-0.993; H100 copy
  * 0.969-0.986 -> 0.981-1.005, add_const 0.989-0.993 -> 0.989-1.005, erf 0.973-0.981 -> 0.982-1.018;
- * back-to-back at 64 MiB the same or up to 1% better (add_const, log 16-bit); binary ops within
- * 0.01 either way; 256 MiB-1 GiB within 0.01. Below: at 1 MiB back-to-back streaming stores lead by
- * 0.2-1.5% on both GPUs (H100 add_const bfloat16 1.488 against 1.466), and the first auto's scratch
- * study (notes, "auto, second version") found them 0.1-0.2 us ahead at 1-4 MiB without PDL; 4-16
- * MiB within the spread either way. */
+ * back-to-back at 64 MiB the same or up to 1% better; 256 MiB-1 GiB within 0.01.
+ * Below the L2 the output's lines are what the next kernel reads. Eager calls each reading the one
+ * before's output (scripts/eager_probe.py, chain; a54cc30, K = 32 behind a sleep kernel, us a call,
+ * streaming -> write-back, torch's in brackets): H100 copy float32 16 MiB 10.46 -> 8.30 (9.82),
+ * exp float32 16 MiB 10.33 -> 8.18 (9.52), copy 4 MiB 2.92 -> 2.54 (3.84), copy 2 MiB 2.09 -> 1.79
+ * (3.01); H200 exp float32 16 MiB 8.34 -> 6.41 (8.18-8.25), copy 16 MiB 8.08 -> 6.71 (8.27-8.34),
+ * copy 4 MiB 2.78 -> 2.24. At 1 MiB (latency-bound) nothing to gain: 1.02-1.33 -> 1.03-1.35 us (H100
+ * copy), and behind a foreign kernel (eager_probe's after) write-back is 0.05-0.15 us slower there.
+ * The matrix's methods at 2-32 MiB, streaming / write-back (speed_probe variants, the same call):
+ * back-to-back within 0.01 on both GPUs (H200 exp float32 16 MiB 1.019 -> 1.039, copy 1.033 ->
+ * 1.042); single launches within their spread (H100 copy 16 MiB 0.996 / 0.988, H200 0.984-0.988 /
+ * 1.008-1.024). At 1 MiB streaming stores lead back-to-back by 0.2-1.5% on both GPUs (H100 add_const
+ * bfloat16 1.488 against 1.466, copy float32 1.449 against 1.438). */
 enum StoreRule { STORES_RULE, STORES_CS, STORES_WB };
 static StoreRule store_rule()
 {
@@ -134,13 +144,14 @@ static StoreRule store_rule()
     return r;
 }
 
-static int store_wb(int dev, int64_t bytes)
+enum { WB_OUT_SHARE = 32 }; /* write-back from outputs of 1/WB_OUT_SHARE of the L2 */
+static int store_wb(int dev, int64_t bytes, int64_t out_bytes)
 {
     const StoreRule r = store_rule();
     if (r != STORES_RULE)
         return r == STORES_WB;
     const long long l2 = l2_bytes(dev);
-    return l2 > 0 && bytes > l2;
+    return l2 > 0 && (bytes > l2 || out_bytes * WB_OUT_SHARE >= l2);
 }
 
 /* The vectors per thread (1, 2 or 4), the grid and the prefetch of one auto launch. */

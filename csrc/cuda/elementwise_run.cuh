@@ -117,7 +117,7 @@ static int run_fast(const ew_args *a)
     OpArgs<T> p = op_args<T>(a);
     p.prefetch = plan.prefetch;
     /* the store rule (store_wb); only the PDL form reads it: the plain form streams */
-    p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + 1));
+    p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + 1), w.n * int64_t(sizeof(T)));
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
     const T *xh = w.xh(), *yh = w.yh();
     T *zh = w.z + w.head;

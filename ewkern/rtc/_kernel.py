@@ -394,16 +394,16 @@ class _VectorKernel:
         return h, grid, prefetch
 
     def runner(self, n: int, head: int, E: int, block: int, prefetch_offset: int,
-               nbytes: int) -> Callable[[bytearray, int], None]:
+               nbytes: int, out_bytes: int) -> Callable[[bytearray, int], None]:
         """run(buf, stream): launch over n elements from head with the argument struct's bytes,
         its prefetch field (at prefetch_offset) set for the launch and the wb field after it (the
         vector layout's fields, _codegen.Layout) by the default path's store rule for a launch that
-        moves nbytes; the launch plan is made once per PDL setting."""
+        moves nbytes and writes out_bytes of them; the launch plan is made once per PDL setting."""
         from .. import pdl_enabled
         plans: dict[bool, tuple[int, int, int]] = {}
         C = _C()
         dev, launch = self.dev, C._rtc_launch
-        wb = int(C._rtc_store_wb(dev, nbytes))
+        wb = int(C._rtc_store_wb(dev, nbytes, out_bytes))
 
         def run(buf: bytearray, stream: int) -> None:
             pdl = bool(pdl_enabled())
@@ -846,8 +846,9 @@ def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, 
         vblock = max(int(block_size), 2 * E) if block_size else _AUTO_BLOCK
         # the bytes the launch moves: its dense arrays, read or written (broadcast rows are small)
         nbytes = n * sum(DTYPES[dt][2] for _, dt, kind, _ in layout.args if kind == "array")
+        out_bytes = n * sum(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind == "array" and p.is_output)
         assert cls.wb.offset == cls.prefetch.offset + 8   # one pack sets both (runner)
-        return compiled.runner(n, head, E, vblock, cls.prefetch.offset, nbytes)
+        return compiled.runner(n, head, E, vblock, cls.prefetch.offset, nbytes, out_bytes)
     block = int(block_size) if block_size else FALLBACK_BLOCK
     return _gpu_runner(compiled, max(1, min(-(-n // block), 32 * _device_facts(device)[1])), block, device)
 
