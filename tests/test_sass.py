@@ -193,9 +193,11 @@ def test_auto_loads_first_then_stores_by_the_policy(sass, op, vpt):
 @pytest.mark.parametrize("vpt", ["1", "2", "4"])
 @pytest.mark.parametrize("op", ["9Grad_geluEf", "8Grad_mulE6__half"])
 def test_backward_forms(sass, op, vpt):
-    # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's
-    _assert_default_path_forms({form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form))
-                                for form in "01"})
+    # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's: the PDL form's
+    # stores by the store rule (a predicated pair a vector), the plain form's streaming
+    forms = {form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form)) for form in "01"}
+    _assert_default_path_forms({"1": forms["1"]}, policy=True)
+    _assert_default_path_forms({"0": forms["0"]})
 
 
 @pytest.mark.parametrize("op", ["6Op_expEd", "10Op_sigmoidEd", "7Op_siluEd"])

@@ -87,6 +87,8 @@ static int run_grad(const ew_args *a)
         return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
     }, 0, 32, wide_launch<Op>(dev, d));
     p.prefetch = plan.prefetch;
+    /* the store rule, as run_fast's: the gradients are what the next backward kernel reads */
+    p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + Op::NOUT), w.n * int64_t(sizeof(T)) * Op::NOUT);
     const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
     const Arrays<T, Op::NIN, Op::NOUT> arr = w.at_head();
     if (i32) {

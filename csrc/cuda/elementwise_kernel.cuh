@@ -383,8 +383,9 @@ static inline void (*fast_kernel())(const T *, const T *, T *, Idx, Idx, OpArgs<
 
 /* ---- the backward ops of grads.def (KIND_GRAD): NIN arrays in, NOUT gradients out ---------------
  * The same default path as ew_fast (16-byte vectors, VPT per thread, all loads before the first
- * store, streaming stores, head and tail on the last block's spare threads, PDL with the first
- * vector prefetched), with the arrays in one parameter struct. An output pointer may be NULL (a
+ * store, the store rule in the PDL form and streaming stores in the plain one, head and tail on
+ * the last block's spare threads, PDL with the first vector prefetched), with the arrays in one
+ * parameter struct. An output pointer may be NULL (a
  * gradient not asked for): its stores are skipped, the same branch for every thread. */
 template <class T, int NI, int NO> struct Arrays {
     const T *in[NI];
@@ -432,7 +433,8 @@ EW_DEV void elem_grad(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx i, const OpAr
 }
 
 /* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary);
- * PDL false: the plain form, as ew_fast's (no prefetch, no wait) */
+ * PDL false: the plain form, as ew_fast's (no prefetch, no wait, streaming stores); the PDL form
+ * stores by the launch's store rule (p.wb), as ew_fast's */
 template <class Op, class T, class Idx, int VPT, bool PDL>
 EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx head, const OpArgs<T> &p)
 {
@@ -465,7 +467,7 @@ EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx h
 #pragma unroll
             for (int q = 0; q < NO; ++q)
                 if (NO == 1 || arr.out[q])
-                    __stcs(reinterpret_cast<uint4 *>(arr.out[q]) + v, o[q]);
+                    store_vec<false, PDL>(reinterpret_cast<uint4 *>(arr.out[q]) + v, o[q], p, true);
         }
     }
     if (blockIdx.x == gridDim.x - 1) {
