@@ -13,7 +13,8 @@
  *  5. "auto"   every op x every dtype, the fast default: 16-byte vectors, 1, 2 or 4 per thread
  *              (the fewest that let the grid fit one wave of resident blocks, from the device's SM
  *              count and the kernel's occupancy), every load issued before the first store, no
- *              loop, streaming stores (st.global.cs), the scalar head (up to the 16-byte boundary)
+ *              loop, streaming stores (st.global.cs) for outputs under 1/32 of the L2 and write-back
+ *              stores from there (store_wb), the scalar head (up to the 16-byte boundary)
  *              and tail on otherwise idle threads, 32-bit index unless n is too large,
  *              programmatic dependent launch on sm_90+ (pdl.cuh) with the first vector's lines
  *              prefetched into L2 before the wait (then 1 or 2 vectors per thread, never 4;
@@ -91,7 +92,8 @@ EWK_GS_LIST(EWK_GS_INSTANCE)
 
 #define EWK_AUTO_ABOUT \
     "fast default: 16-byte vectors, 1/2/4 per thread so the grid fits one wave of the device when it can, " \
-    "all loads before the first store, streaming stores, head/tail on spare threads (scalar if offsets " \
+    "all loads before the first store, streaming stores for outputs under 1/32 of the L2 (write-back from there), " \
+    "head/tail on spare threads (scalar if offsets " \
     "differ), 32-bit index when n allows, PDL on sm_90+ with an L2 prefetch of the first vector before the wait"
 #define EWK_AUTO_ROW(NAME, T, DT) \
     {#NAME, "auto", DT, AutoRow<Op_##NAME, T>::launch, AutoRow<Op_##NAME, T>::kernel(), EWK_B, EWK_AUTO_ABOUT},
