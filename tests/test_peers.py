@@ -195,6 +195,33 @@ def test_shared_sets_give_every_way_its_kth_set_and_count_the_memory_once(fake):
     assert tb.record()["time_s"] == pytest.approx(1.0 * US, rel=0.01)
 
 
+def test_chain_sets_read_the_set_befores_output():
+    """frameworks.ChainSets: set k's first input is set k - 1's output (its other inputs and its
+    output its own); the first set keeps the inputs it was made with; every way shares them."""
+    made = []
+
+    def make_set():
+        made.append(((object(), object()), object()))
+        return made[-1]
+    sets = frameworks.ChainSets(make_set)
+    a, b = sets.maker(lambda s: s), sets.maker(lambda s: s)
+    s0, s1, s2 = a(), a(), a()
+    assert s0 == made[0]
+    for k, s in ((1, s1), (2, s2)):
+        (first, second), out = s
+        assert first is made[k - 1][1] and second is made[k][0][1] and out is made[k][1]
+    assert (b(), b(), b()) == (s0, s1, s2) and len(made) == 3
+
+
+def test_chain_method_takes_its_ops_and_is_asked_for():
+    """chain runs only when --peers-methods names it, on CHAIN_OPS (ops whose repeated application
+    stays finite), and compares with torch alone."""
+    assert "chain" not in peers._method_names(_ctx())
+    assert peers._method_names(_ctx(peers_methods=["chain"])) == ["chain"]
+    assert set(peers.CHAIN_OPS) <= set(peers._all_ops()) and "exp" not in peers.CHAIN_OPS
+    assert "chain" in peers.TORCH_ONLY
+
+
 @pytest.mark.parametrize("order", frameworks.ORDERS)
 def test_ways_in_turns_in_each_order(fake, order):
     """time_calls_in_turns' orders (rotate: a b, b a, ...; alternate: a b, a b, ...; runs: RUN_LENGTH
@@ -413,8 +440,8 @@ def test_after_torch_ops_default_to_a_subset_unless_ops_are_named():
 
 @pytest.mark.parametrize("args, message", [
     (["--peers-ops", "add", "--peers-after-torch-ops", "gelu"], "--peers-after-torch-ops: gelu not among the ops"),
-    (["--peers-methods", "back-to-back,after-torch"], "--peers-methods takes back-to-back, single, after_torch; "
-                                                      "got after-torch")])
+    (["--peers-methods", "back-to-back,after-torch"], "--peers-methods takes back-to-back, single, after_torch, "
+                                                      "chain; got after-torch")])
 def test_bad_peers_options_are_refused_before_running(args, message, tmp_path, capsys):
     code = bench.main(["peers", "--device", "cpu", *args, "--out", str(tmp_path / "o")])
     assert code == 2
@@ -449,7 +476,8 @@ def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
     class Set:   # a buffer set: its identity is what the test compares
         pass
     fake.set_users = {}
-    monkeypatch.setattr(peers, "torch_sets", lambda op, dtype, shape, device: frameworks.SharedSets(Set))
+    monkeypatch.setattr(peers, "torch_sets", lambda op, dtype, shape, device, chain=False: (
+        frameworks.ChainSets(lambda: ((Set(), Set()), Set())) if chain else frameworks.SharedSets(Set)))
 
     def foreign(dtype, shape, device):
         return (lambda: fake.kernel("mul", FOREIGN_US * US)), 3 * math.prod(shape) * ITEMSIZE[dtype]
@@ -484,6 +512,28 @@ def _fake_gpu_run(fake, monkeypatch, tmp_path, extra=()):
     runner.precheck(ctx, ["peers"])
     code = runner.run(ctx, ["peers"], argv)
     return code, out, bench.load(out)
+
+
+def test_peers_chain_on_a_fake_gpu(fake, monkeypatch, tmp_path):
+    """--peers-methods chain: the chain ops only, ewkern (PDL on and off) and torch, every way's
+    calls on the cell's chained sets (each set's first input the output of the set before)."""
+    code, out, res = _fake_gpu_run(fake, monkeypatch, tmp_path, ["--peers-ops", "copy,add,exp",
+                                                                  "--peers-methods", "chain"])
+    exp = res["experiments"]["peers"]
+    assert code == 0 and exp["status"] == "ok" and not exp["errors"], exp["errors"]
+    ms = [m for m in exp["measurements"] if not m.get("reference")]
+    assert {m["timing_method"] for m in ms} == {"chain"}
+    assert {m["op"] for m in ms} == {"copy", "add"}            # exp is not a chain op
+    assert {m["impl"] for m in ms} == {"ewkern", "ewkern (PDL off)", "torch"}
+    assert len(ms) == 2 * 2 * 2 * 3                             # ops x sizes x dtypes x ways
+    users = fake.set_users
+    assert users and all(set(w) == {"ewkern", "torch"} for w in users.values())
+    outs = {id(out) for _, out in users}
+    chained = sum(id(ins[0]) in outs for ins, _ in users)
+    assert chained >= len(users) - 2 * 2 * 2                    # all but each cell's first set
+    per, peer = peers.method_cells(exp)
+    assert peer == "torch" and list(per) == ["chain"]
+    assert "chain (graph of K calls" in (out / "summary.md").read_text()
 
 
 def test_peers_after_torch_on_a_fake_gpu(fake, monkeypatch, tmp_path):

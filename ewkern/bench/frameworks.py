@@ -360,11 +360,12 @@ def _op_set(impl: str, op: str, shape, dtype: str, device: str) -> tuple:
     return op_inputs(impl, op, shape, dtype, device), _empty(impl, shape, dtype, device)
 
 
-def torch_sets(op: str, dtype: str, shape, device: str) -> SharedSets:
+def torch_sets(op: str, dtype: str, shape, device: str, *, chain: bool = False) -> SharedSets:
     """SharedSets of op's torch inputs (op_inputs) and output, for ewkern_in_torch_call and
-    elementwise_call("torch", ...) timed in turns on the same buffers."""
+    elementwise_call("torch", ...) timed in turns on the same buffers; chain: ChainSets (each set's
+    first input the set before's output)."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
-    return SharedSets(partial(_op_set, "torch", op, shape, dtype, device))
+    return (ChainSets if chain else SharedSets)(partial(_op_set, "torch", op, shape, dtype, device))
 
 
 RMSE_PEERS = ("torch eager", "torch vector_norm", "torch.compile", "cupy ReductionKernel", "numpy")
@@ -644,6 +645,20 @@ class SharedSets:
             taken[0] += 1
             return bind(self._sets[k])
         return make_call
+
+
+class ChainSets(SharedSets):
+    """SharedSets in which every set but the first reads the set before's output as its first
+    input, so that a graph of calls over the sets in order (time_calls' rotation) has each call
+    read what the call before it wrote: a stream of dependent work, as a program's next op takes
+    the last op's result. The first set keeps an input of its own (one call in each pass over the
+    sets is not chained)."""
+
+    def __init__(self, make_set):
+        def chained():
+            ins, out = make_set()
+            return (self._sets[-1][1], *ins[1:]) if self._sets else tuple(ins), out
+        super().__init__(chained)
 
 
 def set_maker(sets: SharedSets | None, make_set, bind):

@@ -20,6 +20,11 @@ CuPy's where it has one), in three timing methods on a GPU:
   default after_torch times copy, add, mul, exp and gelu (AFTER_TORCH_OPS) in every dtype and size,
   about 40 s of a full run on an H100 where every op would take about 2.5 minutes;
   --peers-after-torch-ops all (or naming ops, or --peers-ops) widens it.
+* chain (only when --peers-methods names it): K calls in one CUDA graph as back-to-back's, on
+  buffer sets in which each set's first input is the set before's output (frameworks.ChainSets),
+  so that every call reads what the call before it wrote, as a program's next op reads the last
+  op's result (back-to-back never reads an output again). ewkern and torch on the same sets, for
+  CHAIN_OPS (copy, add, tanh, gelu: ops whose repeated application keeps the values finite).
 
 On a GPU with torch, ewkern is called on torch tensors and timed by exactly the code that times
 torch (frameworks.time_calls), so the two differ only in the kernel; inputs are random data in
@@ -87,7 +92,8 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer siz
         ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default: every elementwise op)")),
         ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16,float64)")),
         ("--peers-methods", dict(type=list_arg, metavar="METHODS",
-                                 help="GPU timing methods: back-to-back, single, after_torch (default all three)")),
+                                 help="GPU timing methods: back-to-back, single, after_torch (the default "
+                                      "three), chain (each call reading the call before's output)")),
         ("--peers-after-torch-ops", dict(type=list_arg, metavar="OPS",
                                          help="ops timed after_torch, or 'all' (default copy,add,mul,exp,gelu; "
                                               "with --peers-ops, those)")),
@@ -101,12 +107,17 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer siz
                                        "single launch), not one series after another"))]
 
 # method -> cache mode of frameworks.time_calls (after_torch: with frameworks.foreign_call before each call)
-METHODS = {"back-to-back": "rotate", "single": "flush", "after_torch": "rotate"}
+METHODS = {"back-to-back": "rotate", "single": "flush", "after_torch": "rotate", "chain": "rotate"}
+DEFAULT_METHODS = ("back-to-back", "single", "after_torch")   # chain only when --peers-methods names it
 METHOD_LABEL = {"back-to-back": "back-to-back (graph of K calls, inputs rotated)",
                 "single": "single launch (L2 flushed, queued behind a sleep kernel)",
-                "after_torch": f"after a torch kernel ({FOREIGN} + op, minus {FOREIGN} alone)"}
+                "after_torch": f"after a torch kernel ({FOREIGN} + op, minus {FOREIGN} alone)",
+                "chain": "chain (graph of K calls, each reading the call before's output)"}
 AFTER_TORCH_OPS = ["copy", "add", "mul", "exp", "gelu"]   # after_torch's default ops: copy, binary, unary, costly
-TORCH_ONLY = ("single", "after_torch")                      # methods whose only peer is torch (CuPy: back-to-back)
+# chain's ops: each reads its own last output, so only ops whose repeated application keeps the
+# values finite and in range (no exp, log, mul): copy, binary, bounded unary, costly unary
+CHAIN_OPS = ["copy", "add", "tanh", "gelu"]
+TORCH_ONLY = ("single", "after_torch", "chain")             # methods whose only peer is torch (CuPy: back-to-back)
 IN_TURNS = ("back-to-back", "single")                       # methods --peers-in-turns times in turns
 GPU_RMSE = [((16, 1 << 20), False), ((16, 3 << 20), False), ((1024, 4096), False), ((8, 1 << 24), False),
             ((65536, 64), False), ((1 << 20, 16), True)]
@@ -169,8 +180,8 @@ def _after_torch_ops(ctx, ops):
 
 
 def _method_names(ctx):
-    """The --peers-methods (default all); BenchError for a name that is not one."""
-    names = ctx.opt("peers_methods") or list(METHODS)
+    """The --peers-methods (default DEFAULT_METHODS); BenchError for a name that is not one."""
+    names = ctx.opt("peers_methods") or list(DEFAULT_METHODS)
     bad = [m for m in names if m not in METHODS]
     if bad:
         from .timing import BenchError
@@ -265,7 +276,8 @@ def run(ctx, xr):
              peers=live, rmse_peers=rmse_peers, ref_size=ref, cache=ctx.cache, rmse_versions=rmse_versions,
              methods=[m for m, _ in methods if m])
     after_ops = _after_torch_ops(ctx, ops)
-    method_ops = {m: (after_ops if m == "after_torch" else ops) for m, _ in methods}
+    method_ops = {m: (after_ops if m == "after_torch" else [o for o in ops if o in CHAIN_OPS] if m == "chain"
+                      else ops) for m, _ in methods}
     if "after_torch" in method_ops:
         xr.note(f"after_torch: one CUDA graph of K pairs ({FOREIGN} on buffers of the op's size and dtype, a set "
                 f"of its own, then the op) and one of the K {FOREIGN} alone, same K and buffers, replayed in turns; "
@@ -310,6 +322,9 @@ def run(ctx, xr):
                     before = ((lambda dtype=dtype, n=n: foreign_call(dtype, (n,), ctx.device))
                               if method == "after_torch" else None)
                     series = []   # one call per timed series, run in an order that rotates by cell
+                    # chain: every way on the same chained sets (call k reads call k - 1's output)
+                    chained = (torch_sets(op, dtype, (n,), ctx.device, chain=True)
+                               if method == "chain" and gpu_torch else None)
                     if in_turns and method in IN_TURNS:
                         # ewkern, ewkern with PDL off and torch: one series of samples taken in
                         # turns, every way's k-th call on the same buffers (SharedSets)
@@ -329,7 +344,8 @@ def run(ctx, xr):
                         # ewkern on torch tensors, timed by the torch peer's code
                         ewkern_series = partial(
                             xr.measure_peer, impl="torch", cache=cache, before=before, variant="auto",
-                            build=partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device), **common)
+                            build=partial(ewkern_in_torch_call, op, dtype, (n,), ctx.device, sets=chained),
+                            **common)
                         series.append(partial(ewkern_series, what=f"ewkern {tag}", impl_label="ewkern"))
                         if nopdl:
                             series.append(_without_pdl(partial(ewkern_series, what=f"{EWKERN_NOPDL} {tag}",
@@ -355,7 +371,8 @@ def run(ctx, xr):
                         if p == "torch" and in_turns and method in IN_TURNS:
                             continue   # timed in turns with ewkern above
                         series.append(partial(xr.measure_peer, what=f"{p} {tag}", impl=p, cache=cache,
-                                              build=partial(elementwise_call, p, op, dtype, (n,), ctx.device),
+                                              build=partial(elementwise_call, p, op, dtype, (n,), ctx.device,
+                                                            sets=chained),
                                               before=before, variant=p, **common))
                     if settle:
                         # the first series after a release ran 15% slow at 2 GiB (fill, every series
@@ -371,7 +388,7 @@ def run(ctx, xr):
                         timed()
                     # the in-turns ways' shared buffers go with the cell (not kept through the next
                     # series, the release below or the RMSE part)
-                    series = sets = build_ew = entries = None
+                    series = sets = build_ew = entries = chained = None
                     cell += 1
             pool.clear()
             release_peer_memory()   # per dtype: CUDA graphs' private pools and torch's cache add up at 2 GiB
