@@ -92,9 +92,9 @@ EWK_GS_LIST(EWK_GS_INSTANCE)
 
 #define EWK_AUTO_ABOUT \
     "fast default: 16-byte vectors, 1/2/4 per thread so the grid fits one wave of the device when it can, " \
-    "all loads before the first store, streaming stores for outputs under 1/32 of the L2 (write-back from there), " \
-    "head/tail on spare threads (scalar if offsets " \
-    "differ), 32-bit index when n allows, PDL on sm_90+ with an L2 prefetch of the first vector before the wait"
+    "all loads before the first store, streaming stores for outputs under 1/32 of the L2 (write-back from " \
+    "there), head/tail on spare threads (scalar if offsets differ), 32-bit index when n allows, PDL on sm_90+ " \
+    "with an L2 prefetch of the first vector before the wait"
 #define EWK_AUTO_ROW(NAME, T, DT) \
     {#NAME, "auto", DT, AutoRow<Op_##NAME, T>::launch, AutoRow<Op_##NAME, T>::kernel(), EWK_B, EWK_AUTO_ABOUT},
 #define EW_OP(name, inputs, scalars, definition, accuracy) \

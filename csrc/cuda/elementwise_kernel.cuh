@@ -385,8 +385,8 @@ static inline void (*fast_kernel())(const T *, const T *, T *, Idx, Idx, OpArgs<
  * The same default path as ew_fast (16-byte vectors, VPT per thread, all loads before the first
  * store, the store rule in the PDL form and streaming stores in the plain one, head and tail on
  * the last block's spare threads, PDL with the first vector prefetched), with the arrays in one
- * parameter struct. An output pointer may be NULL (a
- * gradient not asked for): its stores are skipped, the same branch for every thread. */
+ * parameter struct. An output pointer may be NULL (a gradient not asked for): its stores are
+ * skipped, the same branch for every thread. */
 template <class T, int NI, int NO> struct Arrays {
     const T *in[NI];
     T *out[NO];
