@@ -139,7 +139,7 @@ def test_vector_kernels_move_128_bits(sass, parts):
 PRED = re.compile(r"^@(!?)(U?P\w+)\s")
 
 
-def _assert_default_path_forms(forms, vpt=None, policy=False):
+def _assert_default_path_forms(forms, vpt=None, policy=False, writeback=False):
     """forms: {"1": the PDL form's kernels, "0": the plain form's}. Every 128-bit load of a thread's
     vectors issues before its first store (vpt of each when given), the stores are streaming
     (st.global.cs shows as STG.E.EF) or, with policy (ew_fast's store rule, p.wb), each vector's
@@ -164,6 +164,8 @@ def _assert_default_path_forms(forms, vpt=None, policy=False):
                     pe, pw = PRED.match(e), PRED.match(w)
                     assert pe and pw and pe.groups() != pw.groups(), "%s: not a predicated pair: %s / %s" % (name, e, w)
                     assert e.split("]")[1] == w.split("]")[1], "%s: the pair's addresses differ: %s / %s" % (name, e, w)
+            elif writeback:
+                assert not any(".EF" in text[i] for i in stores), "%s: vector stores are not write-back" % name
             else:
                 assert all(".EF" in text[i] for i in stores), "%s: vector stores are not streaming" % name
             waits = [i for i, t in enumerate(text) if t.startswith("ACQBULK")]
@@ -186,6 +188,11 @@ def test_auto_loads_first_then_stores_by_the_policy(sass, op, vpt):
     forms = {form: _functions(sass, "ew_fastINS_" + op, "iLi%sELb0ELb%s" % (vpt, form)) for form in "01"}
     _assert_default_path_forms({"1": forms["1"]}, int(vpt), policy=True)
     _assert_default_path_forms({"0": forms["0"]}, int(vpt))
+    # the plain form's write-back instance (the store rule's choice behind a foreign kernel): the
+    # streaming instance's code with write-back stores, instruction for instruction
+    plain_wb = _functions(sass, "ew_fastINS_" + op, "iLi%sELb1ELb0" % vpt)
+    _assert_default_path_forms({"0": plain_wb}, int(vpt), writeback=True)
+    assert sorted(len(i) for i in plain_wb.values()) == sorted(len(i) for i in forms["0"].values())
     for name, ins in _functions(sass, "ew_fastINS_" + op, "iLi1ELb1").items():
         assert not any(STG128.search(t) and ".EF" in t for _, t in ins), name
 
@@ -207,7 +214,8 @@ def test_float64_exp_family_keeps_its_registers(sass, op):
     # (STL/LDL), which cost sigmoid 4 MiB 0.95 -> 1.02-1.04 of torch's single launch on the H200
     local = re.compile(r"\b(STL|LDL)\b")
     funcs = _functions(sass, "9ew_fast_rINS_" + op)
-    assert len(funcs) == 5, sorted(funcs)   # 1 and 2 a thread in both forms, and the 64-bit index
+    # 1 and 2 a thread in three forms (PDL, plain streaming, plain write-back), and the 64-bit index
+    assert len(funcs) == 7, sorted(funcs)
     for name, ins in funcs.items():
         assert not any(local.search(t) for _, t in ins), "%s spills to local memory" % name
     assert not [n for n in _functions(sass, "7ew_fastINS_" + op) if re.search(r"[il]Li[12]E", n)]

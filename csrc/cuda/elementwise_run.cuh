@@ -116,25 +116,32 @@ static int run_fast(const ew_args *a)
     const int64_t grid = plan.grid;
     OpArgs<T> p = op_args<T>(a);
     p.prefetch = plan.prefetch;
-    /* the store rule (store_wb); only the PDL form reads it: the plain form streams */
+    /* the store rule (store_wb): the PDL form reads it, the plain form is chosen by it (below) */
     p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + 1), w.n * int64_t(sizeof(T)));
     const dim3 g{unsigned(clamp_grid(grid))}, bl{unsigned(block)};
     const T *xh = w.xh(), *yh = w.yh();
     T *zh = w.z + w.head;
     cudaError_t err;
     if (i32) {
-        /* launches without PDL take ew_fast's plain form (no prefetch, no wait). One form for
-         * auto_wb (a study variant) and for 64-bit indices (> 2^31 elements: 0.1 us is nothing) */
+        /* launches without PDL take ew_fast's plain form (no prefetch, no wait), in two instances:
+         * streaming stores, and write-back stores where the store rule says so (pwb), chosen here
+         * because a run-time predicate in the plain form cost it 0.05 us at 1-4 MiB after a torch
+         * kernel (91efc65). One form for auto_wb (a study variant) and for 64-bit indices (> 2^31
+         * elements: 0.1 us is nothing) */
         const int n32 = int(w.n - w.head), h32 = int(w.head);
+        const bool pwb = !WB && p.wb;
         if (vpt == 1)
-            err = pdl_launch_as(fast_kernel<Op, T, int, 1, WB>(), fast_kernel<Op, T, int, 1, WB, WB>(), g, bl, 0, s, d,
-                                xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 1, WB>(),
+                                pwb ? fast_kernel<Op, T, int, 1, true, false>() : fast_kernel<Op, T, int, 1, WB, WB>(),
+                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
         else if (vpt == 2)
-            err = pdl_launch_as(fast_kernel<Op, T, int, 2, WB>(), fast_kernel<Op, T, int, 2, WB, WB>(), g, bl, 0, s, d,
-                                xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 2, WB>(),
+                                pwb ? fast_kernel<Op, T, int, 2, true, false>() : fast_kernel<Op, T, int, 2, WB, WB>(),
+                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
         else
-            err = pdl_launch_as(fast_kernel<Op, T, int, 4, WB>(), fast_kernel<Op, T, int, 4, WB, WB>(), g, bl, 0, s, d,
-                                xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 4, WB>(),
+                                pwb ? fast_kernel<Op, T, int, 4, true, false>() : fast_kernel<Op, T, int, 4, WB, WB>(),
+                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
     } else {
         const auto k64 = fast_kernel<Op, T, int64_t, 1, WB>();
         err = pdl_launch_as(k64, k64, g, bl, 0, s, d, xh, yh, zh, w.n - w.head, w.head, p);
