@@ -188,13 +188,15 @@ print("ok")
 
 
 @pytest.mark.skipif(not _gpu(), reason="needs a GPU")
+@pytest.mark.parametrize("pdl", ["1", "0"])
 @pytest.mark.parametrize("knob", ["wb", "cs"])
 @pytest.mark.parametrize("n", [1, 1000003, (3 << 20) + 5])
-def test_default_path_results_with_either_store_policy(knob, n):
+def test_default_path_results_with_either_store_policy(knob, n, pdl):
     """The default path's kernels, and a user kernel's vector forms, give the same results with
     write-back stores as with streaming ones, at sizes where the rule would choose the other (a
-    child process a policy)."""
-    env = dict(os.environ, EWKERN_AUTO_STORES=knob)
+    child process a policy), in the PDL form and, with PDL off, in the plain form's two instances
+    (streaming, and write-back where the rule says so)."""
+    env = dict(os.environ, EWKERN_AUTO_STORES=knob, EWKERN_PDL=pdl)
     r = subprocess.run([sys.executable, "-c", _BOTH, str(n)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "ok"
