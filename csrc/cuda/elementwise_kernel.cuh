@@ -114,10 +114,11 @@ struct OpArgs {
  * off) otherwise streaming (st.global.cs: the written lines are the first the L2 evicts). The PDL
  * form: write-back where the launch asks for it (p.wb, uniform across the grid), else streaming,
  * both stores in straight-line code under predicates of ok and p.wb at the one address (one PTX
- * block: written as two C++ stores, ptxas formed the address twice and branched around them). The plain form keeps
- * one store an instance: the pair's three instructions more cost add / copy / add_const float32 and
- * bfloat16 at 1-4 MiB after a torch kernel 0.05 us (0.974-0.981 -> 0.953-0.956 of torch's at 1 MiB
- * on the H200, 59f37f6 against 91efc65), where the PDL form's back-to-back was unchanged. */
+ * block: written as two C++ stores, ptxas formed the address twice and branched around them). The
+ * plain form keeps one store an instance: the pair's three instructions more cost add / copy /
+ * add_const float32 and bfloat16 at 1-4 MiB after a torch kernel 0.05 us (0.974-0.981 -> 0.953-0.956
+ * of torch's at 1 MiB on the H200, 59f37f6 against 91efc65), where the PDL form's back-to-back was
+ * unchanged. */
 template <bool WB, bool PDL, class T>
 EW_DEV void store_vec(uint4 *dst, const uint4 &v, const OpArgs<T> &p, bool ok)
 {

@@ -86,6 +86,15 @@ int run_gs(const ew_args *a, GridRule rule)
     return err != cudaSuccess ? int(err) : int(cudaGetLastError());
 }
 
+/* ew_fast's plain form for a launch of VPT vectors a thread that the store rule (wb) sends to
+ * write-back or streaming stores: its write-back instance or its streaming one (auto_wb, WB: its
+ * one form, write-back already) */
+template <class Op, class T, int VPT, bool WB>
+static inline auto plain_kernel(int wb)
+{
+    return !WB && wb ? fast_kernel<Op, T, int, VPT, true, false>() : fast_kernel<Op, T, int, VPT, WB, WB>();
+}
+
 template <class Op, class T, bool WB>
 static int run_fast(const ew_args *a)
 {
@@ -124,24 +133,20 @@ static int run_fast(const ew_args *a)
     cudaError_t err;
     if (i32) {
         /* launches without PDL take ew_fast's plain form (no prefetch, no wait), in two instances:
-         * streaming stores, and write-back stores where the store rule says so (pwb), chosen here
+         * streaming stores, and write-back stores where the store rule says so (plain_kernel), chosen here
          * because a run-time predicate in the plain form cost it 0.05 us at 1-4 MiB after a torch
          * kernel (91efc65). One form for auto_wb (a study variant) and for 64-bit indices (> 2^31
          * elements: 0.1 us is nothing) */
         const int n32 = int(w.n - w.head), h32 = int(w.head);
-        const bool pwb = !WB && p.wb;
         if (vpt == 1)
-            err = pdl_launch_as(fast_kernel<Op, T, int, 1, WB>(),
-                                pwb ? fast_kernel<Op, T, int, 1, true, false>() : fast_kernel<Op, T, int, 1, WB, WB>(),
-                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 1, WB>(), plain_kernel<Op, T, 1, WB>(p.wb), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
         else if (vpt == 2)
-            err = pdl_launch_as(fast_kernel<Op, T, int, 2, WB>(),
-                                pwb ? fast_kernel<Op, T, int, 2, true, false>() : fast_kernel<Op, T, int, 2, WB, WB>(),
-                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 2, WB>(), plain_kernel<Op, T, 2, WB>(p.wb), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
         else
-            err = pdl_launch_as(fast_kernel<Op, T, int, 4, WB>(),
-                                pwb ? fast_kernel<Op, T, int, 4, true, false>() : fast_kernel<Op, T, int, 4, WB, WB>(),
-                                g, bl, 0, s, d, xh, yh, zh, n32, h32, p);
+            err = pdl_launch_as(fast_kernel<Op, T, int, 4, WB>(), plain_kernel<Op, T, 4, WB>(p.wb), g, bl, 0, s, d,
+                                xh, yh, zh, n32, h32, p);
     } else {
         const auto k64 = fast_kernel<Op, T, int64_t, 1, WB>();
         err = pdl_launch_as(k64, k64, g, bl, 0, s, d, xh, yh, zh, w.n - w.head, w.head, p);
