@@ -167,6 +167,8 @@ n = int(sys.argv[1])
 g = torch.Generator(device="cuda").manual_seed(7)
 host = lambda t: t.double().cpu().numpy() if isinstance(t, torch.Tensor) else t.numpy().astype(np.float64)
 fma = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + x", "store_policy_fma")
+rms = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)", "0",
+                       "store_policy_rms")
 for dt in (torch.float32, torch.float16, torch.float64):
     x = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(0.5, 2.0, generator=g).to(dt)
     y = torch.empty(n + 3, device="cuda", dtype=torch.float64).uniform_(-2.0, 2.0, generator=g).to(dt)
@@ -183,6 +185,13 @@ for dt in (torch.float32, torch.float16, torch.float64):
         # a user kernel's vector forms read the same knob through the launch's wb field
         got = host(fma(a, b))
         assert np.allclose(got, a64 * b64 + a64, rtol=4 * tol, atol=4 * tol), ("ElementwiseKernel", dt, off)
+    # and a RowKernel's stores (rows of 1024: 12 MiB of float32 at the largest n)
+    rows = max(1, n // 1024)
+    r = x[:rows * 1024].view(rows, 1024)
+    r64 = host(r)
+    want = r64 / np.sqrt((r64 * r64).mean(axis=1, keepdims=True) + 1e-6)
+    got = host(rms(r, 1e-6))
+    assert np.allclose(got, want, rtol=4 * tol, atol=4 * tol), ("RowKernel", dt)
 print("ok")
 """
 
@@ -192,7 +201,7 @@ print("ok")
 @pytest.mark.parametrize("knob", ["wb", "cs"])
 @pytest.mark.parametrize("n", [1, 1000003, (3 << 20) + 5])
 def test_default_path_results_with_either_store_policy(knob, n, pdl):
-    """The default path's kernels, and a user kernel's vector forms, give the same results with
+    """The default path's kernels, a user kernel's vector forms and a RowKernel give the same results with
     write-back stores as with streaming ones, at sizes where the rule would choose the other (a
     child process a policy), in the PDL form and, with PDL off, in the plain form's two instances
     (streaming, and write-back where the rule says so)."""

@@ -515,7 +515,7 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     src, entries = _codegen.row_source("cuda", "csk", lay, E, "x * x", "a + b", _CS_OP, "0",
                                        "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
     assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_cs_gw[_v * E + _k] += gw" in src
-    assert "stcs(_u_gw" not in src and "stcs(_u_y" in src
+    assert "(_u_gw + _v" not in src and "stv(_u_y + _v, _w_y, PP.wb)" in src
     # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory: both zero it first
     assert "if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)" in src
     assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1

@@ -143,6 +143,25 @@ def test_elementwise_launch_carries_the_store_rule(fake):
         assert struct.unpack_from("<q", fake.launches[-1][3], 40)[0] == want
 
 
+def test_row_kernel_launch_carries_the_store_rule(fake):
+    """A RowKernel's launch asks the store rule for the bytes its rows move (x read, y written, the
+    weight row w) and the bytes it writes, and puts the answer in the argument struct's wb field
+    (the last, after rows, cols, G, prefetch, tiles), once per plan: rmsnorm's output of 1 MiB streams, of
+    2 MiB (at least 1/32 of the stand-in's 60 MiB L2) writes back."""
+    rms = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                           "y = x * rsqrt(a / _row_size + eps) * w", "0", "fake_rms_wb")
+    for rows, want in ((64, 0), (128, 1), (1024, 1)):
+        base = 1 << 36
+        args = (FakeArray(base, "float32", (rows, 4096)), FakeArray(base + (1 << 30), "float32", (4096,)), 1e-6)
+        asked = len(fake.store_asks)
+        rms(*args)
+        assert fake.store_asks[asked:] == [(rows * 4096 * 8 + 4096 * 4, rows * 4096 * 4)]
+        assert struct.unpack_from("<q", fake.launches[-1][3], len(fake.launches[-1][3]) - 8)[0] == want
+        rms(*args)                                 # the plan keeps the answer
+        assert len(fake.store_asks) == asked + 1
+        assert struct.unpack_from("<q", fake.launches[-1][3], len(fake.launches[-1][3]) - 8)[0] == want
+
+
 @pytest.mark.parametrize("twin_local, compiles, want", [(0, 2, "maxnreg"), (16, 2, "image"), (None, 1, "image")])
 def test_vector_forms_that_spill_take_the_maxnreg_twin(fake, monkeypatch, twin_local, compiles, want):
     """An ElementwiseKernel whose forms report local memory (ptxas spilled them under
@@ -276,7 +295,7 @@ def test_column_sum_plan_launches_are_the_full_paths(fake, rows):
     rows_launch = first[0]
     grid, block = rows_launch[1], rows_launch[2]
     assert grid <= 132 * 4 and block == 512     # at most a wave of the stand-in's 4 blocks of 512 an SM
-    (tiles,) = struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 8)
+    (tiles,) = struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 16)   # tiles, then wb
     pairs = -(-rows // 2)                        # two rows a block a tile
     assert tiles * grid >= pairs > (tiles - 1) * grid and tiles == -(-pairs // (132 * 4))
     sum_launch = first[1]

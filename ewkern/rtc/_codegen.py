@@ -859,7 +859,8 @@ template <class P> __device__ __forceinline__ void stcs(P *dst, const P &x)
     }
 }
 /* a store of one Pack by the launch's store policy: write-back (st.global) where wb (the default
-   path's store rule: a launch that moves more bytes than the L2 holds), else streaming (as stcs);
+   path's store rule: an output of at least 1/32 of the L2, which the next kernel may read from
+   there, or a launch that moves more bytes than the L2 holds), else streaming (as stcs);
    both under complementary predicates of the one address, as the default path's store_vec */
 #define EWRTC_STV(V, ...) "{\n\t.reg .pred w;\n\tsetp.ne.s32 w, %0, 0;\n\t@w st.global" V " [%1], " \
     __VA_ARGS__ ";\n\t@!w st.global.cs" V " [%1], " __VA_ARGS__ ";\n\t}"
@@ -1208,7 +1209,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     src.add(tdefs)
     src.add(f"typedef {reduce_ctype} type_reduce;\ntypedef {reduce_ctype} _type_reduce;")
     src.add(struct_source("ewrtc_args", layout))
-    src.add("struct ewrtc_params { ewrtc_args a; long long rows, cols, G, prefetch, tiles; };")
+    src.add("struct ewrtc_params { ewrtc_args a; long long rows, cols, G, prefetch, tiles, wb; };")
     if preamble:
         src.user(preamble, name, "preamble")
     ins = [a for a in layout.args if not a[0].is_output and a[2] != "scalar"]
@@ -1519,7 +1520,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                                                          else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
         src.add(f"{indent}    }}")
         for p, dt, kind, _ in dense_outs:
-            src.add(f"{indent}    ewrtc::stcs(_u_{p.name} + _v, _w_{p.name});")
+            src.add(f"{indent}    ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, PP.wb);")
         src.add(f"{indent}}}")
 
     src.add("    if constexpr (VPL > 0) {")

@@ -53,13 +53,14 @@ _params_cache: dict[Any, type] = {}
 
 
 def _params_struct(layout: _codegen.Layout) -> type:
-    """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch, tiles."""
+    """ctypes twin of the generated ewrtc_params: the arguments, rows, cols, G, prefetch, tiles, wb."""
     key = layout.key()
     cls = _params_cache.get(key)
     if cls is None:
         cls = type("ewrtc_row_params", (ctypes.Structure,), {"_fields_": [
             ("a", _ctypes_struct(layout)), ("rows", ctypes.c_longlong), ("cols", ctypes.c_longlong),
-            ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong), ("tiles", ctypes.c_longlong)]})
+            ("G", ctypes.c_longlong), ("prefetch", ctypes.c_longlong), ("tiles", ctypes.c_longlong),
+            ("wb", ctypes.c_longlong)]})
         _params_cache[key] = cls
     return cls
 
@@ -464,6 +465,15 @@ class RowKernel:
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
             P.tiles = -(-grid // min(grid, w))
             grid = -(-grid // P.tiles)
+        # the default path's store rule for the outputs (write-back where the next kernel may read
+        # them from the L2: at least 1/32 of it, or a launch past it), by the bytes of the rows
+        elems = {"array": rows * cols, "bcol": cols, "brow": rows}
+        moved = out_bytes = 0
+        for p, dt, kind, _ in layout.args:
+            b = elems.get(kind, 0) * DTYPES[dt][2]
+            moved += b
+            out_bytes += b if p.is_output else 0
+        P.wb = int(_C()._rtc_store_wb(dev, moved, out_bytes))
         self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles} block={block}" if self._colsum else "")
         nparts = grid if combine else grid * (block // G)
         finish = [_CudaColumnSum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
