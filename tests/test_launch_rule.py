@@ -182,6 +182,11 @@ for dt in (torch.float32, torch.float16, torch.float64):
             out = torch.full_like(a, 3.0)
             getattr(ewkern, name)(*args, out=out)
             assert np.allclose(host(out), ref, rtol=tol, atol=tol), (name, dt, off, "out=")
+        # a backward kernel (both gradients of mul in one pass: its forms, and the plain form's two
+        # instances)
+        ga, gb = (host(t) for t in ewkern.mul_backward(b, a, b))
+        assert np.allclose(ga, b64 * b64, rtol=tol, atol=tol) and np.allclose(gb, b64 * a64, rtol=tol, atol=tol), (
+            "mul_backward", dt, off)
         # a user kernel's vector forms read the same knob through the launch's wb field
         got = host(fma(a, b))
         assert np.allclose(got, a64 * b64 + a64, rtol=4 * tol, atol=4 * tol), ("ElementwiseKernel", dt, off)
@@ -201,10 +206,10 @@ print("ok")
 @pytest.mark.parametrize("knob", ["wb", "cs"])
 @pytest.mark.parametrize("n", [1, 1000003, (3 << 20) + 5])
 def test_default_path_results_with_either_store_policy(knob, n, pdl):
-    """The default path's kernels, a user kernel's vector forms and a RowKernel give the same results with
-    write-back stores as with streaming ones, at sizes where the rule would choose the other (a
-    child process a policy), in the PDL form and, with PDL off, in the plain form's two instances
-    (streaming, and write-back where the rule says so)."""
+    """The default path's kernels (a backward one too), a user kernel's vector forms and a RowKernel
+    give the same results with write-back stores as with streaming ones, at sizes where the rule
+    would choose the other (a child process a policy), in the PDL form and, with PDL off, in the
+    plain form's two instances (streaming, and write-back where the rule says so)."""
     env = dict(os.environ, EWKERN_AUTO_STORES=knob, EWKERN_PDL=pdl)
     r = subprocess.run([sys.executable, "-c", _BOTH, str(n)], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -201,10 +201,17 @@ def test_auto_loads_first_then_stores_by_the_policy(sass, op, vpt):
 @pytest.mark.parametrize("op", ["9Grad_geluEf", "8Grad_mulE6__half"])
 def test_backward_forms(sass, op, vpt):
     # the backward ops' auto kernel (ew_fast_n) in its two forms, as ew_fast's: the PDL form's
-    # stores by the store rule (a predicated pair a vector), the plain form's streaming
+    # stores by the store rule (a predicated pair a vector), the plain form's streaming, and the
+    # plain form's write-back instance
     forms = {form: _functions(sass, "9ew_fast_nINS_" + op, "iLi%sELb%sEEEv" % (vpt, form)) for form in "01"}
     _assert_default_path_forms({"1": forms["1"]}, policy=True)
     _assert_default_path_forms({"0": forms["0"]})
+    # the plain form's write-back instance (ew_fast_n_wb, the store rule's choice behind a foreign
+    # kernel): the streaming instance's code with write-back stores, instruction for instruction
+    plain_wb = _functions(sass, "12ew_fast_n_wbINS_" + op, "Li%sEEEv" % vpt)
+    assert len(plain_wb) == 1, sorted(plain_wb)
+    _assert_default_path_forms({"0": plain_wb}, writeback=True)
+    assert sorted(len(i) for i in plain_wb.values()) == sorted(len(i) for i in forms["0"].values())
 
 
 @pytest.mark.parametrize("op", ["6Op_expEd", "10Op_sigmoidEd", "7Op_siluEd"])
@@ -230,10 +237,16 @@ def test_backward_kernels_at_one_and_two_vectors_keep_their_registers(sass):
     funcs = {**_functions(sass, "9ew_fast_nINS_"), **_functions(sass, "11ew_fast_n_rINS_")}
     few = {n: ins for n, ins in funcs.items() if re.search(r"[il]Li[12]E", n)}
     assert len(few) > 200
-    spilled = sorted(n for n, ins in few.items() if any(local.search(t) for _, t in ins))
+    # and the plain form's write-back instances (32-bit indices only: no index type in the name)
+    wb = {**_functions(sass, "12ew_fast_n_wbINS_"), **_functions(sass, "14ew_fast_n_r_wbINS_")}
+    few_wb = {n: ins for n, ins in wb.items() if re.search(r"Li[12]EEEv", n)}
+    assert len(wb) > 150 and len(few_wb) == 2 * len(wb) // 3
+    spilled = sorted(n for n, ins in {**few, **few_wb}.items() if any(local.search(t) for _, t in ins))
     assert not spilled, spilled[:5]
     freed = sorted(_functions(sass, "11ew_fast_n_rINS_"))
     assert len(freed) == 3 and all("8Grad_erfEd" in n and "Li1E" in n for n in freed), freed
+    freed_wb = sorted(_functions(sass, "14ew_fast_n_r_wbINS_"))
+    assert len(freed_wb) == 1 and "8Grad_erfEdLi1E" in freed_wb[0], freed_wb
 
 
 @pytest.mark.parametrize("vpt,most", [("2", 64), ("4", 64)])

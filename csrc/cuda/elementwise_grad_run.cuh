@@ -87,20 +87,21 @@ static int run_grad(const ew_args *a)
         return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
     }, 0, 32, wide_launch<Op>(dev, d));
     p.prefetch = plan.prefetch;
-    /* the store rule, as run_fast's: the gradients are what the next backward kernel reads */
+    /* the store rule, as run_fast's: the gradients are what the next backward kernel reads (the plain
+     * form by its instance, plain_n_kernel) */
     p.wb = store_wb(dev, w.n * int64_t(sizeof(T)) * (Op::NIN + Op::NOUT), w.n * int64_t(sizeof(T)) * Op::NOUT);
     const dim3 g{unsigned(clamp_grid(plan.grid))}, bl{unsigned(block)};
     const Arrays<T, Op::NIN, Op::NOUT> arr = w.at_head();
     if (i32) {
         const int n32 = int(w.n - w.head), h32 = int(w.head);
         if (plan.vpt == 1)
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 1>(), fast_n_kernel<Op, T, int, 1, false>(), g, bl, 0, s, d,
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 1>(), plain_n_kernel<Op, T, 1>(p.wb), g, bl, 0, s, d,
                                 arr, n32, h32, p);
         else if (plan.vpt == 2)
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 2>(), fast_n_kernel<Op, T, int, 2, false>(), g, bl, 0, s, d,
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 2>(), plain_n_kernel<Op, T, 2>(p.wb), g, bl, 0, s, d,
                                 arr, n32, h32, p);
         else
-            err = pdl_launch_as(fast_n_kernel<Op, T, int, 4>(), fast_n_kernel<Op, T, int, 4, false>(), g, bl, 0, s, d,
+            err = pdl_launch_as(fast_n_kernel<Op, T, int, 4>(), plain_n_kernel<Op, T, 4>(p.wb), g, bl, 0, s, d,
                                 arr, n32, h32, p);
     } else {
         const auto k64 = fast_n_kernel<Op, T, int64_t, 1>();

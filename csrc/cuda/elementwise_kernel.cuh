@@ -435,9 +435,10 @@ EW_DEV void elem_grad(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx i, const OpAr
 }
 
 /* auto for a backward op: pointers and head as for ew_fast (every array from its 16-byte boundary);
- * PDL false: the plain form, as ew_fast's (no prefetch, no wait, streaming stores); the PDL form
- * stores by the launch's store rule (p.wb), as ew_fast's */
-template <class Op, class T, class Idx, int VPT, bool PDL>
+ * PDL false: the plain form, as ew_fast's (no prefetch, no wait, streaming stores; WB: its
+ * write-back instance, ew_fast_n_wb); the PDL form stores by the launch's store rule (p.wb), as
+ * ew_fast's */
+template <class Op, class T, class Idx, int VPT, bool PDL, bool WB = false>
 EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx head, const OpArgs<T> &p)
 {
     enum { N = Vec16<T>::N, NI = Op::NIN, NO = Op::NOUT };
@@ -469,7 +470,7 @@ EW_DEV void ew_fast_n_body(const Arrays<T, Op::NIN, Op::NOUT> &arr, Idx n, Idx h
 #pragma unroll
             for (int q = 0; q < NO; ++q)
                 if (NO == 1 || arr.out[q])
-                    store_vec<false, PDL>(reinterpret_cast<uint4 *>(arr.out[q]) + v, o[q], p, true);
+                    store_vec<WB, PDL>(reinterpret_cast<uint4 *>(arr.out[q]) + v, o[q], p, true);
         }
     }
     if (blockIdx.x == gridDim.x - 1) {
@@ -510,6 +511,37 @@ static inline void (*fast_n_kernel())(Arrays<T, Op::NIN, Op::NOUT>, Idx, Idx, Op
         return ew_fast_n_r<Op, T, Idx, VPT, PDL>;
     else
         return ew_fast_n<Op, T, Idx, VPT, PDL>;
+}
+
+/* The plain form's write-back instance (32-bit indices), as ew_fast's plain_kernel: the streaming
+ * instance's code with write-back stores, which the launcher takes where the store rule says so
+ * (a gradient is what the next backward kernel reads: in a captured training step a backward
+ * kernel behind a torch kernel takes the plain form). Kernels of their own names, so that the
+ * other forms keep theirs. */
+template <class Op, class T, int VPT>
+__global__ void __launch_bounds__(1024)
+ew_fast_n_wb(Arrays<T, Op::NIN, Op::NOUT> arr, int n, int head, OpArgs<T> p)
+{
+    ew_fast_n_body<Op, T, int, VPT, false, true>(arr, n, head, p);
+}
+
+template <class Op, class T, int VPT>
+__global__ void __maxnreg__(64)
+ew_fast_n_r_wb(Arrays<T, Op::NIN, Op::NOUT> arr, int n, int head, OpArgs<T> p)
+{
+    ew_fast_n_body<Op, T, int, VPT, false, true>(arr, n, head, p);
+}
+
+/* the plain form (32-bit indices) by the launch's store rule: the write-back instance where wb */
+template <class Op, class T, int VPT>
+static inline void (*plain_n_kernel(int wb))(Arrays<T, Op::NIN, Op::NOUT>, int, int, OpArgs<T>)
+{
+    if (!wb)
+        return fast_n_kernel<Op, T, int, VPT, false>();
+    if constexpr (FreeRegsN<Op, T, VPT>::value)
+        return ew_fast_n_r_wb<Op, T, VPT>;
+    else
+        return ew_fast_n_wb<Op, T, VPT>;
 }
 
 /* The arrays' offsets from a 16-byte boundary differ: one element per thread, grid-stride. */
