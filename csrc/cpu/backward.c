@@ -30,6 +30,7 @@
 #include "cpu_math.h"
 #include "half.h"
 #include "half_simd.h"
+#include "team.h"
 
 #define EW_BW_PAR_MIN ((int64_t)1 << 14)
 /* elements per OpenMP block (float32/float64) and per float tile (float16/bfloat16: five float
@@ -39,11 +40,8 @@
 
 #ifdef _OPENMP
 #define EW_BW_SIMD _Pragma("omp simd")
-#define EW_BW_PRAGMA(x) _Pragma(#x)
-#define EW_BW_PARALLEL_IF(cond) EW_BW_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
 #define EW_BW_SIMD
-#define EW_BW_PARALLEL_IF(cond)
 #endif
 
 #define EW_BW_M_float(fn) fn##f
@@ -211,12 +209,11 @@ EW_BW_DEFINE_GAUSS(double)
         typedef EW_BW(dt, ST) st_t;                                                          \
         EW_BW_ARGS(inputs, st_t, st_t)                                                       \
         const int64_t nb = (n + EW_BW_BLOCK - 1) / EW_BW_BLOCK;                              \
-        EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                                \
-        for (int64_t k = 0; k < nb; k++) {                                                   \
+        EW_TEAM_FOR(n >= EW_BW_PAR_MIN, k, nb,                                               \
             const int64_t i0 = k * EW_BW_BLOCK, m = n - i0 < EW_BW_BLOCK ? n - i0 : EW_BW_BLOCK; \
             EW_BW_FN(name, EW_BW(dt, CT))(g + i0, EW_BW_AT(a, i0), EW_BW_AT(b, i0),           \
                                           EW_BW_AT(o1, i0), EW_BW_AT(o2, i0), S0, S1, m);    \
-        }                                                                                    \
+        );                                                                                   \
         return 0;                                                                            \
     }
 
@@ -370,17 +367,15 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
         const int64_t nt = (n + EW_BW_TILE - 1) / EW_BW_TILE;                                \
         const ew_bw16_fn one = EWBA_##name(name, dt);                                        \
         if (one) {                                                                           \
-            EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
-            for (int64_t t = 0; t < nt; t++) {                                               \
+            EW_TEAM_FOR(n >= EW_BW_PAR_MIN, t, nt,                                           \
                 const int64_t i0 = t * EW_BW_TILE;                                           \
                 one(g + i0, EW_BW_AT(a, i0), EW_BW_AT(b, i0), EW_BW_AT(o1, i0), EW_BW_AT(o2, i0), S0, S1, \
                     n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE);                               \
-            }                                                                                \
+            );                                                                               \
             return 0;                                                                        \
         }                                                                                    \
         if (EWBK_##name == 2 && o1) {                                                        \
-            EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
-            for (int64_t t = 0; t < nt; t++) {                                               \
+            EW_TEAM_FOR(n >= EW_BW_PAR_MIN, t, nt,                                           \
                 const int64_t i0 = t * EW_BW_TILE, m = n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE; \
                 EW_BW_SIMD                                                                   \
                 for (int64_t i = i0; i < i0 + m; i++) { /* a mask, not a ?: around the load of g */ \
@@ -388,14 +383,13 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
                                           | (uint32_t)((uint16_t)(a[i] - 0x8000u) <= EW_BW(dt, NEGINF) - 0x8000u); \
                     o1[i] = (uint16_t)(g[i] & (zero - 1u));                                  \
                 }                                                                            \
-            }                                                                                \
+            );                                                                               \
             return 0;                                                                        \
         }                                                                                    \
         static _Atomic(float *) lut_slot;                                                    \
         const float *lut = EWBK_##name == 1 ? ew_bw_lut(&lut_slot, n, ew_bwr_##name##_float, EW_BW(dt, TOF)) : NULL; \
         if (lut && o1) {                                                                     \
-            EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                            \
-            for (int64_t t = 0; t < nt; t++) {                                               \
+            EW_TEAM_FOR(n >= EW_BW_PAR_MIN, t, nt,                                           \
                 _Alignas(64) float tg[EW_BW_TILE];                                           \
                 const int64_t i0 = t * EW_BW_TILE;                                           \
                 const int m = (int)(n - i0 < EW_BW_TILE ? n - i0 : EW_BW_TILE);              \
@@ -404,11 +398,10 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
                 for (int j = 0; j < m; j++)                                                  \
                     tg[j] = tg[j] * lut[a[i0 + j]];                                          \
                 EW_BW(dt, FROMF)(tg, o1 + i0, m);                                            \
-            }                                                                                \
+            );                                                                               \
             return 0;                                                                        \
         }                                                                                    \
-        EW_BW_PARALLEL_IF(n >= EW_BW_PAR_MIN)                                                \
-        for (int64_t t = 0; t < nt; t++) {                                                   \
+        EW_TEAM_FOR(n >= EW_BW_PAR_MIN, t, nt,                                               \
             _Alignas(64) float tg[EW_BW_TILE], ta[EW_BW_TILE], tb[EW_BW_TILE];               \
             _Alignas(64) float t1[EW_BW_TILE], t2[EW_BW_TILE];                               \
             const int64_t i0 = t * EW_BW_TILE;                                               \
@@ -423,7 +416,7 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
                 EW_BW(dt, FROMF)(t1, o1 + i0, m);                                            \
             if ((outputs) >= 2 && o2)                                                        \
                 EW_BW(dt, FROMF)(t2, o2 + i0, m);                                            \
-        }                                                                                    \
+        );                                                                                   \
         return 0;                                                                            \
     }
 
@@ -467,8 +460,7 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
             sc[q] = g[q] / ((ct_t)n * r[q]);                                                 \
         const int64_t rows = inner == 1 ? outer : outer * n, len = inner == 1 ? n : inner;   \
         const int64_t per = (len + EW_BW_TILE - 1) / EW_BW_TILE; /* pieces a row */          \
-        EW_BW_PARALLEL_IF(rows * len >= EW_BW_PAR_MIN)                                       \
-        for (int64_t t = 0; t < rows * per; t++) {                                           \
+        EW_TEAM_FOR(rows * len >= EW_BW_PAR_MIN, t, rows * per,                              \
             const int64_t row = t / per, j0 = (t % per) * EW_BW_TILE;                        \
             const int m = (int)(len - j0 < EW_BW_TILE ? len - j0 : EW_BW_TILE);              \
             const int64_t e0 = row * len + j0;                                               \
@@ -476,7 +468,7 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
             const ct_t *s = inner == 1 ? sc + row : sc + (row / n) * inner + j0;             \
             const int64_t ds = inner == 1 ? 0 : 1;                                           \
             EW_BW_RMSE_PIECE(dt, EW_BW(dt, TILED))                                           \
-        }                                                                                    \
+        );                                                                                   \
         free(sc);                                                                            \
         return 0;                                                                            \
     }

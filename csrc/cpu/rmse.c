@@ -25,6 +25,7 @@
 #include "../ewkern_kernels.h"
 #include "cpu_math.h"
 #include "half.h"
+#include "team.h"
 
 #define RM_CHUNK ((int64_t)1 << 16)     /* elements per unit along n (inner == 1) */
 #define RM_COLS ((int64_t)256)          /* columns per unit (inner > 1) */
@@ -136,14 +137,13 @@ static inline void rm_store(void *out, int is_f64, int64_t k, double sum, int64_
 static void rm_combine(const double *partial, int64_t chunks, void *out, int is_f64, int64_t batches,
                        int64_t n)
 {
-#pragma omp parallel for schedule(static) if (batches * chunks >= RM_PAR_MIN)
-    for (int64_t k = 0; k < batches; k++) {
+    EW_TEAM_FOR(batches * chunks >= RM_PAR_MIN, k, batches,
         const double *p = partial + k * chunks;
         double s = 0.0;
         for (int64_t c = 0; c < chunks; c++)
             s += p[c];
         rm_store(out, is_f64, k, s, n);
-    }
+    );
 }
 
 static int rm_run(const ew_rmse_args *x, int is_f64, rm_rows_fn rows, rm_cols_fn cols)
@@ -168,22 +168,19 @@ static int rm_run(const ew_rmse_args *x, int is_f64, rm_rows_fn rows, rm_cols_fn
     if (inner == 1) {
         const int64_t chunks = (n + RM_CHUNK - 1) / RM_CHUNK;
         if (chunks == 1) {
-#pragma omp parallel for schedule(static) if (par)
-            for (int64_t k = 0; k < batches; k++)
-                rm_store(out, is_f64, k, rows(a, b, k * n, n), n);
+            EW_TEAM_FOR(par, k, batches, rm_store(out, is_f64, k, rows(a, b, k * n, n), n););
             return 0;
         }
         double *partial = (double *)malloc((size_t)(batches * chunks) * sizeof(double));
         if (partial == NULL)
             return ENOMEM;
         const int64_t units = batches * chunks;
-#pragma omp parallel for schedule(static) if (par)
-        for (int64_t u = 0; u < units; u++) {
+        EW_TEAM_FOR(par, u, units,
             const int64_t k = u / chunks, c = u - k * chunks;
             const int64_t i0 = c * RM_CHUNK;
             const int64_t len = n - i0 < RM_CHUNK ? n - i0 : RM_CHUNK;
             partial[u] = rows(a, b, k * n + i0, len);
-        }
+        );
         rm_combine(partial, chunks, out, is_f64, batches, n);
         free(partial);
         return 0;
@@ -204,8 +201,7 @@ static int rm_run(const ew_rmse_args *x, int is_f64, rm_rows_fn rows, rm_cols_fn
         if (partial == NULL)
             return ENOMEM;
     }
-#pragma omp parallel for schedule(static) if (par)
-    for (int64_t u = 0; u < units; u++) {
+    EW_TEAM_FOR(par, u, units,
         const int64_t c = u % chunks, ob = u / chunks;
         const int64_t jb = ob % blocks, o = ob / blocks;
         const int64_t j0 = jb * RM_COLS;
@@ -223,7 +219,7 @@ static int rm_run(const ew_rmse_args *x, int is_f64, rm_rows_fn rows, rm_cols_fn
             else
                 partial[k * chunks + c] = acc[j];
         }
-    }
+    );
     if (chunks > 1) {
         rm_combine(partial, chunks, out, is_f64, batches, n);
         free(partial);
