@@ -22,7 +22,7 @@ of its operation.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ._params import DTYPES
 
@@ -370,15 +370,24 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if backend == "cpu" and dense and any(dt == "float16" for _, dt, _, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
+    def body() -> None:
+        _offsets(src, layout, "i", arrays)
+        stores = _loads(src, layout)
+        src.add("        {")
+        src.user(operation, name, "operation", ";")
+        src.add("        }")
+        for p, S in stores:
+            src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+        src.add("    }")
+
     if backend == "cpu":
         _cpu_entry_head(src, entry, name, loop_prep)
         simd = " simd" if dense else ""
-        src.add("#ifdef _OPENMP")
-        # if(parallel: ...): an if clause without the modifier applies to every construct of the
-        # combined directive, simd included (OpenMP 5.0), so a one-thread call ran the scalar loop
-        src.add(f"#pragma omp parallel for{simd} schedule(static) num_threads(_threads) if(parallel: _threads > 1)")
-        src.add("#endif")
-        src.add("    for (long long i = 0; i < P.size; ++i) {")
+
+        def loop(team: bool) -> None:
+            src.add("    for (long long i = 0; i < P.size; ++i) {")
+            body()
+        _cpu_team_loop(src, f"parallel for{simd} schedule(static)", "simd" if dense else None, loop)
     else:
         src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
         src.add("{")
@@ -391,14 +400,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
             src.user(loop_prep, name, "loop_prep", ";")
         src.add("    const long long _stride = (long long)gridDim.x * blockDim.x;")
         src.add("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < P.size; i += _stride) {")
-    _offsets(src, layout, "i", arrays)
-    stores = _loads(src, layout)
-    src.add("        {")
-    src.user(operation, name, "operation", ";")
-    src.add("        }")
-    for p, S in stores:
-        src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
-    src.add("    }")
+        body()
     if after_loop:
         src.user(after_loop, name, "after_loop", ";")
     src.add("}")
@@ -406,6 +408,29 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
 
 
 CPU_HALF_TILE = 512    # elements of a float16 tile converted at once (2 KiB of floats an array)
+
+
+def _cpu_team_loop(src: Source, pragma: str, one_thread: str | None, loop: Callable[[bool], None]) -> None:
+    """The CPU loop that loop(team) writes, twice: under `#pragma omp <pragma> num_threads(_threads)`
+    where _threads > 1 (team True), and on the calling thread otherwise (team False; under
+    `#pragma omp <one_thread>` where given: simd for a dense loop). One loop with `if(parallel: _threads > 1)` opened a parallel
+    region of one thread for the second case: libgomp allocates, starts and ends a team on every
+    call (about 0.6 us on the CI host, csrc/cpu/team.h: a 16-element `z = x + y` 2.7 us a call
+    against ewkern.add's 0.4). The user's code is compiled twice (a compile error in it is reported
+    twice by the compiler, once in the message's lines)."""
+    src.add("#ifdef _OPENMP")
+    src.add("    if (_threads > 1) {")
+    src.add(f"#pragma omp {pragma} num_threads(_threads)")
+    loop(True)
+    src.add("    } else")
+    src.add("#endif")
+    src.add("    {")
+    if one_thread:
+        src.add("#ifdef _OPENMP")
+        src.add(f"#pragma omp {one_thread}")
+        src.add("#endif")
+    loop(False)
+    src.add("    }")
 
 
 def _cpu_entry_head(src: Source, entry: str, name: str, loop_prep: str) -> None:
@@ -431,11 +456,17 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
     either way, rounded once where it is stored."""
     half = [a for a in arrays if a[1] == "float16"]
     read = {p.name for p, dt, kind, _ in half if p.is_output and not writes_only(operation, p.name)}
-    T = CPU_HALF_TILE
     _cpu_entry_head(src, entry, name, loop_prep)
-    src.add("#ifdef _OPENMP")
-    src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
-    src.add("#endif")
+    _cpu_team_loop(src, "parallel for schedule(static)", None,
+                   lambda team: _cpu_half_tile_loop(src, name, layout, operation, half, read))
+    if after_loop:
+        src.user(after_loop, name, "after_loop", ";")
+    src.add("}")
+
+
+def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, half, read) -> None:
+    """_cpu_half_tiles' loop over the tiles."""
+    T = CPU_HALF_TILE
     src.add(f"    for (long long _t0 = 0; _t0 < P.size; _t0 += {T}) {{")
     src.add(f"        const long long _tn = P.size - _t0 < {T} ? P.size - _t0 : {T};")
     for p, dt, kind, _ in half:
@@ -469,9 +500,6 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
         if p.is_output:
             src.add(f"        ewrtc::f2h_n(_f_{p.name}, (ewrtc::half_bits *)P.p_{p.name} + _t0, _tn);")
     src.add("    }")
-    if after_loop:
-        src.user(after_loop, name, "after_loop", ";")
-    src.add("}")
 
 
 def _post_map(src: Source, indent: str, name: str, out_layout: Layout, post_map_expr: str, acc: str,
@@ -536,19 +564,19 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
         src.add("{")
         src.add("    const ewrtc_params &PP = *PP_;")
-        src.add("#ifdef _OPENMP")
-        src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
-        src.add("#endif")
-        src.add("    for (long long o = 0; o < PP.out.size; ++o) {")
-        if identity is None:
-            src.add("        type_reduce _acc = type_reduce(); bool _first = true;")
-        else:
-            src.add(f"        type_reduce _acc = (type_reduce)({identity});")
-        src.add("        for (long long r = 0; r < PP.red_size; ++r) {")
-        map_step(src, "_acc", "_first" if identity is None else None)
-        src.add("        }")
-        post(src, "_acc")
-        src.add("    }")
+
+        def loop(team: bool) -> None:
+            src.add("    for (long long o = 0; o < PP.out.size; ++o) {")
+            if identity is None:
+                src.add("        type_reduce _acc = type_reduce(); bool _first = true;")
+            else:
+                src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+            src.add("        for (long long r = 0; r < PP.red_size; ++r) {")
+            map_step(src, "_acc", "_first" if identity is None else None)
+            src.add("        }")
+            post(src, "_acc")
+            src.add("    }")
+        _cpu_team_loop(src, "parallel for schedule(static)", None, loop)
         src.add("}")
         return src.text(), entry
     if identity is None:
@@ -1286,32 +1314,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"{indent}    {n} = {c};")
         src.add(f"{indent}}}")
 
-    if backend == "cpu":
-        entry = f"ewrtc_{name}"
-        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
-        src.add("{")
-        src.add("    const ewrtc_params PP = *PP_;")
-        src.add("    const ewrtc_args &P = PP.a;")
-        scalars_and_sizes("    ")
-        if csum:   # each thread sums its rows into its own row of the partials (zeroed by the host)
-            src.add("#ifdef _OPENMP")
-            src.add("#pragma omp parallel num_threads(_threads) if(_threads > 1)")
-            src.add("#endif")
-            src.add("    {")
-            src.add("#ifdef _OPENMP")
-            src.add("    const long long _tid = omp_get_thread_num();")
-            src.add("#else")
-            src.add("    const long long _tid = 0;")
-            src.add("#endif")
-            for p, dt, kind, _ in csum:
-                src.add(f"    {DTYPES[dt][1]} *const _cs_{p.name} = ({DTYPES[dt][1]} *)P.p_{p.name} + _tid * PP.cols;")
-            src.add("#ifdef _OPENMP")
-            src.add("#pragma omp for schedule(static)")
-            src.add("#endif")
-        else:
-            src.add("#ifdef _OPENMP")
-            src.add("#pragma omp parallel for schedule(static) num_threads(_threads) if(_threads > 1)")
-            src.add("#endif")
+    def rows_body() -> None:   # the CPU form's loop over the rows
         src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
         src.add(f"        type_reduce _acc = (type_reduce)({identity});")
         if stage2:
@@ -1331,10 +1334,31 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                                                       else f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})"))
             src.add("        }")
         src.add("    }")
-        if csum:
-            src.add("    }")
+
+    if backend == "cpu":
+        entry = f"ewrtc_{name}"
+        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
+        src.add("{")
+        src.add("    const ewrtc_params PP = *PP_;")
+        src.add("    const ewrtc_args &P = PP.a;")
+        scalars_and_sizes("    ")
+
+        def rows_loop(team: bool) -> None:
+            if csum:   # each thread sums its rows into its own row of the partials (zeroed by the host)
+                src.add("    {")
+                src.add(f"    const long long _tid = {'omp_get_thread_num()' if team else '0'};")
+                for p, dt, kind, _ in csum:
+                    src.add(f"    {DTYPES[dt][1]} *const _cs_{p.name} = ({DTYPES[dt][1]} *)P.p_{p.name} + "
+                            "_tid * PP.cols;")
+                if team:
+                    src.add("#pragma omp for schedule(static)")
+            rows_body()
+            if csum:
+                src.add("    }")
+        _cpu_team_loop(src, "parallel" if csum else "parallel for schedule(static)", None, rows_loop)
         src.add("}")
         return src.text(), [entry]
+
 
     vec = [a for a in ins + outs if a[2] in ("array", "bcol")]
     src.add("template <int VPL>")
