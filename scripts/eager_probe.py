@@ -7,6 +7,11 @@ and the host's pace does not show), CUDA events around the K calls, median of `t
   after   K pairs (torch.mul of 1 MiB, the op) minus K torch.mul alone: every call behind a
           foreign kernel that never triggers early
 
+OPS: add, mul, exp, copy, neg (ewkern's ops), gelu_backward (a backward kernel: in the chain each
+call's gradient is the one before's result), rmsnorm (a RowKernel over rows of 1024; torch's
+reference there and for gelu_backward includes a copy, as neither has out=: set two ewkern runs side
+by side, e.g. the store rule against EWKERN_AUTO_STORES=cs).
+
 Usage (GPU machine): python3 scripts/eager_probe.py OPS DTYPES SIZES [K] [trials]
     python3 scripts/eager_probe.py add,exp float32,bfloat16 1MiB,4MiB,16MiB,64MiB
 Prints one line per cell: us a call for ewkern PDL on / off / torch, and ewkern's ratios to torch.
@@ -22,6 +27,7 @@ import torch
 import ewkern
 
 MiB = 1 << 20
+ROW = 1024      # rmsnorm's rows (a RowKernel)
 
 
 def size_arg(s: str) -> int:
@@ -50,12 +56,19 @@ def main(argv):
     def foreign():
         torch.mul(fx, fy, out=fz)
 
+    rms = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)", "0",
+                           "probe_rmsnorm")
     for op in ops:
         tfn = {"add": lambda a, b, out: torch.add(a, b, out=out), "mul": lambda a, b, out: torch.mul(a, b, out=out),
                "exp": lambda a, out: torch.exp(a, out=out), "copy": lambda a, out: out.copy_(a),
-               "neg": lambda a, out: torch.neg(a, out=out)}[op]
-        efn = getattr(ewkern, op)
-        nin = 2 if op in ("add", "mul") else 1
+               "neg": lambda a, out: torch.neg(a, out=out),
+               # torch has no out= for these: its time includes a copy (compare ewkern's runs)
+               "gelu_backward": lambda g, a, out: out.copy_(torch.ops.aten.gelu_backward(g, a)),
+               "rmsnorm": lambda a, out: out.copy_(torch.nn.functional.rms_norm(a.view(-1, ROW), (ROW,), eps=1e-6)
+                                                   .view(-1))}[op]
+        efn = ((lambda a, out: rms(a.view(-1, ROW), 1e-6, out.view(-1, ROW))) if op == "rmsnorm"
+               else getattr(ewkern, op))
+        nin = 2 if op in ("add", "mul", "gelu_backward") else 1
         for dt in dtypes:
             for size in sizes:
                 n = size // torch.tensor([], dtype=dt).element_size()
