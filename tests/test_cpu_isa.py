@@ -49,7 +49,7 @@ np.savez(sys.argv[1], **out)
 # cap runs them on float tiles) or a select on the bits (relu, abs, neg), in float32/float64 the
 # plain loop of each (the baseline cap: SSE2 on x86-64); copy moves bits, and fill (below) stores one
 FORWARD_OPS = ["add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby", "relu", "abs",
-               "neg", "copy"]
+               "neg", "copy", "sqrt", "rsqrt"]
 FORWARD_SIZES = (1, 7, 15, 17, 1029, 3 * 1024 + 5, 70001)
 
 _FORWARD = """
@@ -63,11 +63,18 @@ for dt in ("float16", "bfloat16", "float32", "float64"):
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-7, -1e-7, 6e-8, 65504.0, -65504.0,
                         3.0e38, -3.0e38, 1e-40, -1e-40, 1.0, -1.0], dtype=np.float32).astype(t)
     view = {2: np.uint16, 4: np.uint32, 8: np.uint64}[special.itemsize]
+    # (not NaN against NaN: which NaN an add or mul returns then is the hardware's operand order)
+    pa = np.array([0.0, -0.0, np.nan, 2.0, -np.nan, -3.0, -0.0, 5.0], dtype=np.float32).astype(t)
+    pb = np.array([-0.0, 0.0, 2.0, np.nan, -3.0, -np.nan, -0.0, 5.0], dtype=np.float32).astype(t)
     for n in %r:
         a = (rng.standard_normal(n + 1) * 300).astype(t)
         b = (rng.standard_normal(n + 1) * 300).astype(t)
         a[1:1 + min(n, special.size)] = special[:n]
         b[1:1 + min(n, special.size)] = special[::-1][:n]
+        # and pairs where maximum/minimum choose by a tie or a NaN: +-0 both ways, NaN on either side
+        k0 = 1 + special.size
+        if n + 1 >= k0 + pa.size:
+            a[k0:k0 + pa.size], b[k0:k0 + pa.size] = pa, pb
         a, b = a[1:], b[1:]                      # a start 2 bytes past the allocation's
         for op in %r:
             args = {"add_const": (a, 0.1), "mul_const": (a, -3.7), "axpby": (a, b, 0.5, -2.25)}.get(op)
@@ -80,6 +87,10 @@ for dt in ("float16", "bfloat16", "float32", "float64"):
         x = a.copy()
         ewkern.fill(x[1:], -0.1)                 # from a misaligned start
         out[f"fill {dt} {n}"] = x.view(view)
+    if special.itemsize == 2:                    # sqrt and rsqrt of every 16-bit pattern (the table's)
+        every = np.arange(1 << 16, dtype=np.uint16).view(t)
+        for op in ("sqrt", "rsqrt"):
+            out[f"{op} every {dt}"] = np.asarray(getattr(ewkern, op)(every)).view(view)
 np.savez(sys.argv[1], **out)
 """
 
@@ -135,8 +146,9 @@ def test_build_info_names_the_capped_isa(cap):
 
 @pytest.mark.parametrize("cap", CAPS)
 def test_forward_bits_match_across_isa_forms(cap, tmp_path):
-    """float16/bfloat16 add ... axpby run in one pass per ISA (AVX-512: 16 lanes, AVX2: 8) and on
-    float tiles at the baseline; relu, abs, neg as selects on the bits; float32/float64 arithmetic,
+    """float16/bfloat16 add ... axpby, maximum, minimum, sqrt and rsqrt run in one pass per ISA
+    (AVX-512: 16 lanes, AVX2: 8) and on float tiles (sqrt, rsqrt: a table of every pattern made by
+    them) at the baseline; relu, abs, neg as selects on the bits; float32/float64 arithmetic,
     relu, abs and neg, and fill in every dtype, as one loop per ISA: the same bits in every form,
     NaN, infinities, -0, subnormals and overflow included, at sizes around the vector widths and
     past the threads' floor (70001 elements: blocks on the OpenMP team, a short last one), from a
@@ -146,7 +158,7 @@ def test_forward_bits_match_across_isa_forms(cap, tmp_path):
                        env=_env(c), check=True, cwd=ROOT)
         return dict(np.load(tmp_path / name))
     widest, capped = run(None, "widest.npz"), run(cap, f"{cap}.npz")
-    assert widest.keys() == capped.keys() and len(widest) == 4 * len(FORWARD_SIZES) * (len(FORWARD_OPS) + 2)
+    assert widest.keys() == capped.keys() and len(widest) == 4 * len(FORWARD_SIZES) * (len(FORWARD_OPS) + 2) + 4
     differ = [k for k in widest if not np.array_equal(widest[k], capped[k])]
     assert not differ, differ
 

@@ -535,10 +535,10 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
 #define EW_DT(dt, what) EW_DT_##dt##_##what
 
 /* ---- float16/bfloat16 arithmetic in one pass ---------------------------------------------
- * add, sub, mul, div, add_const, mul_const and axpby (EWA_<op> below): each group of W elements
- * (16 with AVX-512, 8 with AVX2) is loaded, widened to float in registers, computed by the op's
- * own line (EWF_<op> on GCC's vector types, whose arithmetic is the scalar float arithmetic lane by
- * lane, -std=c11: no FMA formed), rounded back and stored. The float tiles made four passes over
+ * add, sub, mul, div, maximum, minimum, add_const, mul_const and axpby (EWA_<op> below): each
+ * group of W elements (16 with AVX-512, 8 with AVX2) is loaded, widened to float in registers,
+ * computed by the op's own line (EWF_<op> on GCC's vector types, whose arithmetic is the scalar
+ * float arithmetic lane by lane, -std=c11: no FMA formed; EWV16_<op>), rounded back and stored. The float tiles made four passes over
  * L1 a tile (each input to float, the op, back to 16 bits); on the CI host (2 threads, 1 MiB,
  * inputs in cache) float16 add took 58 us there against torch's 28.5. The same bits as the tiles
  * (half_simd.h's converters; the last m % W elements through half.h's scalar ones).
@@ -559,7 +559,7 @@ typedef void (*ew_a16_fn)(const uint16_t *a, const uint16_t *b, uint16_t *out, i
             const VT A = WIDEN(a + i);                                                       \
             const VT B = (inputs) >= 2 ? WIDEN(b + i) : A;                                   \
             (void)B;                                                                         \
-            NARROW(out + i, EWF_##name(VT));                                                 \
+            NARROW(out + i, EWV16_##name(VT));                                               \
         }                                                                                    \
         for (; i < m; i++) {                                                                 \
             const float A = EW_DT(dt, TOFLOAT)(a[i]);                                        \
@@ -578,7 +578,31 @@ typedef void (*ew_a16_fn)(const uint16_t *a, const uint16_t *b, uint16_t *out, i
     static ew_a16_fn ew_a16_pick_##name##_##dt(void) { return NULL; }
 #endif
 
-#define EW_A16_OPS(X) X(add, 2) X(sub, 2) X(mul, 2) X(div, 2) X(add_const, 1) X(mul_const, 1) X(axpby, 2)
+/* the op's line on GCC's vector types (VT): EWF_<op>, but for maximum/minimum, whose ?: C does not
+ * take on vectors: the same choice as a select of the lanes' bits by the comparisons' masks (a lane
+ * of A where A >= B, or A is NaN; else B's, NaN included) */
+#define EWV16_add       EWF_add
+#define EWV16_sub       EWF_sub
+#define EWV16_mul       EWF_mul
+#define EWV16_div       EWF_div
+#define EWV16_add_const EWF_add_const
+#define EWV16_mul_const EWF_mul_const
+#define EWV16_axpby     EWF_axpby
+#define EW_V16_PICK(T, keep)                                                                 \
+    __extension__({                                                                          \
+        const __typeof__(A != A) k_ = (keep) | (A != A);                                     \
+        (T)(((__typeof__(k_))A & k_) | ((__typeof__(k_))B & ~k_));                           \
+    })
+#define EWV16_maximum(T) EW_V16_PICK(T, A >= B)
+#define EWV16_minimum(T) EW_V16_PICK(T, A <= B)
+/* sqrt and rsqrt: the vector square root (correctly rounded, as sqrtf), the division as the
+ * scalar line's; the same bits as the table of the math ops (whose entries come from the same
+ * float operations on the same widened values), without a table read an element */
+#define EWV16_sqrt(T) _Generic((A), __m512: _mm512_sqrt_ps, __m256: _mm256_sqrt_ps)(A)
+#define EWV16_rsqrt(T) (1.0f / EWV16_sqrt(T))
+
+#define EW_A16_OPS(X) X(add, 2) X(sub, 2) X(mul, 2) X(div, 2) X(maximum, 2) X(minimum, 2) X(add_const, 1) \
+    X(mul_const, 1) X(axpby, 2) X(sqrt, 1) X(rsqrt, 1)
 #define EW_DEFINE_A16_BOTH(name, inputs) EW_DEFINE_A16(name, inputs, f16, 1) EW_DEFINE_A16(name, inputs, bf16, 0)
 EW_A16_OPS(EW_DEFINE_A16_BOTH)
 
@@ -591,8 +615,8 @@ EW_A16_OPS(EW_DEFINE_A16_BOTH)
 #define EWA_sub       EWA_YES
 #define EWA_mul       EWA_YES
 #define EWA_div       EWA_YES
-#define EWA_maximum   EWA_NO
-#define EWA_minimum   EWA_NO
+#define EWA_maximum   EWA_YES
+#define EWA_minimum   EWA_YES
 #define EWA_add_const EWA_YES
 #define EWA_mul_const EWA_YES
 #define EWA_axpby     EWA_YES
@@ -600,8 +624,8 @@ EW_A16_OPS(EW_DEFINE_A16_BOTH)
 #define EWA_abs       EWA_NO
 #define EWA_exp       EWA_NO
 #define EWA_log       EWA_NO
-#define EWA_sqrt      EWA_NO
-#define EWA_rsqrt     EWA_NO
+#define EWA_sqrt      EWA_YES
+#define EWA_rsqrt     EWA_YES
 #define EWA_erf       EWA_NO
 #define EWA_tanh      EWA_NO
 #define EWA_sigmoid   EWA_NO
