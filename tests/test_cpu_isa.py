@@ -41,6 +41,19 @@ for op in %r:
         r = getattr(ewkern, op)(*args)
         for k, x in enumerate(r if isinstance(r, tuple) else (r,)):
             out[f"{op} {dt} {k}"] = np.asarray(x).view(np.uint8)
+        if dt in ("float16", "bfloat16") and op in ("relu_backward", "abs_backward", "sigmoid_backward",
+                                                    "tanh_backward", "exp_backward", "log_backward",
+                                                    "sqrt_backward", "rsqrt_backward"):
+            # (g, a) gradients at every 16-bit pattern of a: where a float result rounds to 16 bits
+            # near a tie, one float ulp of a different evaluation changes the bits. A NaN result is
+            # compared as NaN: its sign is the NaN operand an instruction returns (tanh's fma in
+            # hardware keeps a's, the baseline's libm fmaf returns -a's)
+            every = np.arange(1 << 16, dtype=np.uint16).view(np_dtype(dt))
+            ge = (rng.standard_normal(1 << 16) + 1.5).astype(np_dtype(dt))
+            r = np.asarray(getattr(ewkern, op)(ge, every))
+            bits = r.view(np.uint16).copy()
+            bits[np.isnan(r.astype(np.float32))] = 0x7fff
+            out[f"{op} {dt} every"] = bits.view(np.uint8)
 np.savez(sys.argv[1], **out)
 """
 

@@ -246,7 +246,7 @@ typedef void (*ew_bw16_fn)(const uint16_t *g, const uint16_t *a, const uint16_t 
             const VT B = (inputs) >= 3 ? WIDEN(b + i) : G;                                   \
             VT O1, O2 = G;                                                                   \
             (void)A; (void)B; (void)S0; (void)S1;                                            \
-            EWB_##name(VT);                                                                  \
+            EWBV_##name(VT);                                                                 \
             if (o1)                                                                          \
                 NARROW(o1 + i, O1);                                                          \
             if ((outputs) >= 2 && o2)                                                        \
@@ -273,9 +273,22 @@ typedef void (*ew_bw16_fn)(const uint16_t *g, const uint16_t *a, const uint16_t 
 #define EW_BW16_DEFINE(name, inputs, outputs, dt, f16c)                                      \
     static ew_bw16_fn ew_bw16_pick_##name##_##dt(void) { return NULL; }
 #endif
+/* the op's line on the vector types (EWBV_<op>): EWB_<op>, but tanh's fma, which C's vector types
+ * do not take, as the ISA's fused multiply-add (one rounding, as fmaf: the tiles' bits) */
+#define EWBV_sigmoid_backward EWB_sigmoid_backward
+#define EWBV_exp_backward     EWB_exp_backward
+#define EWBV_log_backward     EWB_log_backward
+#define EWBV_sqrt_backward    EWB_sqrt_backward
+#define EWBV_rsqrt_backward   EWB_rsqrt_backward
+#define EWBV_mul_backward     EWB_mul_backward
+#define EWBV_div_backward     EWB_div_backward
+#define EWBV_axpby_backward   EWB_axpby_backward
+#define EWBV_tanh_backward(T)                                                                \
+    O1 = G * _Generic((A), __m512: _mm512_fmadd_ps, __m256: _mm256_fmadd_ps)(-A, A, (T){0} + 1.0f)
 #define EW_BW16_OPS(X)                                                                       \
     X(sigmoid_backward, 2, 1) X(exp_backward, 2, 1) X(log_backward, 2, 1) X(sqrt_backward, 2, 1) \
-    X(rsqrt_backward, 2, 1) X(mul_backward, 3, 2) X(div_backward, 3, 2) X(axpby_backward, 1, 2)
+    X(rsqrt_backward, 2, 1) X(mul_backward, 3, 2) X(div_backward, 3, 2) X(axpby_backward, 1, 2) \
+    X(tanh_backward, 2, 1)
 #define EW_BW16_BOTH(name, inputs, outputs)                                                  \
     EW_BW16_DEFINE(name, inputs, outputs, f16, 1) EW_BW16_DEFINE(name, inputs, outputs, bf16, 0)
 EW_BW16_OPS(EW_BW16_BOTH)
@@ -284,7 +297,7 @@ EW_BW16_OPS(EW_BW16_BOTH)
 #define EWBA_gelu_backward    EWBA_NO
 #define EWBA_silu_backward    EWBA_NO
 #define EWBA_sigmoid_backward EWBA_YES
-#define EWBA_tanh_backward    EWBA_NO
+#define EWBA_tanh_backward    EWBA_YES
 #define EWBA_erf_backward     EWBA_NO
 #define EWBA_exp_backward     EWBA_YES
 #define EWBA_log_backward     EWBA_YES
