@@ -539,9 +539,10 @@ void ew_f32_to_bf16_block(const float *src, uint16_t *dst, int m)
  * below): each group of W elements (16 with AVX-512, 8 with AVX2) is loaded, widened to float in
  * registers, computed by the op's own line (EWV16_<op>: EWF_<op> on GCC's vector types, whose
  * arithmetic is the scalar float arithmetic lane by lane, -std=c11: no FMA formed), rounded back
- * and stored. The float tiles made four passes over L1 a tile (each input to float, the op, back to 16 bits); on the CI host (2 threads, 1 MiB,
- * inputs in cache) float16 add took 58 us there against torch's 28.5. The same bits as the tiles
- * (half_simd.h's converters; the last m % W elements through half.h's scalar ones).
+ * and stored. The float tiles made four passes over L1 a tile (each input to float, the op, back
+ * to 16 bits); on the CI host (2 threads, 1 MiB, inputs in cache) float16 add took 58 us there
+ * against torch's 28.5. The same bits as the tiles (half_simd.h's converters; the last m % W
+ * elements through half.h's scalar ones).
  * The baseline ISA (and a CPU without F16C, for float16) keeps the tiles (the pick returns NULL). */
 typedef void (*ew_a16_fn)(const uint16_t *a, const uint16_t *b, uint16_t *out, int64_t m, float c0, float c1);
 
