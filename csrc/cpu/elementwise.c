@@ -49,6 +49,7 @@
 #include "cpu_math.h"
 #include "half.h"
 #include "half_simd.h"
+#include "team.h"
 
 /* EW_X86_DISPATCH (cpu_math.h): the per-ISA forms below; -DEW_CPU_NO_DISPATCH builds the
  * baseline and the portable float16/bfloat16 converters only. */
@@ -876,12 +877,7 @@ static void ew_fill_block(void *out, int64_t m, const void *v, size_t size)
                                               out + i0, m, C0, C1));                         \
         } else {                                                                             \
             const int64_t ntiles = (n + EW_TILE - 1) / EW_TILE;                              \
-            if (n < par_min) {                                                               \
-                for (int64_t t = 0; t < ntiles; t++) { EW_TILE_BODY(name, inputs, dt); }     \
-            } else {                                                                         \
-                EW_PARALLEL                                                                  \
-                for (int64_t t = 0; t < ntiles; t++) { EW_TILE_BODY(name, inputs, dt); }     \
-            }                                                                                \
+            EW_TEAM_FOR(n >= par_min, t, ntiles, EW_TILE_BODY(name, inputs, dt););           \
         }                                                                                    \
         return 0;                                                                            \
     }

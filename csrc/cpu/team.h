@@ -6,7 +6,7 @@
  * 12, libgomp), where a kernel of 16 elements takes 0.01-0.1 us (2026-11-28: exp_backward on 16
  * float32 elements 0.72 us a call against exp's 0.25, whose loops test the size first; 0.27 after).
  * EW_TEAM_FOR writes the loop twice, once under the pragma and once plain, and takes one at run
- * time.
+ * time, as elementwise.c's EW_FOR (the same with omp simd) and EW_BLOCKS do for theirs.
  */
 #ifndef EWKERN_CPU_TEAM_H
 #define EWKERN_CPU_TEAM_H
