@@ -28,6 +28,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 # commit lets the next call of the same tree skip the build (GPU_CHECK_REBUILD=1 forces it); so does
 # an extension built elsewhere and unpacked with its stamp (scripts/prebuilt.sh).
 stamp=$(bash scripts/build-stamp.sh "$EWKERN_CUDA_ARCHS" "$EWKERN_GIT_COMMIT")
+# An extension carried from the CPU machine (probe-out/c312.so.xz, scripts/prebuilt.sh prepare) is
+# unpacked here when its sources' stamp is this tree's, so that a call on a fresh machine (a warm
+# one is given back after 30 s idle) does not build, whether or not the command unpacked it first.
+if [ "${GPU_CHECK_REBUILD:-0}" = 0 ] && [ "$(cat ewkern/.gpu-check-stamp 2>/dev/null)" != "$stamp" ] \
+        && [ "$EWKERN_CUDA_ARCHS" = 90 ] && [ -f probe-out/c312.so.xz ] \
+        && [ "$(cat probe-out/c312.stamp 2>/dev/null)" = "$(bash scripts/build-stamp.sh 90 prebuilt)" ] \
+        && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    bash scripts/prebuilt.sh unpack "$EWKERN_GIT_COMMIT" && echo "== build: the carried extension of this tree, unpacked"
+fi
 if [ "${GPU_CHECK_REBUILD:-0}" = 0 ] && [ "$(cat ewkern/.gpu-check-stamp 2>/dev/null)" = "$stamp" ] \
         && ls ewkern/_C*.so >/dev/null 2>&1; then
     echo "== build: this tree's build is already here (stamp $stamp)"

@@ -5,7 +5,9 @@
 #                                               # python3), sm_90, into probe-out/c312.so.xz (git-ignored)
 #     bash scripts/prebuilt.sh unpack COMMIT    # there, first in the command, with carry ["probe-out"]
 # unpack writes ewkern/_C.cpython-312-x86_64-linux-gnu.so and the build stamp of this tree for COMMIT
-# (scripts/build-stamp.sh), so gpu-check.sh and probe-run.sh given the same COMMIT skip the build.
+# (scripts/build-stamp.sh), so gpu-check.sh and probe-run.sh given the same COMMIT skip the build;
+# gpu-check.sh (and so probe-run.sh) also unpacks it by itself where the carried extension's sources
+# (probe-out/c312.stamp, written by prepare) are the tree's and the machine has no build of it.
 # The tree that travels must be the tree built here (commit or leave untracked-not-ignored what it
 # needs). PY312 names a Python 3.12 (default: python3.12 on PATH, else pyenv's); prepare makes
 # .deps/py312 with numpy and apache-tvm-ffi (the DLPack header) the first time.
@@ -27,6 +29,8 @@ prepare)
     EWKERN_CUDA_ARCHS=90 EWKERN_NVCC_THREADS=${EWKERN_NVCC_THREADS:-2} "$venv/bin/python" setup.py -q build_ext --inplace
     mkdir -p probe-out
     xz -9 -T2 -c "$SO" > probe-out/c312.so.xz
+    # the sources' stamp, by which gpu-check.sh unpacks it by itself on a machine without this build
+    bash scripts/build-stamp.sh 90 prebuilt > probe-out/c312.stamp
     ls -l probe-out/c312.so.xz
     ;;
 unpack)

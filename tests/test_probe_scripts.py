@@ -138,5 +138,50 @@ def test_prebuilt_unpack_writes_the_extension_and_the_stamp_gpu_check_reads(tmp_
                               text=True, check=True).stdout.strip()
     got = (repo / "ewkern" / ".gpu-check-stamp").read_text().strip()
     assert len(got) == 16 and got == stamp("abc1234") and got != stamp("abc1235")
+    (repo / "csrc" / "cuda" / "NOTES.md").write_text("measured\n")     # notes beside the sources: no rebuild
+    assert stamp("abc1234") == got
     (repo / "csrc" / "cuda" / "k.cu").write_text("// another kernel\n")
     assert stamp("abc1234") != got
+
+
+def test_gpu_check_unpacks_a_carried_extension_of_this_tree_instead_of_building(tmp_path):
+    """On a GPU machine without this tree's build (a fresh one: a warm machine is given back after
+    30 s idle), gpu-check.sh unpacks probe-out/c312.so.xz when probe-out/c312.stamp (written by
+    prebuilt.sh prepare) is the stamp of these sources, and builds when it is not."""
+    import lzma
+    import shutil
+    import subprocess
+    if not shutil.which("sha1sum"):
+        pytest.skip("needs sha1sum")
+    repo = tmp_path / "repo"
+    for d in ("scripts", "csrc/cpu", "csrc/cuda", "ewkern", "probe-out", "bin"):
+        (repo / d).mkdir(parents=True)
+    for name in ("gpu-check.sh", "prebuilt.sh", "build-stamp.sh"):
+        shutil.copy(os.path.join(ROOT, "scripts", name), repo / "scripts" / name)
+    (repo / "setup.py").write_text("import sys\nprint('setup.py ran')\nsys.exit(1)\n")
+    (repo / "csrc" / "a.c").write_text("int a;\n")
+    (repo / "csrc" / "cuda" / "k.cu").write_text("// kernel\n")
+    with lzma.open(repo / "probe-out" / "c312.so.xz", "wb") as f:
+        f.write(b"\x7fELF built elsewhere")
+    # python3 here answers the version test as 3.12 (the GPU machine's) and runs the rest
+    fake = repo / "bin" / "python3"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *version_info*) exit 0;; esac\nexec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{repo / 'bin'}:{os.environ['PATH']}", GPU_CHECK_TESTS="none",
+               EWKERN_GIT_COMMIT="abc1234", EWKERN_CUDA_ARCHS="90", OUT=str(tmp_path / "out"))
+    env.pop("GPU_CHECK_REBUILD", None)
+
+    def check():
+        return subprocess.run(["bash", "scripts/gpu-check.sh"], cwd=repo, capture_output=True, text=True, env=env)
+    stamp = subprocess.run(["bash", "scripts/build-stamp.sh", "90", "prebuilt"], cwd=repo, capture_output=True,
+                           text=True, check=True).stdout
+    (repo / "probe-out" / "c312.stamp").write_text(stamp)
+    r = check()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "carried extension of this tree, unpacked" in r.stdout and "already here" in r.stdout
+    assert (repo / "ewkern" / "_C.cpython-312-x86_64-linux-gnu.so").read_bytes() == b"\x7fELF built elsewhere"
+    # the sources changed since prepare: no unpack, a build (this setup.py fails, and so the check)
+    (repo / "ewkern" / ".gpu-check-stamp").unlink()
+    (repo / "csrc" / "cuda" / "k.cu").write_text("// another kernel\n")
+    r = check()
+    assert "unpacked" not in r.stdout and "== build (archs 90)" in r.stdout and r.returncode != 0
