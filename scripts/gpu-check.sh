@@ -30,8 +30,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noh
 stamp=$(bash scripts/build-stamp.sh "$EWKERN_CUDA_ARCHS" "$EWKERN_GIT_COMMIT")
 # An extension carried from the CPU machine (probe-out/c312.so.xz, scripts/prebuilt.sh prepare) is
 # unpacked here when its sources' stamp is this tree's, so that a call on a fresh machine (a warm
-# one is given back after 30 s idle) does not build, whether or not the command unpacked it first.
-if [ "${GPU_CHECK_REBUILD:-0}" = 0 ] && [ "$(cat ewkern/.gpu-check-stamp 2>/dev/null)" != "$stamp" ] \
+# one is given back after 30 s idle) does not build, whether or not the command unpacked it first
+# (given the commit label the unpacked build's stamp carries: prebuilt.sh unpack needs one).
+if [ "${GPU_CHECK_REBUILD:-0}" = 0 ] && [ -n "$EWKERN_GIT_COMMIT" ] \
+        && [ "$(cat ewkern/.gpu-check-stamp 2>/dev/null)" != "$stamp" ] \
         && [ "$EWKERN_CUDA_ARCHS" = 90 ] && [ -f probe-out/c312.so.xz ] \
         && [ "$(cat probe-out/c312.stamp 2>/dev/null)" = "$(bash scripts/build-stamp.sh 90 prebuilt)" ] \
         && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
