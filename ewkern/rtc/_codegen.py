@@ -413,11 +413,12 @@ CPU_HALF_TILE = 512    # elements of a float16 tile converted at once (2 KiB of 
 def _cpu_team_loop(src: Source, pragma: str, one_thread: str | None, loop: Callable[[bool], None]) -> None:
     """The CPU loop that loop(team) writes, twice: under `#pragma omp <pragma> num_threads(_threads)`
     where _threads > 1 (team True), and on the calling thread otherwise (team False; under
-    `#pragma omp <one_thread>` where given: simd for a dense loop). One loop with `if(parallel: _threads > 1)` opened a parallel
-    region of one thread for the second case: libgomp allocates, starts and ends a team on every
-    call (about 0.6 us on the CI host, csrc/cpu/team.h: a 16-element `z = x + y` 2.7 us a call
-    against ewkern.add's 0.4). The user's code is compiled twice (a compile error in it is reported
-    twice by the compiler, once in the message's lines)."""
+    `#pragma omp <one_thread>` where given: simd for a dense loop). One loop with
+    `if(parallel: _threads > 1)` opened a parallel region of one thread for the second case:
+    libgomp allocates, starts and ends a team on every call (about 0.6 us on the CI host,
+    csrc/cpu/team.h: a 16-element `z = x + y` 2.7 us a call against ewkern.add's 0.4). The user's
+    code is compiled twice (a compile error in it is reported twice by the compiler, once in the
+    message's lines)."""
     src.add("#ifdef _OPENMP")
     src.add("    if (_threads > 1) {")
     src.add(f"#pragma omp {pragma} num_threads(_threads)")
