@@ -405,18 +405,24 @@ def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, c
         assert block == max(256, G) and grid == -(-rows // (block // G))
 
 
-@pytest.mark.parametrize("dtype, rows, cols, block, grid", [
-    ("bfloat16", 128, 4096, 128, 128),     # G 128: 64 blocks of two rows would leave SMs idle
-    ("bfloat16", 300, 4096, 256, 150),     # 150 blocks of two rows: as many as SMs, kept
-    ("float32", 64, 4096, 256, 64),        # G 256: a group is a block already
-    ("float32", 100, 64, 256, 2)])         # G 4: short rows stay 64 to a block
-def test_few_rows_take_a_block_a_group(fake, dtype, rows, cols, block, grid):
-    """A RowKernel whose grid of ROW_MIN_BLOCK-lane blocks would hold fewer blocks than the
-    device has SMs (the stand-in: 132) launches one group a block (G lanes, G >= _SPLIT_MIN_G)."""
+@pytest.mark.parametrize("dtype, rows, cols, block, grid, plan", [
+    ("bfloat16", 128, 4096, 256, 128, "G=256 VPL=2"),   # a row an SM: 256 lanes of 2 vectors, not 128 of 4
+    ("bfloat16", 131, 2048, 128, 131, "G=128 VPL=2"),   # G 64 x 4 -> 128 x 2, not 256 x 1: one group a block
+    ("bfloat16", 131, 1024, 256, 17, "G=32 VPL=4"),     # G 32: eight rows a block, not a row an SM: kept
+    ("bfloat16", 300, 4096, 256, 150, "G=128 VPL=4"),   # 150 blocks of two rows: as many as SMs, kept
+    ("float16", 132, 4096, 128, 132, "G=128 VPL=4"),    # rows as many as SMs: kept
+    ("float32", 64, 4096, 256, 64, "G=256 VPL=4"),      # G 256: a group is a block already
+    ("float32", 100, 64, 256, 2, "G=4 VPL=4")])         # G 4: short rows stay 64 to a block
+def test_few_rows_take_a_block_a_group(fake, dtype, rows, cols, block, grid, plan):
+    """A RowKernel with fewer rows than the device has SMs (the stand-in: 132) gives a row at
+    least _FEW_ROWS_G lanes while a lane keeps 2 vectors or more; one whose grid of
+    ROW_MIN_BLOCK-lane blocks would hold fewer blocks than SMs launches one group a block (G
+    lanes, G >= _SPLIT_MIN_G)."""
     k = ewkern.RowKernel("T x, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps)", "0",
                          f"fake_split_{dtype}_{rows}_{cols}")
     k(FakeArray(1 << 36, dtype, (rows, cols)), 1e-6)
     assert fake.launches[-1][1:3] == (grid, block), k._last_path
+    assert k._last_path.startswith(f"rows {plan} "), k._last_path
 
 
 def test_column_sum_with_one_group_a_block_compiles_without_the_combine(fake, monkeypatch):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import struct
 from typing import Any, Callable
 
@@ -20,7 +21,10 @@ from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, WIDE_SM_GBS, _Arr, _b
 from ._params import DTYPES, parse_params
 
 _MAX_G = 1024          # lanes per row at most (one block)
-_REG_VECTORS = 4       # vectors per lane kept in registers at most (ROW_FORMS)
+# vectors per lane kept in registers at most (ROW_FORMS). EWKERN_RTC_ROW_VECTORS=1|2|4 (read once)
+# sets it and turns the few-rows rule (_FEW_ROWS_G) off: a knob for measuring row_plan, not for users
+_ROW_VECTORS_KNOB = {"1": 1, "2": 2, "4": 4}.get(os.environ.get("EWKERN_RTC_ROW_VECTORS", ""))
+_REG_VECTORS = _ROW_VECTORS_KNOB or 4
 _MIN_BLOCK = _codegen.ROW_MIN_BLOCK
 # resident lanes an SM that a kernel with column sums should keep (_cuda_run). On the H100 (tree
 # 75e0425, rmsnorm's derived backward, rows of 4096): float32 at 80 registers held 768 lanes an SM
@@ -48,6 +52,8 @@ _LEAN_MIN_G, _LEAN_MAX_G = 128, 512      # measured at 128 (rows of 1024 float32
 _LEAN_SM_GBS = WIDE_SM_GBS
 # a grid of fewer blocks than SMs runs one group a block where a group is at least this many lanes
 _SPLIT_MIN_G = 64
+# rows fewer than SMs: lanes a row at least (while a lane keeps 2 vectors or more; _cuda_run)
+_FEW_ROWS_G = 256
 
 _params_cache: dict[Any, type] = {}
 
@@ -403,6 +409,18 @@ class RowKernel:
             return w
 
         G, vpl = row_plan(cols // E)
+        few_rows = rows < sms and G >= _SPLIT_MIN_G and not _ROW_VECTORS_KNOB
+        if few_rows and not self._colsum and not self._stage2:
+            # a row an SM at most (the grid below is one group a block): that SM's warps are the
+            # row's lanes, so the row gets at least _FEW_ROWS_G of them (8 warps) while a lane keeps
+            # 2 vectors or more. H200, rmsnorm, rows of 4096, against torch.compile, lanes x vectors
+            # a lane (EWKERN_RTC_ROW_VECTORS, two runs each): 16-bit at 1 MiB (128 rows) 128 x 4 /
+            # 256 x 2 / 512 x 1 single launch 0.947-0.961 / 0.977-1.012 / 0.947-0.978, back-to-back
+            # 1.33-1.35 / 1.45-1.46 / 1.54-1.55; float32 at 1 MiB (64 rows) 256 x 4 / 512 x 2
+            # single 0.964-1.010 / 0.968-0.978, back-to-back 1.407 / 1.408 (so 256 lanes suffice);
+            # at 16 MiB (rows > SMs, not taken here) 4 vectors a lane was the best or within 0.01
+            while G < _FEW_ROWS_G and vpl > 2 and 2 * G <= _MAX_G:
+                G, vpl = 2 * G, vpl // 2
         lean = None
         vec_bytes = E * max(DTYPES[a.dtype][2] for a in vec)    # 16 unless the rows take one element a vector
         if (not self._colsum and not self._stage2 and vpl == _REG_VECTORS and _LEAN_MIN_G <= 2 * G <= _LEAN_MAX_G
