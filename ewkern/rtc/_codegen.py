@@ -741,15 +741,18 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
             else:
                 src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
 
-    def vector_loops(src, index, v0, v1, held):
+    def vector_loops(src, index, v0, v1, held, tail_step=True):
         """the lanes' vectors v0 + _lane, v0 + _lane + _G, ... below v1 (index: their C type),
-        four at a time with every load of a step before its math; held: in registers as
-        ewrtc::Held's type (bfloat16 as 32-bit words), else as 16-bit values. mse over rows in
-        bfloat16 (sm_90, ptxas): held, the aligned forms take 496-600 -> 416-520 instructions in
-        the same or fewer registers, and the chunked form with a compile-time G 1336 -> 1272 in
-        40; the chunked form with G read at run time 1280 -> 1200, but in 50 registers against
-        48 (4 blocks of 256 an SM instead of 5; its 4-block bound spills, so that is the form
-        built): not held"""
+        four at a time with every load of a step before its math, then the 1-3 left as one such
+        step; held: in registers as ewrtc::Held's type (bfloat16 as 32-bit words), else as
+        16-bit values; tail_step False: the 1-3 left in a loop of one vector a pass (the chunked
+        forms, 64-bit indices: as one step, ptxas sm_90 fit 4 blocks of 256 an SM instead of 5,
+        float32 with G fixed at ROWS_BLOCK, bfloat16 with G read at run time). mse over rows in
+        bfloat16 (sm_90, ptxas, with the loop for what was left): held, the aligned forms take 496-600 -> 416-520 instructions in the
+        same or fewer registers, and the chunked form with a compile-time G 1336 -> 1272 in 40;
+        the chunked form with G read at run time 1280 -> 1200, but in 50 registers against 48 (4
+        blocks of 256 an SM instead of 5; its 4-block bound spills, so that is the form built):
+        not held"""
         def T(dt):
             return f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type" if held else f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>"
         src.add(f"        {index} _v = {v0} + _lane;")
@@ -768,13 +771,36 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
         map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
         src.add("        }")
-        src.add(f"        for (; _v < {v1}; _v += _G) {{")
+        if not tail_step:
+            src.add(f"        for (; _v < {v1}; _v += _G) {{")
+            for p, dt, kind, _ in arrays:
+                src.add(f"            const {T(dt)} _r_{p.name} = " + (f"ewrtc::hold(_u_{p.name} + _v);" if held
+                                                                      else f"_u_{p.name}[_v];"))
+            src.add("#pragma unroll")
+            src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
+            map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}, _k)")
+            src.add("        }")
+            return
+        # the 1-3 vectors left, as one step: every load first (each under its bound), then the math
+        # in the same order as a loop's. A loop of one vector a pass waited for each load before
+        # the next: 16-bit mse over 128 rows of 4096 (256 lanes of 2 vectors, no 4-vector step)
+        # paid two DRAM round trips in a cold launch, 3.68 us against Triton's 2.98 (H200, ncu)
+        src.add(f"        if (_v < {v1}) {{")
         for p, dt, kind, _ in arrays:
-            src.add(f"            const {T(dt)} _r_{p.name} = " + (f"ewrtc::hold(_u_{p.name} + _v);" if held
-                                                                  else f"_u_{p.name}[_v];"))
+            src.add(f"            {T(dt)} _r_{p.name}[3];")
         src.add("#pragma unroll")
-        src.add(f"            for (int _k = 0; _k < {E}; ++_k)")
-        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}, _k)")
+        src.add("            for (int _q = 0; _q < 3; ++_q)")
+        src.add(f"                if (_v + _q * _G < {v1}) {{")
+        for p, dt, kind, _ in arrays:
+            src.add(f"                    _r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
+                                                                else f"_u_{p.name}[_v + _q * _G];"))
+        src.add("                }")
+        src.add("#pragma unroll")
+        src.add("            for (int _q = 0; _q < 3; ++_q)")
+        src.add(f"                if (_v + _q * _G < {v1})")
+        src.add("#pragma unroll")
+        src.add(f"                    for (int _k = 0; _k < {E}; ++_k)")
+        map_into(src, "                    ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
         src.add("        }")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
@@ -821,7 +847,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         for p, dt, kind, _ in arrays:
             src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
                     f"PP.in.p_{p.name} + _ia);")
-        vector_loops(src, "long long", "_v0", "_v1", full)
+        vector_loops(src, "long long", "_v0", "_v1", full, tail_step=False)
         # head (chunk 0) and tail (last chunk): lane j takes element j
         src.add("        if (_c == 0)")
         src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")

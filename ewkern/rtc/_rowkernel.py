@@ -119,7 +119,8 @@ def row_plan(nv: int) -> tuple[int, int]:
     MiB, against torch.compile): more lanes with fewer vectors each never helped, even when the
     groups fill a small part of a wave (1 MiB: 64 rows; 1024 lanes x 1 vector was 0.85 of
     torch.compile in a single launch, 256 x 4 0.93), and 1024 x 1 lost up to half the speed at
-    16-64 MiB."""
+    16-64 MiB. With fewer rows than SMs, _cuda_run gives a row at least _FEW_ROWS_G lanes (16-bit
+    rows of 4096: 256 x 2, not 128 x 4)."""
     if nv > _REG_VECTORS * _MAX_G:
         return _MAX_G, 0
     G = min(_MAX_G, _pow2ceil(-(-nv // _REG_VECTORS)))
