@@ -702,6 +702,27 @@ def test_vector_forms_bfloat16_without_spill(op, nin, tmp_path):
         ptxas_registers(_build.compile_cuda("vbm", src2, (9, 0), ptx_only=True)[0], tmp_path)
 
 
+@pytest.mark.parametrize("aligned", [True, False])
+def test_rows_engine_takes_the_last_vectors_as_one_step(aligned, tmp_path):
+    """The aligned rows forms take a lane's last 1-3 vectors as one step, every load under its
+    bound ahead of the math (a loop of one vector a pass waited for each load: two DRAM round
+    trips for 16-bit rows of 4096 at 256 lanes); the chunked forms keep the loop. Both build for
+    sm_90, the aligned one in no more registers than the loop took (54 for this mse)."""
+    _nvrtc()
+    lay = _layout("contig", 1, [("T a", "float16", "array", 0), ("T b", "float16", "array", 0)])
+    out = _layout("strided", 1, [("T y_out", "float16", "array", 0)])
+    src, entries = _codegen.reduction_rows_source("msetail", lay, out, 8, "((float)a - (float)b) * ((float)a - (float)b)",
+                                                  "a + b", "y_out = a", "0", "float", "",
+                                                  _codegen.typedefs((("T", "float16"),), [], [], [], []),
+                                                  True, aligned, 0)
+    step = "if (_v < _nv) {" in src and "_r_a[3];" in src and "if (_v + _q * _G < _nv) {" in src
+    loop = re.search(r"for \(; _v < (_nv|_v1); _v \+= _G\)", src) is not None
+    assert (step, loop) == ((True, False) if aligned else (False, True))
+    ptx, _, _ = _build.compile_cuda("msetail", src, (9, 0), ptx_only=True)
+    if aligned:
+        assert ptxas_registers(ptx, tmp_path)[entries[0]] <= 54
+
+
 @pytest.mark.parametrize("E", [1, 4, 8])
 def test_nvrtc_compiles_reduction_rows_engine(E):
     _nvrtc()

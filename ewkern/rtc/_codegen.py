@@ -21,6 +21,7 @@ of its operation.
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable
 
@@ -618,6 +619,9 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
 # ---- reductions over contiguous rows -----------------------------------------------------------
 
 ROWS_BLOCK = 256
+# EWKERN_RTC_ROWS_TAIL_LOOP=1 (read once): the aligned rows forms take a lane's last 1-3 vectors in
+# a loop of one a pass, as before 9bd9be0; a knob for measuring that change, not for users
+_ROWS_TAIL_STEP = os.environ.get("EWKERN_RTC_ROWS_TAIL_LOOP", "") != "1"
 
 
 def group_combine(src: Source, acc: str, sh: str, combine) -> None:
@@ -817,7 +821,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                            "_lane == 0")
         src.add(f"    type_reduce _acc = (type_reduce)({identity});")
         src.add("    if (_live) {")
-        vector_loops(src, "int", "0", "_nv", True)
+        vector_loops(src, "int", "0", "_nv", True, _ROWS_TAIL_STEP)
         src.add("    }")
         finish(src, post)
         src.add("}")
