@@ -15,9 +15,9 @@ nvtx = next((i for i, h in enumerate(head) if h.startswith("thread_domain") or "
 block = col.get("launch__block_size")
 groups = defaultdict(list)
 for r in data:
-    # the block size too: without an NVTX column, launches of one kernel in other blocks stay apart
-    # '484  "<default domain>:NAME:none:...' -> NAME
+    # the range's field reads '484  "<default domain>:NAME:none:...': NAME
     rng = r[nvtx].split(":")[1] if nvtx is not None and r[nvtx].count(":") > 1 else "-"
+    # the block size too: without an NVTX column, launches of one kernel in other blocks stay apart
     key = (rng, r[col["Kernel Name"]][:60], r[block] if block is not None else "")
     groups[key].append(r)
 dur = "gpu__time_duration.sum"

@@ -711,8 +711,8 @@ def test_rows_engine_takes_the_last_vectors_as_one_step(aligned, tmp_path):
     _nvrtc()
     lay = _layout("contig", 1, [("T a", "float16", "array", 0), ("T b", "float16", "array", 0)])
     out = _layout("strided", 1, [("T y_out", "float16", "array", 0)])
-    src, entries = _codegen.reduction_rows_source("msetail", lay, out, 8, "((float)a - (float)b) * ((float)a - (float)b)",
-                                                  "a + b", "y_out = a", "0", "float", "",
+    mse = "((float)a - (float)b) * ((float)a - (float)b)"
+    src, entries = _codegen.reduction_rows_source("msetail", lay, out, 8, mse, "a + b", "y_out = a", "0", "float", "",
                                                   _codegen.typedefs((("T", "float16"),), [], [], [], []),
                                                   True, aligned, 0)
     step = "if (_v < _nv) {" in src and "_r_a[3];" in src and "if (_v + _q * _G < _nv) {" in src

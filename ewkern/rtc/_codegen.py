@@ -752,11 +752,11 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         16-bit values; tail_step False: the 1-3 left in a loop of one vector a pass (the chunked
         forms, 64-bit indices: as one step, ptxas sm_90 fit 4 blocks of 256 an SM instead of 5,
         float32 with G fixed at ROWS_BLOCK, bfloat16 with G read at run time). mse over rows in
-        bfloat16 (sm_90, ptxas, with the loop for what was left): held, the aligned forms take 496-600 -> 416-520 instructions in the
-        same or fewer registers, and the chunked form with a compile-time G 1336 -> 1272 in 40;
-        the chunked form with G read at run time 1280 -> 1200, but in 50 registers against 48 (4
-        blocks of 256 an SM instead of 5; its 4-block bound spills, so that is the form built):
-        not held"""
+        bfloat16 (sm_90, ptxas, with the loop for what was left): held, the aligned forms take
+        496-600 -> 416-520 instructions in the same or fewer registers, and the chunked form with
+        a compile-time G 1336 -> 1272 in 40; the chunked form with G read at run time 1280 ->
+        1200, but in 50 registers against 48 (4 blocks of 256 an SM instead of 5; its 4-block
+        bound spills, so that is the form built): not held"""
         def T(dt):
             return f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type" if held else f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>"
         src.add(f"        {index} _v = {v0} + _lane;")
