@@ -759,21 +759,30 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         bound spills, so that is the form built): not held"""
         def T(dt):
             return f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type" if held else f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>"
+        def step(n, ind, guard=None):
+            """n vectors a lane from _v: every load (under guard, when given) before the math"""
+            at, inner = ("", ind + "    ") if guard is None else (f"{ind}    if ({guard})", ind + "        ")
+            for p, dt, kind, _ in arrays:
+                src.add(f"{ind}{T(dt)} _r_{p.name}[{n}];")
+            src.add("#pragma unroll")
+            src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q)" + (" {" if guard is None else ""))
+            if guard is not None:
+                src.add(at + " {")
+            for p, dt, kind, _ in arrays:
+                src.add(f"{inner}_r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
+                                                       else f"_u_{p.name}[_v + _q * _G];"))
+            src.add(f"{inner[:-4]}}}")
+            src.add("#pragma unroll")
+            src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q)")
+            if guard is not None:
+                src.add(at)
+            src.add("#pragma unroll")
+            src.add(f"{inner}for (int _k = 0; _k < {E}; ++_k)")
+            map_into(src, inner, "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
+
         src.add(f"        {index} _v = {v0} + _lane;")
         src.add(f"        for (; _v + 3 * _G < {v1}; _v += 4 * _G) {{")
-        for p, dt, kind, _ in arrays:
-            src.add(f"            {T(dt)} _r_{p.name}[4];")
-        src.add("#pragma unroll")
-        src.add("            for (int _q = 0; _q < 4; ++_q) {")
-        for p, dt, kind, _ in arrays:
-            src.add(f"                _r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
-                                                            else f"_u_{p.name}[_v + _q * _G];"))
-        src.add("            }")
-        src.add("#pragma unroll")
-        src.add("            for (int _q = 0; _q < 4; ++_q)")
-        src.add("#pragma unroll")
-        src.add(f"                for (int _k = 0; _k < {E}; ++_k)")
-        map_into(src, "                ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
+        step(4, "            ")
         src.add("        }")
         if not tail_step:
             src.add(f"        for (; _v < {v1}; _v += _G) {{")
@@ -790,21 +799,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         # the next: 16-bit mse over 128 rows of 4096 (256 lanes of 2 vectors, no 4-vector step)
         # paid two DRAM round trips in a cold launch, 3.68 us against Triton's 2.98 (H200, ncu)
         src.add(f"        if (_v < {v1}) {{")
-        for p, dt, kind, _ in arrays:
-            src.add(f"            {T(dt)} _r_{p.name}[3];")
-        src.add("#pragma unroll")
-        src.add("            for (int _q = 0; _q < 3; ++_q)")
-        src.add(f"                if (_v + _q * _G < {v1}) {{")
-        for p, dt, kind, _ in arrays:
-            src.add(f"                    _r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
-                                                                else f"_u_{p.name}[_v + _q * _G];"))
-        src.add("                }")
-        src.add("#pragma unroll")
-        src.add("            for (int _q = 0; _q < 3; ++_q)")
-        src.add(f"                if (_v + _q * _G < {v1})")
-        src.add("#pragma unroll")
-        src.add(f"                    for (int _k = 0; _k < {E}; ++_k)")
-        map_into(src, "                    ", "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
+        step(3, "            ", f"_v + _q * _G < {v1}")
         src.add("        }")
 
     rows, comb = f"ewrtc_{name}_rows", f"ewrtc_{name}_comb"
