@@ -761,24 +761,27 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
             return f"ewrtc::Held<{DTYPES[dt][0]}, {E}>::type" if held else f"ewrtc::Pack<{DTYPES[dt][0]}, {E}>"
         def step(n, ind, guard=None):
             """n vectors a lane from _v: every load (under guard, when given) before the math"""
-            at, inner = ("", ind + "    ") if guard is None else (f"{ind}    if ({guard})", ind + "        ")
+            # the loops' bodies sit one level in, or two under the guard's `if`
+            body = ind + "    " if guard is None else ind + "        "
             for p, dt, kind, _ in arrays:
                 src.add(f"{ind}{T(dt)} _r_{p.name}[{n}];")
             src.add("#pragma unroll")
-            src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q)" + (" {" if guard is None else ""))
-            if guard is not None:
-                src.add(at + " {")
+            if guard is None:
+                src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q) {{")
+            else:
+                src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q)")
+                src.add(f"{ind}    if ({guard}) {{")
             for p, dt, kind, _ in arrays:
-                src.add(f"{inner}_r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
-                                                       else f"_u_{p.name}[_v + _q * _G];"))
-            src.add(f"{inner[:-4]}}}")
+                src.add(f"{body}_r_{p.name}[_q] = " + (f"ewrtc::hold(_u_{p.name} + (_v + _q * _G));" if held
+                                                      else f"_u_{p.name}[_v + _q * _G];"))
+            src.add(f"{body[:-4]}}}")      # the brace the loop or the guard opened
             src.add("#pragma unroll")
             src.add(f"{ind}for (int _q = 0; _q < {n}; ++_q)")
             if guard is not None:
-                src.add(at)
+                src.add(f"{ind}    if ({guard})")
             src.add("#pragma unroll")
-            src.add(f"{inner}for (int _k = 0; _k < {E}; ++_k)")
-            map_into(src, inner, "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
+            src.add(f"{body}for (int _k = 0; _k < {E}; ++_k)")
+            map_into(src, body, "_acc", lambda p, dt: f"ewrtc::elem(_r_{p.name}[_q], _k)")
 
         src.add(f"        {index} _v = {v0} + _lane;")
         src.add(f"        for (; _v + 3 * _G < {v1}; _v += 4 * _G) {{")

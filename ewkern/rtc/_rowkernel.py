@@ -420,7 +420,7 @@ class RowKernel:
             # 1.33-1.35 / 1.45-1.46 / 1.54-1.55; float32 at 1 MiB (64 rows) 256 x 4 / 512 x 2
             # single 0.964-1.010 / 0.968-0.978, back-to-back 1.407 / 1.408 (so 256 lanes suffice);
             # at 16 MiB (rows > SMs, not taken here) 4 vectors a lane was the best or within 0.01
-            while G < _FEW_ROWS_G and vpl > 2 and 2 * G <= _MAX_G:
+            if G < _FEW_ROWS_G and vpl > 2:     # 4 vectors a lane: twice the lanes with 2 each
                 G, vpl = 2 * G, vpl // 2
         lean = None
         vec_bytes = E * max(DTYPES[a.dtype][2] for a in vec)    # 16 unless the rows take one element a vector
