@@ -98,7 +98,9 @@ class BuildExt(build_ext):
         dlpack = find_dlpack_include()
         import numpy
 
-        ext.include_dirs += [os.path.join(HERE, "csrc"), dlpack, numpy.get_include()]
+        # ewkern/_torch_native: ewkern_native.h, the capsule's layout, shared with the C++ module built at run time
+        ext.include_dirs += [os.path.join(HERE, "csrc"), os.path.join(HERE, "ewkern", "_torch_native"), dlpack,
+                             numpy.get_include()]
         mvec_macros, mvec_libs = libmvec_flags(self.compiler)
         ext.define_macros += mvec_macros
         ext.libraries += mvec_libs

@@ -8,6 +8,7 @@
 #include "dlpack.h"
 #include "dtype.h"
 #include "listing.h"
+#include "native_api.h"
 #include "ops.h"
 #include "registry.h"
 #include "state.h"
@@ -163,6 +164,8 @@ static int module_exec(PyObject *m)
         return -1;
     if (PyModule_AddType(m, st->Array_Type) < 0 || PyModule_AddType(m, st->Stream_Type) < 0 ||
         PyModule_AddType(m, st->Plan_Type) < 0)
+        return -1;
+    if (ew_add_native_api(m) < 0)
         return -1;
     PyObject *fns = ew_make_op_functions(m);
     if (fns == NULL)

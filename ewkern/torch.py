@@ -23,6 +23,9 @@ not (``ewkern.torch`` is loaded on first use).
 from __future__ import annotations
 
 import math
+import os
+import threading
+import warnings
 
 import torch
 
@@ -30,7 +33,7 @@ from . import _C
 
 __all__ = ["copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const",
            "axpby", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
-           "silu", "rmse", "DIFFERENTIABLE", "kernel_op"]
+           "silu", "rmse", "DIFFERENTIABLE", "kernel_op", "autograd_path"]
 
 if not hasattr(torch.library, "custom_op"):
     raise ImportError(f"ewkern.torch needs torch 2.4 or newer (torch.library.custom_op); this is "
@@ -453,7 +456,8 @@ class _RmseFunction(torch.autograd.Function):
 _C_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
-_APPLY = {}         # name -> a callable equal to _FUNCTION[name].apply (_direct_apply)
+_APPLY = {}         # name -> what an eager call that needs a gradient calls (_install_native)
+_PY_APPLY = {}      # name -> a callable equal to _FUNCTION[name].apply (_direct_apply)
 
 
 def _direct_apply(cls, nin):
@@ -489,7 +493,7 @@ def _register_elementwise(name, info):
     backward, setup_context = _autograd(nin, saves, grads)
     op.register_autograd(backward, setup_context=setup_context)
     _FUNCTION[name] = _function(name, nin, saves, FAST[name], GRADS[name][1])
-    _APPLY[name] = _direct_apply(_FUNCTION[name], nin)
+    _PY_APPLY[name] = _direct_apply(_FUNCTION[name], nin)
     _define(f"{name}_out", f"({', '.join(args + ['Tensor(a!) out'])}) -> ()", kernel_out, fake_out, ("out",))
     _FUNCTIONAL[name] = getattr(E, name).default
     _MUTATING[name] = getattr(E, f"{name}_out").default
@@ -568,7 +572,7 @@ def _register():
     _FUNCTIONAL["rmse"] = E.rmse.default
     _MUTATING["rmse"] = E.rmse_out.default
     _FUNCTION["rmse"] = _RmseFunction
-    _APPLY["rmse"] = _direct_apply(_RmseFunction, 2)
+    _PY_APPLY["rmse"] = _direct_apply(_RmseFunction, 2)
     for name, info in _BACKWARD.items():
         _register_backward(name, info)
     _define("rmse_backward", "(Tensor grad, Tensor a, Tensor b, Tensor r, int[]? axis=None) -> (Tensor, Tensor)",
@@ -576,6 +580,76 @@ def _register():
 
 
 _register()
+
+
+# --- the C++ autograd nodes -------------------------------------------------------------------------
+# ewkern/_torch_native/autograd.cpp: the elementwise ops' forward and backward as C++ autograd nodes
+# that launch the same kernels through ewkern._C._native_api (no Python in the backward, no GIL). The
+# Python Functions above cost a step about 4 us (forward) and 8-12 us (backward) more host time than
+# torch's own nodes on the GPU machines. Built for this torch on the first eager call that needs a
+# gradient (disk-cached: one build per torch, Python and ewkern version), so `import ewkern.torch`
+# and gradient-free calls never wait for it. rmse keeps its Python Function.
+
+_native = None          # the module once tried; False where the Python path stays
+_native_error = ""      # why it is False
+_native_lock = threading.RLock()
+
+
+def _composed_grads(name, grad, saved, scalars, need):
+    """For the C++ nodes' backward when its graph is wanted (create_graph=True): GRADS' composed
+    formula, as the Python Functions' backward calls it."""
+    return tuple(GRADS[name][1](grad, tuple(saved), tuple(scalars), tuple(need)))
+
+
+def _install_native():
+    """Point _APPLY at the C++ nodes (built or loaded now), or at the Python Functions where they
+    cannot be had (EWKERN_TORCH_NATIVE=0; a failed build warns once, or raises under =1)."""
+    global _native, _native_error
+    with _native_lock:
+        if _native is not None:
+            return
+        mode = os.environ.get("EWKERN_TORCH_NATIVE", "")
+        mod = False
+        if mode == "0":
+            _native_error = "EWKERN_TORCH_NATIVE=0"
+        else:
+            try:
+                from ._torch_native import load
+                mod = load(torch)
+                mod.init(_C._native_api, _composed_grads)
+            except Exception as e:
+                if mode == "1":
+                    raise
+                mod, _native_error = False, f"{type(e).__name__}: {e}"
+                warnings.warn("ewkern.torch: the C++ autograd nodes are not available, so each eager op that "
+                              "needs a gradient runs through a Python torch.autograd.Function (more host time a "
+                              f"step; EWKERN_TORCH_NATIVE=0 silences this). {_native_error}", RuntimeWarning,
+                              stacklevel=3)
+        _APPLY.update(_PY_APPLY)
+        if mod:
+            for name in mod.names():
+                _APPLY[name] = mod.make(name, _PY_APPLY[name])
+        _native = mod
+
+
+def _first_call(name):
+    def apply(*args):
+        _install_native()
+        return _APPLY[name](*args)
+    return apply
+
+
+def autograd_path() -> str:
+    """Which autograd nodes ewkern.torch's eager elementwise ops record: "c++" (the C++ nodes of
+    ewkern/_torch_native, built for this torch on first use) or "python: <why>" (a
+    torch.autograd.Function a call). Builds or loads the C++ module if that was not done yet."""
+    _install_native()
+    return "c++" if _native else "python: " + _native_error
+
+
+_APPLY.update(_PY_APPLY)
+if os.environ.get("EWKERN_TORCH_NATIVE", "") != "0":
+    _APPLY.update({name: _first_call(name) for name in _FUNCTION if name != "rmse"})
 
 
 # --- the Python face: ewkern's signatures ------------------------------------------------------------

@@ -5,4 +5,4 @@
 # Usage, from anywhere: bash scripts/build-stamp.sh ARCHS COMMIT
 cd "$(dirname "$0")/.." || exit 1
 shopt -s nullglob
-(cat setup.py csrc/*.[ch] csrc/*.def csrc/cpu/*.[ch] csrc/cuda/*.cu csrc/cuda/*.cuh; echo "$1 $2") | sha1sum | cut -c1-16
+(cat setup.py csrc/*.[ch] ewkern/_torch_native/ewkern_native.h csrc/*.def csrc/cpu/*.[ch] csrc/cuda/*.cu csrc/cuda/*.cuh; echo "$1 $2") | sha1sum | cut -c1-16

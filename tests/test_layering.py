@@ -27,7 +27,7 @@ FLOORS = {
     "state": 0, "cuda_api": 0, "ewkern_kernels": 0, "ops.def": 0, "grads.def": 0,
     "dtype": 1, "device": 1,
     "registry": 2, "stream": 2, "array": 2,
-    "dlpack": 3, "listing": 3,
+    "dlpack": 3, "listing": 3, "native_api": 3,
     "ops": 4, "rtc": 4,
     "timing": 5,
     "module": 6,

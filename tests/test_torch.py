@@ -175,8 +175,10 @@ def test_gradients_match_torch(op, dtype, device):
     ("axpby", (True, True), ["axpby_backward"]), ("add", (True, True), []), ("rmse", (True, True), ["rmse_backward"]),
     ("neg", (True,), ["neg"]), ("mul_const", (True,), ["mul_const"]), ("add_const", (True,), []), ("copy", (True,), [])])
 def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
-    """An eager backward of ewkern.torch calls one C function of ewkern (the backward kernel, or the
-    forward op that is the gradient), not a composition of ops and not the custom ops' dispatch."""
+    """An eager backward of ewkern.torch's Python Functions calls one C function of ewkern (the
+    backward kernel, or the forward op that is the gradient), not a composition of ops and not the
+    custom ops' dispatch (the C++ nodes' count: test_torch_native.py)."""
+    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
     calls = []
     for name, fn in list(vars(ewkern._C).items()):
         if callable(fn) and not isinstance(fn, type) and not name.startswith("_"):
@@ -199,7 +201,9 @@ def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
 def test_eager_calls_the_functions_cpp_apply(monkeypatch, op):
     """An eager call that needs a gradient enters the op's autograd.Function through torch's C++
     apply, not Function.apply's Python wrapper (which adds about 1 us of host time a call), with
-    the same node and gradients as through the wrapper."""
+    the same node and gradients as through the wrapper (the Python path, where the C++ nodes are
+    not used)."""
+    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
     sc = SCALARS.get(op, ())
     xs = [torch.rand(6, 50, dtype=torch.float64) + 0.5 for _ in range(1 if op in ("gelu", "mul_const") else 2)]
 

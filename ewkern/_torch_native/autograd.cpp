@@ -1,0 +1,489 @@
+// autograd.cpp: ewkern.torch's eager autograd nodes in C++ (torch::autograd::Function), built at
+// run time against the torch that imports it (ewkern/_torch_native/__init__.py) and loaded by
+// ewkern.torch on the first call that needs a gradient.
+//
+// What it replaces: a Python torch.autograd.Function around each op, whose forward costs about
+// 4 us and whose backward about 8-12 us more host time than torch's own C++ nodes on the GPU
+// machines (scripts/host_step_probe.py). Here the forward and the backward launch ewkern's auto
+// kernels through ewkern._C._native_api (ewkern_native.h: the registry's launchers, no Python, no
+// GIL), on torch's current stream, into tensors from torch's allocator. The backward is the same
+// one-kernel formula as ewkern.torch's FAST table; a backward that must itself be differentiable
+// (create_graph=True) calls ewkern.torch's composed formula in Python (_composed_grads).
+//
+// Each op is a Python function made by make(name, fallback): it takes the plain case (tensors of
+// torch.Tensor's own type, strided, on the cpu or a GPU of ewkern's build, float32/float16/
+// bfloat16/float64, equal dtype/device/shape, float scalars) and gives anything else to fallback
+// (ewkern.torch's Python path, which raises the errors or unwraps functorch's tensors).
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "ewkern_native.h"
+
+namespace ewkern {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using at::Tensor;
+
+enum Saves { NONE, A, Y, AB };
+
+// X(name, inputs, scalars, saves, backward kernel or nullptr)
+#define EW_NATIVE_OPS(X)                                                                   \
+    X(copy, 1, 0, NONE, nullptr) X(neg, 1, 0, NONE, nullptr) X(add_const, 1, 1, NONE, nullptr) \
+    X(mul_const, 1, 1, NONE, nullptr) X(abs, 1, 0, A, "abs_backward")                      \
+    X(exp, 1, 0, Y, "exp_backward") X(log, 1, 0, A, "log_backward")                        \
+    X(sqrt, 1, 0, Y, "sqrt_backward") X(rsqrt, 1, 0, Y, "rsqrt_backward")                  \
+    X(erf, 1, 0, A, "erf_backward") X(tanh, 1, 0, Y, "tanh_backward")                      \
+    X(sigmoid, 1, 0, Y, "sigmoid_backward") X(relu, 1, 0, Y, "relu_backward")              \
+    X(gelu, 1, 0, A, "gelu_backward") X(silu, 1, 0, A, "silu_backward")                    \
+    X(add, 2, 0, NONE, nullptr) X(sub, 2, 0, NONE, nullptr)                                \
+    X(mul, 2, 0, AB, "mul_backward") X(div, 2, 0, AB, "div_backward")                      \
+    X(maximum, 2, 0, AB, "maximum_backward") X(minimum, 2, 0, AB, "minimum_backward")      \
+    X(axpby, 2, 2, NONE, "axpby_backward")
+
+enum Op {
+#define EW_ENUM(n, i, s, sv, bw) OP_##n,
+    EW_NATIVE_OPS(EW_ENUM)
+#undef EW_ENUM
+    NOPS
+};
+
+struct Spec {
+    const char *name;
+    int nin, nscal;
+    Saves saves;
+    const char *backward;
+};
+
+const Spec SPECS[NOPS] = {
+#define EW_SPEC(n, i, s, sv, bw) {#n, i, s, sv, bw},
+    EW_NATIVE_OPS(EW_SPEC)
+#undef EW_SPEC
+};
+
+const ew_native_api *api = nullptr;
+PyObject *composed = nullptr;          // ewkern.torch._composed_grads
+const void *FWD[NOPS][4][2];           // [op][dtype][cuda]: the op's auto kernel
+const void *BWD[NOPS][4][2];           // its backward kernel (grads.def), where it has one
+bool READY[NOPS][4][2];                // every kernel the op's forward and backward may launch
+bool HAVE_CUDA = false;
+std::atomic<long long> LAUNCHES{0};     // kernels launched (the tests count a backward's)
+
+int dtype_index(at::ScalarType t)
+{
+    switch (t) {
+    case at::kFloat: return 0;
+    case at::kHalf: return 1;
+    case at::kBFloat16: return 2;
+    case at::kDouble: return 3;
+    default: return -1;
+    }
+}
+
+// Launch kernel table[dt][cuda] over like's elements: ins (contiguous, like's shape and dtype)
+// into out (and out2, a second gradient), allocated here where wanted and left undefined where not.
+void launch(const void *const table[4][2], const Tensor &like, std::initializer_list<const Tensor *> ins,
+            Tensor *out, Tensor *out2, double c0 = 0, double c1 = 0)
+{
+    const int dt = dtype_index(like.scalar_type());
+    const bool cuda = like.is_cuda();
+    const void *k = table[dt][cuda];
+    TORCH_CHECK(k != nullptr, "ewkern.torch: no kernel for this dtype and device");
+    ew_native_launch a;
+    std::memset(&a, 0, sizeof a);
+    int i = 0;
+    for (const Tensor *t : ins)
+        a.in[i++] = t->data_ptr();
+    if (out) {
+        *out = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+        a.out = out->data_ptr();
+    }
+    if (out2) {
+        *out2 = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+        a.out2 = out2->data_ptr();
+    }
+    a.n = like.numel();
+    a.scalar[0] = c0;
+    a.scalar[1] = c1;
+    if (a.n == 0)
+        return;
+    LAUNCHES.fetch_add(1, std::memory_order_relaxed);
+    c10::OptionalDeviceGuard guard;
+    if (cuda) {
+        guard.reset_device(like.device());
+        a.device = like.device().index();
+        a.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    }
+    int err = api->launch(k, &a);
+    if (err != 0) {
+        char msg[512];
+        api->describe_error(k, err, msg, sizeof msg);
+        TORCH_CHECK(false, "ewkern.torch: ", msg);
+    }
+}
+
+Tensor run1(Op op, const Tensor &a, double c0 = 0, double c1 = 0)
+{
+    Tensor y;
+    launch(FWD[op], a, {&a}, &y, nullptr, c0, c1);
+    return y;
+}
+
+Tensor run2(Op op, const Tensor &a, const Tensor &b)
+{
+    Tensor y;
+    launch(FWD[op], a, {&a, &b}, &y, nullptr);
+    return y;
+}
+
+// A backward whose graph is wanted (create_graph=True): ewkern.torch._composed_grads(name, grad,
+// saved, scalars, need) in Python, the composed formula of differentiable ops.
+variable_list composed_grads(Op op, const Tensor &grad, const variable_list &saved, const double *c,
+                             const bool *need)
+{
+    const Spec &s = SPECS[op];
+    PyGILState_STATE gil = PyGILState_Ensure();
+    variable_list res(s.nin);
+    PyObject *saved_t = PyTuple_New((Py_ssize_t)saved.size());
+    PyObject *scal = PyTuple_New(s.nscal);
+    PyObject *need_t = PyTuple_New(s.nin);
+    PyObject *r = nullptr;
+    std::string err;
+    if (saved_t && scal && need_t) {
+        for (size_t k = 0; k < saved.size(); k++)
+            PyTuple_SET_ITEM(saved_t, k, THPVariable_Wrap(saved[k]));
+        for (int k = 0; k < s.nscal; k++)
+            PyTuple_SET_ITEM(scal, k, PyFloat_FromDouble(c[k]));
+        for (int k = 0; k < s.nin; k++)
+            PyTuple_SET_ITEM(need_t, k, PyBool_FromLong(need[k]));
+        PyObject *g = THPVariable_Wrap(grad);
+        if (g)
+            r = PyObject_CallFunction(composed, "sOOOO", s.name, g, saved_t, scal, need_t);
+        Py_XDECREF(g);
+    }
+    if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= s.nin) {
+        for (int k = 0; k < s.nin; k++) {
+            PyObject *x = PyTuple_GET_ITEM(r, k);
+            if (THPVariable_Check(x))
+                res[k] = THPVariable_Unpack(x);
+        }
+    } else {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_composed_grads did not return a tuple of the gradients");
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *str = value ? PyObject_Str(value) : nullptr;
+        err = str && PyUnicode_Check(str) ? PyUnicode_AsUTF8(str) : "an error in Python";
+        Py_XDECREF(str);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(saved_t);
+    Py_XDECREF(scal);
+    Py_XDECREF(need_t);
+    PyGILState_Release(gil);
+    TORCH_CHECK(err.empty(), "ewkern.torch.", s.name, " (the composed backward): ", err);
+    return res;
+}
+
+// The one-kernel gradients (ewkern.torch's FAST table): grad contiguous, saved as the forward saved.
+variable_list fast_grads(Op op, const Tensor &g, const variable_list &saved, const double *c, const bool *need)
+{
+    Tensor ga, gb;
+    auto pair = [&](Op kernel_op) {             // both gradients (or the wanted ones) in one pass
+        Tensor a = saved[0].contiguous(), b = saved[1].contiguous();
+        launch(BWD[kernel_op], g, {&g, &a, &b}, need[0] ? &ga : nullptr, need[1] ? &gb : nullptr);
+    };
+    switch (op) {
+    case OP_copy: case OP_add_const: return {g};
+    case OP_neg: return {run1(OP_neg, g)};
+    case OP_mul_const: return {run1(OP_mul_const, g, c[0])};
+    case OP_add: return {g, g};
+    case OP_sub: return {g, need[1] ? run1(OP_neg, g) : Tensor()};
+    case OP_axpby:
+        if (need[0] && need[1])
+            launch(BWD[OP_axpby], g, {&g}, &ga, &gb, c[0], c[1]);
+        else
+            (need[0] ? ga : gb) = run1(OP_mul_const, g, c[need[0] ? 0 : 1]);
+        return {ga, gb};
+    case OP_mul:
+        if (need[0] && need[1])
+            pair(OP_mul);
+        else
+            (need[0] ? ga : gb) = run2(OP_mul, g, saved[need[0] ? 1 : 0].contiguous());
+        return {ga, gb};
+    case OP_div:
+        if (need[1])
+            pair(OP_div);
+        else
+            ga = run2(OP_div, g, saved[1].contiguous());
+        return {ga, gb};
+    case OP_maximum: case OP_minimum:
+        pair(op);
+        return {ga, gb};
+    default: {                                  // one input, a backward kernel of grad and a or y
+        Tensor s = saved[0].contiguous();
+        launch(BWD[op], g, {&g, &s}, &ga, nullptr);
+        return {ga};
+    }
+    }
+}
+
+template <class Tag>
+struct Unary : public torch::autograd::Function<Unary<Tag>> {
+    static constexpr Op op = Tag::op;
+    static Tensor forward(AutogradContext *ctx, const Tensor &a, double c0)
+    {
+        Tensor ac = a.contiguous();
+        Tensor y = run1(op, ac, c0);
+        if (SPECS[op].saves == A)
+            ctx->save_for_backward({a});
+        else if (SPECS[op].saves == Y)
+            ctx->save_for_backward({y});
+        if (SPECS[op].nscal)
+            ctx->saved_data["c0"] = c0;
+        return y;
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        const double c[1] = {SPECS[op].nscal ? ctx->saved_data["c0"].toDouble() : 0.0};
+        const bool need[1] = {true};
+        variable_list saved = ctx->get_saved_variables();
+        variable_list g = at::GradMode::is_enabled() ? composed_grads(op, grads[0], saved, c, need)
+                                                     : fast_grads(op, grads[0].contiguous(), saved, c, need);
+        return {g[0], Tensor()};
+    }
+};
+
+template <class Tag>
+struct Binary : public torch::autograd::Function<Binary<Tag>> {
+    static constexpr Op op = Tag::op;
+    static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, double c0, double c1)
+    {
+        Tensor ac = a.contiguous(), bc = b.contiguous();
+        Tensor y;
+        launch(FWD[op], ac, {&ac, &bc}, &y, nullptr, c0, c1);
+        if (SPECS[op].saves == AB)
+            ctx->save_for_backward({a, b});
+        if (SPECS[op].nscal) {
+            ctx->saved_data["c0"] = c0;
+            ctx->saved_data["c1"] = c1;
+        }
+        return y;
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        double c[2] = {0, 0};
+        if (SPECS[op].nscal) {
+            c[0] = ctx->saved_data["c0"].toDouble();
+            c[1] = ctx->saved_data["c1"].toDouble();
+        }
+        const bool need[2] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
+        variable_list saved = ctx->get_saved_variables();
+        variable_list g = at::GradMode::is_enabled() ? composed_grads(op, grads[0], saved, c, need)
+                                                     : fast_grads(op, grads[0].contiguous(), saved, c, need);
+        return {need[0] ? g[0] : Tensor(), need[1] ? g[1] : Tensor(), Tensor(), Tensor()};
+    }
+};
+
+// The node names torch shows (grad_fn): torch::autograd::CppNode<ewkern::Unary<ewkern::gelu>>
+#define EW_TAG(n, i, s, sv, bw) \
+    struct n {                  \
+        static constexpr Op op = OP_##n; \
+    };
+EW_NATIVE_OPS(EW_TAG)
+#undef EW_TAG
+
+typedef Tensor (*apply_fn)(const Tensor *t, const double *c);
+
+template <class F, int NIN>
+Tensor apply(const Tensor *t, const double *c)
+{
+    if constexpr (NIN == 1)
+        return F::apply(t[0], c[0]);
+    else
+        return F::apply(t[0], t[1], c[0], c[1]);
+}
+
+apply_fn APPLY[NOPS] = {
+#define EW_APPLY(n, i, s, sv, bw) apply<std::conditional_t<i == 1, Unary<n>, Binary<n>>, i>,
+    EW_NATIVE_OPS(EW_APPLY)
+#undef EW_APPLY
+};
+
+// ---- the Python side ----------------------------------------------------------------------------
+
+// Whether t is a tensor the native path takes: torch.Tensor itself, strided, on the cpu or (with
+// CUDA kernels) a GPU, not one of functorch's wrappers.
+bool plain(PyObject *obj)
+{
+    if (!THPVariable_CheckExact(obj))
+        return false;
+    const Tensor &t = THPVariable_Unpack(obj);
+    if (!t.defined() || t.layout() != at::kStrided)
+        return false;
+    if (!(t.is_cpu() || (t.is_cuda() && HAVE_CUDA)))
+        return false;
+    auto keys = t.key_set();
+    return !(keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
+             keys.has(c10::DispatchKey::Python));
+}
+
+// self: (op index, fallback). args: the op's tensors, then its scalars.
+PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
+    PyObject *fallback = PyTuple_GET_ITEM(self, 1);
+    const Spec &s = SPECS[op];
+    if (nargs != s.nin + s.nscal)
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    Tensor t[2];
+    double c[2] = {0, 0};
+    for (int k = 0; k < s.nin; k++) {
+        if (!plain(args[k]))
+            return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+        t[k] = THPVariable_Unpack(args[k]);
+    }
+    const int dt = dtype_index(t[0].scalar_type());
+    if (dt < 0 || !READY[op][dt][t[0].is_cuda()])
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    if (s.nin == 2 && (t[1].scalar_type() != t[0].scalar_type() || t[1].device() != t[0].device() ||
+                       t[1].sizes() != t[0].sizes()))
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    for (int k = 0; k < s.nscal; k++) {
+        PyObject *x = args[s.nin + k];
+        if (!(PyFloat_Check(x) || PyLong_Check(x)))
+            return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+        c[k] = PyFloat_AsDouble(x);
+        if (c[k] == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+        }
+    }
+    Tensor y;
+    std::string err;
+    // a large CPU loop (or a launch into a full CUDA queue) without the GIL, as ewkern._C does
+    const bool release = t[0].numel() > (1 << 16);
+    PyThreadState *ts = release ? PyEval_SaveThread() : nullptr;
+    try {
+        y = APPLY[op](t, c);
+    } catch (const c10::Error &e) {
+        err = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+        err = e.what();
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    if (!err.empty()) {
+        PyErr_SetString(PyExc_RuntimeError, err.c_str());
+        return nullptr;
+    }
+    return THPVariable_Wrap(y);
+}
+
+PyMethodDef call_def = {"op", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
+                        "ewkern.torch's op through its C++ autograd node (plain tensors), else the fallback."};
+
+// init(capsule, composed_grads): resolve every kernel once.
+PyObject *init(PyObject *, PyObject *args)
+{
+    PyObject *cap, *comp;
+    if (!PyArg_ParseTuple(args, "OO", &cap, &comp))
+        return nullptr;
+    auto *p = (const ew_native_api *)PyCapsule_GetPointer(cap, "ewkern._C._native_api");
+    if (p == nullptr)
+        return nullptr;
+    if (p->version != EW_NATIVE_API_VERSION) {
+        PyErr_Format(PyExc_ImportError, "ewkern._C._native_api is version %d, this module needs %d", p->version,
+                     EW_NATIVE_API_VERSION);
+        return nullptr;
+    }
+    api = p;
+    Py_XSETREF(composed, Py_NewRef(comp));
+    for (int op = 0; op < NOPS; op++)
+        for (int dt = 0; dt < 4; dt++)
+            for (int cuda = 0; cuda < 2; cuda++) {
+                FWD[op][dt][cuda] = api->auto_kernel(SPECS[op].name, dt, cuda);
+                BWD[op][dt][cuda] = SPECS[op].backward ? api->auto_kernel(SPECS[op].backward, dt, cuda) : nullptr;
+            }
+    // what each op's backward may launch besides its own kernels
+    for (int op = 0; op < NOPS; op++)
+        for (int dt = 0; dt < 4; dt++)
+            for (int cuda = 0; cuda < 2; cuda++) {
+                auto has = [&](int o) { return FWD[o][dt][cuda] != nullptr; };
+                bool ok = has(op) && (SPECS[op].backward == nullptr || BWD[op][dt][cuda] != nullptr);
+                if (op == OP_neg || op == OP_sub)
+                    ok = ok && has(OP_neg);
+                if (op == OP_mul_const || op == OP_axpby)
+                    ok = ok && has(OP_mul_const);
+                if (op == OP_mul || op == OP_div)
+                    ok = ok && has(op);
+                READY[op][dt][cuda] = ok;
+                HAVE_CUDA = HAVE_CUDA || (cuda && ok);
+            }
+    Py_RETURN_NONE;
+}
+
+// make(name, fallback) -> the op's function
+PyObject *make(PyObject *, PyObject *args)
+{
+    const char *name;
+    PyObject *fallback;
+    if (!PyArg_ParseTuple(args, "sO", &name, &fallback))
+        return nullptr;
+    for (int op = 0; op < NOPS; op++)
+        if (std::strcmp(SPECS[op].name, name) == 0) {
+            PyObject *self = Py_BuildValue("(iO)", op, fallback);
+            if (self == nullptr)
+                return nullptr;
+            PyObject *fn = PyCFunction_New(&call_def, self);
+            Py_DECREF(self);
+            return fn;
+        }
+    PyErr_Format(PyExc_KeyError, "ewkern.torch's native module has no op %s", name);
+    return nullptr;
+}
+
+PyObject *names(PyObject *, PyObject *)
+{
+    PyObject *t = PyTuple_New(NOPS);
+    for (int op = 0; t && op < NOPS; op++)
+        PyTuple_SET_ITEM(t, op, PyUnicode_FromString(SPECS[op].name));
+    return t;
+}
+
+PyObject *launches(PyObject *, PyObject *)
+{
+    return PyLong_FromLongLong(LAUNCHES.load());
+}
+
+PyMethodDef methods[] = {
+    {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
+    {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads): resolve the kernels"},
+    {"make", make, METH_VARARGS, "make(name, fallback): the op's function"},
+    {"names", names, METH_NOARGS, "the ops this module runs"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_ewkern_torch_native",
+                         "ewkern.torch's autograd nodes in C++ (built at run time against this torch).", -1,
+                         methods};
+
+}  // namespace ewkern
+
+PyMODINIT_FUNC PyInit__ewkern_torch_native(void) { return PyModule_Create(&ewkern::moduledef); }

@@ -1,0 +1,215 @@
+"""ewkern.torch's C++ autograd nodes (ewkern/_torch_native): built for this torch, used by eager
+calls that need a gradient, with the same results and gradients as the Python Functions (bit for
+bit: the same kernels), one kernel a backward, double backward through the composed formulas,
+torch's saved-tensor checks, the fallback to the Python path for everything but plain tensors, and
+the switch and the failed build's warning. CUDA cases skip without a GPU."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ewkern.torch as ewt  # noqa: E402
+from conftest import HAS_CUDA  # noqa: E402
+from test_elementwise import SCALARS  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_CXX = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
+pytestmark = pytest.mark.skipif(not HAS_CXX or os.environ.get("EWKERN_TORCH_NATIVE") == "0",
+                                reason="no C++ compiler to build the module with (or EWKERN_TORCH_NATIVE=0)")
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA and torch.cuda.is_available() else [])
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+NATIVE_OPS = ("copy", "neg", "add_const", "mul_const", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh",
+              "sigmoid", "relu", "gelu", "silu", "add", "sub", "mul", "div", "maximum", "minimum", "axpby")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "axpby")
+
+
+def native():
+    assert ewt.autograd_path() == "c++", ewt.autograd_path()
+    return ewt._native
+
+
+def make(op, dtype, device, shape=(6, 50), need=(True, True), seed=0):
+    """Inputs in the ops' domains (positive, away from relu's and abs's kink), needing grad as told."""
+    g = torch.Generator().manual_seed(seed)
+    n = 2 if op in BINARY else 1
+    positive = op in ("log", "sqrt", "rsqrt")
+    xs = [(torch.rand(shape, generator=g, dtype=torch.float64) + 0.25) *
+          (1 if positive else torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double())
+          for _ in range(n)]
+    return [x.to(device=device, dtype=dtype).requires_grad_(need[k]) for k, x in enumerate(xs)]
+
+
+def step(op, ts, path):
+    """(result, gradients of the inputs that need them) through the C++ nodes or the Python Functions."""
+    saved = ewt._APPLY
+    ewt._APPLY = dict(ewt._PY_APPLY) if path == "python" else saved
+    try:
+        y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
+        g = torch.linspace(-1.5, 2.0, y.numel(), dtype=torch.float64).reshape(y.shape).to(y)
+        return y, torch.autograd.grad(y, [t for t in ts if t.requires_grad], g)
+    finally:
+        ewt._APPLY = saved
+
+
+def test_the_module_is_built_and_runs_the_ops():
+    mod = native()
+    assert set(mod.names()) == set(NATIVE_OPS)
+    x = torch.rand(5, requires_grad=True)
+    y = ewt.gelu(x)
+    assert "ewkern" in y.grad_fn.name() and "gelu" in y.grad_fn.name(), y.grad_fn.name()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", NATIVE_OPS)
+def test_same_results_and_gradients_as_the_python_functions(op, dtype, device):
+    """The same kernels, so the same bits: forward and every gradient, on a (6, 50) block, a
+    transposed (non-contiguous) view, one element and none."""
+    native()
+    for shape, view in (((6, 50), False), ((50, 6), True), ((1,), False), ((0, 3), False)):
+        ts = make(op, dtype, device, shape)
+        if view:
+            ts = [t.detach().t().requires_grad_() for t in ts]
+        y, grads = step(op, ts, "c++")
+        assert "ewkern" in y.grad_fn.name() and op in y.grad_fn.name(), y.grad_fn.name()
+        y2, grads2 = step(op, ts, "python")
+        assert "_function" in type(y2.grad_fn).__name__
+        torch.testing.assert_close(y, y2, rtol=0, atol=0, equal_nan=True)
+        assert len(grads) == len(grads2) == len(ts)
+        for a, b in zip(grads, grads2):
+            assert a.dtype == b.dtype == dtype and a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("op,need,kernels", [
+    ("gelu", (True,), 1), ("tanh", (True,), 1), ("exp", (True,), 1), ("relu", (True,), 1),
+    ("mul", (True, True), 1), ("mul", (True, False), 1), ("mul", (False, True), 1), ("div", (True, True), 1),
+    ("div", (True, False), 1), ("div", (False, True), 1), ("maximum", (False, True), 1),
+    ("minimum", (True, True), 1), ("axpby", (True, True), 1), ("axpby", (False, True), 1),
+    ("add", (True, True), 0), ("sub", (True, True), 1), ("sub", (True, False), 0), ("neg", (True,), 1),
+    ("mul_const", (True,), 1), ("add_const", (True,), 0), ("copy", (True,), 0)])
+def test_a_backward_is_at_most_one_kernel(op, need, kernels):
+    """The backward launches one kernel (both gradients in one pass), or none where the gradient is
+    the incoming one; and only the gradients asked for come back."""
+    mod = native()
+    ts = make(op, torch.float32, "cpu", need=need)
+    y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
+    before = mod.launches()
+    grads = torch.autograd.grad(y, [t for t in ts if t.requires_grad], torch.ones_like(y))
+    assert mod.launches() - before == kernels
+    assert len(grads) == sum(need)
+
+
+@pytest.mark.parametrize("op", ["gelu", "silu", "tanh", "sigmoid", "erf", "rsqrt", "mul", "div", "axpby",
+                                "maximum", "mul_const", "sub"])
+def test_double_backward_takes_the_composed_formula(op):
+    """create_graph=True runs the composed formula (differentiable ops) from the C++ node's
+    backward: gradcheck and gradgradcheck in float64."""
+    native()
+    ts = make(op, torch.float64, "cpu", shape=(3, 4))
+    sc = SCALARS.get(op, ())
+    fn = (lambda *a: getattr(ewt, op)(*a, *sc))
+    assert torch.autograd.gradcheck(fn, ts)
+    assert torch.autograd.gradgradcheck(fn, ts)
+
+
+def test_a_saved_tensor_changed_in_place_is_refused():
+    """torch's version check on saved tensors, as for its own nodes."""
+    native()
+    x = torch.rand(10, dtype=torch.float64, requires_grad=True)
+    h = x * 1.0
+    y = ewt.gelu(h)                     # saves h
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    z = ewt.exp(x * 1.0)                # saves its result
+    z.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.sum().backward()
+
+
+def test_what_the_native_path_does_not_take_goes_to_the_python_path():
+    """Mismatched or unsupported inputs raise the Python path's errors; a tensor subclass and
+    integer scalars still work."""
+    native()
+    a = torch.rand(4, requires_grad=True)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ewt.add(a, torch.rand(5, requires_grad=True))
+    with pytest.raises(TypeError, match="dtype mismatch"):
+        ewt.mul(a, torch.rand(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        ewt.gelu(torch.rand(4, dtype=torch.complex64, requires_grad=True))
+    with pytest.raises((TypeError, RuntimeError)):
+        ewt.add_const(a, "1")
+    y = ewt.add_const(a, 2)
+    torch.testing.assert_close(y, a.detach() + 2)
+
+    class Sub(torch.Tensor):
+        pass
+    s = a.detach().as_subclass(Sub).requires_grad_()
+    ys = ewt.tanh(s)
+    (gs,) = torch.autograd.grad(ys.sum(), s)
+    torch.testing.assert_close(gs.as_subclass(torch.Tensor), 1 - torch.tanh(a.detach()) ** 2)
+
+
+def test_init_and_make_refuse_what_they_cannot_use():
+    """init takes ewkern's capsule only (and changes nothing otherwise); make knows its ops."""
+    mod = native()
+    with pytest.raises((TypeError, ValueError)):
+        mod.init(object(), ewt._composed_grads)
+    with pytest.raises(KeyError, match="no op rmse"):
+        mod.make("rmse", lambda *a: None)
+    x = torch.rand(3, requires_grad=True)
+    torch.testing.assert_close(torch.autograd.grad(ewt.exp(x).sum(), x)[0], torch.exp(x.detach()))
+
+
+def _run(code, **env):
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=600)
+
+
+def test_the_switch_keeps_the_python_path():
+    r = _run("import torch, ewkern.torch as ewt\n"
+             "x = torch.rand(4, requires_grad=True)\n"
+             "print(type(ewt.gelu(x).grad_fn).__name__, ewt.autograd_path())", EWKERN_TORCH_NATIVE="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["gelu_functionBackward", "python:", "EWKERN_TORCH_NATIVE=0"]
+
+
+def test_a_failed_build_warns_once_and_keeps_working(tmp_path):
+    """No working compiler (CXX names one that fails, an empty cache): a RuntimeWarning that says
+    why, the Python path's results; under EWKERN_TORCH_NATIVE=1 the build's error is raised."""
+    code = ("import warnings, torch, ewkern.torch as ewt\n"
+            "x = torch.rand(4, dtype=torch.float64, requires_grad=True)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    g1 = torch.autograd.grad(ewt.gelu(x).sum(), x)[0]\n"
+            "    g2 = torch.autograd.grad(ewt.mul(x, x).sum(), x)[0]\n"
+            "print(len([m for m in w if 'C++ autograd nodes are not available' in str(m.message)]))\n"
+            "print(ewt.autograd_path().split(':')[0], torch.allclose(g2, 2 * x))\n")
+    env = dict(CXX=shutil.which("false") or "false", EWKERN_CACHE_DIR=str(tmp_path))
+    r = _run(code, **env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "python", "True"], r.stdout
+    r = _run(code, EWKERN_TORCH_NATIVE="1", **env)
+    assert r.returncode != 0 and "CompileError" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA GPU that torch sees (runs on the GPU machine)")
+def test_cuda_backward_runs_on_the_forwards_stream_and_device():
+    """The backward's kernels go on the stream autograd gives the node (the forward's), on a side
+    stream too, with results equal to the default stream's."""
+    native()
+    x = torch.randn(1 << 20, device="cuda", requires_grad=True)
+    g = torch.randn_like(x)
+    want = torch.autograd.grad(ewt.gelu(x), x, g)[0]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = torch.autograd.grad(ewt.gelu(x), x, g)[0]
+    torch.cuda.current_stream().wait_stream(s)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
