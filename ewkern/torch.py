@@ -13,6 +13,10 @@ Every elementwise op and rmse is registered with torch.library in the namespace 
     minimum, abs and relu; rmse's broadcast over the reduced axes);
   - a mutating ``<name>_out`` op (``Tensor(a!) out``, returns nothing) behind ``out=``.
 
+Eager calls that need a gradient skip the dispatcher: the elementwise ops record C++ autograd nodes
+(ewkern/_torch_native, built for this torch on first use; ``autograd_path()`` says whether they
+are in use), rmse a Python torch.autograd.Function; both launch the same kernels.
+
 The functions here take what ewkern's take, less variant/block/grid. Unlike ewkern's they accept
 non-contiguous tensors (a contiguous copy is made first, as torch's own kernels do) and an out=
 of any layout. out= follows torch's rule: it is not differentiable, so a call with out= that
