@@ -15,7 +15,7 @@
 static const void *auto_kernel(const char *op, int dtype, int cuda)
 {
     int i = ew_op_index(op);
-    if (i < 0 || dtype < 0 || dtype >= EW_NDTYPES)
+    if (i == -2 || dtype < 0 || dtype >= EW_NDTYPES)
         return NULL;
     const ew_kernel *k = ew_auto_kernel(i, (ew_dtype)dtype, cuda ? EW_CUDA : EW_CPU);
     if (k == NULL)
@@ -39,6 +39,38 @@ static int launch(const void *kernel, const ew_native_launch *a)
     return ((const ew_kernel *)kernel)->launch(&ea);
 }
 
+static int launch_rmse(const void *kernel, const ew_native_rmse *a)
+{
+    const ew_kernel *k = kernel;
+    if (strcmp(k->op, "rmse_backward") == 0) {
+        ew_rmse_grad_args g;
+        memset(&g, 0, sizeof g);
+        g.grad = a->grad;
+        g.a = a->a;
+        g.b = a->b;
+        g.r = a->r;
+        g.out = a->out;
+        g.out2 = a->out2;
+        g.outer = a->outer;
+        g.n = a->n;
+        g.inner = a->inner;
+        g.stream = a->stream;
+        g.device = a->device;
+        return k->launch(&g);
+    }
+    ew_rmse_args r;
+    memset(&r, 0, sizeof r);
+    r.a = a->a;
+    r.b = a->b;
+    r.out = a->out;
+    r.outer = a->outer;
+    r.n = a->n;
+    r.inner = a->inner;
+    r.stream = a->stream;
+    r.device = a->device;
+    return k->launch(&r);
+}
+
 static void describe_error(const void *kernel, int err, char *buf, size_t len)
 {
     const ew_kernel *k = kernel;
@@ -52,7 +84,7 @@ static void describe_error(const void *kernel, int err, char *buf, size_t len)
     snprintf(buf, len, "%s (variant '%s', %s): error %d", k->op, k->variant, ew_dtype_name(k->dtype), err);
 }
 
-static const ew_native_api api = {EW_NATIVE_API_VERSION, auto_kernel, launch, describe_error};
+static const ew_native_api api = {EW_NATIVE_API_VERSION, auto_kernel, launch, launch_rmse, describe_error};
 
 int ew_add_native_api(PyObject *module)
 {

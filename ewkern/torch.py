@@ -13,9 +13,9 @@ Every elementwise op and rmse is registered with torch.library in the namespace 
     minimum, abs and relu; rmse's broadcast over the reduced axes);
   - a mutating ``<name>_out`` op (``Tensor(a!) out``, returns nothing) behind ``out=``.
 
-Eager calls that need a gradient skip the dispatcher: the elementwise ops record C++ autograd nodes
-(ewkern/_torch_native, built for this torch on first use; ``autograd_path()`` says whether they
-are in use), rmse a Python torch.autograd.Function; both launch the same kernels.
+Eager calls that need a gradient skip the dispatcher: the elementwise ops and rmse record C++
+autograd nodes (ewkern/_torch_native, built for this torch on first use; ``autograd_path()`` says
+whether they are in use), or else Python torch.autograd.Functions; both launch the same kernels.
 
 The functions here take what ewkern's take, less variant/block/grid. Unlike ewkern's they accept
 non-contiguous tensors (a contiguous copy is made first, as torch's own kernels do) and an out=
@@ -423,13 +423,20 @@ def _rmse_grads(ns, ctx, grad):
     a, b, r = ctx.saved_tensors
     need = ctx.needs_input_grad[:2]
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        _, keep, red = rmse_split(a.shape, ctx.axis)
-        n = math.prod(a.shape[i] for i in red)
-        scale = (grad / (r * n)).reshape(keep)          # per batch: small, torch ops broadcast it
-        ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
-        return ga, (E.neg(ga) if need[1] else None), None
+        return _composed_rmse(grad, (a, b, r), ctx.axis, need) + (None,)
     ga, gb = ns.b("rmse_backward", grad.contiguous(), a.contiguous(), b.contiguous(), r, ctx.axis, need=need)
     return ga, gb, None
+
+
+def _composed_rmse(grad, saved, axis, need):
+    """rmse's gradients composed of differentiable ops (a graph of the backward is wanted); also
+    what the C++ node's backward calls then."""
+    a, b, r = saved
+    _, keep, red = rmse_split(a.shape, None if axis is None else list(axis))
+    n = math.prod(a.shape[i] for i in red)
+    scale = (grad / (r * n)).reshape(keep)              # per batch: small, torch ops broadcast it
+    ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
+    return ga, (E.neg(ga) if need[1] else None)
 
 
 def _rmse_backward(ctx, grad):
@@ -587,12 +594,12 @@ _register()
 
 
 # --- the C++ autograd nodes -------------------------------------------------------------------------
-# ewkern/_torch_native/autograd.cpp: the elementwise ops' forward and backward as C++ autograd nodes
+# ewkern/_torch_native/autograd.cpp: the elementwise ops' and rmse's forward and backward as C++ nodes
 # that launch the same kernels through ewkern._C._native_api (no Python in the backward, no GIL). The
 # Python Functions above cost a step about 4 us (forward) and 8-12 us (backward) more host time than
 # torch's own nodes on the GPU machines. Built for this torch on the first eager call that needs a
 # gradient (disk-cached: one build per torch, Python and ewkern version), so `import ewkern.torch`
-# and gradient-free calls never wait for it. rmse keeps its Python Function.
+# and gradient-free calls never wait for it. rmse's node launches rmse and rmse_backward the same way.
 
 _native = None          # the module once tried; False where the Python path stays
 _native_error = ""      # why it is False
@@ -620,7 +627,7 @@ def _install_native():
             try:
                 from ._torch_native import load
                 mod = load(torch)
-                mod.init(_C._native_api, _composed_grads)
+                mod.init(_C._native_api, _composed_grads, _composed_rmse)
             except Exception as e:
                 if mode == "1":
                     raise
@@ -644,7 +651,7 @@ def _first_call(name):
 
 
 def autograd_path() -> str:
-    """Which autograd nodes ewkern.torch's eager elementwise ops record: "c++" (the C++ nodes of
+    """Which autograd nodes ewkern.torch's eager elementwise ops and rmse record: "c++" (the C++ nodes of
     ewkern/_torch_native, built for this torch on first use) or "python: <why>" (a
     torch.autograd.Function a call). Builds or loads the C++ module if that was not done yet."""
     _install_native()
@@ -653,7 +660,7 @@ def autograd_path() -> str:
 
 _APPLY.update(_PY_APPLY)
 if os.environ.get("EWKERN_TORCH_NATIVE", "") != "0":
-    _APPLY.update({name: _first_call(name) for name in _FUNCTION if name != "rmse"})
+    _APPLY.update({name: _first_call(name) for name in _FUNCTION})
 
 
 # --- the Python face: ewkern's signatures ------------------------------------------------------------

@@ -29,6 +29,7 @@ OPS = {   # name -> (ewkern.torch call, torch's call, inputs)
     "div": (lambda a, b: ewt.div(a, b), torch.div, 2),
     "maximum": (lambda a, b: ewt.maximum(a, b), torch.maximum, 2),
     "axpby": (lambda a, b: ewt.axpby(a, b, 0.5, 2.0), lambda a, b: 0.5 * a + 2.0 * b, 2),
+    "rmse": (lambda a, b: ewt.rmse(a, b), lambda a, b: torch.sqrt(((a - b) ** 2).mean()), 2),   # one batch
 }
 print(f"device {dev} {torch.cuda.get_device_name() if dev != 'cpu' else 'cpu'}, torch {torch.__version__}, "
       f"ewkern.torch autograd: {ewt.autograd_path()}")
@@ -76,9 +77,10 @@ for kib in sizes:
     g = torch.rand(n, device=dev)
     for name, (ours, theirs, nin) in OPS.items():
         ins = (x, y)[:nin]
-        ways = {"c++": lambda: torch.autograd.grad(ours(*ins), ins, g),
-                "python": lambda: torch.autograd.grad(ours(*ins), ins, g),
-                "torch": lambda: torch.autograd.grad(theirs(*ins), ins, g)}
+        gg = g if name != "rmse" else g[0]      # rmse's result: one value
+        ways = {"c++": lambda: torch.autograd.grad(ours(*ins), ins, gg),
+                "python": lambda: torch.autograd.grad(ours(*ins), ins, gg),
+                "torch": lambda: torch.autograd.grad(theirs(*ins), ins, gg)}
         res = {w: ([], []) for w in ways}
         for r in range(5):
             for w in list(ways)[r % 3:] + list(ways)[:r % 3]:

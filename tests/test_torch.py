@@ -197,6 +197,22 @@ def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_rmse_gradients_of_no_elements(monkeypatch, device):
+    """rmse's backward on empty batches (none, or of no rows) through the Python Function, whose
+    C call gets torch's empty tensors (no memory: NULL pointers): the CPU kernel refused those
+    (EINVAL) until 2026-11-28."""
+    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
+    for shape in ((0, 7), (3, 0), (0,)):
+        a = torch.rand(shape, device=torch_device(device), requires_grad=True)
+        b = torch.rand(shape, device=torch_device(device), requires_grad=True)
+        r = ewt.rmse(a, b)
+        ga, gb = torch.autograd.grad(r, (a, b), torch.ones_like(r), allow_unused=True)
+        assert ga.shape == gb.shape == shape
+        (only_b,) = torch.autograd.grad(ewt.rmse(a.detach(), b), (b,), torch.ones_like(r))
+        assert only_b.shape == shape
+
+
 @pytest.mark.parametrize("op", ["gelu", "add", "mul_const", "axpby", "rmse"])
 def test_eager_calls_the_functions_cpp_apply(monkeypatch, op):
     """An eager call that needs a gradient enters the op's autograd.Function through torch's C++

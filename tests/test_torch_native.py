@@ -2,7 +2,8 @@
 calls that need a gradient, with the same results and gradients as the Python Functions (bit for
 bit: the same kernels), one kernel a backward, double backward through the composed formulas,
 torch's saved-tensor checks, the fallback to the Python path for everything but plain tensors, and
-the switch and the failed build's warning. CUDA cases skip without a GPU."""
+the switch and the failed build's warning; rmse's node in every axis= layout. CUDA cases skip
+without a GPU."""
 import os
 import shutil
 import subprocess
@@ -25,6 +26,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 NATIVE_OPS = ("copy", "neg", "add_const", "mul_const", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh",
               "sigmoid", "relu", "gelu", "silu", "add", "sub", "mul", "div", "maximum", "minimum", "axpby")
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "axpby")
+# rmse's axis= cases: (shape, axis) with the reduced axes one run, or none
+RMSE_CASES = [((6, 50), None), ((50,), None), ((4, 6, 5), None), ((4, 6, 5), [0]), ((4, 6, 5), [0, 1]),
+              ((4, 6, 5), [-1]), ((4, 6, 5), [1]), ((4, 6, 5), []), ((0, 7), None), ((3, 0), None), ((), None)]
 
 
 def native():
@@ -57,7 +61,7 @@ def step(op, ts, path):
 
 def test_the_module_is_built_and_runs_the_ops():
     mod = native()
-    assert set(mod.names()) == set(NATIVE_OPS)
+    assert set(mod.names()) == set(NATIVE_OPS) | {"rmse"}
     x = torch.rand(5, requires_grad=True)
     y = ewt.gelu(x)
     assert "ewkern" in y.grad_fn.name() and "gelu" in y.grad_fn.name(), y.grad_fn.name()
@@ -85,7 +89,52 @@ def test_same_results_and_gradients_as_the_python_functions(op, dtype, device):
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
+def rmse_step(a, b, axis, path, need=(True, True)):
+    saved = ewt._APPLY
+    ewt._APPLY = dict(ewt._PY_APPLY) if path == "python" else saved
+    try:
+        a, b = a.detach().requires_grad_(need[0]), b.detach().requires_grad_(need[1])
+        r = ewt.rmse(a, b, axis)
+        g = torch.linspace(0.5, 2.0, r.numel(), dtype=torch.float64).reshape(r.shape).to(r)
+        return r, torch.autograd.grad(r, [t for t in (a, b) if t.requires_grad], g)
+    finally:
+        ewt._APPLY = saved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,axis", RMSE_CASES, ids=str)
+def test_rmse_same_result_and_gradients_as_the_python_function(shape, axis, dtype, device):
+    """rmse's node: the same bits as the Python Function for the result and both gradients, every
+    layout of axis= (batch-first, batch-last, middle, none reduced, empty batches, a 0-d input)."""
+    native()
+    g = torch.Generator().manual_seed(len(shape))
+    a, b = (torch.rand(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype) for _ in range(2))
+    r, grads = rmse_step(a, b, axis, "c++")
+    if r.numel():
+        assert "Rmse" in r.grad_fn.name(), r.grad_fn.name()
+    r2, grads2 = rmse_step(a, b, axis, "python")
+    assert "_RmseFunction" in type(r2.grad_fn).__name__
+    torch.testing.assert_close(r, r2, rtol=0, atol=0, equal_nan=True)
+    for x, y in zip(grads, grads2):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+def test_rmse_axes_the_node_does_not_take_raise_as_before():
+    native()
+    a = torch.rand(3, 4, 5, requires_grad=True)
+    with pytest.raises(ValueError, match="one contiguous run"):
+        ewt.rmse(a, a.detach(), (0, 2))
+    with pytest.raises(ValueError, match="out of bounds"):
+        ewt.rmse(a, a.detach(), 3)
+    with pytest.raises(ValueError, match="repeated"):
+        ewt.rmse(a, a.detach(), (1, 1))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ewt.rmse(a, torch.rand(3, 4, 6))
+
+
 @pytest.mark.parametrize("op,need,kernels", [
+    ("rmse", (True, True), 1), ("rmse", (False, True), 1),
     ("gelu", (True,), 1), ("tanh", (True,), 1), ("exp", (True,), 1), ("relu", (True,), 1),
     ("mul", (True, True), 1), ("mul", (True, False), 1), ("mul", (False, True), 1), ("div", (True, True), 1),
     ("div", (True, False), 1), ("div", (False, True), 1), ("maximum", (False, True), 1),
@@ -96,7 +145,7 @@ def test_a_backward_is_at_most_one_kernel(op, need, kernels):
     """The backward launches one kernel (both gradients in one pass), or none where the gradient is
     the incoming one; and only the gradients asked for come back."""
     mod = native()
-    ts = make(op, torch.float32, "cpu", need=need)
+    ts = make("mul" if op == "rmse" else op, torch.float32, "cpu", need=need)
     y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
     before = mod.launches()
     grads = torch.autograd.grad(y, [t for t in ts if t.requires_grad], torch.ones_like(y))
@@ -105,12 +154,12 @@ def test_a_backward_is_at_most_one_kernel(op, need, kernels):
 
 
 @pytest.mark.parametrize("op", ["gelu", "silu", "tanh", "sigmoid", "erf", "rsqrt", "mul", "div", "axpby",
-                                "maximum", "mul_const", "sub"])
+                                "maximum", "mul_const", "sub", "rmse"])
 def test_double_backward_takes_the_composed_formula(op):
     """create_graph=True runs the composed formula (differentiable ops) from the C++ node's
     backward: gradcheck and gradgradcheck in float64."""
     native()
-    ts = make(op, torch.float64, "cpu", shape=(3, 4))
+    ts = make("mul" if op == "rmse" else op, torch.float64, "cpu", shape=(3, 4))
     sc = SCALARS.get(op, ())
     fn = (lambda *a: getattr(ewt, op)(*a, *sc))
     assert torch.autograd.gradcheck(fn, ts)
@@ -126,6 +175,10 @@ def test_a_saved_tensor_changed_in_place_is_refused():
     h.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+    r = ewt.rmse((x * 1.0).view(2, 5), x.detach().view(2, 5))   # saves a, b and its result
+    r.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        r.sum().backward()
     z = ewt.exp(x * 1.0)                # saves its result
     z.mul_(2.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -161,8 +214,8 @@ def test_init_and_make_refuse_what_they_cannot_use():
     mod = native()
     with pytest.raises((TypeError, ValueError)):
         mod.init(object(), ewt._composed_grads)
-    with pytest.raises(KeyError, match="no op rmse"):
-        mod.make("rmse", lambda *a: None)
+    with pytest.raises(KeyError, match="no op fill"):
+        mod.make("fill", lambda *a: None)
     x = torch.rand(3, requires_grad=True)
     torch.testing.assert_close(torch.autograd.grad(ewt.exp(x).sum(), x)[0], torch.exp(x.detach()))
 

@@ -462,10 +462,12 @@ static const float *ew_bw_lut(_Atomic(float *) *slot, int64_t n, ew_bwr_float_fn
         const ct_t *g = (const ct_t *)p->grad, *r = (const ct_t *)p->r;                      \
         st_t *o1 = (st_t *)p->out, *o2 = (st_t *)p->out2;                                    \
         const int64_t outer = p->outer, n = p->n, inner = p->inner;                          \
-        if (outer < 0 || n < 0 || inner < 0 || (!o1 && !o2))                                 \
+        if (outer < 0 || n < 0 || inner < 0)                                                 \
             return EINVAL;                                                                   \
-        if (outer == 0 || n == 0 || inner == 0)                                              \
+        if (outer == 0 || n == 0 || inner == 0) /* empty: NULL outs are fine */              \
             return 0;                                                                        \
+        if (!o1 && !o2)                                                                      \
+            return EINVAL;                                                                   \
         ct_t *sc = (ct_t *)malloc((size_t)(outer * inner) * sizeof(ct_t));                   \
         if (sc == NULL)                                                                      \
             return ENOMEM;                                                                   \

@@ -22,10 +22,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "ewkern_native.h"
 
@@ -73,6 +75,7 @@ const Spec SPECS[NOPS] = {
 
 const ew_native_api *api = nullptr;
 PyObject *composed = nullptr;          // ewkern.torch._composed_grads
+PyObject *composed_rmse = nullptr;     // ewkern.torch._composed_rmse(grad, saved, axis, need)
 const void *FWD[NOPS][4][2];           // [op][dtype][cuda]: the op's auto kernel
 const void *BWD[NOPS][4][2];           // its backward kernel (grads.def), where it has one
 bool READY[NOPS][4][2];                // every kernel the op's forward and backward may launch
@@ -87,6 +90,26 @@ int dtype_index(at::ScalarType t)
     case at::kBFloat16: return 2;
     case at::kDouble: return 3;
     default: return -1;
+    }
+}
+
+// Run go() (a launch of kernel k) with like's device current and its stream, counted; a failure
+// becomes a c10::Error naming the kernel.
+template <class Go>
+void on_device(const void *k, const Tensor &like, void **stream, int *device, Go go)
+{
+    LAUNCHES.fetch_add(1, std::memory_order_relaxed);
+    c10::OptionalDeviceGuard guard;
+    if (like.is_cuda()) {
+        guard.reset_device(like.device());
+        *device = like.device().index();
+        *stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    }
+    int err = go();
+    if (err != 0) {
+        char msg[512];
+        api->describe_error(k, err, msg, sizeof msg);
+        TORCH_CHECK(false, "ewkern.torch: ", msg);
     }
 }
 
@@ -117,19 +140,7 @@ void launch(const void *const table[4][2], const Tensor &like, std::initializer_
     a.scalar[1] = c1;
     if (a.n == 0)
         return;
-    LAUNCHES.fetch_add(1, std::memory_order_relaxed);
-    c10::OptionalDeviceGuard guard;
-    if (cuda) {
-        guard.reset_device(like.device());
-        a.device = like.device().index();
-        a.stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
-    }
-    int err = api->launch(k, &a);
-    if (err != 0) {
-        char msg[512];
-        api->describe_error(k, err, msg, sizeof msg);
-        TORCH_CHECK(false, "ewkern.torch: ", msg);
-    }
+    on_device(k, like, &a.stream, &a.device, [&] { return api->launch(k, &a); });
 }
 
 Tensor run1(Op op, const Tensor &a, double c0 = 0, double c1 = 0)
@@ -148,27 +159,30 @@ Tensor run2(Op op, const Tensor &a, const Tensor &b)
 
 // A backward whose graph is wanted (create_graph=True): ewkern.torch._composed_grads(name, grad,
 // saved, scalars, need) in Python, the composed formula of differentiable ops.
-variable_list composed_grads(Op op, const Tensor &grad, const variable_list &saved, const double *c,
-                             const bool *need)
+// rmse (op nullptr): ewkern.torch._composed_rmse(grad, a, b, r, axis, need), axis the list lo..hi.
+variable_list composed_grads(const Op *op, const Tensor &grad, const variable_list &saved, const double *c,
+                             const bool *need, int64_t lo = 0, int64_t hi = -1)
 {
-    const Spec &s = SPECS[op];
+    static const Spec rmse_spec = {"rmse", 2, 0, AB, "rmse_backward"};
+    const Spec &s = op ? SPECS[*op] : rmse_spec;
     PyGILState_STATE gil = PyGILState_Ensure();
     variable_list res(s.nin);
     PyObject *saved_t = PyTuple_New((Py_ssize_t)saved.size());
-    PyObject *scal = PyTuple_New(s.nscal);
+    PyObject *scal = PyTuple_New(op ? s.nscal : hi - lo + 1 > 0 ? hi - lo + 1 : 0);
     PyObject *need_t = PyTuple_New(s.nin);
     PyObject *r = nullptr;
     std::string err;
     if (saved_t && scal && need_t) {
         for (size_t k = 0; k < saved.size(); k++)
             PyTuple_SET_ITEM(saved_t, k, THPVariable_Wrap(saved[k]));
-        for (int k = 0; k < s.nscal; k++)
-            PyTuple_SET_ITEM(scal, k, PyFloat_FromDouble(c[k]));
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(scal); k++)   // rmse: the reduced axes
+            PyTuple_SET_ITEM(scal, k, op ? PyFloat_FromDouble(c[k]) : PyLong_FromLongLong(lo + k));
         for (int k = 0; k < s.nin; k++)
             PyTuple_SET_ITEM(need_t, k, PyBool_FromLong(need[k]));
         PyObject *g = THPVariable_Wrap(grad);
         if (g)
-            r = PyObject_CallFunction(composed, "sOOOO", s.name, g, saved_t, scal, need_t);
+            r = op ? PyObject_CallFunction(composed, "sOOOO", s.name, g, saved_t, scal, need_t)
+                   : PyObject_CallFunction(composed_rmse, "OOOO", g, saved_t, scal, need_t);
         Py_XDECREF(g);
     }
     if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= s.nin) {
@@ -263,7 +277,7 @@ struct Unary : public torch::autograd::Function<Unary<Tag>> {
         const double c[1] = {SPECS[op].nscal ? ctx->saved_data["c0"].toDouble() : 0.0};
         const bool need[1] = {true};
         variable_list saved = ctx->get_saved_variables();
-        variable_list g = at::GradMode::is_enabled() ? composed_grads(op, grads[0], saved, c, need)
+        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], saved, c, need)
                                                      : fast_grads(op, grads[0].contiguous(), saved, c, need);
         return {g[0], Tensor()};
     }
@@ -295,7 +309,7 @@ struct Binary : public torch::autograd::Function<Binary<Tag>> {
         }
         const bool need[2] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
         variable_list saved = ctx->get_saved_variables();
-        variable_list g = at::GradMode::is_enabled() ? composed_grads(op, grads[0], saved, c, need)
+        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], saved, c, need)
                                                      : fast_grads(op, grads[0].contiguous(), saved, c, need);
         return {need[0] ? g[0] : Tensor(), need[1] ? g[1] : Tensor(), Tensor(), Tensor()};
     }
@@ -326,6 +340,98 @@ apply_fn APPLY[NOPS] = {
 #undef EW_APPLY
 };
 
+// ---- rmse: the reduced axes are [lo, hi] (lo > hi: none), the batches the others ----------------
+
+const void *RMSE[4][2], *RMSE_BWD[4][2];
+struct Layout {
+    int64_t outer = 1, n = 1, inner = 1;
+    std::vector<int64_t> kept;         // the result's shape
+};
+
+Layout layout(const Tensor &a, int64_t lo, int64_t hi)
+{
+    Layout L;
+    for (int64_t i = 0; i < a.dim(); i++) {
+        const int64_t d = a.size(i);
+        if (i >= lo && i <= hi) {
+            L.n *= d;
+            continue;
+        }
+        (i < lo ? L.outer : L.inner) *= d;
+        L.kept.push_back(d);
+    }
+    return L;
+}
+
+void run_rmse(const void *const table[4][2], const Tensor &a, ew_native_rmse &x)
+{
+    const void *k = table[dtype_index(a.scalar_type())][a.is_cuda()];
+    TORCH_CHECK(k != nullptr, "ewkern.torch: no rmse kernel for this dtype and device");
+    if (x.outer * x.inner == 0)
+        return;
+    on_device(k, a, &x.stream, &x.device, [&] { return api->launch_rmse(k, &x); });
+}
+
+struct Rmse : public torch::autograd::Function<Rmse> {
+    static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
+    {
+        Tensor ac = a.contiguous(), bc = b.contiguous();
+        Layout L = layout(ac, lo, hi);
+        Tensor r = at::empty(L.kept, a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+        ew_native_rmse x;
+        std::memset(&x, 0, sizeof x);
+        x.a = ac.data_ptr();
+        x.b = bc.data_ptr();
+        x.out = r.data_ptr();
+        x.outer = L.outer;
+        x.n = L.n;
+        x.inner = L.inner;
+        run_rmse(RMSE, ac, x);
+        ctx->save_for_backward({a, b, r});
+        ctx->saved_data["lo"] = lo;
+        ctx->saved_data["hi"] = hi;
+        return r;
+    }
+
+    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    {
+        const int64_t lo = ctx->saved_data["lo"].toInt(), hi = ctx->saved_data["hi"].toInt();
+        const bool need[2] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
+        variable_list saved = ctx->get_saved_variables();
+        Tensor ga, gb;
+        if (at::GradMode::is_enabled()) {
+            variable_list g = composed_grads(nullptr, grads[0], saved, nullptr, need, lo, hi);
+            ga = g[0];
+            gb = g[1];
+        } else {
+            Tensor g = grads[0].contiguous(), a = saved[0].contiguous(), b = saved[1].contiguous();
+            Tensor r = saved[2].contiguous();
+            Layout L = layout(a, lo, hi);
+            ew_native_rmse x;
+            std::memset(&x, 0, sizeof x);
+            x.a = a.data_ptr();
+            x.b = b.data_ptr();
+            x.grad = g.data_ptr();
+            x.r = r.data_ptr();
+            auto opts = a.options().memory_format(at::MemoryFormat::Contiguous);
+            if (need[0]) {
+                ga = at::empty(a.sizes(), opts);
+                x.out = ga.data_ptr();
+            }
+            if (need[1]) {
+                gb = at::empty(a.sizes(), opts);
+                x.out2 = gb.data_ptr();
+            }
+            x.outer = L.outer;
+            x.n = L.n;
+            x.inner = L.inner;
+            if (a.numel() > 0)
+                run_rmse(RMSE_BWD, a, x);
+        }
+        return {need[0] ? ga : Tensor(), need[1] ? gb : Tensor(), Tensor(), Tensor()};
+    }
+};
+
 // ---- the Python side ----------------------------------------------------------------------------
 
 // Whether t is a tensor the native path takes: torch.Tensor itself, strided, on the cpu or (with
@@ -344,11 +450,15 @@ bool plain(PyObject *obj)
              keys.has(c10::DispatchKey::Python));
 }
 
-// self: (op index, fallback). args: the op's tensors, then its scalars.
+PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs);
+
+// self: (op index, fallback; NOPS: rmse). args: the op's tensors, then its scalars.
 PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
     PyObject *fallback = PyTuple_GET_ITEM(self, 1);
+    if (op == NOPS)                     // rmse
+        return call_rmse(fallback, args, nargs);
     const Spec &s = SPECS[op];
     if (nargs != s.nin + s.nscal)
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
@@ -396,14 +506,85 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return THPVariable_Wrap(y);
 }
 
+// rmse's: args a, b, axis (None, or a list or tuple of ints: the wrapper's); the reduced axes must
+// be one run, as ewkern.rmse wants (anything else: the fallback, which raises ewkern's error).
+PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !plain(args[0]) || !plain(args[1]))
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    const Tensor &a = THPVariable_Unpack(args[0]), &b = THPVariable_Unpack(args[1]);
+    const int dt = dtype_index(a.scalar_type());
+    if (dt < 0 || !RMSE[dt][a.is_cuda()] || !RMSE_BWD[dt][a.is_cuda()] || b.scalar_type() != a.scalar_type() ||
+        b.device() != a.device() || b.sizes() != a.sizes())
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    const int64_t nd = a.dim();
+    int64_t lo = nd == 1 ? 0 : 1, hi = nd - 1;
+    PyObject *axis = args[2];
+    if (axis != Py_None) {
+        if (!(PyList_Check(axis) || PyTuple_Check(axis)))
+            return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+        PyObject *seq = PySequence_Fast(axis, "axis");
+        if (seq == nullptr)
+            return nullptr;
+        const Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+        std::vector<bool> red(nd, false);
+        bool ok = m <= nd;
+        lo = nd;
+        hi = -1;
+        for (Py_ssize_t j = 0; ok && j < m; j++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(seq, j);
+            long long ax = PyLong_Check(item) ? PyLong_AsLongLong(item) : nd;
+            if (ax == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                ax = nd;
+            }
+            if (ax < -nd || ax >= nd) {
+                ok = false;
+                break;
+            }
+            ax = ax < 0 ? ax + nd : ax;
+            ok = !red[ax];
+            red[ax] = true;
+            lo = std::min<int64_t>(lo, ax);
+            hi = std::max<int64_t>(hi, ax);
+        }
+        Py_DECREF(seq);
+        ok = ok && (m == 0 || hi - lo + 1 == m);
+        if (!ok)
+            return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    }
+    if (lo > hi) {                    // nothing reduced: each element its own batch
+        lo = nd;
+        hi = nd - 1;
+    }
+    Tensor y;
+    std::string err;
+    const bool release = a.numel() > (1 << 16);
+    PyThreadState *ts = release ? PyEval_SaveThread() : nullptr;
+    try {
+        y = Rmse::apply(a, b, lo, hi);
+    } catch (const c10::Error &e) {
+        err = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+        err = e.what();
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    if (!err.empty()) {
+        PyErr_SetString(PyExc_RuntimeError, err.c_str());
+        return nullptr;
+    }
+    return THPVariable_Wrap(y);
+}
+
 PyMethodDef call_def = {"op", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
                         "ewkern.torch's op through its C++ autograd node (plain tensors), else the fallback."};
 
-// init(capsule, composed_grads): resolve every kernel once.
+// init(capsule, composed_grads, composed_rmse): resolve every kernel once.
 PyObject *init(PyObject *, PyObject *args)
 {
-    PyObject *cap, *comp;
-    if (!PyArg_ParseTuple(args, "OO", &cap, &comp))
+    PyObject *cap, *comp, *comp_rmse;
+    if (!PyArg_ParseTuple(args, "OOO", &cap, &comp, &comp_rmse))
         return nullptr;
     auto *p = (const ew_native_api *)PyCapsule_GetPointer(cap, "ewkern._C._native_api");
     if (p == nullptr)
@@ -415,6 +596,12 @@ PyObject *init(PyObject *, PyObject *args)
     }
     api = p;
     Py_XSETREF(composed, Py_NewRef(comp));
+    Py_XSETREF(composed_rmse, Py_NewRef(comp_rmse));
+    for (int dt = 0; dt < 4; dt++)
+        for (int cuda = 0; cuda < 2; cuda++) {
+            RMSE[dt][cuda] = api->auto_kernel("rmse", dt, cuda);
+            RMSE_BWD[dt][cuda] = api->auto_kernel("rmse_backward", dt, cuda);
+        }
     for (int op = 0; op < NOPS; op++)
         for (int dt = 0; dt < 4; dt++)
             for (int cuda = 0; cuda < 2; cuda++) {
@@ -446,8 +633,8 @@ PyObject *make(PyObject *, PyObject *args)
     PyObject *fallback;
     if (!PyArg_ParseTuple(args, "sO", &name, &fallback))
         return nullptr;
-    for (int op = 0; op < NOPS; op++)
-        if (std::strcmp(SPECS[op].name, name) == 0) {
+    for (int op = 0; op <= NOPS; op++)              // NOPS: rmse
+        if (std::strcmp(op < NOPS ? SPECS[op].name : "rmse", name) == 0) {
             PyObject *self = Py_BuildValue("(iO)", op, fallback);
             if (self == nullptr)
                 return nullptr;
@@ -461,9 +648,9 @@ PyObject *make(PyObject *, PyObject *args)
 
 PyObject *names(PyObject *, PyObject *)
 {
-    PyObject *t = PyTuple_New(NOPS);
-    for (int op = 0; t && op < NOPS; op++)
-        PyTuple_SET_ITEM(t, op, PyUnicode_FromString(SPECS[op].name));
+    PyObject *t = PyTuple_New(NOPS + 1);
+    for (int op = 0; t && op <= NOPS; op++)
+        PyTuple_SET_ITEM(t, op, PyUnicode_FromString(op < NOPS ? SPECS[op].name : "rmse"));
     return t;
 }
 
@@ -474,7 +661,7 @@ PyObject *launches(PyObject *, PyObject *)
 
 PyMethodDef methods[] = {
     {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
-    {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads): resolve the kernels"},
+    {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads, composed_rmse): resolve the kernels"},
     {"make", make, METH_VARARGS, "make(name, fallback): the op's function"},
     {"names", names, METH_NOARGS, "the ops this module runs"},
     {nullptr, nullptr, 0, nullptr},

@@ -32,14 +32,29 @@ typedef struct ew_native_launch {
     int device;
 } ew_native_launch;
 
+/* One launch of rmse or rmse_backward: a and b contiguous, viewed as [outer][n][inner] (batch (o, j)
+ * reduces a[o][:][j]); rmse writes out (outer * inner values, float32; float64 for float64 inputs);
+ * rmse_backward reads grad and r (the result's gradient and the result, that shape and dtype) and
+ * writes out (a's gradient) and out2 (b's), either NULL when not wanted, not both. */
+typedef struct ew_native_rmse {
+    const void *a, *b, *grad, *r;
+    void *out, *out2;
+    int64_t outer, n, inner;
+    void *stream;
+    int device;
+} ew_native_rmse;
+
 typedef struct ew_native_api {
     int version;                /* EW_NATIVE_API_VERSION */
-    /* The auto kernel of op (ops.def's and grads.def's names: "gelu", "mul_backward") for dtype
+    /* The auto kernel of op (ops.def's and grads.def's names: "gelu", "mul_backward"; "rmse",
+     * "rmse_backward") for dtype
      * (0 float32, 1 float16, 2 bfloat16, 3 float64) on the cpu (cuda = 0) or CUDA (1): an opaque
      * handle, NULL where there is none. Call it holding the GIL (the lookups are made once). */
     const void *(*auto_kernel)(const char *op, int dtype, int cuda);
     /* Run it: 0, or the CUDA error (CUDA) or errno value (CPU). No GIL needed. */
     int (*launch)(const void *kernel, const ew_native_launch *args);
+    /* Run an auto kernel of "rmse" or "rmse_backward": 0 or an error as launch's. No GIL needed. */
+    int (*launch_rmse)(const void *kernel, const ew_native_rmse *args);
     /* What launch's nonzero result means, with the kernel's op, variant and dtype, into buf. */
     void (*describe_error)(const void *kernel, int err, char *buf, size_t len);
 } ew_native_api;
