@@ -12,7 +12,9 @@ HERE = os.path.dirname(os.path.abspath(ewkern.__file__))
 
 def stub_names():
     tree = ast.parse(open(os.path.join(HERE, "_C.pyi")).read())
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    # module attributes declared with a type (`_native_api: object`)
+    return names | {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
 
 def test_stub_files_ship():
