@@ -450,6 +450,30 @@ bool plain(PyObject *obj)
              keys.has(c10::DispatchKey::Python));
 }
 
+// The node's forward, go(), as a Python result: a large CPU loop (or a launch into a full CUDA
+// queue) runs without the GIL, as ewkern._C's calls do; a C++ error becomes a RuntimeError.
+template <class Go>
+PyObject *run(int64_t numel, Go go)
+{
+    Tensor y;
+    std::string err;
+    PyThreadState *ts = numel > (1 << 16) ? PyEval_SaveThread() : nullptr;
+    try {
+        y = go();
+    } catch (const c10::Error &e) {
+        err = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+        err = e.what();
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    if (!err.empty()) {
+        PyErr_SetString(PyExc_RuntimeError, err.c_str());
+        return nullptr;
+    }
+    return THPVariable_Wrap(y);
+}
+
 PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs);
 
 // self: (op index, fallback; NOPS: rmse). args: the op's tensors, then its scalars.
@@ -485,25 +509,7 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyObject_Vectorcall(fallback, args, nargs, nullptr);
         }
     }
-    Tensor y;
-    std::string err;
-    // a large CPU loop (or a launch into a full CUDA queue) without the GIL, as ewkern._C does
-    const bool release = t[0].numel() > (1 << 16);
-    PyThreadState *ts = release ? PyEval_SaveThread() : nullptr;
-    try {
-        y = APPLY[op](t, c);
-    } catch (const c10::Error &e) {
-        err = e.what_without_backtrace();
-    } catch (const std::exception &e) {
-        err = e.what();
-    }
-    if (ts)
-        PyEval_RestoreThread(ts);
-    if (!err.empty()) {
-        PyErr_SetString(PyExc_RuntimeError, err.c_str());
-        return nullptr;
-    }
-    return THPVariable_Wrap(y);
+    return run(t[0].numel(), [&] { return APPLY[op](t, c); });
 }
 
 // rmse's: args a, b, axis (None, or a list or tuple of ints: the wrapper's); the reduced axes must
@@ -557,24 +563,7 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
         lo = nd;
         hi = nd - 1;
     }
-    Tensor y;
-    std::string err;
-    const bool release = a.numel() > (1 << 16);
-    PyThreadState *ts = release ? PyEval_SaveThread() : nullptr;
-    try {
-        y = Rmse::apply(a, b, lo, hi);
-    } catch (const c10::Error &e) {
-        err = e.what_without_backtrace();
-    } catch (const std::exception &e) {
-        err = e.what();
-    }
-    if (ts)
-        PyEval_RestoreThread(ts);
-    if (!err.empty()) {
-        PyErr_SetString(PyExc_RuntimeError, err.c_str());
-        return nullptr;
-    }
-    return THPVariable_Wrap(y);
+    return run(a.numel(), [&] { return Rmse::apply(a, b, lo, hi); });
 }
 
 PyMethodDef call_def = {"op", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
@@ -618,8 +607,6 @@ PyObject *init(PyObject *, PyObject *args)
                     ok = ok && has(OP_neg);
                 if (op == OP_mul_const || op == OP_axpby)
                     ok = ok && has(OP_mul_const);
-                if (op == OP_mul || op == OP_div)
-                    ok = ok && has(op);
                 READY[op][dt][cuda] = ok;
                 HAVE_CUDA = HAVE_CUDA || (cuda && ok);
             }
