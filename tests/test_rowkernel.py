@@ -489,6 +489,43 @@ def test_column_sum_output_on_the_cpu(dtype, shape):
     np.testing.assert_array_equal(again, gw)       # given outputs; the same bits
 
 
+@pytest.mark.parametrize("cols", [1, 7, 512, 513, 1300])
+def test_cpu_float16_rows_are_float32_rounded_once(cols):
+    """The CPU form takes float16 rows a tile of 512 columns at a time (F16C): the results are the
+    float32 kernel's on the same values, rounded once to float16, bit for bit, for a weight row
+    (bcol), a value per row (brow), a two-pass reduction, an output the operation reads, in place,
+    a column sum, and rows of any length (1, a tile and one more, several tiles and a tail)."""
+    rng = np.random.default_rng(cols)
+    rows = 5
+    x16 = _rand(rng, (rows, cols), "float16")
+    w16 = _rand(rng, (cols,), "float16", 1.0)
+    s16 = _rand(rng, (rows, 1), "float16", 2.0)
+    f32 = {n: v.astype(np.float32) for n, v in (("x", x16), ("w", w16), ("s", s16))}
+    k = ewkern.RowKernel("T x, T w, T s, float32 eps", "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w * s", "0", name="f16_tiles")
+    want = k(f32["x"], f32["w"], f32["s"], EPS_RMS).astype(np.float16)
+    got = k(x16, w16, s16, EPS_RMS)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    y = x16.copy()
+    k(y, w16, s16, EPS_RMS, y)                       # in place
+    np.testing.assert_array_equal(y.view(np.uint16), want.view(np.uint16))
+    ln = ewkern.RowKernel("T x, float32 eps", "T y", "x", "a + b",
+                          "y = (x - a / _row_size) * rsqrt(_ewk_s / _row_size + eps)", "0", "f16_tiles_ln",
+                          _stage2=("(x - a / _row_size) * (x - a / _row_size)", "a + b", "0"))
+    want = ln(f32["x"], 1e-5).astype(np.float16)
+    np.testing.assert_array_equal(ln(x16, 1e-5).view(np.uint16), want.view(np.uint16))
+    two = ewkern.RowKernel("T x, T w", "T y", "x", "a + b", "y = y + (x - a / _row_size) * w", "0",
+                           name="f16_tiles_read")
+    y0 = _rand(rng, (rows, cols), "float16")
+    want = two(f32["x"], f32["w"], y0.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(two(x16, w16, y0.copy()).view(np.uint16), want.view(np.uint16))
+    cs = _colsum_kernel(f"f16_{cols}")
+    y32, g32 = cs(f32["x"], f32["w"], 1e-5)
+    y16, g16 = cs(x16, w16, 1e-5)
+    np.testing.assert_array_equal(y16.view(np.uint16), y32.astype(np.float16).view(np.uint16))
+    assert g16.dtype == np.float16 and g16.shape == (cols,)
+
+
 def test_column_sum_output_errors():
     with pytest.raises(ValueError, match="not an output"):
         ewkern.RowKernel("T x", "T y", "x", "a + b", "y = x", "0", "cs_bad1", _colsum=("x",))
