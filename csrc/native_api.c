@@ -39,35 +39,26 @@ static int launch(const void *kernel, const ew_native_launch *a)
     return ((const ew_kernel *)kernel)->launch(&ea);
 }
 
+/* the fields ew_rmse_args and ew_rmse_grad_args share, from an ew_native_rmse */
+#define EW_RMSE_COMMON(d, s)                                                                    \
+    ((d).a = (s)->a, (d).b = (s)->b, (d).out = (s)->out, (d).outer = (s)->outer, (d).n = (s)->n, \
+     (d).inner = (s)->inner, (d).stream = (s)->stream, (d).device = (s)->device)
+
 static int launch_rmse(const void *kernel, const ew_native_rmse *a)
 {
     const ew_kernel *k = kernel;
     if (strcmp(k->op, "rmse_backward") == 0) {
         ew_rmse_grad_args g;
         memset(&g, 0, sizeof g);
+        EW_RMSE_COMMON(g, a);
         g.grad = a->grad;
-        g.a = a->a;
-        g.b = a->b;
         g.r = a->r;
-        g.out = a->out;
         g.out2 = a->out2;
-        g.outer = a->outer;
-        g.n = a->n;
-        g.inner = a->inner;
-        g.stream = a->stream;
-        g.device = a->device;
         return k->launch(&g);
     }
     ew_rmse_args r;
     memset(&r, 0, sizeof r);
-    r.a = a->a;
-    r.b = a->b;
-    r.out = a->out;
-    r.outer = a->outer;
-    r.n = a->n;
-    r.inner = a->inner;
-    r.stream = a->stream;
-    r.device = a->device;
+    EW_RMSE_COMMON(r, a);
     return k->launch(&r);
 }
 
