@@ -52,7 +52,7 @@ def _flags(torch) -> tuple[list[str], list[str]]:
 def _build(torch) -> bytes:
     """The shared library's bytes: from the disk cache, or compiled now and cached."""
     from .. import __version__
-    from ..rtc._build import CompileError, cache_key, cxx, disk_get, disk_put
+    from ..rtc._build import CompileError, cache_dir, cache_key, cxx, disk_get, disk_put
     path, ver, _ = cxx()
     src, hdr = _sources()
     cflags, lflags = _flags(torch)
@@ -61,6 +61,9 @@ def _build(torch) -> bytes:
                     __version__, sys.platform)
     payload = disk_get(key, ".so")
     if payload is None:
+        # a first step that stops for half a minute should say why (once per torch and ewkern)
+        print(f"ewkern.torch: building the C++ autograd module for torch {torch.__version__} (once, about "
+              f"20-40 s; cached in {cache_dir()})", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(prefix="ewkern-torch-native-") as td:
             out = os.path.join(td, "m.so")
             r = subprocess.run([path] + cflags + ["-o", out, os.path.join(_HERE, "autograd.cpp")] + lflags,
