@@ -1352,76 +1352,55 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     def half_base(p, kind):
         return f"(ewrtc::half_bits *)P.p_{p.name} + {'_ew_r * PP.cols + ' if kind != 'bcol' else ''}_c0"
 
-    def rows_tiles(phase, used) -> None:
-        """one phase of a row over tiles of columns, with float16 arrays widened into float tiles
-        (only those the phase reads: `used`) and float16 outputs rounded back after each tile"""
-        T = CPU_HALF_TILE
-        src.add(f"        for (long long _c0 = 0; _c0 < PP.cols; _c0 += {T}) {{")
-        src.add(f"            const long long _cn = PP.cols - _c0 < {T} ? PP.cols - _c0 : {T};")
-        tiled = {p.name for p, dt, kind, _ in half_in if p.name in used}
-        for p, dt, kind, _ in half_in:
-            if p.name in tiled:
-                src.add(f"            float _f_{p.name}[{T}];")
-                src.add(f"            ewrtc::h2f_n({half_base(p, kind)}, _f_{p.name}, _cn);")
+    def rows_phase(phase, used) -> None:
+        """one phase of a row (map, map2, apply) over its columns in order; with float16 arrays
+        over tiles of columns, the float16 arrays the phase reads (`used`) widened into float tiles
+        first and float16 outputs rounded back after each tile"""
+        T, tiles = CPU_HALF_TILE, bool(half_in or half_out)
+        tiled = {p.name for p, dt, kind, _ in half_in if p.name in used} if tiles else set()
         if phase == "apply":
-            for p, dt, kind, _ in half_out:
-                src.add(f"            float _f_{p.name}[{T}];")
-                if p.name in read_outputs:
-                    src.add(f"            ewrtc::h2f_n({half_base(p, kind)}, _f_{p.name}, _cn);")
-        src.add("            for (long long _ew_c = _c0; _ew_c < _c0 + _cn; ++_ew_c) {")
-        src.add("                const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
+            tiled |= {p.name for p, dt, kind, _ in half_out}
+        ind = "                " if tiles else "            "
+        if tiles:
+            src.add(f"        for (long long _c0 = 0; _c0 < PP.cols; _c0 += {T}) {{")
+            src.add(f"            const long long _cn = PP.cols - _c0 < {T} ? PP.cols - _c0 : {T};")
+            for p, dt, kind, _ in half_in + (half_out if phase == "apply" else []):
+                if p.name in tiled:
+                    src.add(f"            float _f_{p.name}[{T}];")
+                    if not p.is_output or p.name in read_outputs:
+                        src.add(f"            ewrtc::h2f_n({half_base(p, kind)}, _f_{p.name}, _cn);")
+            src.add("            for (long long _ew_c = _c0; _ew_c < _c0 + _cn; ++_ew_c) {")
+        else:
+            src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
+        src.add(f"{ind}const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
 
         def val(p, dt, kind):
-            if p.name in tiled or (phase == "apply" and p.is_output and dt == "float16"
-                                   and p.name not in csum_names):
-                return f"_f_{p.name}[_ew_c - _c0]"
-            return _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r")
-        ind = "                "
+            return (f"_f_{p.name}[_ew_c - _c0]" if p.name in tiled else
+                    _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
         if phase == "map":
             map_into(ind, val)
         elif phase == "map2":
             map_into(ind, val, 2)
         else:
             apply(ind, val, lambda p, dt: (f"_cs_{p.name}[_ew_c] += {p.name}" if p.name in csum_names else
-                                           f"_f_{p.name}[_ew_c - _c0] = {p.name}" if dt == "float16" else
+                                           f"_f_{p.name}[_ew_c - _c0] = {p.name}" if p.name in tiled else
                                            f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})"))
-        src.add("            }")
-        if phase == "apply":
-            for p, dt, kind, _ in half_out:
+        if tiles:
+            src.add("            }")
+            for p, dt, kind, _ in (half_out if phase == "apply" else []):
                 src.add(f"            ewrtc::f2h_n(_f_{p.name}, {half_base(p, kind)}, _cn);")
         src.add("        }")
 
     def rows_body() -> None:   # the CPU form's loop over the rows
-        if half_in or half_out:
-            src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
-            src.add(f"        type_reduce _acc = (type_reduce)({identity});")
-            if stage2:
-                src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
-            everything = {p.name for p, dt, kind, _ in ins}
-            for k, phase in enumerate(("map", "map2", "apply") if stage2 else ("map", "apply")):
-                if k == 1:   # after the first reduction
-                    row_consts("        ")
-                rows_tiles(phase, everything if phase == "apply" else in_map)   # what map_into/apply read
-            src.add("    }")
-            return
         src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
         src.add(f"        type_reduce _acc = (type_reduce)({identity});")
         if stage2:
             src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
+        everything = {p.name for p, dt, kind, _ in ins}
         for k, phase in enumerate(("map", "map2", "apply") if stage2 else ("map", "apply")):
             if k == 1:   # after the first reduction
                 row_consts("        ")
-            src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
-            src.add("            const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
-            val = (lambda p, dt, kind: _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
-            if phase == "map":
-                map_into("            ", val)
-            elif phase == "map2":
-                map_into("            ", val, 2)
-            else:
-                apply("            ", val, lambda p, dt: (f"_cs_{p.name}[_ew_c] += {p.name}" if p.name in csum_names
-                                                      else f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})"))
-            src.add("        }")
+            rows_phase(phase, everything if phase == "apply" else in_map)   # what map_into/apply read
         src.add("    }")
 
     if backend == "cpu":
