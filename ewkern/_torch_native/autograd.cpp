@@ -8,7 +8,8 @@
 // kernels through ewkern._C._native_api (ewkern_native.h: the registry's launchers, no Python, no
 // GIL), on torch's current stream, into tensors from torch's allocator. The backward is the same
 // one-kernel formula as ewkern.torch's FAST table; a backward that must itself be differentiable
-// (create_graph=True) calls ewkern.torch's composed formula in Python (_composed_grads).
+// (create_graph=True) calls ewkern.torch's composed formula in Python (_composed_grads,
+// _composed_rmse). rmse's node covers every axis= layout ewkern.rmse takes.
 //
 // Each op is a Python function made by make(name, fallback): it takes the plain case (tensors of
 // torch.Tensor's own type, strided, on the cpu or a GPU of ewkern's build, float32/float16/
@@ -159,7 +160,7 @@ Tensor run2(Op op, const Tensor &a, const Tensor &b)
 
 // A backward whose graph is wanted (create_graph=True): ewkern.torch._composed_grads(name, grad,
 // saved, scalars, need) in Python, the composed formula of differentiable ops.
-// rmse (op nullptr): ewkern.torch._composed_rmse(grad, a, b, r, axis, need), axis the list lo..hi.
+// rmse (op nullptr): ewkern.torch._composed_rmse(grad, saved, axis, need), axis the tuple lo..hi.
 variable_list composed_grads(const Op *op, const Tensor &grad, const variable_list &saved, const double *c,
                              const bool *need, int64_t lo = 0, int64_t hi = -1)
 {
@@ -363,6 +364,19 @@ Layout layout(const Tensor &a, int64_t lo, int64_t hi)
     return L;
 }
 
+// The launch arguments a and b (contiguous) and their layout fill; the rest is the caller's.
+ew_native_rmse rmse_args(const Tensor &a, const Tensor &b, const Layout &L)
+{
+    ew_native_rmse x;
+    std::memset(&x, 0, sizeof x);
+    x.a = a.data_ptr();
+    x.b = b.data_ptr();
+    x.outer = L.outer;
+    x.n = L.n;
+    x.inner = L.inner;
+    return x;
+}
+
 void run_rmse(const void *const table[4][2], const Tensor &a, ew_native_rmse &x)
 {
     const void *k = table[dtype_index(a.scalar_type())][a.is_cuda()];
@@ -378,14 +392,8 @@ struct Rmse : public torch::autograd::Function<Rmse> {
         Tensor ac = a.contiguous(), bc = b.contiguous();
         Layout L = layout(ac, lo, hi);
         Tensor r = at::empty(L.kept, a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
-        ew_native_rmse x;
-        std::memset(&x, 0, sizeof x);
-        x.a = ac.data_ptr();
-        x.b = bc.data_ptr();
+        ew_native_rmse x = rmse_args(ac, bc, L);
         x.out = r.data_ptr();
-        x.outer = L.outer;
-        x.n = L.n;
-        x.inner = L.inner;
         run_rmse(RMSE, ac, x);
         ctx->save_for_backward({a, b, r});
         ctx->saved_data["lo"] = lo;
@@ -406,11 +414,7 @@ struct Rmse : public torch::autograd::Function<Rmse> {
         } else {
             Tensor g = grads[0].contiguous(), a = saved[0].contiguous(), b = saved[1].contiguous();
             Tensor r = saved[2].contiguous();
-            Layout L = layout(a, lo, hi);
-            ew_native_rmse x;
-            std::memset(&x, 0, sizeof x);
-            x.a = a.data_ptr();
-            x.b = b.data_ptr();
+            ew_native_rmse x = rmse_args(a, b, layout(a, lo, hi));
             x.grad = g.data_ptr();
             x.r = r.data_ptr();
             auto opts = a.options().memory_format(at::MemoryFormat::Contiguous);
@@ -422,9 +426,6 @@ struct Rmse : public torch::autograd::Function<Rmse> {
                 gb = at::empty(a.sizes(), opts);
                 x.out2 = gb.data_ptr();
             }
-            x.outer = L.outer;
-            x.n = L.n;
-            x.inner = L.inner;
             if (a.numel() > 0)
                 run_rmse(RMSE_BWD, a, x);
         }
