@@ -17,9 +17,12 @@ import torch
 
 import ewkern
 import ewkern.torch as ewt
+from ewkern.bench import t1_train
 
 dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"
 mib = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+PROFILED = sys.argv[3] if len(sys.argv) > 3 else "ewt gelu step"     # the step cProfile takes apart
+ONLY = sys.argv[4].split(",") if len(sys.argv) > 4 else None        # the steps to time (default all)
 n = int(mib * (1 << 20)) // 4
 x = (torch.rand(n, device=dev) + 0.5).requires_grad_()
 y = (torch.rand(n, device=dev) + 0.5).requires_grad_()
@@ -61,10 +64,32 @@ steps = {
     "ewkern.gelu_backward": lambda: ewkern.gelu_backward(g, xd),
     "torch gelu_backward": lambda: torch.ops.aten.gelu_backward(g, xd),
     "torch.empty_like": lambda: torch.empty_like(xd),
+    # the C++ node's callable without the Python wrapper in front (ewkern.torch._APPLY)
+    "native gelu fwd (grad)": lambda: NATIVE_GELU(x),
+    "native gelu step": lambda: torch.autograd.grad(NATIVE_GELU(x), (x,), g),
+    "native add_const step": lambda: torch.autograd.grad(NATIVE_ADD_CONST(x, 1.0), (x,), g),
+    # a user kernel in training: t1_train's rmsnorm (a RowKernel custom op, derived backward)
+    "torch rmsnorm step": lambda: torch.autograd.grad(F.rms_norm(xr, (ROW,), w, 1e-6), (xr, w), gr),
+    "ewt rmsnorm step": lambda: torch.autograd.grad(RMSNORM(xr, w, 1e-6), (xr, w), gr),
+    "ewt rmsnorm fwd (grad)": lambda: RMSNORM(xr, w, 1e-6),
+    "ewt rmsnorm fwd (no grad)": lambda: RMSNORM(xr.detach(), w.detach(), 1e-6),
+    "RowKernel rmsnorm call": lambda: RMSNORM_KERNEL(xr.detach(), w.detach(), 1e-6),
 }
+print("ewkern.torch autograd:", ewt.autograd_path())
+NATIVE_GELU, NATIVE_ADD_CONST = ewt._APPLY["gelu"], ewt._APPLY["add_const"]
+F = torch.nn.functional
+ROW = t1_train.ROW
+xr = (torch.rand(max(n // ROW, 1), ROW, device=dev) + 0.5).requires_grad_()
+w = (torch.rand(ROW, device=dev) + 0.5).requires_grad_()
+gr = torch.rand_like(xr.detach())
+RMSNORM = t1_train.rmsnorm_op()
+RMSNORM_KERNEL = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                                  "y = x * rsqrt(a / _row_size + eps) * w", "0", "bench_rmsnorm")
 name = torch.cuda.get_device_name() if dev != "cpu" else "cpu"
 print(f"device {dev} {name}, {mib} MiB float32, torch {torch.__version__}")
 for name, f in steps.items():
+    if ONLY is not None and name not in ONLY:
+        continue
     for _ in range(300):
         f()
     sync()
@@ -86,11 +111,11 @@ for name, f in steps.items():
     print(f"{name:26s} loop {statistics.median(loop):8.2f} us   sync+1+sync {statistics.median(one):8.2f} us "
           f"(p10 {sorted(one)[30]:.1f}, p90 {sorted(one)[270]:.1f})", flush=True)
 
-f = steps["ewt gelu step"]
+f = steps[PROFILED]
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(3000):
     f()
 pr.disable()
 sync()
-pstats.Stats(pr).sort_stats("tottime").print_stats(22)
+pstats.Stats(pr).sort_stats("tottime").print_stats(30)

@@ -178,21 +178,27 @@ def _ways(ctx, torch, op):
     return out
 
 
-def _host_visible(torch, call, samples=15):
-    """Median of events around one eager step, started right after a synchronize (no sleep kernel
-    to hide the host's launch work)."""
-    for _ in range(3):
-        call()
+def _host_visible(torch, calls, samples=25):
+    """Per call, samples of events around one eager step, started right after a synchronize (no
+    sleep kernel to hide the host's launch work). Several calls (a cell's ways) are sampled in
+    turns, the first rotating by sample, so that what the host does over the cell's seconds (its
+    clock, other processes) falls on every way alike: one way's 15 samples after another's swung a
+    way's median by up to 2x between runs on the H200's host (BENCHMARKS.md, 2026-11-28)."""
+    for call in calls:
+        for _ in range(3):
+            call()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        call()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e-3)
+    out = [[] for _ in calls]
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(samples):
+        for j in range(len(calls)):
+            k = (i + j) % len(calls)
+            torch.cuda.synchronize()
+            a.record()
+            calls[k]()
+            b.record()
+            b.synchronize()
+            out[k].append(a.elapsed_time(b) * 1e-3)
     return out
 
 
@@ -231,14 +237,19 @@ def _torch_ready(ctx):
 STEP_SPIN_US = 3000.0
 
 
-def _measure(ctx, xr, torch, what, build, method, fields):
-    if method == "host":
-        make_call = build()[0]
-        secs = _host_visible(torch, make_call())
+def _measure_host(xr, torch, entries):
+    """The host-visible method for entries [(what, build, fields)], the ways sampled in turns."""
+    calls = [build()[0]() for _, build, _ in entries]
+    for (what, _, fields), secs in zip(entries, _host_visible(torch, calls)):
         med = statistics.median(secs)
-        xr.add({"what": what, "impl": "torch", "step_method": method, "method": METHOD_LABEL[method],
+        xr.add({"what": what, "impl": "torch", "step_method": "host", "method": METHOD_LABEL["host"],
                 "time_s": med, "samples_s": secs, "gbs": fields["bytes"] / med / 1e9,
                 "cache": "warm (host-visible)", **fields})
+
+
+def _measure(ctx, xr, torch, what, build, method, fields):
+    if method == "host":
+        _measure_host(xr, torch, [(what, build, fields)])
         return
     xr.measure_peer(what=what, impl="torch", cache=METHODS[method], build=build, step_method=method,
                     spin_us=STEP_SPIN_US, **fields)
@@ -279,11 +290,14 @@ def run(ctx, xr):
                     continue
                 what = f"{op} {dtype} {fmt_bytes(size)} {way} {method}"
                 fields = dict(op=op, dtype=dtype, size_bytes=size, n=n, series=way, bytes=nbytes)
-                if in_turns and method != "host":
+                if in_turns:
                     turns.append((method, what, build, fields))
                 else:
                     _measure(ctx, xr, torch, what, build, method, fields)
         for method in dict.fromkeys(m for m, *_ in turns):   # each timed method once, in order
+            if method == "host":
+                _measure_host(xr, torch, [(w, b, f) for m, w, b, f in turns if m == method])
+                continue
             xr.measure_peers_in_turns(entries=[(w, b, f) for m, w, b, f in turns if m == method],
                                       cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US,
                                       shared=True)
