@@ -876,14 +876,29 @@ def _elementwise_backward(kernel, ins, outs, scalars):
 
 
 def _user_autograd(ins, scalars, run_backward, masked=False):
-    """(setup_context, backward) of a user op: the tensor inputs saved, the scalars kept, and the
-    gradients from run_backward(grad, *inputs) (one kernel that broadcasts the inputs against the
-    gradient), each summed to its input's shape. masked: run_backward takes need= (the names of
-    the inputs whose gradients autograd wants, when not all: a kernel that writes only those)."""
+    """(setup_context, backward, gradients) of a user op: the tensor inputs saved, the scalars
+    kept, and the gradients from run_backward(grad, *inputs) (one kernel that broadcasts the inputs
+    against the gradient), each summed to its input's shape. masked: run_backward takes need= (the
+    names of the inputs whose gradients autograd wants, when not all: a kernel that writes only
+    those). gradients(grad, wanted, args) is the backward without a context (the C++ node's,
+    _with_eager_path): the tensor inputs' gradients in order, None where wanted (a bool per
+    tensor input) says no; args every argument of the call."""
     nin = len(ins)
     at = [k for k, p in enumerate(ins) if p.name not in scalars]      # the tensor inputs' positions
     sat = [k for k, p in enumerate(ins) if p.name in scalars]
     tnames = [ins[k].name for k in at]
+
+    def gradients(grad, wanted, a):
+        if masked and not all(wanted):
+            gs = run_backward(grad, *a, need=frozenset(n for n, w in zip(tnames, wanted) if w))
+        else:
+            gs = run_backward(grad, *a)
+        out = []
+        for k, gt in zip(at, gs if isinstance(gs, tuple) else (gs,)):
+            if gt is not None and gt.shape != a[k].shape:
+                gt = gt.sum_to_size(a[k].shape)
+            out.append(gt)
+        return out
 
     def setup(ctx, inputs, output):
         ctx.scalar_values = [inputs[k] for k in sat]
@@ -900,17 +915,11 @@ def _user_autograd(ins, scalars, run_backward, masked=False):
         else:
             a = saved
         flags = ctx.needs_input_grad
-        if masked and not all(flags[k] for k in at):
-            gs = run_backward(grad, *a, need=frozenset(n for k, n in zip(at, tnames) if flags[k]))
-        else:
-            gs = run_backward(grad, *a)
         res: list = [None] * nin
-        for k, gt in zip(at, gs if isinstance(gs, tuple) else (gs,)):
-            if gt is not None:
-                t = a[k]
-                res[k] = gt if gt.shape == t.shape else gt.sum_to_size(t.shape)
+        for k, gt in zip(at, gradients(grad, [flags[k] for k in at], a)):
+            res[k] = gt
         return tuple(res)
-    return setup, backward
+    return setup, backward, gradients
 
 
 def _user_function(name, kernel, bk, ins, scalars, why):
@@ -918,7 +927,7 @@ def _user_function(name, kernel, bk, ins, scalars, why):
     runs (the custom op's dispatch costs about 13 us of host time per call on the CI host, twice
     in a training step). kernel(*inputs) and bk(grad, *inputs) take any layout (kernel_op's impl
     and bimpl); bk None: no backward (why: the reason)."""
-    setup, grads = _user_autograd(ins, scalars, bk, masked=True) if bk is not None else (None, None)
+    setup, grads, _ = _user_autograd(ins, scalars, bk, masked=True) if bk is not None else (None, None, None)
 
     def forward(ctx, *a):
         r = kernel(*a)
@@ -936,15 +945,26 @@ def _user_function(name, kernel, bk, ins, scalars, why):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def _with_eager_path(op, function, kernel, scalars, ins):
+def _with_eager_path(op, function, kernel, scalars, ins, node=None):
     """op (a CustomOpDef) made to call function.apply for plain CPU/CUDA tensors outside
     torch.compile and dispatch modes (as ewkern's own ops do, see _eager), or kernel(*args)
     itself when no tensor needs a gradient (grad mode off, or none requires it: no autograd
     node, about 7 us less host time a call on the CI host); the custom op itself everywhere
-    else. The object stays a CustomOpDef (opcheck, register_fake, torch.ops take it): its class
-    becomes a subclass whose __call__ decides."""
+    else. node: (name, grads(g, wanted, *args)) where the op has a backward: such calls then
+    record a C++ node (the native module's make_user: no Python Function around the kernels)
+    where the module is available, function.apply where not. The object stays a CustomOpDef
+    (opcheck, register_fake, torch.ops take it): its class becomes a subclass whose __call__
+    decides."""
     tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
-    apply = _direct_apply(function, None)
+    py_apply = _direct_apply(function, None)
+    chosen = []   # the grad path's callable, picked on its first call (the native module loads then)
+
+    def apply(*args):
+        if not chosen:
+            _install_native()
+            chosen.append(_native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply)
+                          if node is not None and _native else py_apply)
+        return chosen[0](*args)
 
     class UserOp(type(op)):
         def __call__(self, *args, **kwargs):
@@ -952,7 +972,7 @@ def _with_eager_path(op, function, kernel, scalars, ins):
                 tensors = [args[k] for k in tensor_at]
                 if _eager(tensors):
                     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-                        return apply(*args)
+                        return chosen[0](*args) if chosen else apply(*args)
                     return kernel(*args)
             return super().__call__(*args, **kwargs)
     op.__class__ = UserOp
@@ -988,10 +1008,12 @@ def kernel_op(kernel, scalars=(), name=None):
 
     Returns the op (callable like the kernel without output arguments): the custom op object,
     which for plain CPU/CUDA tensors outside torch.compile and dispatch modes runs the kernels
-    through a torch.autograd.Function instead of torch's dispatcher (the same results, less host
+    under an autograd node of its own instead of torch's dispatcher (the same results, less host
     time a step: in the overhead experiment on the CI host, a forward + backward of a tiny rmsnorm
-    takes 150 us through torch.ops and 86 us this way), and through the kernel alone when no
-    tensor needs a gradient (under torch.no_grad, or none requires it)."""
+    takes 150 us through torch.ops and 86 us through a torch.autograd.Function), a C++ node where
+    ewkern.torch's native module is available (``autograd_path()``; the forward 3 us less host
+    time on the CI host than the Function's), and through the kernel alone when no tensor needs a
+    gradient (under torch.no_grad, or none requires it)."""
     from .rtc import ElementwiseKernel, RowKernel
     from .rtc._params import decide_types
     if not isinstance(kernel, (ElementwiseKernel, RowKernel)):
@@ -1059,6 +1081,14 @@ def kernel_op(kernel, scalars=(), name=None):
     if len(outs) != 1:   # several outputs: no derived backward (backward_source already refused)
         return _with_eager_path(op, _user_function(name, impl, None, ins, scalars, "several outputs"), impl,
                                 scalars, ins)
-    setup, backward = _user_autograd(ins, scalars, bop)
+    setup, backward, _ = _user_autograd(ins, scalars, bop)
     op.register_autograd(backward, setup_context=setup)
-    return _with_eager_path(op, _user_function(name, impl, bimpl, ins, scalars, ""), impl, scalars, ins)
+    gradients = _user_autograd(ins, scalars, bimpl, masked=True)[2]
+
+    def node_grads(g, wanted, *a):
+        # the C++ node's backward (_with_eager_path): as _user_function's
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+        return tuple(gradients(g, wanted, a))
+    return _with_eager_path(op, _user_function(name, impl, bimpl, ins, scalars, ""), impl, scalars, ins,
+                            (name, node_grads))

@@ -2,8 +2,8 @@
 calls that need a gradient, with the same results and gradients as the Python Functions (bit for
 bit: the same kernels), one kernel a backward, double backward through the composed formulas,
 torch's saved-tensor checks, the fallback to the Python path for everything but plain tensors, and
-the switch and the failed build's warning; rmse's node in every axis= layout. CUDA cases skip
-without a GPU."""
+the switch and the failed build's warning; rmse's node in every axis= layout; user kernels' nodes
+(kernel_op: make_user). CUDA cases skip without a GPU."""
 import os
 import shutil
 import subprocess
@@ -218,6 +218,85 @@ def test_init_and_make_refuse_what_they_cannot_use():
         mod.make("fill", lambda *a: None)
     x = torch.rand(3, requires_grad=True)
     torch.testing.assert_close(torch.autograd.grad(ewt.exp(x).sum(), x)[0], torch.exp(x.detach()))
+
+
+_user_names = iter(range(10**6))
+
+
+def user_rmsnorm():
+    """A RowKernel rmsnorm made a custom op (a new name each call: torch.ops.ewkern_user.<name>)."""
+    import ewkern
+    k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                         "y = x * rsqrt(a / _row_size + eps) * w", "0", f"native_rms{next(_user_names)}")
+    return ewt.kernel_op(k, scalars=("eps",))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=str)
+def test_user_kernels_record_a_cpp_node_with_the_python_functions_results(need, device):
+    """kernel_op's eager grad path: a C++ node (make_user), no Python Function, and bit for bit the
+    Python Function's results and gradients (the same kernels), also when one gradient is not
+    wanted (the backward kernel then writes only the other); a weight broadcast over the rows."""
+    native()
+    op = user_rmsnorm()
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.rand(6, 40, generator=gen, dtype=torch.float64) + 0.5).to(device).requires_grad_(need[0])
+    w = (torch.rand(40, generator=gen, dtype=torch.float64) + 0.5).to(device).requires_grad_(need[1])
+    g = torch.rand(6, 40, generator=gen, dtype=torch.float64).to(device)
+    y = op(x, w, 1e-5)
+    assert y.grad_fn.name() == f"ewkern_user::{op._name}Backward", y.grad_fn.name()
+    ins = [t for t in (x, w) if t.requires_grad]
+    grads = torch.autograd.grad(y, ins, g)
+    via = getattr(torch.ops.ewkern_user, op._name)(x, w, 1e-5)     # the custom op's own autograd
+    assert via.grad_fn.name() != y.grad_fn.name()
+    torch.testing.assert_close(y, via, rtol=0, atol=0)
+    for a, b in zip(grads, torch.autograd.grad(via, ins, g)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if all(need):
+        assert torch.autograd.gradcheck(lambda a, b: op(a, b, 1e-5), (x, w))
+
+
+def test_user_node_checks_saved_tensors_and_refuses_double_backward():
+    """torch's saved-tensor rules hold for the user node: an input changed in place after the
+    forward, and a second backward through a freed graph, raise; create_graph=True raises the
+    Python path's error; a forward-mode dual tensor goes to the Python Function, which refuses it."""
+    native()
+    op = user_rmsnorm()
+    x = torch.rand(4, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(16, dtype=torch.float64, requires_grad=True)
+    h = x * 1.0
+    y = op(h, w, 1e-5)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    y = op(x, w, 1e-5)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.sum().backward()
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(op(x, w, 1e-5).sum(), x, create_graph=True)
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level(), pytest.raises(NotImplementedError, match="jvp"):
+        # the Python Function's own answer (no jvp), not a node that drops the tangent
+        op(fwad.make_dual(x.detach(), torch.ones_like(x)), w, 1e-5)
+
+
+def test_user_node_keeps_working_without_a_tensor_that_needs_grad_and_under_no_grad():
+    """No node where no gradient is wanted; an int scalar is taken; a wrong argument count goes to
+    the Python path's error."""
+    native()
+    op = user_rmsnorm()
+    x = torch.rand(3, 8, requires_grad=True)
+    w = torch.rand(8)
+    with torch.no_grad():
+        assert op(x, w, 1e-5).grad_fn is None
+    assert op(x.detach(), w, 1e-5).grad_fn is None
+    y = op(x, w, 1)
+    assert y.grad_fn.name().startswith("ewkern_user::")
+    torch.testing.assert_close(y, (x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1) * w).detach())
+    with pytest.raises(RuntimeError, match="missing value for argument 'eps'"):
+        op(x, w)
 
 
 def _run(code, **env):

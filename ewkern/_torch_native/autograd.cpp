@@ -15,17 +15,25 @@
 // torch.Tensor's own type, strided, on the cpu or a GPU of ewkern's build, float32/float16/
 // bfloat16/float64, equal dtype/device/shape, float scalars) and gives anything else to fallback
 // (ewkern.torch's Python path, which raises the errors or unwraps functorch's tensors).
+//
+// A user kernel made a custom op (ewkern.torch.kernel_op) gets a node of its own kind, UserNode:
+// its forward and backward are Python callables (the kernel, and the derived backward kernel's
+// wrapper), but the node is a plain torch::autograd::Node made here, not a Python
+// torch.autograd.Function (whose forward and backward wrappers, context object and
+// saved_tensors cost a step more host time than the kernels' own calls).
 #include <Python.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -158,6 +166,23 @@ Tensor run2(Op op, const Tensor &a, const Tensor &b)
     return y;
 }
 
+// The pending Python error's message (with its type's name: "TypeError: ..."), cleared.
+std::string fetch_error(bool with_type)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *str = value ? PyObject_Str(value) : nullptr;
+    std::string msg = str && PyUnicode_Check(str) ? PyUnicode_AsUTF8(str) : "an error in Python";
+    if (type && with_type)
+        msg = std::string(((PyTypeObject *)type)->tp_name) + ": " + msg;
+    Py_XDECREF(str);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    return msg;
+}
+
 // A backward whose graph is wanted (create_graph=True): ewkern.torch._composed_grads(name, grad,
 // saved, scalars, need) in Python, the composed formula of differentiable ops.
 // rmse (op nullptr): ewkern.torch._composed_rmse(grad, saved, axis, need), axis the tuple lo..hi.
@@ -195,15 +220,7 @@ variable_list composed_grads(const Op *op, const Tensor &grad, const variable_li
     } else {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "_composed_grads did not return a tuple of the gradients");
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *str = value ? PyObject_Str(value) : nullptr;
-        err = str && PyUnicode_Check(str) ? PyUnicode_AsUTF8(str) : "an error in Python";
-        Py_XDECREF(str);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        PyErr_Clear();
+        err = fetch_error(false);
     }
     Py_XDECREF(r);
     Py_XDECREF(saved_t);
@@ -567,6 +584,184 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
     return run(a.numel(), [&] { return Rmse::apply(a, b, lo, hi); });
 }
 
+// ---- user kernels (ewkern.torch.kernel_op) ---------------------------------------------------------
+
+// One user op: kernel(*args) -> a Tensor (the op's forward, any layout); grads(grad, need, *args) ->
+// a tuple with the gradient of each tensor argument (None where need, a tuple of bools, says it is
+// not wanted). Tensors sit at tpos among nargs arguments; the others are float scalars.
+struct UserOp {
+    PyObject *kernel = nullptr, *grads = nullptr, *fallback = nullptr;
+    std::vector<int> tpos;
+    int nargs = 0;
+    std::string name;
+    ~UserOp()
+    {
+        if (!Py_IsInitialized())
+            return;
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_XDECREF(kernel);
+        Py_XDECREF(grads);
+        Py_XDECREF(fallback);
+        PyGILState_Release(gil);
+    }
+};
+
+struct UserNode : public torch::autograd::Node {
+    std::shared_ptr<UserOp> op;
+    std::vector<torch::autograd::SavedVariable> saved;   // the tensor arguments
+    std::vector<double> scalars;                         // the others, in order
+
+    explicit UserNode(std::shared_ptr<UserOp> o) : op(std::move(o)) {}
+    std::string name() const override { return "ewkern_user::" + op->name + "Backward"; }
+    void release_variables() override
+    {
+        for (auto &s : saved)
+            s.reset_data();
+    }
+
+    variable_list apply(variable_list &&grads) override
+    {
+        const size_t nt = op->tpos.size();
+        variable_list res(nt);
+        if (!grads[0].defined())
+            return res;
+        std::vector<Tensor> ins;
+        ins.reserve(nt);
+        for (auto &s : saved)
+            ins.push_back(s.unpack(shared_from_this()));   // raises where freed or modified in place
+        std::string err;
+        PyGILState_STATE gil = PyGILState_Ensure();
+        PyObject *args = PyTuple_New(2 + op->nargs), *r = nullptr;
+        if (args) {
+            PyTuple_SET_ITEM(args, 0, THPVariable_Wrap(grads[0]));
+            PyObject *need = PyTuple_New((Py_ssize_t)nt);
+            for (size_t k = 0; need && k < nt; k++)
+                PyTuple_SET_ITEM(need, k, PyBool_FromLong(task_should_compute_output(k)));
+            PyTuple_SET_ITEM(args, 1, need);
+            size_t t = 0, c = 0;
+            for (int k = 0; k < op->nargs; k++) {
+                const bool tensor = t < nt && op->tpos[t] == k;
+                PyTuple_SET_ITEM(args, 2 + k, tensor ? THPVariable_Wrap(ins[t++]) : PyFloat_FromDouble(scalars[c++]));
+            }
+            if (need)
+                r = PyObject_CallObject(op->grads, args);
+        }
+        if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == (Py_ssize_t)nt) {
+            for (size_t k = 0; k < nt; k++) {
+                PyObject *x = PyTuple_GET_ITEM(r, k);
+                if (THPVariable_Check(x))
+                    res[k] = THPVariable_Unpack(x);
+                else if (x != Py_None && err.empty())
+                    err = "the backward returned a " + std::string(Py_TYPE(x)->tp_name) + " for a gradient";
+            }
+        } else if (PyErr_Occurred()) {
+            err = fetch_error(true);
+        } else {
+            err = "the backward did not return a tuple of " + std::to_string(nt) + " gradients";
+        }
+        Py_XDECREF(r);
+        Py_XDECREF(args);
+        PyGILState_Release(gil);
+        TORCH_CHECK(err.empty(), "ewkern.torch (", op->name, "'s backward): ", err);
+        return res;
+    }
+};
+
+// self: a capsule of the std::shared_ptr<UserOp>. The plain case (the op's argument count, plain
+// tensors without forward-mode gradients, float or int scalars) runs the kernel and records a
+// UserNode; anything else goes to the fallback (the Python Function).
+PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    auto &op = *(std::shared_ptr<UserOp> *)PyCapsule_GetPointer(self, "ewkern.user_op");
+    if (nargs != op->nargs)
+        return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
+    variable_list tensors;
+    std::vector<double> scalars;
+    size_t t = 0;
+    for (int k = 0; k < nargs; k++) {
+        if (t < op->tpos.size() && op->tpos[t] == k) {
+            if (!plain(args[k]))
+                return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
+            tensors.push_back(THPVariable_Unpack(args[k]));
+            if (tensors.back()._fw_grad(0).defined())
+                return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
+            t++;
+            continue;
+        }
+        if (!(PyFloat_Check(args[k]) || PyLong_Check(args[k])))
+            return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
+        const double v = PyFloat_AsDouble(args[k]);
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
+        }
+        scalars.push_back(v);
+    }
+    PyObject *y = PyObject_Vectorcall(op->kernel, args, nargs, nullptr);
+    if (y == nullptr || !THPVariable_CheckExact(y))
+        return y;   // an error, or (not from kernel_op's kernels) no tensor: no graph
+    const Tensor &out = THPVariable_Unpack(y);
+    if (!at::GradMode::is_enabled() || !torch::autograd::any_variable_requires_grad(tensors) ||
+        !torch::autograd::isDifferentiableType(out.scalar_type()))
+        return y;
+    try {
+        auto node = std::shared_ptr<UserNode>(new UserNode(op), torch::autograd::deleteNode);
+        torch::autograd::edge_list edges;
+        for (const Tensor &x : tensors)
+            edges.push_back(torch::autograd::impl::gradient_edge(x));
+        node->set_next_edges(std::move(edges));
+        for (const Tensor &x : tensors)
+            node->saved.emplace_back(x, false);
+        node->scalars = std::move(scalars);
+        torch::autograd::set_history(out, node);
+    } catch (const std::exception &e) {
+        Py_DECREF(y);
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }
+    return y;
+}
+
+PyMethodDef call_user_def = {"user_op", (PyCFunction)(void (*)(void))call_user, METH_FASTCALL,
+                             "a user kernel's op through its C++ autograd node (plain tensors), else the fallback."};
+
+void drop_user_op(PyObject *cap)
+{
+    delete (std::shared_ptr<UserOp> *)PyCapsule_GetPointer(cap, "ewkern.user_op");
+}
+
+// make_user(name, kernel, grads, tensor positions, nargs, fallback) -> the op's function
+PyObject *make_user(PyObject *, PyObject *args)
+{
+    const char *name;
+    PyObject *kernel, *grads, *tpos, *fallback;
+    int nargs;
+    if (!PyArg_ParseTuple(args, "sOOO!iO", &name, &kernel, &grads, &PyTuple_Type, &tpos, &nargs, &fallback))
+        return nullptr;
+    auto op = std::make_shared<UserOp>();
+    op->name = name;
+    op->nargs = nargs;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(tpos); k++) {
+        const long p = PyLong_AsLong(PyTuple_GET_ITEM(tpos, k));
+        if (p == -1 && PyErr_Occurred())
+            return nullptr;
+        if (p < 0 || p >= nargs || (k && p <= op->tpos.back())) {
+            PyErr_SetString(PyExc_ValueError, "make_user: tensor positions must increase within the arguments");
+            return nullptr;
+        }
+        op->tpos.push_back((int)p);
+    }
+    op->kernel = Py_NewRef(kernel);
+    op->grads = Py_NewRef(grads);
+    op->fallback = Py_NewRef(fallback);
+    PyObject *cap = PyCapsule_New(new std::shared_ptr<UserOp>(op), "ewkern.user_op", drop_user_op);
+    if (cap == nullptr)
+        return nullptr;
+    PyObject *fn = PyCFunction_New(&call_user_def, cap);
+    Py_DECREF(cap);
+    return fn;
+}
+
 PyMethodDef call_def = {"op", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
                         "ewkern.torch's op through its C++ autograd node (plain tensors), else the fallback."};
 
@@ -651,6 +846,8 @@ PyMethodDef methods[] = {
     {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
     {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads, composed_rmse): resolve the kernels"},
     {"make", make, METH_VARARGS, "make(name, fallback): the op's function"},
+    {"make_user", make_user, METH_VARARGS,
+     "make_user(name, kernel, grads, tensor positions, nargs, fallback): a user kernel op's function"},
     {"names", names, METH_NOARGS, "the ops this module runs"},
     {nullptr, nullptr, 0, nullptr},
 };
