@@ -979,12 +979,169 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
     return op
 
 
+def _reduced_axes(axis, ndim):
+    """ReductionKernel's axis (None: every axis; an int or a sequence) as a sorted tuple of axes
+    in range, or ValueError."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = set()
+    for ax in axes:
+        if not -ndim <= ax < ndim:
+            raise ValueError(f"axis {ax} is out of bounds for the inputs' {ndim} dimensions")
+        out.add(ax % ndim if ndim else ax)
+    if len(out) != len(axes):
+        raise ValueError(f"axis {tuple(axes)} names an axis twice")
+    return tuple(sorted(out))
+
+
+def _reduction_op(kernel, name, scalars, args, ret, result_meta):
+    """kernel_op of a ReductionKernel: torch.ops.ewkern_user.<name>(inputs..., axis=None,
+    keepdims=False), its fake kernel the reduced shape, and where the reduction is a sum from 0
+    with one output (y = f(a), a = the sum of map_expr), the backward derived: the reduction run
+    again for a (kept dims), then one ElementwiseKernel writes every input's gradient g f'(a) m'(x)
+    in one pass, g and a broadcast against the inputs (reduction_backward_source)."""
+    from .rtc import ElementwiseKernel, ReductionKernel
+    from .rtc._autodiff import reduction_backward_source
+    ins, outs = kernel.in_params, kernel.out_params
+    tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
+
+    def shapes(a, axis, keepdims):
+        """(the inputs' broadcast shape, its reduced axes, the result's shape)"""
+        shape = torch.broadcast_shapes(*[a[k].shape for k in tensor_at])
+        axes = _reduced_axes(axis, len(shape))
+        kept = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keepdims else \
+            tuple(d for i, d in enumerate(shape) if i not in axes)
+        return shape, axes, kept
+
+    nin = len(ins)
+
+    def split(a, kw):
+        """(inputs, axis, keepdims) of a call as torch passes it (it leaves out trailing defaults)."""
+        rest = dict(zip(("axis", "keepdims"), a[nin:]), **kw)
+        return a[:nin], rest.get("axis"), rest.get("keepdims", False)
+
+    def impl(*a, **kw):
+        a, axis, keepdims = split(a, kw)
+        r = kernel(*(t.contiguous() if isinstance(t, torch.Tensor) else t for t in a), axis=axis,
+                   keepdims=keepdims)
+        return tuple(r) if isinstance(r, tuple) else r
+
+    def fake(*a, **kw):
+        a, axis, keepdims = split(a, kw)
+        _, dts = result_meta(a)
+        _, _, kept = shapes(a, axis, keepdims)
+        dev = a[tensor_at[0]].device
+        res = [torch.empty(kept, dtype=dt, device=dev) for dt in dts]
+        return res[0] if len(res) == 1 else tuple(res)
+
+    schema = f"({args}, int[]? axis=None, bool keepdims=False) -> {ret}"
+    op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
+                                 schema=schema)
+    op.register_fake(fake)
+    try:
+        reduction_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity,
+                                  kernel.post_map_expr, ins, outs, scalars)
+    except ValueError as e:
+        why = str(e)
+
+        def no_backward(ctx, *grads):
+            raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
+        op.register_autograd(no_backward, setup_context=lambda ctx, inputs, output: None)
+        return _reduction_eager(op, impl, tensor_at, len(ins))
+    diff = [p for p in ins if p.name not in scalars]
+    kernels: dict = {}
+
+    def bimpl(g, *a, need=None, **kw):
+        """The gradients of the tensor inputs (need: the names of those wanted, None for all; the
+        others None), each of the inputs' broadcast shape."""
+        a, axis, keepdims = split(a, kw)
+        shape, axes, _ = shapes(a, axis, keepdims)
+        rt = "float64" if any(a[k].dtype == torch.float64 for k in tensor_at) else "float32"
+        ks = kernels.get((rt, need))
+        if ks is None:
+            bw_in, bw_out, body = reduction_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr,
+                                                            kernel.identity, kernel.post_map_expr, ins, outs,
+                                                            scalars, need, rt)
+            red = kernels.get((rt, None), (None,))[0] or ReductionKernel(
+                ", ".join(f"{p.ctype} {p.name}" for p in ins), f"{rt} _ewk_a", kernel.map_expr, kernel.reduce_expr,
+                "_ewk_a = a", kernel.identity, f"{kernel.name}_sum", reduce_type=kernel.reduce_type,
+                preamble=kernel.preamble, options=kernel.options)
+            ks = kernels[rt, need] = (red, ElementwiseKernel(bw_in, bw_out, body, f"{kernel.name}_backward",
+                                                             preamble=kernel.preamble, options=kernel.options))
+        a = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in a]
+        red_a = ks[0](*a, axis=axes, keepdims=True)
+        # post_map_expr's _in_ind.size() and _out_ind.size()
+        n_in, n_out = math.prod(shape), math.prod(d for i, d in enumerate(shape) if i not in axes)
+        r = ks[1](g.reshape(red_a.shape).contiguous(), red_a, *a, float(n_in), float(n_out))
+        return _needed([(k, ins[k]) for k in tensor_at], need, r)
+
+    def bfake(g, *a, **kw):
+        a = split(a, kw)[0]
+        shape = torch.broadcast_shapes(*[a[k].shape for k in tensor_at])
+        res = [torch.empty(shape, dtype=a[k].dtype, device=g.device) for k in tensor_at]
+        return res[0] if len(res) == 1 else tuple(res)
+    bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
+    bop = torch.library.custom_op(f"ewkern_user::{name}_backward", bimpl, mutates_args=(),
+                                  device_types=("cpu", "cuda"),
+                                  schema=f"(Tensor _g, {args}, int[]? axis=None, bool keepdims=False) -> {bret}")
+    bop.register_fake(bfake)
+
+    def setup(ctx, inputs, output):
+        ctx.args = [None if k in tensor_at else inputs[k] for k in range(nin)] + list(inputs[nin:])
+        ctx.save_for_backward(*[inputs[k] for k in tensor_at])
+
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+        a = list(ctx.args)
+        for k, t in zip(tensor_at, ctx.saved_tensors):
+            a[k] = t
+        flags = ctx.needs_input_grad
+        if _eager([grad] + [a[k] for k in tensor_at]):
+            # plain tensors (not traced): the gradients autograd wants, none other written
+            want = frozenset(ins[k].name for k in tensor_at if flags[k])
+            gs = bimpl(grad, *a, need=None if len(want) == len(tensor_at) else want)
+        else:
+            gs = bop(grad, *a)
+        gs = gs if isinstance(gs, tuple) else (gs,)
+        res: list = [None] * (nin + 2)
+        for k, gt in zip(tensor_at, gs):
+            if flags[k] and gt is not None:
+                res[k] = gt if gt.shape == a[k].shape else gt.sum_to_size(a[k].shape)
+        return tuple(res)
+    op.register_autograd(backward, setup_context=setup)
+    return _reduction_eager(op, impl, tensor_at, nin)
+
+
+def _reduction_eager(op, impl, tensor_at, nin):
+    """A reduction's op called like the kernel (inputs, then axis= and keepdims= by keyword or
+    position): plain tensors that need no gradient run the kernel itself, without the dispatcher;
+    everything else the custom op (its autograd, modes, torch.compile)."""
+    class ReductionOp(type(op)):
+        def __call__(self, *args, axis=None, keepdims=False):
+            if len(args) > nin + 2:
+                raise TypeError(f"{self._name}() takes {nin} inputs, then axis and keepdims, got {len(args)} "
+                                "arguments")
+            if len(args) > nin:
+                axis, keepdims = (*args[nin:], keepdims)[:2]
+                args = args[:nin]
+            axis = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
+            if len(args) == nin:
+                tensors = [args[k] for k in tensor_at]
+                if _eager(tensors) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+                    return impl(*args, axis, bool(keepdims))
+            return super().__call__(*args, axis, bool(keepdims))
+    op.__class__ = ReductionOp
+    return op
+
+
 def kernel_op(kernel, scalars=(), name=None):
     """kernel_op(kernel, scalars=(), name=None)
 
-    A user's ``ewkern.ElementwiseKernel`` or ``ewkern.RowKernel`` as a torch custom op
-    ``torch.ops.ewkern_user.<name>`` (default: the kernel's name), for torch.compile (fullgraph)
-    and autograd. Every input is a
+    A user's ``ewkern.ElementwiseKernel``, ``ewkern.RowKernel`` or ``ewkern.ReductionKernel`` as a
+    torch custom op ``torch.ops.ewkern_user.<name>`` (default: the kernel's name), for
+    torch.compile (fullgraph) and autograd. Every input is a
     Tensor except the ones named in ``scalars`` (floats); the outputs are allocated (one Tensor, or
     a tuple). The fake kernel gives the outputs' broadcast shape and dtype by the kernel's own
     type rules.
@@ -996,6 +1153,13 @@ def kernel_op(kernel, scalars=(), name=None):
     pass (a gradient of a broadcast input is then summed to its shape). The derivative is the
     formula's, with no guards of its own against overflow. Other operations get no autograd formula:
     a backward through them raises. Double backward is not supported.
+
+    A ReductionKernel becomes ``op(*inputs, axis=None, keepdims=False)`` (the kernel's call, its
+    fake kernel the reduced shape); one whose reduction is a sum from 0 with one output ``y = f(a)``
+    (``_in_ind.size()`` and ``_out_ind.size()`` allowed in it) gets the gradient g f'(a) m'(x):
+    the reduction runs again for ``a`` (kept dims), then one ElementwiseKernel broadcasts g and a
+    against the inputs and writes every input's gradient (a broadcast input's then summed to its
+    shape). Other reductions get no autograd formula (a backward raises).
 
     A RowKernel whose reduction is a sum from 0 (``'a + b'``, ``'0'``), with one output ``y =
     <expression>`` and a ``map_expr`` of the same kind, gets its backward derived the same way:
@@ -1014,10 +1178,11 @@ def kernel_op(kernel, scalars=(), name=None):
     ewkern.torch's native module is available (``autograd_path()``; the forward 3 us less host
     time on the CI host than the Function's), and through the kernel alone when no tensor needs a
     gradient (under torch.no_grad, or none requires it)."""
-    from .rtc import ElementwiseKernel, RowKernel
+    from .rtc import ElementwiseKernel, ReductionKernel, RowKernel
     from .rtc._params import decide_types
-    if not isinstance(kernel, (ElementwiseKernel, RowKernel)):
-        raise TypeError(f"kernel_op takes an ewkern.ElementwiseKernel or ewkern.RowKernel, got {type(kernel).__name__}")
+    if not isinstance(kernel, (ElementwiseKernel, RowKernel, ReductionKernel)):
+        raise TypeError("kernel_op takes an ewkern.ElementwiseKernel, RowKernel or ReductionKernel, got "
+                        f"{type(kernel).__name__}")
     name = name or kernel.name
     scalars = tuple(scalars)
     ins, outs = kernel.in_params, kernel.out_params
@@ -1037,6 +1202,9 @@ def kernel_op(kernel, scalars=(), name=None):
                       for p, t in zip(ins, tensors))
         _, out_types, _ = decide_types(kernel.name, ins, outs, in_dt, (None,) * len(outs))
         return shape, [getattr(torch, dt) for dt in out_types]
+
+    if isinstance(kernel, ReductionKernel):
+        return _reduction_op(kernel, name, scalars, args, ret, result_meta)
 
     def impl(*a):
         # a custom op takes any layout, as torch's own ops do; ewkern's CUDA kernels read C-contiguous

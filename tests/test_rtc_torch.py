@@ -1,6 +1,7 @@
 """ewkern.torch.kernel_op (issue 21 item 4): a user's ElementwiseKernel as a torch custom op with a
 fake kernel (torch.compile fullgraph, opcheck) and, where the operation is `out = <expression>`,
-a backward derived symbolically and run as one more kernel (ewkern/rtc/_autodiff.py)."""
+a backward derived symbolically and run as one more kernel (ewkern/rtc/_autodiff.py); RowKernels
+and ReductionKernels (axis=, keepdims=; a sum's backward derived) the same way."""
 import re
 
 import pytest
@@ -227,7 +228,7 @@ def test_row_kernel_without_a_derivable_backward_raises_on_backward_only():
 
 def test_kernel_op_bad_arguments():
     k = ewkern.ElementwiseKernel("T a", "T o", "o = a", "kop_bad")
-    with pytest.raises(TypeError, match="ElementwiseKernel or ewkern.RowKernel"):
+    with pytest.raises(TypeError, match="ElementwiseKernel, RowKernel or ReductionKernel"):
         ewt.kernel_op(lambda a: a)
     with pytest.raises(ValueError, match="scalars .*'zz'"):
         ewt.kernel_op(k, scalars=("zz",), name="kop_bad2")
@@ -376,3 +377,111 @@ def test_backward_writes_only_the_gradients_autograd_wants(device, wanted, monke
     want = torch.autograd.grad(xr * torch.sigmoid(b.detach().requires_grad_()), (xr,), g) if wanted == "x" else \
         (g * x * torch.sigmoid(b) * (1 - torch.sigmoid(b))).detach()
     torch.testing.assert_close(got, want[0] if wanted == "x" else want)
+
+
+RMSE_K = ("T x, T y", "T z", "(x - y) * (x - y)", "a + b", "z = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0")
+
+
+def _rmse_ref(x, y, axis, keepdims=False):
+    d = (x - y).double() ** 2
+    dims = tuple(range(d.dim())) if axis is None else axis
+    return torch.sqrt(d.mean(dims, keepdim=keepdims))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("axis,keepdims", [(1, False), (None, False), ((0,), True), (-1, True), ((0, 1), False)],
+                         ids=str)
+def test_reduction_kernel_op_values_and_derived_backward(device, dtype, axis, keepdims):
+    """A ReductionKernel made a custom op: called like the kernel (axis=, keepdims=), the values of
+    the kernel, and a sum's backward derived (the reduction again, then one elementwise kernel for
+    both gradients, y broadcast against x) against torch's autograd of the same expression in
+    float64; float64 inputs pass gradcheck."""
+    op = ewt.kernel_op(ewkern.ReductionKernel(*RMSE_K, f"rk{next(_n)}"))
+    gen = torch.Generator().manual_seed(7)
+    x0 = torch.rand(5, 12, generator=gen, dtype=torch.float64) * 3 - 1
+    y0 = torch.rand(12, generator=gen, dtype=torch.float64) * 3 - 1
+    x = x0.to(device=device, dtype=dtype).requires_grad_()
+    y = y0.to(device=device, dtype=dtype).requires_grad_()
+    r = op(x, y, axis=axis, keepdims=keepdims)
+    dims = None if axis is None else ((axis,) if isinstance(axis, int) else axis)
+    xr, yr = x0.to(dtype).double().requires_grad_(), y0.to(dtype).double().requires_grad_()
+    ref = _rmse_ref(xr, yr, None if dims is None else tuple(d % 2 for d in dims), keepdims)
+    assert r.shape == ref.shape and r.dtype == dtype
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-5 if dtype == torch.float32 else 1e-12)
+    torch.testing.assert_close(r.double().cpu(), ref.detach(), rtol=tol, atol=tol)
+    g = (torch.rand(ref.shape, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
+    got = torch.autograd.grad(r, (x, y), g.to(device))
+    want = torch.autograd.grad(ref, (xr, yr), g.double())
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == dtype
+        torch.testing.assert_close(a.double().cpu(), b, rtol=4 * tol, atol=4 * tol)
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda a, b: op(a, b, axis=axis, keepdims=keepdims), (x, y))
+
+
+def test_reduction_kernel_op_compiles_opchecks_and_runs_eagerly_without_grad(monkeypatch):
+    """torch.compile(fullgraph=True) through the op and its backward (fake kernels give the reduced
+    shape and the gradients' shapes), torch.library.opcheck, axis and keepdims by position, and the
+    kernel itself (no dispatcher, no node) when no gradient is wanted; a scalar parameter."""
+    k = ewkern.ReductionKernel("T x, float32 s", "T z", "x * s", "a + b", "z = a * a", "0", f"rk{next(_n)}")
+    op = ewt.kernel_op(k, scalars=("s",))
+    x = torch.rand(3, 8, dtype=torch.float64, requires_grad=True)
+    f = torch.compile(lambda t: op(t, 1.5, axis=1).sum(), fullgraph=True, backend="aot_eager")
+    want = ((x.detach() * 1.5).sum(1) ** 2).sum()
+    torch.testing.assert_close(f(x), want)
+    (gx,) = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(gx, (2 * (x.detach() * 1.5).sum(1, keepdim=True) * 1.5).expand(3, 8))
+    torch.library.opcheck(op, (x.detach(), 1.5, [1], True))
+    assert op(x, 1.5, 0, True).shape == (1, 8)
+    calls = []
+    k_call = type(k).__call__
+    monkeypatch.setattr(type(k), "__call__", lambda self, *a, **kw: calls.append(a) or k_call(self, *a, **kw))
+    with torch.no_grad():
+        r = op(x, 1.5, axis=1)
+    assert r.grad_fn is None and len(calls) == 1
+    with pytest.raises(TypeError, match="inputs, then axis and keepdims"):
+        op(x, 1.5, 1, False, 0)
+    for t in (x.detach(), x):   # the kernel's own check, and the custom op's (its fake kernel's)
+        with pytest.raises(ValueError, match="axis 2 is out of bounds for the inputs' 2 dimensions"):
+            op(t, 1.5, axis=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduction_backward_writes_only_the_gradients_autograd_wants(device, monkeypatch):
+    """With y frozen the backward's elementwise kernel has x's gradient as its only output (and
+    the other way round), with the values of the full backward."""
+    op = ewt.kernel_op(ewkern.ReductionKernel(*RMSE_K, f"rk{next(_n)}"))
+    x = (torch.rand(4, 9, dtype=torch.float64) + 0.1).to(device)
+    y = torch.rand(9, dtype=torch.float64).to(device)
+    g = torch.rand(4, dtype=torch.float64).to(device)
+    full = torch.autograd.grad(op(x.requires_grad_(), y.requires_grad_(), axis=1), (x, y), g)
+    outs = []
+    ew_call = ewkern.ElementwiseKernel.__call__
+    monkeypatch.setattr(ewkern.ElementwiseKernel, "__call__",
+                        lambda self, *a, **kw: outs.append(self.out_params) or ew_call(self, *a, **kw))
+    for k, (a, b) in enumerate(((x, y.detach()), (x.detach(), y))):
+        (got,) = torch.autograd.grad(op(a, b, axis=1), (a if k == 0 else b,), g)
+        torch.testing.assert_close(got, full[k], rtol=1e-12, atol=1e-12)
+        assert [p.name for p in outs[-1]] == ["_ewk_grad_" + "xy"[k]]
+
+
+def test_reduction_kernel_op_without_a_derivable_backward():
+    """A max reduction: the op runs (eager and through torch.ops); its backward raises, naming why."""
+    op = ewt.kernel_op(ewkern.ReductionKernel("T x", "T z", "x", "max(a, b)", "z = a", "-1e30", f"rk{next(_n)}"))
+    x = torch.rand(4, 6, requires_grad=True)
+    r = op(x, axis=1)
+    torch.testing.assert_close(r, x.detach().amax(1))
+    with pytest.raises(RuntimeError, match="no backward: .*sum reduction"):
+        r.sum().backward()
+
+
+@pytest.mark.parametrize("map_expr,reduce_expr,identity,post,match", [
+    ("x", "max(a, b)", "0", "z = a", "sum reduction"), ("x", "a + b", "1", "z = a", "sum from 0"),
+    ("x * i", "a + b", "0", "z = a", "index i"), ("x", "a + b", "0", "z = a * _in_ind.size() + i", "index"),
+    ("x", "a + b", None, "z = a", "sum from 0")])
+def test_reduction_backward_source_refuses_what_it_cannot_derive(map_expr, reduce_expr, identity, post, match):
+    from ewkern.rtc._autodiff import reduction_backward_source
+    with pytest.raises(ValueError, match=match):
+        reduction_backward_source("k", map_expr, reduce_expr, identity, post, parse_params("T x", False, "k"),
+                                  parse_params("T z", True, "k"))

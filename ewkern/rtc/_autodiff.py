@@ -215,3 +215,59 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     row = tuple((n, _word_sub(c, "_row_size", "in0_type(_row_size)")) for n, c in consts.items()
                 if re.search(r"\b%s\b" % n, used))
     return ", ".join(ins), ", ".join(outs), stage2, operation, row
+
+
+# a ReductionKernel's backward: the recomputed reduction and the sizes of CuPy's post_map_expr
+RED_A, RED_NIN, RED_NOUT = "_ewk_a", "_ewk_nin", "_ewk_nout"
+
+
+def reduction_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: str | None,
+                              post_map_expr: str, in_params, out_params, scalars=(), need=None,
+                              a_type: str = "float32") -> tuple[str, str, str]:
+    """The backward of a ReductionKernel whose reduction is a sum: for each output, a = sum_j
+    m(x_j) over its reduced elements and y = f(a), so with g the output's incoming gradient
+
+        d L / d x_k = g f'(a) m'(x_k).
+
+    Returns (in_params, out_params, operation) of one backward ElementwiseKernel, which broadcasts
+    g and a (both kept-dims shaped, a recomputed by the forward's reduction) against the inputs and
+    writes every non-scalar input's gradient (its type; need: only those named there) in one pass.
+    Its inputs: ``_g`` (the output's type), ``_ewk_a`` (a_type: the reduction recomputed), the
+    forward's inputs, then ``_ewk_nin`` and ``_ewk_nout`` (a_type scalars: post_map_expr's
+    ``_in_ind.size()`` and ``_out_ind.size()``). ValueError for what it cannot derive (a reduction
+    other than a sum from 0, several outputs, a map_expr that reads the sizes or the index, what
+    derive() refuses)."""
+    from ._params import parse_params
+    if re.sub(r"\s", "", reduce_expr) not in ("a+b", "b+a"):
+        raise ValueError(f"{kernel}: a backward is derived only for a sum reduction ('a + b'), got {reduce_expr!r}")
+    if identity is None or re.sub(r"[\s.fF]", "", str(identity)) not in ("0", "00"):
+        raise ValueError(f"{kernel}: a backward is derived only for a sum from 0, got identity {identity!r}")
+    if len(out_params) != 1:
+        raise ValueError(f"{kernel}: a backward is derived only for one output")
+    taken = {p.name for p in in_params} & {"a", "b", "_g", RED_A, RED_NIN, RED_NOUT}
+    if taken:
+        raise ValueError(f"{kernel}: a backward is not derived when an input is named {sorted(taken)}")
+    if "_ind" in map_expr or re.search(r"(?<!\w)i(?!\w)", map_expr):
+        raise ValueError(f"{kernel}: a backward is not derived when map_expr reads the sizes or the index i")
+    post = re.sub(r"_in_ind\s*\.\s*size\s*\(\s*\)", RED_NIN, post_map_expr)
+    post = re.sub(r"_out_ind\s*\.\s*size\s*\(\s*\)", RED_NOUT, post)
+    if "_ind" in post or re.search(r"(?<!\w)i(?!\w)", post):
+        raise ValueError(f"{kernel}: a backward is not derived when post_map_expr reads the index")
+    sizes = parse_params(f"float64 a, float64 {RED_NIN}, float64 {RED_NOUT}", False, kernel)
+    f_grads = derive(kernel, post, tuple(p for p in in_params if p.name in scalars) + sizes, out_params,
+                     tuple(scalars) + (RED_NIN, RED_NOUT))
+    (m_out,) = parse_params("float64 _ewk_m", True, kernel)
+    m_grads = derive(kernel, f"_ewk_m = {map_expr}", in_params, (m_out,), scalars)
+    fa = _word_sub(f_grads["a"], "a", RED_A)
+    out = out_params[0]
+    ins = [f"{out.ctype} _g", f"{a_type} {RED_A}"] + [f"{p.ctype} {p.name}" for p in in_params] + \
+        [f"{a_type} {RED_NIN}", f"{a_type} {RED_NOUT}"]
+    outs, body = [], []
+    for p in in_params:
+        if p.name in scalars or (need is not None and p.name not in need):
+            continue
+        outs.append(f"{p.ctype} {GRAD_PREFIX}{p.name}")
+        body.append(f"{GRAD_PREFIX}{p.name} = _g * ({fa}) * ({m_grads.get(p.name, '0')})")
+    if not outs:
+        raise ValueError(f"{kernel}: no input to take a gradient of")
+    return ", ".join(ins), ", ".join(outs), "; ".join(body)
