@@ -1111,13 +1111,43 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
                 res[k] = gt if gt.shape == a[k].shape else gt.sum_to_size(a[k].shape)
         return tuple(res)
     op.register_autograd(backward, setup_context=setup)
-    return _reduction_eager(op, impl, tensor_at, nin)
+    base_call = type(op).__call__
+    nodes: dict = {}    # (axis, keepdims) -> the eager grad path's callable
+
+    def grad_call(args, axis, keepdims):
+        """An eager call that needs a gradient: through a C++ node (the native module's make_user,
+        one callable per axis= and keepdims=, since its arguments past the inputs are floats),
+        or the custom op where the module is not available."""
+        key = (None if axis is None else tuple(axis), keepdims)
+        fn = nodes.get(key)
+        if fn is None:
+            _install_native()
+
+            def fallback(*a):
+                return base_call(op, *a, axis, keepdims)
+            fn = fallback
+            if _native:
+                grads = _user_autograd(ins, scalars, lambda g, *a, need=None: bimpl(g, *a, axis, keepdims, need=need),
+                                       masked=True)[2]
+
+                def node_grads(g, wanted, *a):
+                    if torch.is_grad_enabled():
+                        raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+                    return tuple(grads(g, wanted, a))
+                fn = _native.make_user(name, lambda *a: impl(*a, axis, keepdims), node_grads, tuple(tensor_at), nin,
+                                       fallback)
+            if len(nodes) >= 64:
+                nodes.clear()
+            nodes[key] = fn
+        return fn(*args)
+    return _reduction_eager(op, impl, tensor_at, nin, grad_call)
 
 
-def _reduction_eager(op, impl, tensor_at, nin):
+def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
     """A reduction's op called like the kernel (inputs, then axis= and keepdims= by keyword or
-    position): plain tensors that need no gradient run the kernel itself, without the dispatcher;
-    everything else the custom op (its autograd, modes, torch.compile)."""
+    position): plain tensors that need no gradient run the kernel itself, without the dispatcher,
+    those that do grad_call(inputs, axis, keepdims) where given; everything else the custom op
+    (its autograd, modes, torch.compile)."""
     class ReductionOp(type(op)):
         def __call__(self, *args, axis=None, keepdims=False):
             if len(args) > nin + 2:
@@ -1129,8 +1159,11 @@ def _reduction_eager(op, impl, tensor_at, nin):
             axis = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
             if len(args) == nin:
                 tensors = [args[k] for k in tensor_at]
-                if _eager(tensors) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-                    return impl(*args, axis, bool(keepdims))
+                if _eager(tensors):
+                    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+                        return impl(*args, axis, bool(keepdims))
+                    if grad_call is not None:
+                        return grad_call(args, axis, bool(keepdims))
             return super().__call__(*args, axis, bool(keepdims))
     op.__class__ = ReductionOp
     return op

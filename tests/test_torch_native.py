@@ -299,17 +299,56 @@ def test_user_node_keeps_working_without_a_tensor_that_needs_grad_and_under_no_g
         op(x, w)
 
 
+def test_user_reductions_record_a_cpp_node_per_axis():
+    """kernel_op of a ReductionKernel: eager grad calls record the C++ node (one callable per axis=
+    and keepdims=), with the custom op's values and gradients; a tensor subclass goes through the
+    custom op's own autograd."""
+    import ewkern
+    k = ewkern.ReductionKernel("T x, T y", "T z", "(x - y) * (x - y)", "a + b",
+                               "z = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0",
+                               f"native_red{next(_user_names)}")
+    op = ewt.kernel_op(k)
+    x = torch.rand(5, 7, dtype=torch.float64, requires_grad=True)
+    y = torch.rand(7, dtype=torch.float64, requires_grad=True)
+    for axis, keepdims in ((1, False), (None, True), ([0], True), (1, False)):
+        r = op(x, y, axis=axis, keepdims=keepdims)
+        assert r.grad_fn.name() == f"ewkern_user::{k.name}Backward", r.grad_fn.name()
+        via = getattr(torch.ops.ewkern_user, k.name)(x, y, None if axis is None else
+                                                     ([axis] if isinstance(axis, int) else axis), keepdims)
+        assert via.grad_fn.name() != r.grad_fn.name()
+        torch.testing.assert_close(r, via, rtol=0, atol=0)
+        g = torch.rand(r.shape, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad(r, (x, y), g), torch.autograd.grad(via, (x, y), g)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+    class Sub(torch.Tensor):
+        pass
+    s = x.detach().as_subclass(Sub).requires_grad_()
+    (gs,) = torch.autograd.grad(op(s, y.detach(), axis=1).sum(), s)
+    torch.testing.assert_close(gs.as_subclass(torch.Tensor), torch.autograd.grad(op(x, y.detach(), axis=1).sum(), x)[0])
+
+
 def _run(code, **env):
     e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=600)
 
 
 def test_the_switch_keeps_the_python_path():
-    r = _run("import torch, ewkern.torch as ewt\n"
+    """EWKERN_TORCH_NATIVE=0: ewkern's ops through their Python Functions, user kernels through
+    theirs (an ElementwiseKernel) or the custom op's autograd (a ReductionKernel), gradients right."""
+    r = _run("import torch, ewkern, ewkern.torch as ewt\n"
              "x = torch.rand(4, requires_grad=True)\n"
-             "print(type(ewt.gelu(x).grad_fn).__name__, ewt.autograd_path())", EWKERN_TORCH_NATIVE="0")
+             "e = ewt.kernel_op(ewkern.ElementwiseKernel('T a', 'T o', 'o = a * a', 'sq_sw'))\n"
+             "k = ewkern.ReductionKernel('T a', 'T o', 'a * a', 'a + b', 'o = a', '0', 'ss_sw')\n"
+             "r = ewt.kernel_op(k)(x, axis=0)\n"
+             "(g,) = torch.autograd.grad(r, x)\n"
+             "assert torch.allclose(g, 2 * x.detach()), g\n"
+             "print(type(ewt.gelu(x).grad_fn).__name__, type(e(x).grad_fn).__name__, r.grad_fn.name(), "
+             "ewt.autograd_path())", EWKERN_TORCH_NATIVE="0")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["gelu_functionBackward", "python:", "EWKERN_TORCH_NATIVE=0"]
+    assert r.stdout.split() == ["gelu_functionBackward", "sq_sw_functionBackward",
+                                "GeneratedBackwardFor_ewkern_user_ss_sw_defaultBackward", "python:",
+                                "EWKERN_TORCH_NATIVE=0"], r.stdout
 
 
 def test_a_failed_build_warns_once_and_keeps_working(tmp_path):

@@ -244,21 +244,23 @@ def reduction_backward_source(kernel: str, map_expr: str, reduce_expr: str, iden
         raise ValueError(f"{kernel}: a backward is derived only for a sum from 0, got identity {identity!r}")
     if len(out_params) != 1:
         raise ValueError(f"{kernel}: a backward is derived only for one output")
-    taken = {p.name for p in in_params} & {"a", "b", "_g", RED_A, RED_NIN, RED_NOUT}
+    taken = {p.name for p in in_params} & {"_g", RED_A, RED_NIN, RED_NOUT}
     if taken:
         raise ValueError(f"{kernel}: a backward is not derived when an input is named {sorted(taken)}")
     if "_ind" in map_expr or re.search(r"(?<!\w)i(?!\w)", map_expr):
         raise ValueError(f"{kernel}: a backward is not derived when map_expr reads the sizes or the index i")
-    post = re.sub(r"_in_ind\s*\.\s*size\s*\(\s*\)", RED_NIN, post_map_expr)
+    # post_map_expr's a (the reduced value; an input may be named a too) and sizes, by our names
+    post = _word_sub(post_map_expr, "a", RED_A)
+    post = re.sub(r"_in_ind\s*\.\s*size\s*\(\s*\)", RED_NIN, post)
     post = re.sub(r"_out_ind\s*\.\s*size\s*\(\s*\)", RED_NOUT, post)
     if "_ind" in post or re.search(r"(?<!\w)i(?!\w)", post):
         raise ValueError(f"{kernel}: a backward is not derived when post_map_expr reads the index")
-    sizes = parse_params(f"float64 a, float64 {RED_NIN}, float64 {RED_NOUT}", False, kernel)
+    sizes = parse_params(f"float64 {RED_A}, float64 {RED_NIN}, float64 {RED_NOUT}", False, kernel)
     f_grads = derive(kernel, post, tuple(p for p in in_params if p.name in scalars) + sizes, out_params,
                      tuple(scalars) + (RED_NIN, RED_NOUT))
     (m_out,) = parse_params("float64 _ewk_m", True, kernel)
     m_grads = derive(kernel, f"_ewk_m = {map_expr}", in_params, (m_out,), scalars)
-    fa = _word_sub(f_grads["a"], "a", RED_A)
+    fa = f_grads[RED_A]
     out = out_params[0]
     ins = [f"{out.ctype} _g", f"{a_type} {RED_A}"] + [f"{p.ctype} {p.name}" for p in in_params] + \
         [f"{a_type} {RED_NIN}", f"{a_type} {RED_NOUT}"]
