@@ -133,6 +133,46 @@ def test_axpy_sizes_dtypes(dtype, n):
         close(r, ref, dtype, 2.0, scale=np.abs(0.75 * x.astype(np.float64)) + np.abs(y.astype(np.float64)))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(5, 7), (300, 1001), (3, 4, 33), (2, 1)], ids=str)
+def test_cpu_rows_form_for_broadcast_inputs(dtype, shape):
+    """Inputs broadcast over rows (one row repeated, one element per row, one element) run on the
+    CPU as rows of the last axis, a row's columns one loop (`rows`), with NumPy's values (one
+    rounding of a float computation for 16-bit); the index i is the element's; a raw parameter, a
+    broadcast output or an input that is none of those kinds keeps the strided kernel."""
+    rng = np.random.default_rng(sum(shape))
+    dt = np_dtype(dtype)
+    x = rng.standard_normal(shape).astype(dt)
+    row = rng.standard_normal(shape[-1:]).astype(dt)            # one row, repeated (bcol)
+    col = rng.standard_normal(shape[:-1] + (1,)).astype(dt)     # one element a row (brow)
+    one = rng.standard_normal((1,)).astype(dt)
+    k = ewkern.ElementwiseKernel("T x, T r, T c, T o", "T z, float64 j", "z = x * c + r * o; j = i", "rows_bc")
+    z, j = k(x, row, col, one)
+    assert k._last_path == ("rows" if shape[-1] > 1 else "strided")    # rows of one: the strided kernel
+    f = [a.astype(np.float64) for a in (x, row, col, one)]
+    ref = f[0] * f[2] + f[1] * f[3]
+    if dtype in ("float16", "bfloat16"):
+        close(z, ref, dtype, 1.0)
+    else:
+        close(z, ref, dtype, 2.0, scale=np.abs(f[0] * f[2]) + np.abs(f[1] * f[3]))
+    np.testing.assert_array_equal(np.asarray(j), np.arange(x.size, dtype=np.float64).reshape(shape))
+    if shape[-1] == 1:
+        return
+    raw = ewkern.ElementwiseKernel("T x, T c, raw T q", "T z", "z = x * c + q[0]", "rows_raw")
+    zr = raw(x, col, one)
+    assert raw._last_path == "strided"
+    close(zr, f[0] * f[2] + f[3][0], dtype, 2.0, scale=np.abs(f[0] * f[2]) + np.abs(f[3][0]))
+    spaced = np.repeat(col, 2, axis=-1)[..., :1]    # one element a row, rows not adjacent in memory
+    k(x, row, spaced, one)
+    assert k._last_path == "strided"
+    if len(shape) == 3:     # a [n0, 1, n2] input over [n0, n1, n2]: neither kind, the strided kernel
+        mid = rng.standard_normal((shape[0], 1, shape[2])).astype(dt)
+        z2, _ = k(x, mid, col, one)
+        assert k._last_path == "strided"
+        close(z2, f[0] * f[2] + mid.astype(np.float64) * f[3], dtype, 2.0,
+              scale=np.abs(f[0] * f[2]) + np.abs(mid.astype(np.float64) * f[3]))
+
+
 def test_noncontiguous_and_broadcast_layouts():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((6, 8))

@@ -25,7 +25,11 @@ on every way alike, and every way's k-th step takes the same inputs and incoming
 sampled in rounds in turns, `peers`' single launches moved by a median 0.09 between processes,
 against 0.016 at the default 50 samples (BENCHMARKS.md, 2026-11-27).
 
-Beyond ewkern's own ops, "rmsnorm" is a user kernel in training: an ewkern.RowKernel
+Beyond ewkern's own ops, "rmse_kernel" is a user reduction in training: an ewkern.ReductionKernel
+(sqrt of the mean of (a - b)^2 over rows of 1024, CuPy's `_in_ind.size() / _out_ind.size()`) made a
+custom op by ewkern.torch.kernel_op, its backward derived (the reduction again, then one elementwise
+kernel for both gradients), against torch's sqrt(((a - b) ** 2).mean(1)) as the "rmse" op's. And
+"rmsnorm" is a user kernel in training: an ewkern.RowKernel
 (y = x * rsqrt(mean(x^2) + eps) * w over rows of 4096) made a custom op by ewkern.torch.kernel_op,
 its backward derived (a row-sum reduction, then one RowKernel for both gradients), against
 torch.nn.functional.rms_norm eagerly and compiled.
@@ -101,6 +105,7 @@ def _torch_fn(torch, op):
              "erf": torch.erf, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": F.gelu,
              "silu": F.silu,
              "rmse": lambda a, b: torch.sqrt(((a.float() - b.float()) ** 2).mean(1)),
+             "rmse_kernel": lambda a, b: torch.sqrt(((a.float() - b.float()) ** 2).mean(1)),
              "rmsnorm": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)}
     return table[op]
 
@@ -119,13 +124,29 @@ def rmsnorm_op():
     return _rmsnorm_ops[0]
 
 
+_rmse_kernel_ops: list = []
+
+
+def rmse_kernel_op():
+    """A user's rmse over rows as a ReductionKernel custom op with its derived backward (made
+    once), called as op(a, b) (axis 1)."""
+    if not _rmse_kernel_ops:
+        import ewkern
+        import ewkern.torch as ewt
+        k = ewkern.ReductionKernel("T x, T y", "float32 r", "(x - y) * (x - y)", "a + b",
+                                   "r = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0", "bench_rmse")
+        op = ewt.kernel_op(k)
+        _rmse_kernel_ops.append(lambda a, b: op(a, b, axis=1))
+    return _rmse_kernel_ops[0]
+
+
 def step_bytes(op, n, itemsize):
     """Declared bytes of one forward + backward: forward reads its inputs and writes y; backward
     reads g and what was saved and writes one gradient per input."""
-    nin = 2 if op in BINARY or op == "rmse" else 1
+    nin = 2 if op in BINARY or op in ("rmse", "rmse_kernel") else 1
     if op == "rmsnorm":
         return 5 * n * itemsize                        # x in, y out; g and x in, the gradient of x out
-    if op == "rmse":
+    if op in ("rmse", "rmse_kernel"):
         return 2 * n * itemsize + 4 * n * itemsize    # forward reads a, b; backward reads a, b, writes 2
     saved = SAVED.get(op, 2 if op in ("mul", "div", "maximum", "minimum") else 1)
     fwd = (nin + 1) * n * itemsize
@@ -148,7 +169,7 @@ def _make_inputs(torch, op, shape, dtype, device):
         (x,) = op_inputs("torch", "gelu", shape, dtype, device)
         (w,) = op_inputs("torch", "gelu", (shape[-1],), dtype, device)
         return [x.requires_grad_(), w.requires_grad_()]
-    src = "sub" if op == "rmse" else op
+    src = "sub" if op in ("rmse", "rmse_kernel") else op
     ins = [t.requires_grad_() for t in op_inputs("torch", src, shape, dtype, device)]
     return ins
 
@@ -167,7 +188,8 @@ def _ways(ctx, torch, op):
     tfn = _torch_fn(torch, op)
     out = {}
     if "ewkern.torch" in want:
-        out["ewkern.torch"] = rmsnorm_op() if op == "rmsnorm" else getattr(ewt, op)
+        user = {"rmsnorm": rmsnorm_op, "rmse_kernel": rmse_kernel_op}
+        out["ewkern.torch"] = user[op]() if op in user else getattr(ewt, op)
     if "torch eager" in want:
         out["torch eager"] = tfn
     if "torch.compile" in want and ctx.is_gpu:
@@ -205,7 +227,8 @@ def _host_visible(torch, calls, samples=25):
 def _params(ctx):
     from ewkern.torch import DIFFERENTIABLE
     small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
-    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else list(DIFFERENTIABLE) + ["rmsnorm"])
+    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else
+                                   list(DIFFERENTIABLE) + ["rmsnorm", "rmse_kernel"])
     # quick runs (make bench): float32 only (the GPU's quick run: every op at 64 MiB, about 30 s)
     dtypes = ctx.opt("train_dtypes") or (["float32"] if ctx.quick else ["float32", "float16", "bfloat16"])
     sizes = ctx.opt("train_sizes")
@@ -267,10 +290,11 @@ def run(ctx, xr):
     for op, dtype, size in cells:
         itemsize = 2 if dtype in ("float16", "bfloat16") else (8 if dtype == "float64" else 4)
         n = size // itemsize
-        shape = (n // 1024, 1024) if op == "rmse" else ((n // ROW, ROW) if op == "rmsnorm" else (n,))
+        shape = (n // 1024, 1024) if op in ("rmse", "rmse_kernel") else \
+            ((n // ROW, ROW) if op == "rmsnorm" else (n,))
         sc = SCALARS.get(op, ())
         nbytes = step_bytes(op, n, itemsize)
-        nin = 2 if op in BINARY or op in ("rmse", "rmsnorm") else 1
+        nin = 2 if op in BINARY or op in ("rmse", "rmse_kernel", "rmsnorm") else 1
         turns = []    # (method, what, build, fields) timed in turns after the ways' own loop
         # timed in turns, every way's k-th step takes the same inputs and incoming gradient
         # (frameworks.SharedSets): where a set's buffers lie moved one short kernel by up to 10%

@@ -231,7 +231,8 @@ class Layout:
     vector_source: the pointers start at element `head`, where every array's vector is aligned,
     nfast = size - head, the launch's prefetch and store policy (wb); inputs may also broadcast over a loop of
     rows of ccols elements: kind 'bcol' is one row, 'brow' one element per row, 'bone' one
-    element) or 'strided' (ndim dims with byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
+    element), 'rows' (the CPU's form of those broadcasts: shape [rows, cols], no vectors) or
+    'strided' (ndim dims with byte strides per array; broadcasting is a stride 0). args: (param, dtype name, 'array' |
     'scalar' | 'raw', raw ndim)."""
 
     def __init__(self, mode: str, ndim: int, args):
@@ -316,7 +317,13 @@ class Source:
 
 
 def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") -> None:
-    """Byte offsets off_<name> of element `index` of each array param."""
+    """Byte offsets off_<name> of element `index` of each array param (mode 'rows': of row _r,
+    column _c, by each input's broadcast kind)."""
+    if layout.mode == "rows":
+        at = {"array": index, "bcol": "_c", "brow": "_r", "bone": "0"}
+        for p, dt, kind, _ in arrays:
+            src.add(f"        const long long off_{p.name}{suffix} = ({at[kind]}) * {DTYPES[dt][2]}LL;")
+        return
     if layout.mode == "contig":
         for p, dt, kind, _ in arrays:
             src.add(f"        const long long off_{p.name}{suffix} = ({index}) * {DTYPES[dt][2]}LL;")
@@ -343,7 +350,7 @@ def _loads(src: Source, layout: Layout) -> list:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         if kind == "scalar":
             src.add(f"        const {C} {p.name} = P.s_{p.name};")
-        elif kind == "array":
+        elif kind in ("array", "bcol", "brow", "bone"):
             q = "" if p.is_output else "const "
             src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)(P.p_{p.name} + off_{p.name}));")
             if p.is_output:
@@ -365,10 +372,10 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     src.add(struct_source("ewrtc_params", layout))
     if preamble:
         src.user(preamble, name, "preamble")
-    arrays = [a for a in layout.args if a[2] == "array"]
+    arrays = [a for a in layout.args if a[2] in ("array", "bcol", "brow", "bone")]
     # iterations are independent unless the body writes a raw array (it may write any element)
-    dense = layout.mode == "contig" and not any(k == "raw" for _, _, k, _ in layout.args)
-    if backend == "cpu" and dense and any(dt == "float16" for _, dt, _, _ in arrays):
+    dense = layout.mode in ("contig", "rows") and not any(k == "raw" for _, _, k, _ in layout.args)
+    if backend == "cpu" and layout.mode == "contig" and dense and any(dt == "float16" for _, dt, _, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
     def body() -> None:
@@ -381,7 +388,23 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
             src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
         src.add("    }")
 
-    if backend == "cpu":
+    if backend == "cpu" and layout.mode == "rows":
+        # broadcast inputs over rows of P.shape[1] elements (kinds bcol, brow, bone; the outputs
+        # dense): rows split among the threads, a row's columns one simd loop, no index division
+        _cpu_entry_head(src, entry, name, loop_prep)
+
+        def rows_loop(team: bool) -> None:
+            src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
+            if dense:
+                src.add("#ifdef _OPENMP")
+                src.add("#pragma omp simd")
+                src.add("#endif")
+            src.add("    for (long long _c = 0; _c < P.shape[1]; ++_c) {")
+            src.add("        const long long i = _r * P.shape[1] + _c;")
+            body()
+            src.add("    }")
+        _cpu_team_loop(src, "parallel for schedule(static)", None, rows_loop)
+    elif backend == "cpu":
         _cpu_entry_head(src, entry, name, loop_prep)
         simd = " simd" if dense else ""
 

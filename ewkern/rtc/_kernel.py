@@ -472,11 +472,12 @@ def _broadcast_kind(a: _Arr, strides, shape) -> str | None:
     return None
 
 
-def _broadcast_layout(largs, values, shape):
+def _broadcast_layout(largs, values, shape, cpu: bool = False):
     """largs with the broadcast inputs given their kind, when the default path's body can run the
     loop as rows of shape[-1] elements: every output and every non-broadcast input dense, every
     dense or 'bcol' array 16-byte aligned at its start, and a row a whole number of vectors; else
-    None (the strided kernel)."""
+    None (the strided kernel). cpu: for the CPU's rows form, which has no vectors (no alignment
+    or row-length condition) and no raw parameters."""
     if len(shape) < 2 or shape[-1] < 2:
         return None
     out, vec = [], []
@@ -493,6 +494,8 @@ def _broadcast_layout(largs, values, shape):
         out.append((p, dt, k, rnd))
     if not any(k == "array" for _, _, k, _ in out) or all(k == "array" for _, _, k, _ in out if k != "scalar"):
         return None
+    if cpu:
+        return None if any(k == "raw" for _, _, k, _ in out) else out
     E = 16 // max(DTYPES[a.dtype][2] for a in vec)
     if shape[-1] % E or _vector_head(vec, E) != 0:
         return None
@@ -1025,6 +1028,10 @@ class ElementwiseKernel:
             bl = _broadcast_layout(largs, values, tuple(shape))
             if bl is not None:
                 largs, ccols, contig, mode = bl, shape[-1], True, "vector"
+        elif not contig and n > 0:
+            bl = _broadcast_layout(largs, values, tuple(shape), cpu=True)
+            if bl is not None:
+                largs, mode = bl, "rows"
         if mode == "vector":
             pass
         elif contig and call.device != "cpu" and any(kind == "array" for _, _, kind, _ in largs):
@@ -1033,7 +1040,7 @@ class ElementwiseKernel:
             if vh is not None and vh <= n:
                 mode, head = "vector", vh
         self._last_path = mode   # which kernel form ran last (the tests read it)
-        lshape = (n,) if contig else tuple(shape)
+        lshape = (n,) if contig else ((n // shape[-1], shape[-1]) if mode == "rows" else tuple(shape))
         layout = _codegen.Layout(mode, len(lshape), largs)
         params = _fill(layout, n, lshape, values, head)
         if mode == "vector":
