@@ -1,12 +1,13 @@
 """Where the host time of an eager training step goes (ewkern.torch against torch), on one device.
 
-    python3 scripts/host_step_probe.py [cuda|cpu] [MiB]
+    python3 scripts/host_step_probe.py [cuda|cpu] [MiB] [the step to profile] [steps to time, comma-separated]
 
 For each step: the mean host time a step in a loop of 200 (perf_counter, no synchronize inside),
 and the median of "synchronize, then one step, then synchronize" (what t1_train's host method sees,
 by the host clock). Then the parts: forward alone (with and without grad), a bare
-torch.autograd.Function whose forward and backward are torch ops, ewkern's C entry alone, and a
-cProfile of ewkern.torch's gelu step."""
+torch.autograd.Function whose forward and backward are torch ops, ewkern's C entry alone, the C++
+nodes' callables without the Python wrapper, a user kernel's (t1_train's rmsnorm), and a cProfile of
+one step (default ewkern.torch's gelu step)."""
 import cProfile
 import pstats
 import statistics
@@ -14,6 +15,7 @@ import sys
 import time
 
 import torch
+from host_loop import loop_us
 
 import ewkern
 import ewkern.torch as ewt
@@ -90,17 +92,7 @@ print(f"device {dev} {name}, {mib} MiB float32, torch {torch.__version__}")
 for name, f in steps.items():
     if ONLY is not None and name not in ONLY:
         continue
-    for _ in range(300):
-        f()
-    sync()
-    loop = []
-    for _ in range(11):
-        t0 = time.perf_counter()
-        for _ in range(200):
-            f()
-        t1 = time.perf_counter()
-        sync()
-        loop.append((t1 - t0) / 200 * 1e6)
+    loop = loop_us(f, sync, warm=300, rounds=11)
     one = []
     for _ in range(300):
         sync()

@@ -6,9 +6,9 @@ where the GPU keeps up), median of 9 rounds.
     python3 scripts/rmsnorm_host_probe.py [cuda|cpu] [MiB]"""
 import statistics
 import sys
-import time
 
 import torch
+from host_loop import loop_us
 
 import ewkern
 import ewkern.torch as ewt
@@ -87,15 +87,5 @@ parts = {
 print(f"device {dev} {torch.cuda.get_device_name() if dev != 'cpu' else 'cpu'}, {rows} x {ROW} float32, "
       f"torch {torch.__version__}")
 for name, f in parts.items():
-    for _ in range(100):
-        f()
-    sync()
-    loop = []
-    for _ in range(9):
-        t0 = time.perf_counter()
-        for _ in range(200):
-            f()
-        t1 = time.perf_counter()
-        sync()
-        loop.append((t1 - t0) / 200 * 1e6)
+    loop = loop_us(f, sync)
     print(f"{name:30s} {statistics.median(loop):8.2f} us  (min {min(loop):.2f}, max {max(loop):.2f})", flush=True)
