@@ -173,6 +173,19 @@ def test_cpu_rows_form_for_broadcast_inputs(dtype, shape):
               scale=np.abs(f[0] * f[2]) + np.abs(mid.astype(np.float64) * f[3]))
 
 
+def test_cpu_float16_reduction_reads_every_half_exactly():
+    """A CPU reduction converts its float16 inputs one by one (F16C's one-element form where the
+    build has it, else the integer form): every finite half, summed by rows in float64 (exact),
+    gives NumPy's float64 sums bit for bit; an infinity and a NaN come through as such."""
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    h = h[np.isfinite(h)].reshape(-1, 64)
+    k = ewkern.ReductionKernel("T x", "float64 y", "x", "a + b", "y = a", "0", "h16_sum", reduce_type="double")
+    np.testing.assert_array_equal(np.asarray(k(h, axis=1)), h.astype(np.float64).sum(1))
+    special = np.array([[1.0, np.inf], [np.nan, 2.0]], dtype=np.float16)
+    r = np.asarray(k(special, axis=1))
+    assert r[0] == np.inf and np.isnan(r[1])
+
+
 def test_noncontiguous_and_broadcast_layouts():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((6, 8))

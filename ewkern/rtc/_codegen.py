@@ -180,6 +180,15 @@ EWRTC_FN void f2h_n(const float *f, half_bits *p, long long n)
 EWRTC_FN float ld(const half_bits *p) { return h2f(p->v); }
 EWRTC_FN float ld(const bf16_bits *p) { return b2f(p->v); }
 template <class S> EWRTC_FN S ld(const S *p) { return *p; }
+/* ld for a loop that does not vectorise (a CPU reduction's, element by element): a half by F16C's
+   one-element vcvtph2ps where the build has it (h2f's bits), not h2f's integer form, which only
+   pays where gcc vectorises it */
+#if !EWRTC_CUDA && defined(__F16C__)
+EWRTC_FN float ld1(const half_bits *p) { return _cvtsh_ss(p->v); }
+#else
+EWRTC_FN float ld1(const half_bits *p) { return h2f(p->v); }
+#endif
+template <class S> EWRTC_FN auto ld1(const S *p) { return ld(p); }
 EWRTC_FN void st(half_bits *p, float v) { p->v = f2h(v); }
 EWRTC_FN void st(bf16_bits *p, float v) { p->v = f2b(v); }
 template <class S, class V> EWRTC_FN void st(S *p, V v) { *p = (S)v; }
@@ -343,8 +352,9 @@ def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") 
     src.add("        }")
 
 
-def _loads(src: Source, layout: Layout) -> list:
-    """Declare every parameter for the body; returns the outputs to store afterwards."""
+def _loads(src: Source, layout: Layout, ld: str = "ld") -> list:
+    """Declare every parameter for the body (the arrays' elements by ewrtc::<ld>: ld1 in a loop
+    that does not vectorise); returns the outputs to store afterwards."""
     stores = []
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
@@ -352,7 +362,7 @@ def _loads(src: Source, layout: Layout) -> list:
             src.add(f"        const {C} {p.name} = P.s_{p.name};")
         elif kind in ("array", "bcol", "brow", "bone"):
             q = "" if p.is_output else "const "
-            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)(P.p_{p.name} + off_{p.name}));")
+            src.add(f"        {q}{C} {p.name} = ewrtc::{ld}(({S} *)(P.p_{p.name} + off_{p.name}));")
             if p.is_output:
                 stores.append((p, S))
         else:
@@ -375,7 +385,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     arrays = [a for a in layout.args if a[2] in ("array", "bcol", "brow", "bone")]
     # iterations are independent unless the body writes a raw array (it may write any element)
     dense = layout.mode in ("contig", "rows") and not any(k == "raw" for _, _, k, _ in layout.args)
-    if backend == "cpu" and layout.mode == "contig" and dense and any(dt == "float16" for _, dt, _, _ in arrays):
+    if backend == "cpu" and dense and any(dt == "float16" and k in ("array", "bcol") for _, dt, k, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
     def body() -> None:
@@ -481,6 +491,7 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
     either way, rounded once where it is stored."""
     half = [a for a in arrays if a[1] == "float16"]
     read = {p.name for p, dt, kind, _ in half if p.is_output and not writes_only(operation, p.name)}
+    # (mode 'rows': the same by rows of P.shape[1] elements, see _cpu_half_tile_loop)
     _cpu_entry_head(src, entry, name, loop_prep)
     _cpu_team_loop(src, "parallel for schedule(static)", None,
                    lambda team: _cpu_half_tile_loop(src, name, layout, operation, half, read))
@@ -490,30 +501,40 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
 
 
 def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, half, read) -> None:
-    """_cpu_half_tiles' loop over the tiles."""
+    """_cpu_half_tiles' loop over the tiles; in mode 'rows' over the tiles of each row (split among
+    the threads by rows), a row's dense and repeated-row ('bcol') float16 arrays in tiles, the
+    one-element-a-row and one-element arrays read as they are."""
     T = CPU_HALF_TILE
-    src.add(f"    for (long long _t0 = 0; _t0 < P.size; _t0 += {T}) {{")
-    src.add(f"        const long long _tn = P.size - _t0 < {T} ? P.size - _t0 : {T};")
-    for p, dt, kind, _ in half:
+    rows = layout.mode == "rows"
+    n = "P.shape[1]" if rows else "P.size"
+    # where element _t0 + _j of the loop (of row _r) lies in each kind of array
+    base = {"array": "_r * P.shape[1] + _t0" if rows else "_t0", "bcol": "_t0", "brow": "_r", "bone": "0"}
+    at = {"array": "i", "bcol": "_t0 + _j", "brow": "_r", "bone": "0"}
+    tiled = [a for a in half if a[2] in ("array", "bcol")]
+    if rows:
+        src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
+    src.add(f"    for (long long _t0 = 0; _t0 < {n}; _t0 += {T}) {{")
+    src.add(f"        const long long _tn = {n} - _t0 < {T} ? {n} - _t0 : {T};")
+    for p, dt, kind, _ in tiled:
         src.add(f"        float _f_{p.name}[{T}];")
         if not p.is_output or p.name in read:
-            src.add(f"        ewrtc::h2f_n((const ewrtc::half_bits *)P.p_{p.name} + _t0, _f_{p.name}, _tn);")
+            src.add(f"        ewrtc::h2f_n((const ewrtc::half_bits *)P.p_{p.name} + {base[kind]}, _f_{p.name}, _tn);")
     src.add("#pragma omp simd")
     src.add("        for (long long _j = 0; _j < _tn; ++_j) {")
-    src.add("        const long long i = _t0 + _j;")
+    src.add(f"        const long long i = {'_r * P.shape[1] + ' if rows else ''}_t0 + _j;")
     stores = []
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         q = "" if p.is_output else "const "
         if kind == "scalar":
             src.add(f"        const {C} {p.name} = P.s_{p.name};")
-        elif dt == "float16":
+        elif dt == "float16" and kind in ("array", "bcol"):
             src.add(f"        {q}float {p.name} = _f_{p.name}[_j];" if not p.is_output or p.name in read
                     else f"        float {p.name} = 0.0f;")
             if p.is_output:
                 stores.append(f"        _f_{p.name}[_j] = {p.name};")
         else:
-            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + i);")
+            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + {at[kind]});")
             if p.is_output:
                 stores.append(f"        ewrtc::st(({S} *)P.p_{p.name} + i, {p.name});")
     src.add("        {")
@@ -521,10 +542,12 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
     src.add("        }")
     src.lines.extend(stores)
     src.add("        }")
-    for p, dt, kind, _ in half:
+    for p, dt, kind, _ in tiled:
         if p.is_output:
-            src.add(f"        ewrtc::f2h_n(_f_{p.name}, (ewrtc::half_bits *)P.p_{p.name} + _t0, _tn);")
+            src.add(f"        ewrtc::f2h_n(_f_{p.name}, (ewrtc::half_bits *)P.p_{p.name} + {base[kind]}, _tn);")
     src.add("    }")
+    if rows:
+        src.add("    }")
 
 
 def _post_map(src: Source, indent: str, name: str, out_layout: Layout, post_map_expr: str, acc: str,
@@ -572,7 +595,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     def map_step(src, acc, first_flag):
         src.add("            const ewrtc_in &P = PP.in;")
         _offsets(src, in_layout, "o * PP.red_size + r", arrays)
-        _loads(src, in_layout)
+        _loads(src, in_layout, "ld1" if backend == "cpu" else "ld")
         src.add("            type_reduce _m = (type_reduce)(")
         src.user(map_expr, name, "map_expr")
         src.add("            );")
