@@ -173,6 +173,33 @@ def test_cpu_rows_form_for_broadcast_inputs(dtype, shape):
               scale=np.abs(f[0] * f[2]) + np.abs(mid.astype(np.float64) * f[3]))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_cpu_strided_kernel_by_rows(dtype):
+    """The CPU's strided kernel (views, broadcasts the rows form does not take) walks rows of the
+    last axis, each array stepped by its own stride: NumPy's values for a transpose, a reversed
+    and stepped view, a middle-axis broadcast in 3-D and 4-D, the index i, a raw parameter."""
+    rng = np.random.default_rng(5)
+    dt = np_dtype(dtype)
+    k = ewkern.ElementwiseKernel("T x, T y", "T z, float64 j", "z = x * y + 1; j = i", "strided_rows")
+    a = rng.standard_normal((37, 29)).astype(dt)
+    b = rng.standard_normal((29, 37)).astype(dt)
+    c = rng.standard_normal((5, 1, 33)).astype(dt)
+    d = rng.standard_normal((5, 7, 33)).astype(dt)
+    e = rng.standard_normal((3, 4, 1, 6)).astype(dt)
+    f = rng.standard_normal((3, 1, 5, 6)).astype(dt)
+    for x, y in ((a.T, b), (a[::-2, 1::3], b[:19:1, ::-4][:, :10]), (c, d), (d[:, ::-1], c), (e, f)):
+        z, j = k(x, y)
+        assert k._last_path == "strided"
+        ref = x.astype(np.float64) * y.astype(np.float64) + 1
+        close(z, ref, dtype, 2.0, scale=np.abs(ref) + 1)
+        np.testing.assert_array_equal(np.asarray(j), np.arange(ref.size, dtype=np.float64).reshape(ref.shape))
+    raw = ewkern.ElementwiseKernel("T x, raw T q", "T z", "z = x + q[i % 3]", "strided_rows_raw")
+    q = rng.standard_normal(3).astype(dt)
+    zr = raw(a.T, q)
+    close(zr, a.T.astype(np.float64) + q.astype(np.float64)[np.arange(a.size).reshape(a.T.shape) % 3], dtype, 2.0,
+          scale=np.abs(a.T.astype(np.float64)) + 3)
+
+
 def test_cpu_float16_reduction_reads_every_half_exactly():
     """A CPU reduction converts its float16 inputs one by one (F16C's one-element form where the
     build has it, else the integer form): every finite half, summed by rows in float64 (exact),
