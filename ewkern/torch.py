@@ -922,6 +922,20 @@ def _user_autograd(ins, scalars, run_backward, masked=False):
     return setup, backward, gradients
 
 
+def _refuse_double_backward(name):
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+
+
+def _node_grads(name, gradients):
+    """The C++ node's backward (make_user's grads) over _user_autograd's gradients(grad, wanted,
+    args): the gradients as a tuple; double backward refused as on the Python paths."""
+    def node_grads(g, wanted, *a):
+        _refuse_double_backward(name)
+        return tuple(gradients(g, wanted, a))
+    return node_grads
+
+
 def _user_function(name, kernel, bk, ins, scalars, why):
     """The user op as a torch.autograd.Function that calls the kernels directly: what eager code
     runs (the custom op's dispatch costs about 13 us of host time per call on the CI host, twice
@@ -938,8 +952,7 @@ def _user_function(name, kernel, bk, ins, scalars, why):
     def backward(ctx, *g):
         if grads is None:
             raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+        _refuse_double_backward(name)
         return grads(ctx, g[0])
     return type(f"{name}_function", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -1092,8 +1105,7 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
         ctx.save_for_backward(*[inputs[k] for k in tensor_at])
 
     def backward(ctx, grad):
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
+        _refuse_double_backward(name)
         a = list(ctx.args)
         for k, t in zip(tensor_at, ctx.saved_tensors):
             a[k] = t
@@ -1129,13 +1141,8 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
             if _native:
                 grads = _user_autograd(ins, scalars, lambda g, *a, need=None: bimpl(g, *a, axis, keepdims, need=need),
                                        masked=True)[2]
-
-                def node_grads(g, wanted, *a):
-                    if torch.is_grad_enabled():
-                        raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
-                    return tuple(grads(g, wanted, a))
-                fn = _native.make_user(name, lambda *a: impl(*a, axis, keepdims), node_grads, tuple(tensor_at), nin,
-                                       fallback)
+                fn = _native.make_user(name, lambda *a: impl(*a, axis, keepdims), _node_grads(name, grads),
+                                       tuple(tensor_at), nin, fallback)
             if len(nodes) >= 64:
                 nodes.clear()
             nodes[key] = fn
@@ -1284,12 +1291,6 @@ def kernel_op(kernel, scalars=(), name=None):
                                 scalars, ins)
     setup, backward, _ = _user_autograd(ins, scalars, bop)
     op.register_autograd(backward, setup_context=setup)
-    gradients = _user_autograd(ins, scalars, bimpl, masked=True)[2]
-
-    def node_grads(g, wanted, *a):
-        # the C++ node's backward (_with_eager_path): as _user_function's
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"torch.ops.ewkern_user.{name}: double backward is not supported")
-        return tuple(gradients(g, wanted, a))
+    node_grads = _node_grads(name, _user_autograd(ins, scalars, bimpl, masked=True)[2])
     return _with_eager_path(op, _user_function(name, impl, bimpl, ins, scalars, ""), impl, scalars, ins,
                             (name, node_grads))

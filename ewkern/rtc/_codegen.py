@@ -337,18 +337,24 @@ def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") 
         for p, dt, kind, _ in arrays:
             src.add(f"        const long long off_{p.name}{suffix} = ({index}) * {DTYPES[dt][2]}LL;")
         return
+    _unravel(src, index, layout.ndim - 1, arrays, "off_", suffix)
+
+
+def _unravel(src: Source, index: str, top: int, arrays, prefix: str, suffix: str = "") -> None:
+    """<prefix><name><suffix>: each array's byte offset of the element `index` of a strided
+    layout's dimensions 0..top (the index unravelled over them, each array at its own strides)."""
     for p, dt, kind, _ in arrays:
-        src.add(f"        long long off_{p.name}{suffix} = 0;")
+        src.add(f"        long long {prefix}{p.name}{suffix} = 0;")
     # the outermost dimension takes what is left of the index (index < size): no division there,
     # none at all for one dimension (a 64-bit division is a called routine of ~70 instructions)
     src.add(f"        {{ long long _r = {index};")
-    src.add(f"          for (int _d = {layout.ndim - 1}; _d > 0; --_d) {{")
+    src.add(f"          for (int _d = {top}; _d > 0; --_d) {{")
     src.add("            const long long _n = P.shape[_d], _c = _r % _n; _r /= _n;")
     for p, dt, kind, _ in arrays:
-        src.add(f"            off_{p.name}{suffix} += _c * P.st_{p.name}[_d];")
+        src.add(f"            {prefix}{p.name}{suffix} += _c * P.st_{p.name}[_d];")
     src.add("          }")
     for p, dt, kind, _ in arrays:
-        src.add(f"          off_{p.name}{suffix} += _r * P.st_{p.name}[0];")
+        src.add(f"          {prefix}{p.name}{suffix} += _r * P.st_{p.name}[0];")
     src.add("        }")
 
 
@@ -388,8 +394,9 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if backend == "cpu" and dense and any(dt == "float16" and k in ("array", "bcol") for _, dt, k, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
-    def body() -> None:
-        _offsets(src, layout, "i", arrays)
+    def body(offsets: bool = True) -> None:   # offsets False: the caller declared off_<name>
+        if offsets:
+            _offsets(src, layout, "i", arrays)
         stores = _loads(src, layout)
         src.add("        {")
         src.user(operation, name, "operation", ";")
@@ -406,29 +413,13 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         last = layout.ndim - 1
 
         def strided_rows(team: bool) -> None:
-            src.add(f"    for (long long _r = 0; _r < P.size / P.shape[{last}]; ++_r) {{")
-            for p, dt, kind, _ in arrays:
-                src.add(f"        long long row_{p.name} = 0;")
-            src.add("        { long long _q = _r;")
-            src.add(f"          for (int _d = {last - 1}; _d > 0; --_d) {{")
-            src.add("            const long long _n = P.shape[_d], _k = _q % _n; _q /= _n;")
-            for p, dt, kind, _ in arrays:
-                src.add(f"            row_{p.name} += _k * P.st_{p.name}[_d];")
-            src.add("          }")
-            for p, dt, kind, _ in arrays:
-                src.add(f"          row_{p.name} += _q * P.st_{p.name}[0];")
-            src.add("        }")
+            src.add(f"    for (long long _row = 0; _row < P.size / P.shape[{last}]; ++_row) {{")
+            _unravel(src, "_row", last - 1, arrays, "row_")
             src.add(f"    for (long long _c = 0; _c < P.shape[{last}]; ++_c) {{")
-            src.add(f"        const long long i = _r * P.shape[{last}] + _c;")
+            src.add(f"        const long long i = _row * P.shape[{last}] + _c;")
             for p, dt, kind, _ in arrays:
                 src.add(f"        const long long off_{p.name} = row_{p.name} + _c * P.st_{p.name}[{last}];")
-            stores = _loads(src, layout)
-            src.add("        {")
-            src.user(operation, name, "operation", ";")
-            src.add("        }")
-            for p, S in stores:
-                src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
-            src.add("    }")
+            body(offsets=False)
             src.add("    }")
         _cpu_team_loop(src, "parallel for schedule(static)", None, strided_rows)
     elif backend == "cpu" and layout.mode == "rows":
