@@ -1,0 +1,59 @@
+"""Where a training step of rmsnorm spends its GPU time, kernel by kernel (a probe for the GPU
+machine, not part of the package).
+
+    python3 scripts/rmsnorm_kernel_probe.py DTYPE SIZE[,SIZE...] [SETS]
+
+For each size (bytes of x, rows of 4096 as `train` makes them), the step of `ewkern.bench train`'s
+rmsnorm (ewkern.torch's RowKernel op with its derived backward) and torch eager's
+(F.rms_norm) run 30 times each under torch.profiler after a warm-up, rotating through SETS
+(default 24) input sets so that the L2 does not hold them; prints each kernel's mean duration
+(us) per step, the step's kernel total, and the row plan (RowKernel._last_path) of every
+RowKernel the process made."""
+import gc
+import sys
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import ewkern
+from ewkern.bench import t1_train as T
+
+dtype = getattr(torch, sys.argv[1])
+sizes = [int(s[:-3]) << (20 if s.endswith("MiB") else 30) for s in sys.argv[2].split(",")]
+nsets = int(sys.argv[3]) if len(sys.argv) > 3 else 24
+op = T.rmsnorm_op()
+ways = {"ewkern.torch": op, "torch eager": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)}
+for size in sizes:
+    rows = size // dtype.itemsize // T.ROW
+    sets = []
+    for _ in range(nsets):
+        x = (torch.rand(rows, T.ROW, device="cuda") * 4 - 2).to(dtype).requires_grad_()
+        w = (torch.rand(T.ROW, device="cuda") + 0.5).to(dtype).requires_grad_()
+        g = (torch.rand(rows, T.ROW, device="cuda") - 0.5).to(dtype)
+        sets.append((x, w, g))
+    for name, fn in ways.items():
+        def step(k):
+            x, w, g = sets[k % nsets]
+            y = fn(x, w, 1e-6)
+            torch.autograd.grad(y, (x, w), g)
+        for k in range(2 * nsets):
+            step(k)
+        torch.cuda.synchronize()
+        steps = 30
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for k in range(steps):
+                step(k)
+            torch.cuda.synchronize()
+        per = defaultdict(float)
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                per[e.name[:90]] += e.device_time / steps if hasattr(e, "device_time") else e.cuda_time / steps
+        total = sum(per.values())
+        print(f"== {sys.argv[1]} {size >> 20} MiB ({rows} rows) {name}: kernels {total:.2f} us a step")
+        for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+            print(f"   {v:8.2f}  {k}")
+for obj in gc.get_objects():
+    if isinstance(obj, ewkern.RowKernel):
+        print("RowKernel", obj.name, getattr(obj, "_last_path", None))
