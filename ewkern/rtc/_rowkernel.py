@@ -37,6 +37,14 @@ _COLSUM_MIN_THREADS = 768
 # H200's measurements put the break-even near 7% (halving the partials saves half that share; the
 # wider block's barrier cost about 3.5%)
 _COLSUM_WIDEN_SHARE = 1 / 12
+# EWKERN_RTC_COLSUM_TILES=N (read once): a column-sum kernel's blocks take at least N tiles of rows
+# each (fewer blocks, fewer partial rows): a knob for measuring the tiles rule, not for users.
+# H200 (b21f29a), rmsnorm's training step, float16 / bfloat16, 4 MiB (512 rows of 4096; the rule
+# gives 1 tile, 256 blocks of 512), ewkern.torch / torch eager back-to-back: 1 tile 0.92 / 0.94,
+# 2 tiles 0.77 / 0.77, 4 tiles 0.75 / 0.76, 8 tiles 0.51 / 0.51 (single step 1.00 / 1.01 ->
+# 0.87 / 0.89 -> 0.79 / 0.82 -> 0.57 / 0.59), though under torch.profiler (kernels one at a time)
+# 2 tiles ran the step's kernels in 19.2 us against 22.6
+_COLSUM_TILES_KNOB = int(os.environ.get("EWKERN_RTC_COLSUM_TILES", "0") or 0)
 
 # The lean two-pass form (VPL -2: 2 vectors a lane, the row read again from L2) instead of the
 # register form at 4 vectors a lane, where the rows fill at least _LEAN_WAVES waves of it, every
@@ -482,7 +490,7 @@ class RowKernel:
             block, w = G, wave(h, G)
             grid = rows
         if self._colsum:   # a wave of blocks, each over P.tiles tiles of rows: few partial rows
-            P.tiles = -(-grid // min(grid, w))
+            P.tiles = max(-(-grid // min(grid, w)), _COLSUM_TILES_KNOB)
             grid = -(-grid // P.tiles)
         # the default path's store rule for the outputs (write-back where the next kernel may read
         # them from the L2: at least 1/32 of it, or a launch past it), by the bytes of the rows
