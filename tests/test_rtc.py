@@ -176,8 +176,10 @@ def test_cpu_rows_form_for_broadcast_inputs(dtype, shape):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_cpu_strided_kernel_by_rows(dtype):
     """The CPU's strided kernel (views, broadcasts the rows form does not take) walks rows of the
-    last axis, each array stepped by its own stride: NumPy's values for a transpose, a reversed
-    and stepped view, a middle-axis broadcast in 3-D and 4-D, the index i, a raw parameter."""
+    last axis, each array stepped by its own stride, or tiles of the last two axes where an array
+    is transposed: NumPy's values for transposes (2-D and 3-D, reversed, with partial tiles at
+    both edges, a transposed output), a reversed and stepped view, a middle-axis broadcast in 3-D
+    and 4-D, the index i, a raw parameter."""
     rng = np.random.default_rng(5)
     dt = np_dtype(dtype)
     k = ewkern.ElementwiseKernel("T x, T y", "T z, float64 j", "z = x * y + 1; j = i", "strided_rows")
@@ -187,12 +189,23 @@ def test_cpu_strided_kernel_by_rows(dtype):
     d = rng.standard_normal((5, 7, 33)).astype(dt)
     e = rng.standard_normal((3, 4, 1, 6)).astype(dt)
     f = rng.standard_normal((3, 1, 5, 6)).astype(dt)
-    for x, y in ((a.T, b), (a[::-2, 1::3], b[:19:1, ::-4][:, :10]), (c, d), (d[:, ::-1], c), (e, f)):
+    g = rng.standard_normal((70, 45)).astype(dt)     # rows of 90 bytes and more: tiles in every dtype
+    h = rng.standard_normal((3, 45, 70)).astype(dt)
+    m = rng.standard_normal((3, 70, 45)).astype(dt)
+    for x, y in ((a.T, b), (a[::-2, 1::3], b[:19:1, ::-4][:, :10]), (c, d), (d[:, ::-1], c), (e, f),
+                 (g.T, g.T[::-1].copy()), (g[::-1].T, g.T[:, ::-1]), (h.transpose(0, 2, 1), m),
+                 (h[:, ::-1].transpose(0, 2, 1), m.transpose(0, 2, 1).copy().transpose(0, 2, 1))):
         z, j = k(x, y)
         assert k._last_path == "strided"
         ref = x.astype(np.float64) * y.astype(np.float64) + 1
         close(z, ref, dtype, 2.0, scale=np.abs(ref) + 1)
         np.testing.assert_array_equal(np.asarray(j), np.arange(ref.size, dtype=np.float64).reshape(ref.shape))
+    # a transposed output: each element written once, where NumPy's own values put it
+    zt, jt = np.zeros((45, 70), dt).T, np.zeros((70, 45))
+    k(g, g[::-1], zt, jt)
+    ref = g.astype(np.float64) * g[::-1].astype(np.float64) + 1
+    close(zt, ref, dtype, 2.0, scale=np.abs(ref) + 1)
+    np.testing.assert_array_equal(jt, np.arange(ref.size, dtype=np.float64).reshape(ref.shape))
     raw = ewkern.ElementwiseKernel("T x, raw T q", "T z", "z = x + q[i % 3]", "strided_rows_raw")
     q = rng.standard_normal(3).astype(dt)
     zr = raw(a.T, q)

@@ -406,22 +406,43 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         src.add("    }")
 
     if backend == "cpu" and layout.mode == "strided" and layout.ndim > 1:
-        # by rows of the last axis: a row's start unravelled once (a division per leading
-        # dimension), then each array stepped by its last-axis stride; not the per-element
-        # unravel (a transposed [1024, 1024] float32 `z = x * y + 1`: 2928 us on the CI host)
+        # by tiles of the last two axes: a tile's start unravelled once (a division per leading
+        # dimension), then each array stepped by its own strides; not the per-element unravel (a
+        # transposed [1024, 1024] float32 `z = x * y + 1`: 2928 us on the CI host). A tile is one
+        # row of the last axis, or where an array steps over more than a cache line along the
+        # last axis and less along the one before (a transpose), CPU_STRIDED_TILE x
+        # CPU_STRIDED_TILE elements, so that the lines such an array touches along a tile's
+        # columns are used again by its next rows (csrc/cpu/CPU_NOTES.md)
         _cpu_entry_head(src, entry, name, loop_prep)
         last = layout.ndim - 1
+        T = CPU_STRIDED_TILE
+        src.add("    bool _tiled = false;")
+        for p, dt, kind, _ in arrays:
+            a, b = f"P.st_{p.name}[{last}]", f"P.st_{p.name}[{last - 1}]"
+            src.add(f"    _tiled = _tiled || (({a} > 64 || {a} < -64) && ({b} < 0 ? -{b} : {b}) < ({a} < 0 ? -{a} : {a}));")
+        src.add(f"    const long long _R = P.shape[{last - 1}], _C = P.shape[{last}];")
+        src.add(f"    const long long _TR = _tiled && _R > 1 ? {T} : 1, _TC = _tiled && _R > 1 ? {T} : _C;")
+        src.add("    const long long _nr = (_R + _TR - 1) / _TR, _nc = _C ? (_C + _TC - 1) / _TC : 0;")
+        src.add("    const long long _tiles = _R * _C ? P.size / (_R * _C) * _nr * _nc : 0;")
 
-        def strided_rows(team: bool) -> None:
-            src.add(f"    for (long long _row = 0; _row < P.size / P.shape[{last}]; ++_row) {{")
-            _unravel(src, "_row", last - 1, arrays, "row_")
-            src.add(f"    for (long long _c = 0; _c < P.shape[{last}]; ++_c) {{")
-            src.add(f"        const long long i = _row * P.shape[{last}] + _c;")
+        def strided_tiles(team: bool) -> None:
+            src.add("    for (long long _t = 0; _t < _tiles; ++_t) {")
+            src.add("    const long long _o = _t / (_nr * _nc), _rc = _t % (_nr * _nc);")
+            src.add("    const long long _r0 = _rc / _nc * _TR, _c0 = _rc % _nc * _TC;")
+            src.add("    const long long _r1 = _r0 + _TR < _R ? _r0 + _TR : _R, _c1 = _c0 + _TC < _C ? _c0 + _TC : _C;")
+            # the leading dimensions (none for 2-D: _o is 0, and dimension 0 adds nothing)
+            _unravel(src, "_o", max(last - 2, 0), arrays, "tile_")
+            src.add("    for (long long _r = _r0; _r < _r1; ++_r) {")
+            for p, dt, kind, _ in arrays:
+                src.add(f"        const long long row_{p.name} = tile_{p.name} + _r * P.st_{p.name}[{last - 1}];")
+            src.add("    for (long long _c = _c0; _c < _c1; ++_c) {")
+            src.add("        const long long i = (_o * _R + _r) * _C + _c;")
             for p, dt, kind, _ in arrays:
                 src.add(f"        const long long off_{p.name} = row_{p.name} + _c * P.st_{p.name}[{last}];")
             body(offsets=False)
             src.add("    }")
-        _cpu_team_loop(src, "parallel for schedule(static)", None, strided_rows)
+            src.add("    }")
+        _cpu_team_loop(src, "parallel for schedule(static)", None, strided_tiles)
     elif backend == "cpu" and layout.mode == "rows":
         # broadcast inputs over rows of P.shape[1] elements (kinds bcol, brow, bone; the outputs
         # dense): rows split among the threads, a row's columns one simd loop, no index division
@@ -465,6 +486,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     return src.text(), entry
 
 
+CPU_STRIDED_TILE = 32  # rows and columns of a CPU strided kernel's tile where an array is transposed
 CPU_HALF_TILE = 512    # elements of a float16 tile converted at once (2 KiB of floats an array)
 
 
