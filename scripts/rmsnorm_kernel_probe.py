@@ -8,8 +8,17 @@ rmsnorm (ewkern.torch's RowKernel op with its derived backward) and torch eager'
 (F.rms_norm) run 30 times each under torch.profiler after a warm-up, rotating through SETS
 (default 24) input sets so that the L2 does not hold them; prints each kernel's mean duration
 (us) per step, the step's kernel total, and the row plan (RowKernel._last_path) of every
-RowKernel the process made."""
+RowKernel the process made.
+
+PROBE_NCU=1: no torch.profiler (it and Nsight Compute both need CUPTI); each way runs 3 steps
+after the warm-up, for Nsight Compute to pick the kernels, e.g. the derived backward's row kernel
+and its column sum at 4 MiB against torch's two backward kernels:
+
+    PROBE_NCU=1 ncu --clock-control none --set full -k regex:"rmsnorm_backward|layer_norm_grad|GammaBeta" \
+        -c 8 -f -o $OUT/rmsnorm-bw python3 scripts/rmsnorm_kernel_probe.py float16 4MiB
+    ncu -i $OUT/rmsnorm-bw.ncu-rep --page details > $OUT/rmsnorm-bw.txt"""
 import gc
+import os
 import sys
 from collections import defaultdict
 
@@ -41,6 +50,11 @@ for size in sizes:
         for k in range(2 * nsets):
             step(k)
         torch.cuda.synchronize()
+        if os.environ.get("PROBE_NCU") == "1":
+            for k in range(3):
+                step(k)
+            torch.cuda.synchronize()
+            continue
         steps = 30
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for k in range(steps):
