@@ -296,7 +296,8 @@ def test_second_reduction_layernorm(dtype):
 
 def test_cuda_source_holds_only_what_the_reduction_needs():
     """A repeated row (a weight) is read where it is used (in the apply, or in the map when the
-    map reads it), not held in registers through the reduction; every dense input is held."""
+    map reads it), one vector load a lane's vector, not held in registers through the reduction;
+    every dense input is held."""
     ps = parse_params("T x, T w, T r, float32 eps", False, "k") + parse_params("T y", True, "k")
     lay = _codegen.Layout("contig", 1, [(ps[0], "float32", "array", 0), (ps[1], "float32", "bcol", 0),
                                         (ps[2], "float32", "array", 0), (ps[3], "float32", "scalar", 0),
@@ -308,8 +309,10 @@ def test_cuda_source_holds_only_what_the_reduction_needs():
                                    "y = x * rsqrt(a / _row_size + eps) * w + r", "0", "float", "", tdefs, set())[0]
     s1 = src("x * x")
     assert "_r_x[VPL" in s1 and "_r_r[VPL" in s1 and "_r_w[" not in s1 and "_c_w = ewrtc::hold(_u_w + _v)" in s1
-    s2 = src("x * w")   # read where the map uses it too
-    assert "_r_w[" not in s2 and "ewrtc::ld(&_u_w[_v].v[_k])" in s2
+    assert s1.count("_c_w = ewrtc::hold(_u_w + _v)") == 1    # the apply's alone
+    s2 = src("x * w")   # read where the map uses it too: a vector there, its elements from it
+    assert "_r_w[" not in s2 and "ewrtc::ld(&_u_w[_v].v[_k])" not in s2
+    assert s2.count("_c_w = ewrtc::hold(_u_w + _v)") == 2 and "const float w = ewrtc::elem(_c_w, _k)" in s2
 
 
 # ---- the GPU (skipped without one) ------------------------------------------------------------

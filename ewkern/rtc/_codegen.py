@@ -1650,10 +1650,17 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("        for (int _q = 0; _q < VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
         src.add("            if (_live && _v < _nv) {")
+        # a repeated row the map reads: one vector load a lane's vector (unused: the compiler
+        # drops it), not E loads of one element (16-bit rmsnorm's derived backward, sm_90: 16
+        # LDG.E.U16 a lane in its second pass, where the apply read the same row as 2 LDG.E.128)
+        for p, dt, kind, _ in bcols:
+            if p.name in in_map:
+                src.add(f"                const _H_{p.name} _c_{p.name} = ewrtc::hold(_u_{p.name} + _v);")
         src.add("#pragma unroll")
         src.add("                for (int _k = 0; _k < E; ++_k) {")
         src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        map_into("                    ", reg_value, stage)
+        map_into("                    ", lambda p, dt, kind: (f"ewrtc::elem(_c_{p.name}, _k)" if kind == "bcol"
+                                                             else reg_value(p, dt, kind)), stage)
         src.add("                }")
         src.add("            }")
         src.add("        }")
