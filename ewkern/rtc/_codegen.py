@@ -159,6 +159,10 @@ EWRTC_FN unsigned short f2b(float f)
 EWRTC_FN void h2f_n(const half_bits *p, float *f, long long n)
 {
     long long j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(f + j, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + j))));
+#endif
 #if defined(__F16C__)
     for (; j + 8 <= n; j += 8)
         _mm256_storeu_ps(f + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + j))));
@@ -169,6 +173,10 @@ EWRTC_FN void h2f_n(const half_bits *p, float *f, long long n)
 EWRTC_FN void f2h_n(const float *f, half_bits *p, long long n)
 {
     long long j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= n; j += 16)
+        _mm256_storeu_si256((__m256i *)(p + j), _mm512_cvtps_ph(_mm512_loadu_ps(f + j), _MM_FROUND_TO_NEAREST_INT));
+#endif
 #if defined(__F16C__)
     for (; j + 8 <= n; j += 8)
         _mm_storeu_si128((__m128i *)(p + j), _mm256_cvtps_ph(_mm256_loadu_ps(f + j), _MM_FROUND_TO_NEAREST_INT));
