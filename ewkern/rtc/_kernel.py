@@ -641,12 +641,12 @@ class _Plan:
         self.outs, self.run, self.ret, self.colsum = outs, run, ret, colsum
 
 
-def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None):
+def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None, c_tried: bool = False):
     """Run a call by a recorded plan, or return _MISS (the caller takes the full path). The C
     module's _rtc_fast does the same for the plans it can run (kern._cplans, see _record_plan);
-    what it misses comes here."""
+    what it misses comes here (c_tried: the caller asked it already)."""
     C = _C_mod or _C()
-    if kern._cplans:
+    if kern._cplans and not c_tried:
         r = C._rtc_fast(kern._cplans, args, nin, extra, _SCALARS)
         if r is not NotImplemented:
             return r
@@ -952,7 +952,13 @@ class ElementwiseKernel:
 
     def __call__(self, *args: Any, size: int | None = None, block_size: int | None = None) -> Any:
         if self._plans and size is None and block_size is None:
-            r = _fast_call(self, self._plans, args, self.nin)
+            # the C plans first, without _fast_call's frame (a warm CPU call of 1024 float32
+            # elements, CI host: 0.85 -> 0.73 us)
+            if self._cplans:
+                r = (_C_mod or _C())._rtc_fast(self._cplans, args, self.nin, None, _SCALARS)
+                if r is not NotImplemented:
+                    return r
+            r = _fast_call(self, self._plans, args, self.nin, c_tried=True)
             if r is not _MISS:
                 return r
         name = self.name
@@ -1270,7 +1276,11 @@ class ReductionKernel:
             except TypeError:
                 extra = None
         if self._plans and extra is not None:
-            r = _fast_call(self, self._plans, fargs, self.nin, extra)
+            if self._cplans:   # as ElementwiseKernel.__call__
+                r = (_C_mod or _C())._rtc_fast(self._cplans, fargs, self.nin, extra, _SCALARS)
+                if r is not NotImplemented:
+                    return r
+            r = _fast_call(self, self._plans, fargs, self.nin, extra, c_tried=True)
             if r is not _MISS:
                 return r
         name = self.name

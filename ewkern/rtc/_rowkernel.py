@@ -14,10 +14,11 @@ from typing import Any, Callable
 import numpy as np
 
 from . import _build, _codegen
-from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, WIDE_SM_GBS, _Arr, _broadcast_kind, _broadcast_strides,
-                      _Call, _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense, _device_facts, _fast_call,
-                      _fill, _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner, _record_plan, _scalar_value,
-                      _sm_bandwidth, _threads, _typedefs, _vector_head)
+from . import _kernel as _kernel_mod
+from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, _SCALARS, WIDE_SM_GBS, _Arr, _broadcast_kind,
+                      _broadcast_strides, _Call, _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense,
+                      _device_facts, _fast_call, _fill, _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner,
+                      _record_plan, _scalar_value, _sm_bandwidth, _threads, _typedefs, _vector_head)
 from ._params import DTYPES, parse_params
 
 _MAX_G = 1024          # lanes per row at most (one block)
@@ -264,7 +265,11 @@ class RowKernel:
 
     def __call__(self, *args: Any) -> Any:
         if self._plans:
-            r = _fast_call(self, self._plans, args, self.nin)
+            if self._cplans:   # as ElementwiseKernel.__call__
+                r = (_kernel_mod._C_mod or _C())._rtc_fast(self._cplans, args, self.nin, None, _SCALARS)
+                if r is not NotImplemented:
+                    return r
+            r = _fast_call(self, self._plans, args, self.nin, c_tried=True)
             if r is not _MISS:
                 return r
         name = self.name
