@@ -223,3 +223,41 @@ def test_16bit_table_gives_the_tiles_bits(op, dtype):
     pytest.importorskip("torch")
     r = subprocess.run([sys.executable, "-c", _LUT_SCRIPT, op, dtype], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "same" in r.stdout, r.stderr[-2000:]
+
+
+# a saturating input of each op and the value libm gives it (csrc/cpu/elementwise.c, "saturated lanes")
+SATURATING = {"exp": [(120.0, np.inf), (-150.0, 0.0), (np.inf, np.inf), (-np.inf, 0.0)],
+              "log": [(0.0, -np.inf), (-0.0, -np.inf), (-2.5, np.nan), (np.inf, np.inf), (-np.inf, np.nan)],
+              "sigmoid": [(200.0, 1.0), (-200.0, 0.0)],
+              "silu": [(200.0, 200.0), (-200.0, -0.0)],
+              "gelu": [(-20.0, -0.0), (-1e30, -0.0)]}
+
+
+@pytest.mark.parametrize("op", sorted(SATURATING))
+def test_float32_saturated_lanes_keep_every_bit(op):
+    """float32 exp, log, sigmoid, silu, gelu take a chunk with saturating lanes through their
+    saturated form (libmvec's scalar fallback spared): the saturated lanes get libm's value (the
+    zero's sign and NaN included), every other lane of the chunk the same bits as a call without
+    them, and a NaN input stays NaN."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(5000) * 4).astype(np.float32)
+    if op == "log":
+        x = np.abs(x) + np.float32(1e-3)
+    plain = np.asarray(getattr(ewkern, op)(ewkern.asarray(x))).view(np.uint32)
+    for value, want in SATURATING[op] + [(np.nan, np.nan)]:
+        mixed = x.copy()
+        mixed[::7] = value
+        got = np.asarray(getattr(ewkern, op)(ewkern.asarray(mixed)))
+        keep = np.ones(x.size, bool)
+        keep[::7] = False
+        np.testing.assert_array_equal(got.view(np.uint32)[keep], plain[keep])
+        sat = got[::7]
+        if np.isnan(want):
+            assert np.isnan(sat).all()
+        else:
+            np.testing.assert_array_equal(sat, np.full(sat.size, want, np.float32))
+            assert (np.signbit(sat) == np.signbit(np.float32(want))).all()
+    if op == "log":   # NaN for a negative input and for a NaN, in a chunk of them alone
+        got = np.asarray(ewkern.log(ewkern.asarray(np.array([-1.0, np.nan] * 600, np.float32))))
+        with np.errstate(invalid="ignore"):
+            assert np.isnan(got).all()

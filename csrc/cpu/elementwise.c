@@ -36,6 +36,7 @@
  *   sqrt, rsqrt      vectorise only when built with -fno-math-errno (errno is never read here).
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -284,6 +285,102 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EW_PAR_MIN(kind) ((kind) == EW_KIND_MATH ? EW_PAR_MIN_HEAVY : EW_PAR_MIN_CHEAP)
 #endif
 
+/* ---- saturated lanes ---------------------------------------------------------------------
+ * libmvec's vector functions hand every lane outside their main range to the scalar libm
+ * function, one lane at a time; where many lanes saturate an op ran 10-45x slower (CI host,
+ * 2^18 float32: exp of N(0, 300^2) 1366 us against 30, gelu of N(0, 30^2) 1434 against 107, log
+ * with half its inputs negative 746 against 29; CPU_NOTES.md, "Saturated lanes"). A float32 math
+ * block is taken in chunks of EW_SAT_CHUNK: a chunk whose sample has a lane whose result
+ * saturates (EWS_<op>, from the least and greatest of 4 runs of EW_SAT_RUN inputs spread over the
+ * chunk: a scan of the whole chunk cost exp and log 16-18% on ordinary inputs, the sample about
+ * 1/16 of that) runs the op's saturated form
+ * (EWFS_<op>), which gives such lanes the argument 0 (by a bit mask: gcc turns `f(s ? 0 : x)` back
+ * into a call on x) and selects libm's value for them afterwards: exp's inf and 0, erfc's 0,
+ * log's -inf, inf and (x - x) / (x - x) (libm's own NaN for x < 0, the quieted payload of a NaN).
+ * The same bits as before in every lane; a chunk without such a lane runs the op as before. The
+ * bounds lie past the last finite or nonzero result (expf: 88.72 and -103.97; erfcf: 10.06), so
+ * lanes with subnormal results still take the function's own path. float64 keeps the plain form
+ * (its bool-to-64-bit masks kept gcc 12 from vectorising relu's loop: see ew_relu_double). */
+#define EW_SAT_CHUNK ((int64_t)4096)
+#define EW_SAT_RUN ((int64_t)64)   /* the scan reads 4 runs of 64 a chunk (see above) */
+#ifdef _OPENMP
+#define EW_SIMD_MINMAX(lo, hi) _Pragma(EW_STR(omp simd reduction(min:lo) reduction(max:hi)))
+#else
+#define EW_SIMD_MINMAX(lo, hi)
+#endif
+#define EW_STR(x) #x
+static inline float ew_keep_float(float x, int keep)
+{
+    return ew_bits_float(ew_float_bits(x) & (0u - (uint32_t)keep));
+}
+static inline float ew_exp_sat_float(float x)
+{
+    const int hi = x > 89.0f, lo = x < -104.0f;
+    const float r = expf(ew_keep_float(x, !(hi | lo)));
+    return hi ? INFINITY : lo ? 0.0f : r;
+}
+static inline float ew_erfc_sat_float(float x)
+{
+    const int hi = x > 10.25f;
+    const float r = erfcf(ew_keep_float(x, !hi));
+    return hi ? 0.0f : r;
+}
+static inline float ew_log_sat_float(float x)
+{
+    const int ok = x > 0.0f && x <= FLT_MAX;
+    const uint32_t m = 0u - (uint32_t)ok;   /* x where ok, else 1.0f, by bits (as ew_keep_float) */
+    const float r = logf(ew_bits_float((ew_float_bits(x) & m) | (0x3f800000u & ~m)));
+    return ok ? r : x == 0.0f ? -INFINITY : x == INFINITY ? x : (x - x) / (x - x);
+}
+static inline float ew_sigmoid_sat_float(float a)
+{
+    const float e = ew_exp_sat_float(-fabsf(a));
+    const float r = 1.0f / (1.0f + e), er = e * r;
+    return a >= 0 ? r : er;
+}
+/* which (op, compute type) pairs scan; the lanes each one's saturated form changes */
+#define EWSAT_exp_float 1
+#define EWSAT_log_float 1
+#define EWSAT_sigmoid_float 1
+#define EWSAT_silu_float 1
+#define EWSAT_gelu_float 1
+#define EWSAT_exp_double 0
+#define EWSAT_log_double 0
+#define EWSAT_sigmoid_double 0
+#define EWSAT_silu_double 0
+#define EWSAT_gelu_double 0
+#define EWSAT_sqrt_float 0
+#define EWSAT_sqrt_double 0
+#define EWSAT_rsqrt_float 0
+#define EWSAT_rsqrt_double 0
+#define EWSAT_erf_float 0
+#define EWSAT_erf_double 0
+#define EWSAT_tanh_float 0
+#define EWSAT_tanh_double 0
+/* from a chunk's least and greatest input (its NaNs aside: they take the function's own path) */
+#define EWS_exp(T, lo, hi)     (hi > (T)89 || lo < (T)-104)
+#define EWS_log(T, lo, hi)     (lo <= (T)0 || hi > (T)FLT_MAX)
+#define EWS_sigmoid(T, lo, hi) (hi > (T)104 || lo < (T)-104)
+#define EWS_silu(T, lo, hi)    EWS_sigmoid(T, lo, hi)
+#define EWS_gelu(T, lo, hi)    (-lo * (T)EW_SQRT1_2 > (T)10.25)
+#define EWS_sqrt(T, lo, hi)    0
+#define EWS_rsqrt(T, lo, hi)   0
+#define EWS_erf(T, lo, hi)     0
+#define EWS_tanh(T, lo, hi)    0
+/* the saturated forms (float only: the scan never picks them for double, whose lines stand in) */
+#define EWFS_exp(T)     EW_SATF(T, ew_exp_sat_float(A), EWF_exp(T))
+#define EWFS_log(T)     EW_SATF(T, ew_log_sat_float(A), EWF_log(T))
+#define EWFS_sigmoid(T) EW_SATF(T, ew_sigmoid_sat_float(A), EWF_sigmoid(T))
+#define EWFS_silu(T)    EW_SATF(T, A * ew_sigmoid_sat_float(A), EWF_silu(T))
+#define EWFS_gelu(T)    EW_SATF(T, 0.5f * A * ew_erfc_sat_float(-A * (float)EW_SQRT1_2), EWF_gelu(T))
+#define EWFS_sqrt(T)    EWF_sqrt(T)
+#define EWFS_rsqrt(T)   EWF_rsqrt(T)
+#define EWFS_erf(T)     EWF_erf(T)
+#define EWFS_tanh(T)    EWF_tanh(T)
+#define EW_SATF(T, f, d) EW_CAT(EW_SATF_, T)(f, d)
+#define EW_SATF_float(f, d) (f)
+#define EW_SATF_double(f, d) (d)
+
 /* ---- math ops: block functions, one per ISA ---------------------------------------------
  * ew_math_<op>_<T>(a, out, m) computes out[i] = op(a[i]) for i < m (out == a allowed) with the
  * widest vector ISA this CPU has: AVX-512 (F, DQ, VL, BW), AVX2 + FMA, or the build's baseline
@@ -297,10 +394,37 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
     attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
     {                                                                                        \
-        EW_SIMD                                                                              \
-        for (int64_t i = 0; i < m; i++) {                                                    \
-            const T A = a[i];                                                                \
-            out[i] = EWF_##name(T);                                                          \
+        const int64_t chunk = EW_CAT(EWSAT_##name##_, T) ? EW_SAT_CHUNK : m;                   \
+        for (int64_t c0 = 0; c0 < m; c0 += chunk) {                                          \
+            const int64_t cm = m - c0 < chunk ? m - c0 : chunk;                              \
+            const T *ac = a + c0;                                                            \
+            T *oc = out + c0;                                                                \
+            int sat = 0;                                                                     \
+            if (EW_CAT(EWSAT_##name##_, T)) {                                                \
+                T lo = ac[0], hi = ac[0];                                                    \
+                for (int64_t s0 = 0; s0 < cm; s0 += EW_SAT_CHUNK / 4) {                      \
+                    const int64_t se = cm - s0 < EW_SAT_RUN ? cm : s0 + EW_SAT_RUN;          \
+                    EW_SIMD_MINMAX(lo, hi)                                                   \
+                    for (int64_t i = s0; i < se; i++) {                                      \
+                        lo = ac[i] < lo ? ac[i] : lo;                                        \
+                        hi = ac[i] > hi ? ac[i] : hi;                                        \
+                    }                                                                        \
+                }                                                                            \
+                sat = EWS_##name(T, lo, hi);                                                 \
+            }                                                                                \
+            if (sat) {                                                                       \
+                EW_SIMD                                                                      \
+                for (int64_t i = 0; i < cm; i++) {                                           \
+                    const T A = ac[i];                                                       \
+                    oc[i] = EWFS_##name(T);                                                  \
+                }                                                                            \
+            } else {                                                                         \
+                EW_SIMD                                                                      \
+                for (int64_t i = 0; i < cm; i++) {                                           \
+                    const T A = ac[i];                                                       \
+                    oc[i] = EWF_##name(T);                                                   \
+                }                                                                            \
+            }                                                                                \
         }                                                                                    \
     }
 
