@@ -261,3 +261,24 @@ def test_float32_saturated_lanes_keep_every_bit(op):
         got = np.asarray(ewkern.log(ewkern.asarray(np.array([-1.0, np.nan] * 600, np.float32))))
         with np.errstate(invalid="ignore"):
             assert np.isnan(got).all()
+
+
+@pytest.mark.parametrize("op,value,want", [("gelu", -20.0, 0.0), ("gelu", 20.0, "g"), ("gelu", -1e30, 0.0),
+                                           ("erf", 20.0, 0.0), ("erf", -300.0, 0.0),
+                                           ("silu", -200.0, 0.0), ("silu", 200.0, "g")])
+def test_float32_backward_saturated_lanes_keep_every_bit(op, value, want):
+    """gelu_backward, erf_backward and silu_backward take float32 chunks with saturating saved
+    inputs through their saturated form: those lanes get their limit (0, or the incoming gradient
+    itself), the chunk's other lanes the same bits as a call without them."""
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal(5000) * 3).astype(np.float32)
+    g = rng.standard_normal(5000).astype(np.float32)
+    fn = getattr(ewkern, op + "_backward")
+    plain = np.asarray(fn(ewkern.asarray(g), ewkern.asarray(a))).view(np.uint32)
+    mixed = a.copy()
+    mixed[::5] = value
+    got = np.asarray(fn(ewkern.asarray(g), ewkern.asarray(mixed)))
+    keep = np.ones(a.size, bool)
+    keep[::5] = False
+    np.testing.assert_array_equal(got.view(np.uint32)[keep], plain[keep])
+    np.testing.assert_array_equal(got[::5], g[::5] if want == "g" else np.zeros(g[::5].size, np.float32))

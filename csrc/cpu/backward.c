@@ -61,38 +61,40 @@
  * e^(-a^2 / 2^k) with a^2 split into p + e exactly (e = fma(a, a, -p)): e^(-(p + e) / 2^k) =
  * e^(-p / 2^k) (1 - e / 2^k) to first order, so the rounding of a^2 (relative 2^-24 of an
  * exponent that reaches 100) costs nothing. */
-#define EW_BW_DEFINE_GAUSS(T)                                                                \
-    static inline T ew_bw_gauss_##T(T a, T scale)                                            \
+#define EW_BW_DEFINE_GAUSS(T, S, EXP, ERFC)                                                  \
+    static inline T ew_bw_gauss##S##_##T(T a, T scale)                                       \
     {                                                                                        \
         const T p = a * a;                                                                   \
         const T f = EW_BW_M(T, fma)(a, a, -p);                                               \
         const T e = p < (T)INFINITY ? f : (T)0; /* p = inf: f = -inf, and no correction */   \
-        return EW_BW_M(T, exp)(-p * scale) * ((T)1 - e * scale);                             \
+        return EXP(-p * scale) * ((T)1 - e * scale);                                         \
     }                                                                                        \
-    static inline T ew_bw_sigmoid_##T(T a)                                                   \
+    static inline T ew_bw_sigmoid##S##_##T(T a)                                              \
     {                                                                                        \
-        const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
+        const T e = EXP(-EW_BW_M(T, fabs)(a));                                               \
         const T r = (T)1 / ((T)1 + e), er = e * r;                                           \
         return a >= 0 ? r : er;                                                              \
     }                                                                                        \
-    static inline T ew_bw_gelu_##T(T g, T a)                                                 \
+    static inline T ew_bw_gelu##S##_##T(T g, T a)                                            \
     {                                                                                        \
-        const T cdf = (T)0.5 * EW_BW_M(T, erfc)(-a * (T)EW_BW_SQRT1_2);                      \
-        const T pdf = ew_bw_gauss_##T(a, (T)0.5) * (T)EW_BW_INV_SQRT_2PI;                    \
+        const T cdf = (T)0.5 * ERFC(-a * (T)EW_BW_SQRT1_2);                                  \
+        const T pdf = ew_bw_gauss##S##_##T(a, (T)0.5) * (T)EW_BW_INV_SQRT_2PI;               \
         return g * EW_BW_M(T, fma)(a, pdf, cdf);                                             \
     }                                                                                        \
     /* s = sigmoid(a) and 1 - s = sigmoid(-a) each from e = e^-|a| (1 - s from s would cancel for  \
      * a >> 0, where a (1 - s) still matters)                                               */ \
-    static inline T ew_bw_silu_##T(T g, T a)                                                 \
+    static inline T ew_bw_silu##S##_##T(T g, T a)                                            \
     {                                                                                        \
-        const T e = EW_BW_M(T, exp)(-EW_BW_M(T, fabs)(a));                                   \
+        const T e = EXP(-EW_BW_M(T, fabs)(a));                                               \
         const T r = (T)1 / ((T)1 + e), er = e * r;                                           \
         const T s = a >= 0 ? r : er, t = a >= 0 ? er : r;                                    \
         return g * (s * EW_BW_M(T, fma)(a, t, (T)1));                                        \
     }                                                                                        \
-    static inline T ew_bw_sign_##T(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
-EW_BW_DEFINE_GAUSS(float)
-EW_BW_DEFINE_GAUSS(double)
+    static inline T ew_bw_sign##S##_##T(T a) { return a != a ? a : (T)((a > 0) - (a < 0)); }
+EW_BW_DEFINE_GAUSS(float, , expf, erfcf)
+EW_BW_DEFINE_GAUSS(double, , exp, erfc)
+/* the saturated forms (elementwise.c, "saturated lanes"): float only */
+EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
 
 /* ---- per-op arithmetic: G, A, B the loaded arrays (grad, then the saved ones), S0/S1 the
  * scalars, all of compute type T; O1 (and O2) the gradients. */
@@ -128,6 +130,63 @@ EW_BW_DEFINE_GAUSS(double)
     } while (0)
 #define EWB_axpby_backward(T)   O1 = S0 * G; O2 = S1 * G
 
+/* which backward ops take float chunks with saturating lanes through a saturated form (a
+ * chunk's least and greatest saved input, as elementwise.c's math ops): gelu's erfc and e^(-a^2/2)
+ * underflow past |a| of 14.5, erf's e^(-a^2) past 10.2, silu's e^(-|a|) past 104 */
+#define EWBSAT_gelu_backward 1
+#define EWBSAT_silu_backward 1
+#define EWBSAT_sigmoid_backward 0
+#define EWBSAT_tanh_backward 0
+#define EWBSAT_erf_backward 1
+#define EWBSAT_exp_backward 0
+#define EWBSAT_log_backward 0
+#define EWBSAT_sqrt_backward 0
+#define EWBSAT_rsqrt_backward 0
+#define EWBSAT_abs_backward 0
+#define EWBSAT_relu_backward 0
+#define EWBSAT_mul_backward 0
+#define EWBSAT_div_backward 0
+#define EWBSAT_maximum_backward 0
+#define EWBSAT_minimum_backward 0
+#define EWBSAT_axpby_backward 0
+#define EWBS_gelu_backward(lo, hi) (hi > 14.0f || lo < -14.0f)
+#define EWBS_erf_backward(lo, hi)  (hi > 10.0f || lo < -10.0f)
+#define EWBS_silu_backward(lo, hi) (hi > 104.0f || lo < -104.0f)
+#define EWBF_gelu_backward(T)   O1 = EW_BW_SATF(T, ew_bw_gelu_sat_float(G, A), ew_bw_gelu_##T(G, A))
+#define EWBF_erf_backward(T)    O1 = G * (EW_BW_SATF(T, ew_bw_gauss_sat_float(A, 1.0f), ew_bw_gauss_##T(A, (T)1)) \
+                                          * (T)EW_BW_2_SQRTPI)
+#define EWBF_silu_backward(T)   O1 = EW_BW_SATF(T, ew_bw_silu_sat_float(G, A), ew_bw_silu_##T(G, A))
+#define EWBS_sigmoid_backward(lo, hi) 0
+#define EWBF_sigmoid_backward EWB_sigmoid_backward
+#define EWBS_tanh_backward(lo, hi) 0
+#define EWBF_tanh_backward EWB_tanh_backward
+#define EWBS_exp_backward(lo, hi) 0
+#define EWBF_exp_backward EWB_exp_backward
+#define EWBS_log_backward(lo, hi) 0
+#define EWBF_log_backward EWB_log_backward
+#define EWBS_sqrt_backward(lo, hi) 0
+#define EWBF_sqrt_backward EWB_sqrt_backward
+#define EWBS_rsqrt_backward(lo, hi) 0
+#define EWBF_rsqrt_backward EWB_rsqrt_backward
+#define EWBS_abs_backward(lo, hi) 0
+#define EWBF_abs_backward EWB_abs_backward
+#define EWBS_relu_backward(lo, hi) 0
+#define EWBF_relu_backward EWB_relu_backward
+#define EWBS_mul_backward(lo, hi) 0
+#define EWBF_mul_backward EWB_mul_backward
+#define EWBS_div_backward(lo, hi) 0
+#define EWBF_div_backward EWB_div_backward
+#define EWBS_maximum_backward(lo, hi) 0
+#define EWBF_maximum_backward EWB_maximum_backward
+#define EWBS_minimum_backward(lo, hi) 0
+#define EWBF_minimum_backward EWB_minimum_backward
+#define EWBS_axpby_backward(lo, hi) 0
+#define EWBF_axpby_backward EWB_axpby_backward
+#define EW_BW_SATF(T, f, d) EW_BW_SATF_I(T, f, d)
+#define EW_BW_SATF_I(T, f, d) EW_BW_SATF_##T(f, d)
+#define EW_BW_SATF_float(f, d) (f)
+#define EW_BW_SATF_double(f, d) (d)
+
 /* ---- the loop over compute-type elements, one function per ISA ----------------------------
  * ew_bwr_<op>_<T>(g, a, b, o1, o2, S0, S1, m): elements 0..m-1 of arrays of T; a gradient whose
  * pointer is NULL (nobody asked for it) is computed and dropped, the branch the same for every
@@ -136,20 +195,54 @@ EW_BW_DEFINE_GAUSS(double)
     attr static void ew_bwr_##name##_##T##_##sfx(const T *g, const T *a, const T *b, T *o1, T *o2, \
                                                  T S0, T S1, int64_t m)                        \
     {                                                                                        \
+        /* float chunks whose sample of a holds saturating lanes: the saturated form          \
+         * (elementwise.c, "saturated lanes"); every other op and double: one loop as before */ \
+        const int scan = EW_BW_SCAN(name, T);                                                \
+        const int64_t chunk = scan ? EW_SAT_CHUNK : m;                                       \
+        for (int64_t c0 = 0; c0 < m; c0 += chunk) {                                          \
+            const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;                              \
+            int sat = 0;                                                                     \
+            if (scan) {                                                                      \
+                T lo = a[c0], hi = a[c0];                                                    \
+                for (int64_t s0 = c0; s0 < c1; s0 += EW_SAT_CHUNK / 4) {                     \
+                    const int64_t se = c1 - s0 < EW_SAT_RUN ? c1 : s0 + EW_SAT_RUN;          \
+                    EW_SIMD_MINMAX(lo, hi)                                                   \
+                    for (int64_t i = s0; i < se; i++) {                                      \
+                        lo = a[i] < lo ? a[i] : lo;                                          \
+                        hi = a[i] > hi ? a[i] : hi;                                          \
+                    }                                                                        \
+                }                                                                            \
+                sat = EW_BW_SCAN_SAT(name, lo, hi);                                          \
+            }                                                                                \
+            if (sat)                                                                         \
+                EW_BW_LOOP(name, inputs, outputs, T, EW_BW_FORM_SAT(name), c0, c1)           \
+            else                                                                             \
+                EW_BW_LOOP(name, inputs, outputs, T, EWB_##name, c0, c1)                     \
+        }                                                                                    \
+    }
+/* elements [c0, c1) by FORM (EWB_<op> or its saturated form) */
+#define EW_BW_LOOP(name, inputs, outputs, T, FORM, c0, c1)                                   \
+    {                                                                                        \
         EW_BW_SIMD                                                                           \
-        for (int64_t i = 0; i < m; i++) {                                                    \
+        for (int64_t i = (c0); i < (c1); i++) {                                              \
             const T G = g[i];                                                                \
             const T A = (inputs) >= 2 ? a[i] : (T)0;                                         \
             const T B = (inputs) >= 3 ? b[i] : (T)0;                                         \
             T O1, O2 = (T)0;                                                                 \
             (void)A; (void)B; (void)S0; (void)S1;                                            \
-            EWB_##name(T);                                                                   \
+            FORM(T);                                                                         \
             if (o1)                                                                          \
                 o1[i] = O1;                                                                  \
             if ((outputs) >= 2 && o2)                                                        \
                 o2[i] = O2;                                                                  \
         }                                                                                    \
     }
+/* whether an op's float loop scans (EWBSAT_<op>, below); double never does */
+#define EW_BW_SCAN(name, T) (EW_BW_IS_FLOAT_##T && EWBSAT_##name)
+#define EW_BW_IS_FLOAT_float 1
+#define EW_BW_IS_FLOAT_double 0
+#define EW_BW_SCAN_SAT(name, lo, hi) EWBS_##name(lo, hi)
+#define EW_BW_FORM_SAT(name) EWBF_##name
 
 #define EW_BW_RANGE(name, inputs, outputs, T)                                                \
     EW_ISA_FORMS(EW_BW_RANGE_VARIANT, name, inputs, outputs, T)                              \

@@ -20,8 +20,10 @@
 #ifndef EWKERN_CPU_MATH_H
 #define EWKERN_CPU_MATH_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 const char *ew_cpu_math_library(void);
 
@@ -91,5 +93,59 @@ EW_DECLARE_VECTOR_MATH(erfc)
 EW_DECLARE_VECTOR_MATH(tanh)
 #undef EW_DECLARE_VECTOR_MATH
 #endif
+
+/* Saturated lanes (elementwise.c's math ops and backward.c's loops; elementwise.c, "saturated
+ * lanes", says how they are used): float forms of expf, erfcf and logf that give a lane whose
+ * result saturates its value without calling the function on it (the argument masked by bits), and
+ * the chunk and sample sizes of the scan that picks them. */
+#define EW_SAT_CHUNK ((int64_t)4096)
+#define EW_SAT_RUN ((int64_t)64)   /* the scan reads 4 runs of 64 a chunk (elementwise.c) */
+#ifdef _OPENMP
+#define EW_SIMD_MINMAX(lo, hi) _Pragma(EW_STR(omp simd reduction(min:lo) reduction(max:hi)))
+#else
+#define EW_SIMD_MINMAX(lo, hi)
+#endif
+#define EW_STR(x) #x
+static inline uint32_t ew_sat_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static inline float ew_sat_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static inline float ew_keep_float(float x, int keep)
+{
+    return ew_sat_float(ew_sat_bits(x) & (0u - (uint32_t)keep));
+}
+static inline float ew_exp_sat_float(float x)
+{
+    const int hi = x > 89.0f, lo = x < -104.0f;
+    const float r = expf(ew_keep_float(x, !(hi | lo)));
+    return hi ? INFINITY : lo ? 0.0f : r;
+}
+static inline float ew_erfc_sat_float(float x)
+{
+    const int hi = x > 10.25f;
+    const float r = erfcf(ew_keep_float(x, !hi));
+    return hi ? 0.0f : r;
+}
+static inline float ew_log_sat_float(float x)
+{
+    const int ok = x > 0.0f && x <= FLT_MAX;
+    const uint32_t m = 0u - (uint32_t)ok;   /* x where ok, else 1.0f, by bits (as ew_keep_float) */
+    const float r = logf(ew_sat_float((ew_sat_bits(x) & m) | (0x3f800000u & ~m)));
+    return ok ? r : x == 0.0f ? -INFINITY : x == INFINITY ? x : (x - x) / (x - x);
+}
+static inline float ew_sigmoid_sat_float(float a)
+{
+    const float e = ew_exp_sat_float(-fabsf(a));
+    const float r = 1.0f / (1.0f + e), er = e * r;
+    return a >= 0 ? r : er;
+}
 
 #endif /* EWKERN_CPU_MATH_H */

@@ -301,43 +301,6 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
  * bounds lie past the last finite or nonzero result (expf: 88.72 and -103.97; erfcf: 10.06), so
  * lanes with subnormal results still take the function's own path. float64 keeps the plain form
  * (its bool-to-64-bit masks kept gcc 12 from vectorising relu's loop: see ew_relu_double). */
-#define EW_SAT_CHUNK ((int64_t)4096)
-#define EW_SAT_RUN ((int64_t)64)   /* the scan reads 4 runs of 64 a chunk (see above) */
-#ifdef _OPENMP
-#define EW_SIMD_MINMAX(lo, hi) _Pragma(EW_STR(omp simd reduction(min:lo) reduction(max:hi)))
-#else
-#define EW_SIMD_MINMAX(lo, hi)
-#endif
-#define EW_STR(x) #x
-static inline float ew_keep_float(float x, int keep)
-{
-    return ew_bits_float(ew_float_bits(x) & (0u - (uint32_t)keep));
-}
-static inline float ew_exp_sat_float(float x)
-{
-    const int hi = x > 89.0f, lo = x < -104.0f;
-    const float r = expf(ew_keep_float(x, !(hi | lo)));
-    return hi ? INFINITY : lo ? 0.0f : r;
-}
-static inline float ew_erfc_sat_float(float x)
-{
-    const int hi = x > 10.25f;
-    const float r = erfcf(ew_keep_float(x, !hi));
-    return hi ? 0.0f : r;
-}
-static inline float ew_log_sat_float(float x)
-{
-    const int ok = x > 0.0f && x <= FLT_MAX;
-    const uint32_t m = 0u - (uint32_t)ok;   /* x where ok, else 1.0f, by bits (as ew_keep_float) */
-    const float r = logf(ew_bits_float((ew_float_bits(x) & m) | (0x3f800000u & ~m)));
-    return ok ? r : x == 0.0f ? -INFINITY : x == INFINITY ? x : (x - x) / (x - x);
-}
-static inline float ew_sigmoid_sat_float(float a)
-{
-    const float e = ew_exp_sat_float(-fabsf(a));
-    const float r = 1.0f / (1.0f + e), er = e * r;
-    return a >= 0 ? r : er;
-}
 /* which (op, compute type) pairs scan; the lanes each one's saturated form changes */
 #define EWSAT_exp_float 1
 #define EWSAT_log_float 1
