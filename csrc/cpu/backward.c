@@ -203,15 +203,7 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
             const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;                              \
             int sat = 0;                                                                     \
             if (scan) {                                                                      \
-                T lo = a[c0], hi = a[c0];                                                    \
-                for (int64_t s0 = c0; s0 < c1; s0 += EW_SAT_CHUNK / 4) {                     \
-                    const int64_t se = c1 - s0 < EW_SAT_RUN ? c1 : s0 + EW_SAT_RUN;          \
-                    EW_SIMD_MINMAX(lo, hi)                                                   \
-                    for (int64_t i = s0; i < se; i++) {                                      \
-                        lo = a[i] < lo ? a[i] : lo;                                          \
-                        hi = a[i] > hi ? a[i] : hi;                                          \
-                    }                                                                        \
-                }                                                                            \
+                EW_SAT_SAMPLE(T, a + c0, c1 - c0, lo, hi)                                    \
                 sat = EW_BW_SCAN_SAT(name, lo, hi);                                          \
             }                                                                                \
             if (sat)                                                                         \

@@ -23,7 +23,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
+
+#include "half.h"   /* ew_float_bits, ew_bits_float */
 
 const char *ew_cpu_math_library(void);
 
@@ -106,21 +107,21 @@ EW_DECLARE_VECTOR_MATH(tanh)
 #define EW_SIMD_MINMAX(lo, hi)
 #endif
 #define EW_STR(x) #x
-static inline uint32_t ew_sat_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float ew_sat_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+/* lo, hi (declared here, of type T): the least and greatest of the scan's sample of p[0, n) (4
+ * runs of EW_SAT_RUN spread over a chunk of EW_SAT_CHUNK; NaNs aside) */
+#define EW_SAT_SAMPLE(T, p, n, lo, hi)                                                       \
+    T lo = (p)[0], hi = (p)[0];                                                              \
+    for (int64_t s0_ = 0; s0_ < (n); s0_ += EW_SAT_CHUNK / 4) {                              \
+        const int64_t se_ = (n) - s0_ < EW_SAT_RUN ? (n) : s0_ + EW_SAT_RUN;                 \
+        EW_SIMD_MINMAX(lo, hi)                                                               \
+        for (int64_t i_ = s0_; i_ < se_; i_++) {                                             \
+            lo = (p)[i_] < lo ? (p)[i_] : lo;                                                \
+            hi = (p)[i_] > hi ? (p)[i_] : hi;                                                \
+        }                                                                                    \
+    }
 static inline float ew_keep_float(float x, int keep)
 {
-    return ew_sat_float(ew_sat_bits(x) & (0u - (uint32_t)keep));
+    return ew_bits_float(ew_float_bits(x) & (0u - (uint32_t)keep));
 }
 static inline float ew_exp_sat_float(float x)
 {
@@ -138,7 +139,7 @@ static inline float ew_log_sat_float(float x)
 {
     const int ok = x > 0.0f && x <= FLT_MAX;
     const uint32_t m = 0u - (uint32_t)ok;   /* x where ok, else 1.0f, by bits (as ew_keep_float) */
-    const float r = logf(ew_sat_float((ew_sat_bits(x) & m) | (0x3f800000u & ~m)));
+    const float r = logf(ew_bits_float((ew_float_bits(x) & m) | (0x3f800000u & ~m)));
     return ok ? r : x == 0.0f ? -INFINITY : x == INFINITY ? x : (x - x) / (x - x);
 }
 static inline float ew_sigmoid_sat_float(float a)

@@ -294,8 +294,9 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
  * saturates (EWS_<op>, from the least and greatest of 4 runs of EW_SAT_RUN inputs spread over the
  * chunk: a scan of the whole chunk cost exp and log 16-18% on ordinary inputs, the sample about
  * 1/16 of that) runs the op's saturated form
- * (EWFS_<op>), which gives such lanes the argument 0 (by a bit mask: gcc turns `f(s ? 0 : x)` back
- * into a call on x) and selects libm's value for them afterwards: exp's inf and 0, erfc's 0,
+ * (EWFS_<op>: cpu_math.h's ew_*_sat_float), which gives such lanes a harmless argument (0; log
+ * 1) by a bit mask (gcc turns `f(s ? 0 : x)` back into a call on x) and selects libm's value for
+ * them afterwards: exp's inf and 0, erfc's 0,
  * log's -inf, inf and (x - x) / (x - x) (libm's own NaN for x < 0, the quieted payload of a NaN).
  * The same bits as before in every lane; a chunk without such a lane runs the op as before. The
  * bounds lie past the last finite or nonzero result (expf: 88.72 and -103.97; erfcf: 10.06), so
@@ -364,15 +365,7 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
             T *oc = out + c0;                                                                \
             int sat = 0;                                                                     \
             if (EW_CAT(EWSAT_##name##_, T)) {                                                \
-                T lo = ac[0], hi = ac[0];                                                    \
-                for (int64_t s0 = 0; s0 < cm; s0 += EW_SAT_CHUNK / 4) {                      \
-                    const int64_t se = cm - s0 < EW_SAT_RUN ? cm : s0 + EW_SAT_RUN;          \
-                    EW_SIMD_MINMAX(lo, hi)                                                   \
-                    for (int64_t i = s0; i < se; i++) {                                      \
-                        lo = ac[i] < lo ? ac[i] : lo;                                        \
-                        hi = ac[i] > hi ? ac[i] : hi;                                        \
-                    }                                                                        \
-                }                                                                            \
+                EW_SAT_SAMPLE(T, ac, cm, lo, hi)                                             \
                 sat = EWS_##name(T, lo, hi);                                                 \
             }                                                                                \
             if (sat) {                                                                       \
