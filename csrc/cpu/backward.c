@@ -152,62 +152,35 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
 #define EWBS_gelu_backward(lo, hi) (hi > 14.0f || lo < -14.0f)
 #define EWBS_erf_backward(lo, hi)  (hi > 10.0f || lo < -10.0f)
 #define EWBS_silu_backward(lo, hi) (hi > 104.0f || lo < -104.0f)
-#define EWBF_gelu_backward(T)   O1 = EW_BW_SATF(T, ew_bw_gelu_sat_float(G, A), ew_bw_gelu_##T(G, A))
-#define EWBF_erf_backward(T)    O1 = G * (EW_BW_SATF(T, ew_bw_gauss_sat_float(A, 1.0f), ew_bw_gauss_##T(A, (T)1)) \
-                                          * (T)EW_BW_2_SQRTPI)
-#define EWBF_silu_backward(T)   O1 = EW_BW_SATF(T, ew_bw_silu_sat_float(G, A), ew_bw_silu_##T(G, A))
-#define EWBS_sigmoid_backward(lo, hi) 0
-#define EWBF_sigmoid_backward EWB_sigmoid_backward
-#define EWBS_tanh_backward(lo, hi) 0
-#define EWBF_tanh_backward EWB_tanh_backward
-#define EWBS_exp_backward(lo, hi) 0
-#define EWBF_exp_backward EWB_exp_backward
-#define EWBS_log_backward(lo, hi) 0
-#define EWBF_log_backward EWB_log_backward
-#define EWBS_sqrt_backward(lo, hi) 0
-#define EWBF_sqrt_backward EWB_sqrt_backward
-#define EWBS_rsqrt_backward(lo, hi) 0
-#define EWBF_rsqrt_backward EWB_rsqrt_backward
-#define EWBS_abs_backward(lo, hi) 0
-#define EWBF_abs_backward EWB_abs_backward
-#define EWBS_relu_backward(lo, hi) 0
-#define EWBF_relu_backward EWB_relu_backward
-#define EWBS_mul_backward(lo, hi) 0
-#define EWBF_mul_backward EWB_mul_backward
-#define EWBS_div_backward(lo, hi) 0
-#define EWBF_div_backward EWB_div_backward
-#define EWBS_maximum_backward(lo, hi) 0
-#define EWBF_maximum_backward EWB_maximum_backward
-#define EWBS_minimum_backward(lo, hi) 0
-#define EWBF_minimum_backward EWB_minimum_backward
-#define EWBS_axpby_backward(lo, hi) 0
-#define EWBF_axpby_backward EWB_axpby_backward
-#define EW_BW_SATF(T, f, d) EW_BW_SATF_I(T, f, d)
-#define EW_BW_SATF_I(T, f, d) EW_BW_SATF_##T(f, d)
-#define EW_BW_SATF_float(f, d) (f)
-#define EW_BW_SATF_double(f, d) (d)
+#define EWBF_gelu_backward(T)   O1 = ew_bw_gelu_sat_float(G, A)
+#define EWBF_erf_backward(T)    O1 = G * (ew_bw_gauss_sat_float(A, 1.0f) * (float)EW_BW_2_SQRTPI)
+#define EWBF_silu_backward(T)   O1 = ew_bw_silu_sat_float(G, A)
 
 /* ---- the loop over compute-type elements, one function per ISA ----------------------------
  * ew_bwr_<op>_<T>(g, a, b, o1, o2, S0, S1, m): elements 0..m-1 of arrays of T; a gradient whose
  * pointer is NULL (nobody asked for it) is computed and dropped, the branch the same for every
  * element. */
+/* the plain loop, or (float, EWBSAT_<op> 1) chunks whose sample of a holds saturating lanes
+ * through the saturated form (elementwise.c, "saturated lanes") */
 #define EW_BW_RANGE_VARIANT(name, inputs, outputs, T, sfx, attr)                             \
+    EW_BW_PASTE(EW_BW_RANGE_VARIANT_, EW_BW_SAT_##T(EWBSAT_##name))(name, inputs, outputs, T, sfx, attr)
+#define EW_BW_SAT_float(flag) flag
+#define EW_BW_SAT_double(flag) 0
+#define EW_BW_PASTE(x, y) EW_BW_PASTE_I(x, y)
+#define EW_BW_PASTE_I(x, y) x##y
+#define EW_BW_RANGE_VARIANT_0(name, inputs, outputs, T, sfx, attr)                           \
+    attr static void ew_bwr_##name##_##T##_##sfx(const T *g, const T *a, const T *b, T *o1, T *o2, \
+                                                 T S0, T S1, int64_t m)                        \
+    EW_BW_LOOP(name, inputs, outputs, T, EWB_##name, 0, m)
+#define EW_BW_RANGE_VARIANT_1(name, inputs, outputs, T, sfx, attr)                           \
     attr static void ew_bwr_##name##_##T##_##sfx(const T *g, const T *a, const T *b, T *o1, T *o2, \
                                                  T S0, T S1, int64_t m)                        \
     {                                                                                        \
-        /* float chunks whose sample of a holds saturating lanes: the saturated form          \
-         * (elementwise.c, "saturated lanes"); every other op and double: one loop as before */ \
-        const int scan = EW_BW_SCAN(name, T);                                                \
-        const int64_t chunk = scan ? EW_SAT_CHUNK : m;                                       \
-        for (int64_t c0 = 0; c0 < m; c0 += chunk) {                                          \
-            const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;                              \
-            int sat = 0;                                                                     \
-            if (scan) {                                                                      \
-                EW_SAT_SAMPLE(T, a + c0, c1 - c0, lo, hi)                                    \
-                sat = EW_BW_SCAN_SAT(name, lo, hi);                                          \
-            }                                                                                \
-            if (sat)                                                                         \
-                EW_BW_LOOP(name, inputs, outputs, T, EW_BW_FORM_SAT(name), c0, c1)           \
+        for (int64_t c0 = 0; c0 < m; c0 += EW_SAT_CHUNK) {                                   \
+            const int64_t c1 = m - c0 < EW_SAT_CHUNK ? m : c0 + EW_SAT_CHUNK;                \
+            EW_SAT_SAMPLE(T, a + c0, c1 - c0, lo, hi)                                        \
+            if (EWBS_##name(lo, hi))                                                         \
+                EW_BW_LOOP(name, inputs, outputs, T, EWBF_##name, c0, c1)                    \
             else                                                                             \
                 EW_BW_LOOP(name, inputs, outputs, T, EWB_##name, c0, c1)                     \
         }                                                                                    \
@@ -229,12 +202,6 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
                 o2[i] = O2;                                                                  \
         }                                                                                    \
     }
-/* whether an op's float loop scans (EWBSAT_<op>, below); double never does */
-#define EW_BW_SCAN(name, T) (EW_BW_IS_FLOAT_##T && EWBSAT_##name)
-#define EW_BW_IS_FLOAT_float 1
-#define EW_BW_IS_FLOAT_double 0
-#define EW_BW_SCAN_SAT(name, lo, hi) EWBS_##name(lo, hi)
-#define EW_BW_FORM_SAT(name) EWBF_##name
 
 #define EW_BW_RANGE(name, inputs, outputs, T)                                                \
     EW_ISA_FORMS(EW_BW_RANGE_VARIANT, name, inputs, outputs, T)                              \

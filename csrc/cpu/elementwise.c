@@ -321,29 +321,18 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EWSAT_erf_double 0
 #define EWSAT_tanh_float 0
 #define EWSAT_tanh_double 0
-/* from a chunk's least and greatest input (its NaNs aside: they take the function's own path) */
-#define EWS_exp(T, lo, hi)     (hi > (T)89 || lo < (T)-104)
-#define EWS_log(T, lo, hi)     (lo <= (T)0 || hi > (T)FLT_MAX)
-#define EWS_sigmoid(T, lo, hi) (hi > (T)104 || lo < (T)-104)
-#define EWS_silu(T, lo, hi)    EWS_sigmoid(T, lo, hi)
-#define EWS_gelu(T, lo, hi)    (-lo * (T)EW_SQRT1_2 > (T)10.25)
-#define EWS_sqrt(T, lo, hi)    0
-#define EWS_rsqrt(T, lo, hi)   0
-#define EWS_erf(T, lo, hi)     0
-#define EWS_tanh(T, lo, hi)    0
-/* the saturated forms (float only: the scan never picks them for double, whose lines stand in) */
-#define EWFS_exp(T)     EW_SATF(T, ew_exp_sat_float(A), EWF_exp(T))
-#define EWFS_log(T)     EW_SATF(T, ew_log_sat_float(A), EWF_log(T))
-#define EWFS_sigmoid(T) EW_SATF(T, ew_sigmoid_sat_float(A), EWF_sigmoid(T))
-#define EWFS_silu(T)    EW_SATF(T, A * ew_sigmoid_sat_float(A), EWF_silu(T))
-#define EWFS_gelu(T)    EW_SATF(T, 0.5f * A * ew_erfc_sat_float(-A * (float)EW_SQRT1_2), EWF_gelu(T))
-#define EWFS_sqrt(T)    EWF_sqrt(T)
-#define EWFS_rsqrt(T)   EWF_rsqrt(T)
-#define EWFS_erf(T)     EWF_erf(T)
-#define EWFS_tanh(T)    EWF_tanh(T)
-#define EW_SATF(T, f, d) EW_CAT(EW_SATF_, T)(f, d)
-#define EW_SATF_float(f, d) (f)
-#define EW_SATF_double(f, d) (d)
+/* from a chunk's least and greatest input (its NaNs aside: they take the function's own path),
+ * and the saturated forms (float: only float pairs scan) */
+#define EWS_exp(lo, hi)     (hi > 89.0f || lo < -104.0f)
+#define EWS_log(lo, hi)     (lo <= 0.0f || hi > FLT_MAX)
+#define EWS_sigmoid(lo, hi) (hi > 104.0f || lo < -104.0f)
+#define EWS_silu(lo, hi)    EWS_sigmoid(lo, hi)
+#define EWS_gelu(lo, hi)    (-lo * (float)EW_SQRT1_2 > 10.25f)
+#define EWFS_exp     ew_exp_sat_float(A)
+#define EWFS_log     ew_log_sat_float(A)
+#define EWFS_sigmoid ew_sigmoid_sat_float(A)
+#define EWFS_silu    (A * ew_sigmoid_sat_float(A))
+#define EWFS_gelu    (0.5f * A * ew_erfc_sat_float(-A * (float)EW_SQRT1_2))
 
 /* ---- math ops: block functions, one per ISA ---------------------------------------------
  * ew_math_<op>_<T>(a, out, m) computes out[i] = op(a[i]) for i < m (out == a allowed) with the
@@ -355,24 +344,31 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
  * in every variant (-std=c11 keeps fp-contract off: no FMA is formed from a * b + c), so
  * variants differ only where libmvec's ISA variants do, within the bounds in CPU_NOTES.md.
  * EWV_<op> names the block function of a MATH op (a placeholder for the others, never called). */
+/* the plain loop (EWSAT_<op>_<T> 0), or chunks that scan for saturated lanes (1) */
 #define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
+    EW_CAT(EW_MATH_VARIANT_, EW_CAT(EWSAT_##name##_, T))(name, T, sfx, attr)
+#define EW_MATH_VARIANT_0(name, T, sfx, attr)                                                \
     attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
     {                                                                                        \
-        const int64_t chunk = EW_CAT(EWSAT_##name##_, T) ? EW_SAT_CHUNK : m;                   \
-        for (int64_t c0 = 0; c0 < m; c0 += chunk) {                                          \
-            const int64_t cm = m - c0 < chunk ? m - c0 : chunk;                              \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < m; i++) {                                                    \
+            const T A = a[i];                                                                \
+            out[i] = EWF_##name(T);                                                          \
+        }                                                                                    \
+    }
+#define EW_MATH_VARIANT_1(name, T, sfx, attr)                                                \
+    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
+    {                                                                                        \
+        for (int64_t c0 = 0; c0 < m; c0 += EW_SAT_CHUNK) {                                   \
+            const int64_t cm = m - c0 < EW_SAT_CHUNK ? m - c0 : EW_SAT_CHUNK;                \
             const T *ac = a + c0;                                                            \
             T *oc = out + c0;                                                                \
-            int sat = 0;                                                                     \
-            if (EW_CAT(EWSAT_##name##_, T)) {                                                \
-                EW_SAT_SAMPLE(T, ac, cm, lo, hi)                                             \
-                sat = EWS_##name(T, lo, hi);                                                 \
-            }                                                                                \
-            if (sat) {                                                                       \
+            EW_SAT_SAMPLE(T, ac, cm, lo, hi)                                                 \
+            if (EWS_##name(lo, hi)) {                                                        \
                 EW_SIMD                                                                      \
                 for (int64_t i = 0; i < cm; i++) {                                           \
                     const T A = ac[i];                                                       \
-                    oc[i] = EWFS_##name(T);                                                  \
+                    oc[i] = EWFS_##name;                                                     \
                 }                                                                            \
             } else {                                                                         \
                 EW_SIMD                                                                      \
