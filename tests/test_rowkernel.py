@@ -2,6 +2,7 @@
 The CPU backend against float64 NumPy references (every dtype, awkward shapes, every broadcast
 kind, in place, overlap, errors), the launch plan, the CUDA source through NVRTC to PTX (no GPU
 needed), and the GPU runs (marked gpu): every plan form, misaligned starts, > 2^31 elements."""
+import re
 import numpy as np
 import pytest
 
@@ -560,7 +561,13 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     assert "if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)" in src
     assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1
     ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
-    assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
+    text = ptx.decode(errors="replace")
+    assert [e for e in entries if f".entry {e}" not in text] == []
+    # the register forms write a lane's partial columns as 16-byte vectors, not one by one
+    C, vec = ("f64", "v2.f64") if dtype == "float64" else ("f32", "v4.f32")
+    for e in [e for e in entries if re.fullmatch(r"ewrtc_csk_r[124]", e)]:
+        body = text.split(f".entry {e}(")[1].split(".entry ")[0]
+        assert f"st.global.{vec}" in body and f"st.global.{C} " not in body, e
 
 
 @gpu
