@@ -31,7 +31,8 @@ _MIN_BLOCK = _codegen.ROW_MIN_BLOCK
 # 75e0425, rmsnorm's derived backward, rows of 4096): float32 at 80 registers held 768 lanes an SM
 # and its forward + backward ran at 0.99-1.17 of torch.compile at 16-256 MiB; float16/bfloat16 at
 # 106-108 registers held 512 and ran at 0.82-0.84 (at G = 256 with 2 vectors a lane, ptxas: 62-63
-# registers, 1024 lanes)
+# registers, 1024 lanes). Since the partial row is stored as 16-byte vectors (387c9cb) float32 takes
+# 81 registers (512 lanes) and so the wide form too (G 512, 2 vectors a lane, 50 registers)
 _COLSUM_MIN_THREADS = 768
 # a column-sum plan widens its blocks (fewer partial rows) where one partial row a group would add
 # at least this share of the row kernel's bytes (written and read again by the column sum): the
