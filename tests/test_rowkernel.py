@@ -555,17 +555,20 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     tdefs = _codegen.typedefs((("T", dtype),), ins, [dtype, dtype, "float32"], outs, [dtype, dtype])
     src, entries = _codegen.row_source("cuda", "csk", lay, E, "x * x", "a + b", _CS_OP, "0",
                                        "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
-    assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_cs_gw[_v * E + _k] += gw" in src
+    assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_pa_gw[_k] += gw" in src
     assert "(_u_gw + _v" not in src and "stv(_u_y + _v, _w_y, PP.wb)" in src
-    # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory: both zero it first
-    assert "if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)" in src
+    # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory, a lane's vector
+    # loaded, added to and stored again: both zero it first
+    assert "ewrtc::ld_part(_cs_gw + _v * E, _pa_gw);" in src and "ewrtc::st_part(_cs_gw + _v * E, _pa_gw);" in src
+    assert ("if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)\n"
+            "            ewrtc::st_part(_cs_gw + _v * E, _ca_gw[0]);") in src
     assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1
     ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
     text = ptx.decode(errors="replace")
     assert [e for e in entries if f".entry {e}" not in text] == []
-    # the register forms write a lane's partial columns as 16-byte vectors, not one by one
+    # every form writes a lane's partial columns as 16-byte vectors, not one by one
     C, vec = ("f64", "v2.f64") if dtype == "float64" else ("f32", "v4.f32")
-    for e in [e for e in entries if re.fullmatch(r"ewrtc_csk_r[124]", e)]:
+    for e in [e for e in entries if re.fullmatch(r"ewrtc_csk_[rt]\d", e)]:
         body = text.split(f".entry {e}(")[1].split(".entry ")[0]
         assert f"st.global.{vec}" in body and f"st.global.{C} " not in body, e
 

@@ -1042,12 +1042,31 @@ template <class P> __device__ __forceinline__ void stv(P *dst, const P &x, long 
     }
 }
 #undef EWRTC_STV
-/* a lane's E consecutive values of a column sum's partial row, as 16-byte vectors where they
-   fill whole ones (E x sizeof(C) a multiple of 16: the partial rows then start 16-byte aligned,
-   cols being a multiple of E), else one by one. Stored one by one, E apart across a warp's
+/* a lane's E consecutive values of a column sum's partial row (its own columns, loaded and
+   stored by that lane only), as 16-byte vectors where they fill whole ones (E x sizeof(C) a
+   multiple of 16: the partial rows then start 16-byte aligned, cols being a multiple of E), else
+   one by one. Stored one by one, E apart across a warp's
    lanes, each store used 4 of a sector's 32 bytes: H200, float16 rmsnorm's backward at 4 MiB
    (256 partial rows of 4096), Nsight Compute put 54% of the kernel's L2 sectors in excess and
    its warps stalled most on those 16 stores and on draining them at exit */
+template <class C, int E> __device__ __forceinline__ void ld_part(const C *src, C (&a)[E])
+{
+    constexpr int n = int(16 / sizeof(C));
+    if constexpr (16 % sizeof(C) == 0 && E % n == 0) {
+        struct alignas(16) V { C v[n]; };
+#pragma unroll
+        for (int j = 0; j < E / n; ++j) {
+            const V t = reinterpret_cast<const V *>(src)[j];
+#pragma unroll
+            for (int m = 0; m < n; ++m)
+                a[j * n + m] = t.v[m];
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < E; ++k)
+            a[k] = src[k];
+    }
+}
 template <class C, int E> __device__ __forceinline__ void st_part(C *dst, const C (&a)[E])
 {
     constexpr int n = int(16 / sizeof(C));
@@ -1600,8 +1619,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"            _ca_{p.name}[_q][_k] = {C}(0);")
             src.add("    if constexpr (VPL <= 0)")
             src.add("        for (int _v = _lane; _v < _nv; _v += _G)")
-            src.add("            for (int _k = 0; _k < E; ++_k)")
-            src.add(f"                _cs_{p.name}[_v * E + _k] = {C}(0);")
+            src.add(f"            ewrtc::st_part(_cs_{p.name} + _v * E, _ca_{p.name}[0]);   /* zeros */")
         src.add("    for (long long _t = 0; _t < PP.tiles; ++_t) {")
         src.add("    if (_t > 0)")
         src.add("        __syncthreads();   /* the combines' shared slots are used again */")
@@ -1736,15 +1754,22 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         dense_outs = [a for a in outs if a[2] != "colsum"]
         for p, dt, kind, _ in dense_outs:
             src.add(f"{indent}    _U_{p.name} _w_{p.name};")
+        if not have_regs:   # the two-pass form adds into the partial row in memory, a vector at a time
+            for p, dt, kind, _ in csum:
+                src.add(f"{indent}    {DTYPES[dt][1]} _pa_{p.name}[E];")
+                src.add(f"{indent}    ewrtc::ld_part(_cs_{p.name} + _v * E, _pa_{p.name});")
         src.add("#pragma unroll")
         src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
         src.add(f"{indent}        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        cs_at = "_ca_{}[_q][_k]" if have_regs else "_cs_{}[_v * E + _k]"
+        cs_at = "_ca_{}[_q][_k]" if have_regs else "_pa_{}[_k]"
         apply(indent + "        ", value, lambda p, dt: (f"{cs_at.format(p.name)} += {p.name}" if p.name in csum_names
                                                          else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
         src.add(f"{indent}    }}")
         for p, dt, kind, _ in dense_outs:
             src.add(f"{indent}    ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, PP.wb);")
+        if not have_regs:
+            for p, dt, kind, _ in csum:
+                src.add(f"{indent}    ewrtc::st_part(_cs_{p.name} + _v * E, _pa_{p.name});")
         src.add(f"{indent}}}")
 
     src.add("    if constexpr (VPL > 0) {")
