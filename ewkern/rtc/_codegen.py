@@ -1045,10 +1045,10 @@ template <class P> __device__ __forceinline__ void stv(P *dst, const P &x, long 
 /* a lane's E consecutive values of a column sum's partial row (its own columns, loaded and
    stored by that lane only), as 16-byte vectors where they fill whole ones (E x sizeof(C) a
    multiple of 16: the partial rows then start 16-byte aligned, cols being a multiple of E), else
-   one by one. Stored one by one, E apart across a warp's
-   lanes, each store used 4 of a sector's 32 bytes: H200, float16 rmsnorm's backward at 4 MiB
-   (256 partial rows of 4096), Nsight Compute put 54% of the kernel's L2 sectors in excess and
-   its warps stalled most on those 16 stores and on draining them at exit */
+   one by one. One by one, E apart across a warp's lanes, each store used 4 of a sector's 32
+   bytes: H200, float16 rmsnorm's backward at 4 MiB (256 partial rows of 4096), Nsight Compute
+   put 54% of the kernel's L2 sectors in excess and its warps stalled most on those 16 stores
+   and on draining them at exit */
 template <class C, int E> __device__ __forceinline__ void ld_part(const C *src, C (&a)[E])
 {
     constexpr int n = int(16 / sizeof(C));
