@@ -133,7 +133,7 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
 /* which backward ops take float chunks with saturating lanes through a saturated form (a
  * chunk's least and greatest saved input, as elementwise.c's math ops): gelu's erfc and e^(-a^2/2)
  * underflow past |a| of 14.5, erf's e^(-a^2) past 10.2, silu's e^(-|a|) past 104 */
-#define EWBSAT_gelu_backward 1
+#define EWBSAT_gelu_backward 2   /* 2: the FMA forms by the fit (EWBX_), the baseline as 1 */
 #define EWBSAT_silu_backward 1
 #define EWBSAT_sigmoid_backward 0
 #define EWBSAT_tanh_backward 0
@@ -153,6 +153,8 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
 #define EWBS_erf_backward(lo, hi)  (hi > 10.0f || lo < -10.0f)
 #define EWBS_silu_backward(lo, hi) (hi > 104.0f || lo < -104.0f)
 #define EWBF_gelu_backward(T)   O1 = ew_bw_gelu_sat_float(G, A)
+/* the forms without a libm call that the AVX2 and AVX-512 forms run (EWBSAT_<op> 2; cpu_math.h) */
+#define EWBX_gelu_backward(T)   O1 = G * ew_gelu_grad_fit_float(A)
 #define EWBF_erf_backward(T)    O1 = G * (ew_bw_gauss_sat_float(A, 1.0f) * (float)EW_BW_2_SQRTPI)
 #define EWBF_silu_backward(T)   O1 = ew_bw_silu_sat_float(G, A)
 
@@ -185,6 +187,17 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
                 EW_BW_LOOP(name, inputs, outputs, T, EWB_##name, c0, c1)                     \
         }                                                                                    \
     }
+/* EWBSAT 2 (float): the AVX2 and AVX-512 forms a plain loop of the fitted form (EWBX_<op>), the
+ * baseline (no FMA instruction) the chunks of EWBSAT 1 */
+#define EW_BW_RANGE_VARIANT_2(name, inputs, outputs, T, sfx, attr)                           \
+    EW_BW_PASTE(EW_BW_FIT_, sfx)(name, inputs, outputs, T, sfx, attr)
+#define EW_BW_FIT_base EW_BW_RANGE_VARIANT_1
+#define EW_BW_FIT_avx2 EW_BW_FIT_LOOP
+#define EW_BW_FIT_avx512 EW_BW_FIT_LOOP
+#define EW_BW_FIT_LOOP(name, inputs, outputs, T, sfx, attr)                                  \
+    attr static void ew_bwr_##name##_##T##_##sfx(const T *g, const T *a, const T *b, T *o1, T *o2, \
+                                                 T S0, T S1, int64_t m)                        \
+    EW_BW_LOOP(name, inputs, outputs, T, EWBX_##name, 0, m)
 /* elements [c0, c1) by FORM (EWB_<op> or its saturated form) */
 #define EW_BW_LOOP(name, inputs, outputs, T, FORM, c0, c1)                                   \
     {                                                                                        \

@@ -307,7 +307,7 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EWSAT_log_float 1
 #define EWSAT_sigmoid_float 1
 #define EWSAT_silu_float 1
-#define EWSAT_gelu_float 1
+#define EWSAT_gelu_float 2   /* 2: the FMA forms compute by the fit (EWFF_), the baseline as 1 */
 #define EWSAT_exp_double 0
 #define EWSAT_log_double 0
 #define EWSAT_sigmoid_double 0
@@ -333,6 +333,8 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EWFS_sigmoid ew_sigmoid_sat_float(A)
 #define EWFS_silu    (A * ew_sigmoid_sat_float(A))
 #define EWFS_gelu    (0.5f * A * ew_erfc_sat_float(-A * (float)EW_SQRT1_2))
+/* the forms without a libm call that the AVX2 and AVX-512 forms run (EWSAT_<op>_<T> 2; cpu_math.h) */
+#define EWFF_gelu    ew_gelu_fit_float(A)
 
 /* ---- math ops: block functions, one per ISA ---------------------------------------------
  * ew_math_<op>_<T>(a, out, m) computes out[i] = op(a[i]) for i < m (out == a allowed) with the
@@ -377,6 +379,23 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
                     oc[i] = EWF_##name(T);                                                   \
                 }                                                                            \
             }                                                                                \
+        }                                                                                    \
+    }
+
+/* EWSAT 2: the AVX2 and AVX-512 forms a plain loop of the op's fitted form (EWFF_<op>: FMA, no
+ * libm call, no lane that saturates slowly), the baseline (no FMA instruction: fmaf would be a
+ * libm call an element) the form of EWSAT 1 */
+#define EW_MATH_VARIANT_2(name, T, sfx, attr) EW_CAT(EW_MATH_FIT_, sfx)(name, T, sfx, attr)
+#define EW_MATH_FIT_base EW_MATH_VARIANT_1
+#define EW_MATH_FIT_avx2 EW_MATH_FIT_LOOP
+#define EW_MATH_FIT_avx512 EW_MATH_FIT_LOOP
+#define EW_MATH_FIT_LOOP(name, T, sfx, attr)                                                 \
+    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
+    {                                                                                        \
+        EW_SIMD                                                                              \
+        for (int64_t i = 0; i < m; i++) {                                                    \
+            const T A = a[i];                                                                \
+            out[i] = EWFF_##name;                                                            \
         }                                                                                    \
     }
 
