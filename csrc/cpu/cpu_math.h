@@ -24,7 +24,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "half.h"   /* ew_float_bits, ew_bits_float */
+#include "erfc_fit.h"   /* EW_ERFC_FIT_Q_F32 */
+#include "half.h"       /* ew_float_bits, ew_bits_float */
 
 const char *ew_cpu_math_library(void);
 
@@ -186,18 +187,11 @@ static inline float ew_erfc_fit_q_float(float a, float *t_out, float *s_out)
     const float z = z0 < 16.0f ? z0 : 16.0f;
     const float t = 1.0f / fmaf(z, 0.5f, 1.0f);
     const float s = 0.5f * z * t;
-    float q = -0.20092766f;
-    q = fmaf(q, s, 0.6277097f);
-    q = fmaf(q, s, -0.5815188f);
-    q = fmaf(q, s, 0.11310536f);
-    q = fmaf(q, s, -0.12101603f);
-    q = fmaf(q, s, 0.071952134f);
-    q = fmaf(q, s, 0.28323686f);
-    q = fmaf(q, s, 0.23216939f);
-    q = fmaf(q, s, -0.4374274f);
+    float q;
+    EW_ERFC_FIT_Q_F32(q, s);   /* erfc_fit.h, shared with the CUDA kernels */
     *t_out = t;
     *s_out = s;
-    return fmaf(q, s, -1.8131202f);
+    return q;
 }
 /* gelu(a) = a erfc(-a / sqrt 2) / 2: a < 0 takes m = erfc(|a| / sqrt 2) 2^64, a >= 0 its complement */
 static inline float ew_gelu_fit_float(float a)

@@ -9,6 +9,7 @@
 #define EWKERN_ELEMENTWISE_OPS_CUH
 
 #include "elementwise_types.cuh"
+#include "erfc_fit.h"   /* EW_ERFC_FIT_Q_F32: the float gelu fit, shared with the CPU */
 
 namespace ewk {
 
@@ -378,16 +379,9 @@ EW_DEV float erfc_fit_f32(float z, float &t, float &s)
     t = rcp_approx_ftz(d);
     t = fmaf(t, fmaf(-d, t, 1.0f), t);
     s = 1.0f - t;
-    float q = -0.20092766f;
-    q = fmaf(q, s, 0.6277097f);
-    q = fmaf(q, s, -0.5815188f);
-    q = fmaf(q, s, 0.11310536f);
-    q = fmaf(q, s, -0.12101603f);
-    q = fmaf(q, s, 0.071952134f);
-    q = fmaf(q, s, 0.28323686f);
-    q = fmaf(q, s, 0.23216939f);
-    q = fmaf(q, s, -0.4374274f);
-    return fmaf(q, s, -1.8131202f);
+    float q;
+    EW_ERFC_FIT_Q_F32(q, s);   /* erfc_fit.h, shared with the CPU's gelu */
+    return q;
 }
 EW_DEV float erfc_fit_h16(float z, float &t, float &s)
 {
