@@ -184,6 +184,31 @@ EWRTC_FN void f2h_n(const float *f, half_bits *p, long long n)
     for (; j < n; ++j)
         p[j].v = f2h(f[j]);
 }
+/* EWRTC_HV halves to floats and back, one instruction each way (16 by AVX-512F, 8 by F16C; 0:
+   neither, the loops then take h2f_n / f2h_n alone): the elementwise loops' fixed-size chunks */
+#if defined(__AVX512F__)
+#define EWRTC_HV 16
+EWRTC_FN void h2f_v(const half_bits *p, float *f)
+{
+    _mm512_storeu_ps(f, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)));
+}
+EWRTC_FN void f2h_v(const float *f, half_bits *p)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(_mm512_loadu_ps(f), _MM_FROUND_TO_NEAREST_INT));
+}
+#elif defined(__F16C__)
+#define EWRTC_HV 8
+EWRTC_FN void h2f_v(const half_bits *p, float *f)
+{
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
+}
+EWRTC_FN void f2h_v(const float *f, half_bits *p)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(_mm256_loadu_ps(f), _MM_FROUND_TO_NEAREST_INT));
+}
+#else
+#define EWRTC_HV 0
+#endif
 #endif
 EWRTC_FN float ld(const half_bits *p) { return h2f(p->v); }
 EWRTC_FN float ld(const bf16_bits *p) { return b2f(p->v); }
@@ -557,7 +582,12 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
 def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, half, read) -> None:
     """_cpu_half_tiles' loop over the tiles; in mode 'rows' over the tiles of each row (split among
     the threads by rows), a row's dense and repeated-row ('bcol') float16 arrays in tiles, the
-    one-element-a-row and one-element arrays read as they are."""
+    one-element-a-row and one-element arrays read as they are. A tile runs in chunks of EWRTC_HV
+    elements (16 with AVX-512, 8 with F16C alone: one conversion instruction an array), each
+    through float arrays of that fixed size, which gcc keeps in registers, and its last part (fewer
+    than EWRTC_HV, or all of it without F16C) through float arrays of the tile's size by h2f_n /
+    f2h_n. Through tiles of 512 alone the float arrays went through L1 between the passes: `z = x +
+    y` float16 at 2^19 elements, 2 threads, ran at 0.6 of ewkern.add (CPU_NOTES.md)."""
     T = CPU_HALF_TILE
     rows = layout.mode == "rows"
     n = "P.shape[1]" if rows else "P.size"
@@ -565,40 +595,58 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
     base = {"array": "_r * P.shape[1] + _t0" if rows else "_t0", "bcol": "_t0", "brow": "_r", "bone": "0"}
     at = {"array": "i", "bcol": "_t0 + _j", "brow": "_r", "bone": "0"}
     tiled = [a for a in half if a[2] in ("array", "bcol")]
+
+    def chunk(size, k: str, count: str, fixed: bool) -> None:
+        """elements _j0 .. _j0 + count of the tile through float arrays of `size`, indexed by k"""
+        for p, dt, kind, _ in tiled:
+            src.add(f"            float _f_{p.name}[{size}];")
+            if not p.is_output or p.name in read:
+                at_h = f"(const ewrtc::half_bits *)P.p_{p.name} + {base[kind]} + _j0"
+                src.add(f"            ewrtc::h2f_v({at_h}, _f_{p.name});" if fixed
+                        else f"            ewrtc::h2f_n({at_h}, _f_{p.name}, {count});")
+        src.add("#pragma omp simd")
+        src.add(f"            for (long long {k} = 0; {k} < {count}; ++{k}) {{")
+        src.add(f"            const long long _j = _j0 + {k}; (void)_j;")
+        src.add(f"            const long long i = {'_r * P.shape[1] + ' if rows else ''}_t0 + _j;")
+        stores = []
+        for p, dt, kind, rnd in layout.args:
+            S, C = DTYPES[dt][0], DTYPES[dt][1]
+            q = "" if p.is_output else "const "
+            if kind == "scalar":
+                src.add(f"            const {C} {p.name} = P.s_{p.name};")
+            elif dt == "float16" and kind in ("array", "bcol"):
+                src.add(f"            {q}float {p.name} = _f_{p.name}[{k}];" if not p.is_output or p.name in read
+                        else f"            float {p.name} = 0.0f;")
+                if p.is_output:
+                    stores.append(f"            _f_{p.name}[{k}] = {p.name};")
+            else:
+                src.add(f"            {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + {at[kind]});")
+                if p.is_output:
+                    stores.append(f"            ewrtc::st(({S} *)P.p_{p.name} + i, {p.name});")
+        src.add("            {")
+        src.user(operation, name, "operation", ";")
+        src.add("            }")
+        src.lines.extend(stores)
+        src.add("            }")
+        for p, dt, kind, _ in tiled:
+            if p.is_output:
+                at_h = f"(ewrtc::half_bits *)P.p_{p.name} + {base[kind]} + _j0"
+                src.add(f"            ewrtc::f2h_v(_f_{p.name}, {at_h});" if fixed
+                        else f"            ewrtc::f2h_n(_f_{p.name}, {at_h}, {count});")
+
     if rows:
         src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
     src.add(f"    for (long long _t0 = 0; _t0 < {n}; _t0 += {T}) {{")
     src.add(f"        const long long _tn = {n} - _t0 < {T} ? {n} - _t0 : {T};")
-    for p, dt, kind, _ in tiled:
-        src.add(f"        float _f_{p.name}[{T}];")
-        if not p.is_output or p.name in read:
-            src.add(f"        ewrtc::h2f_n((const ewrtc::half_bits *)P.p_{p.name} + {base[kind]}, _f_{p.name}, _tn);")
-    src.add("#pragma omp simd")
-    src.add("        for (long long _j = 0; _j < _tn; ++_j) {")
-    src.add(f"        const long long i = {'_r * P.shape[1] + ' if rows else ''}_t0 + _j;")
-    stores = []
-    for p, dt, kind, rnd in layout.args:
-        S, C = DTYPES[dt][0], DTYPES[dt][1]
-        q = "" if p.is_output else "const "
-        if kind == "scalar":
-            src.add(f"        const {C} {p.name} = P.s_{p.name};")
-        elif dt == "float16" and kind in ("array", "bcol"):
-            src.add(f"        {q}float {p.name} = _f_{p.name}[_j];" if not p.is_output or p.name in read
-                    else f"        float {p.name} = 0.0f;")
-            if p.is_output:
-                stores.append(f"        _f_{p.name}[_j] = {p.name};")
-        else:
-            src.add(f"        {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + {at[kind]});")
-            if p.is_output:
-                stores.append(f"        ewrtc::st(({S} *)P.p_{p.name} + i, {p.name});")
-    src.add("        {")
-    src.user(operation, name, "operation", ";")
+    src.add("        long long _j0 = 0;")
+    src.add("#if EWRTC_HV")
+    src.add("        for (; _j0 + EWRTC_HV <= _tn; _j0 += EWRTC_HV) {")
+    chunk("EWRTC_HV", "_k", "EWRTC_HV", True)
     src.add("        }")
-    src.lines.extend(stores)
+    src.add("#endif")
+    src.add("        if (_j0 < _tn) {")
+    chunk(T, "_q", "_tn - _j0", False)
     src.add("        }")
-    for p, dt, kind, _ in tiled:
-        if p.is_output:
-            src.add(f"        ewrtc::f2h_n(_f_{p.name}, (ewrtc::half_bits *)P.p_{p.name} + {base[kind]}, _tn);")
     src.add("    }")
     if rows:
         src.add("    }")
