@@ -344,7 +344,8 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
  * calls in it become calls of libmvec's vector functions of that ISA (16 floats per call with
  * AVX-512), otherwise they stay scalar libm calls. The arithmetic around the calls is the same
  * in every variant (-std=c11 keeps fp-contract off: no FMA is formed from a * b + c), so
- * variants differ only where libmvec's ISA variants do, within the bounds in CPU_NOTES.md.
+ * variants differ only where libmvec's ISA variants do, within the bounds in CPU_NOTES.md, and
+ * in float gelu, whose AVX2 and AVX-512 forms compute a fitted erfc with FMA (EWSAT 2 below).
  * EWV_<op> names the block function of a MATH op (a placeholder for the others, never called). */
 /* the plain loop (EWSAT_<op>_<T> 0), or chunks that scan for saturated lanes (1) */
 #define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
