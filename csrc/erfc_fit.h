@@ -1,5 +1,6 @@
 /*
- * erfc_fit.h: the fit of erfc that float gelu and its gradient evaluate on the GPU
+ * erfc_fit.h: floor 0 (see state.h; a contract with csrc/cpu and csrc/cuda: no calls). The fit
+ * of erfc that float gelu and its gradient evaluate on the GPU
  * (csrc/cuda/elementwise_ops.cuh, erfc_fit_f32) and on the CPU (csrc/cpu/cpu_math.h,
  * ew_erfc_fit_q_float): for z >= 0, erfc(z) = t 2^(-z^2 log2(e) + s Q(s)), t = 1 / (1 + z / 2),
  * s = 1 - t, with Q of degree 9 (s Q(s) to 6e-9 relative; scripts/gelu_fit.py makes the

@@ -6,8 +6,9 @@
  *
  * The floors of csrc/ (each file includes and calls only files on lower floors; the table is
  * checked by tests/test_layering.py):
- *   0  state          module state, current stream      (cuda_api.h, ewkern_kernels.h, ops.def:
- *                                                          contracts with the kernels, no calls)
+ *   0  state          module state, current stream      (cuda_api.h, ewkern_kernels.h, ops.def,
+ *                                                          erfc_fit.h: contracts with the kernels,
+ *                                                          no calls)
  *   1  dtype, device  dtypes, NumPy descrs, shapes; devices, the device guard, CUDA errors
  *   2  registry, stream, array   op table and kernel lookup; the Stream type; the Array type
  *                                 (with its DLPack export)
