@@ -350,15 +350,19 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 /* the plain loop (EWSAT_<op>_<T> 0), or chunks that scan for saturated lanes (1) */
 #define EW_DEFINE_MATH_VARIANT(name, T, sfx, attr)                                           \
     EW_CAT(EW_MATH_VARIANT_, EW_CAT(EWSAT_##name##_, T))(name, T, sfx, attr)
-#define EW_MATH_VARIANT_0(name, T, sfx, attr)                                                \
-    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
+/* dst[i] = FORM for i < n, FORM an expression in A = src[i]: the loop of every form below */
+#define EW_MATH_LOOP(T, FORM, src, dst, n)                                                   \
     {                                                                                        \
         EW_SIMD                                                                              \
-        for (int64_t i = 0; i < m; i++) {                                                    \
-            const T A = a[i];                                                                \
-            out[i] = EWF_##name(T);                                                          \
+        for (int64_t i = 0; i < (n); i++) {                                                  \
+            const T A = (src)[i];                                                            \
+            (dst)[i] = FORM;                                                                 \
         }                                                                                    \
     }
+#define EW_MATH_PLAIN(name, T, sfx, attr, FORM)                                              \
+    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
+    EW_MATH_LOOP(T, FORM, a, out, m)
+#define EW_MATH_VARIANT_0(name, T, sfx, attr) EW_MATH_PLAIN(name, T, sfx, attr, EWF_##name(T))
 #define EW_MATH_VARIANT_1(name, T, sfx, attr)                                                \
     attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
     {                                                                                        \
@@ -367,19 +371,10 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
             const T *ac = a + c0;                                                            \
             T *oc = out + c0;                                                                \
             EW_SAT_SAMPLE(T, ac, cm, lo, hi)                                                 \
-            if (EWS_##name(lo, hi)) {                                                        \
-                EW_SIMD                                                                      \
-                for (int64_t i = 0; i < cm; i++) {                                           \
-                    const T A = ac[i];                                                       \
-                    oc[i] = EWFS_##name;                                                     \
-                }                                                                            \
-            } else {                                                                         \
-                EW_SIMD                                                                      \
-                for (int64_t i = 0; i < cm; i++) {                                           \
-                    const T A = ac[i];                                                       \
-                    oc[i] = EWF_##name(T);                                                   \
-                }                                                                            \
-            }                                                                                \
+            if (EWS_##name(lo, hi))                                                          \
+                EW_MATH_LOOP(T, EWFS_##name, ac, oc, cm)                                     \
+            else                                                                             \
+                EW_MATH_LOOP(T, EWF_##name(T), ac, oc, cm)                                   \
         }                                                                                    \
     }
 
@@ -390,15 +385,7 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EW_MATH_FIT_base EW_MATH_VARIANT_1
 #define EW_MATH_FIT_avx2 EW_MATH_FIT_LOOP
 #define EW_MATH_FIT_avx512 EW_MATH_FIT_LOOP
-#define EW_MATH_FIT_LOOP(name, T, sfx, attr)                                                 \
-    attr static void ew_math_##name##_##T##_##sfx(const T *a, T *out, int64_t m)             \
-    {                                                                                        \
-        EW_SIMD                                                                              \
-        for (int64_t i = 0; i < m; i++) {                                                    \
-            const T A = a[i];                                                                \
-            out[i] = EWFF_##name;                                                            \
-        }                                                                                    \
-    }
+#define EW_MATH_FIT_LOOP(name, T, sfx, attr) EW_MATH_PLAIN(name, T, sfx, attr, EWFF_##name)
 
 #define EW_DEFINE_MATH(name, T)                                                              \
     EW_ISA_FORMS(EW_DEFINE_MATH_VARIANT, name, T)                                            \
