@@ -22,6 +22,12 @@
         z = x + y (ewkern.add), the per-row mean square of [rows, 4096] and the sum of squares of
         the whole array; "ewkern wide": the elementwise ones planned with the launch rule's `wide`
         case (ewkern.rtc._kernel.RTC_WIDE). SIZE is bytes per input array.
+    python scripts/speed_probe.py fastmath SIZE[,SIZE...] DTYPE[,DTYPE...] [ROUNDS]
+        user ElementwiseKernels (fused's swish_gate, gelu_mul, fma and add) compiled as the
+        package compiles them and with NVRTC's --use_fast_math, against torch.compile of the same
+        expression, in turns (frameworks.time_calls_in_turns), single launch and back-to-back,
+        ROUNDS (default 2) rounds; also the largest difference between the two ewkern results in
+        units of the output dtype's eps x |result|.
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
         an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
         timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
@@ -675,6 +681,52 @@ def inherit(op, dtype, sizes, rounds=3):
             f"{k} {sorted(v)[len(v) // 2]:.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in got.items()), flush=True)
 
 
+def fastmath(sizes, dtypes, rounds=2):
+    info = ewkern.device_info("cuda:0")
+    cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
+    exprs = {"swish_gate": ("o = a / (1 + exp(-b))", lambda a, b: a * torch.sigmoid(b)),
+             "gelu_mul": ("o = 0.5f * a * (1.0f + erf(a * 0.70710678f)) * b",
+                          lambda a, b: torch.nn.functional.gelu(a) * b),
+             "fma": ("o = a * b + a", lambda a, b: a * b + a),
+             "add": ("o = a + b", lambda a, b: a + b)}
+    for dtype in dtypes:
+        tdt = frameworks._torch_dtype(dtype)
+        for name, (body, tfn) in exprs.items():
+            k0 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}")
+            k1 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}_fast",
+                                          options=("--use_fast_math",))
+            tc = torch.compile(lambda a, b, o, tfn=tfn: o.copy_(tfn(a, b)), dynamic=False)
+            for size in sizes:
+                n = size // ITEMSIZE[dtype]
+                a = (torch.randn(n, device="cuda:0") * 3).to(tdt)
+                b = (torch.randn(n, device="cuda:0") * 3).to(tdt)
+                o0, o1 = torch.empty_like(a), torch.empty_like(a)
+                k0(a, b, o0)
+                k1(a, b, o1)
+                ref = o0.double()
+                err = ((o1.double() - ref).abs() / (ref.abs() * torch.finfo(tdt).eps).clamp_min(1e-300))
+                err = err[ref.abs() > torch.finfo(tdt).tiny].max().item()
+                set_b = 3 * n * ITEMSIZE[dtype]
+
+                def maker(fn):
+                    def make_call():
+                        x = (torch.randn(n, device="cuda:0") * 3).to(tdt)
+                        y = (torch.randn(n, device="cuda:0") * 3).to(tdt)
+                        z = torch.empty_like(x)
+                        return lambda: fn(x, y, z)
+                    return make_call
+                ways = [(maker(lambda x, y, z: k0(x, y, z)), set_b), (maker(lambda x, y, z: k1(x, y, z)), set_b),
+                        (maker(tc), set_b)]
+                for method, cache in (("single", "flush"), ("b2b", "rotate")):
+                    for r in range(rounds):
+                        t = [median_s(tm) for tm in frameworks.time_calls_in_turns(cfg, ways, cache)]
+                        frameworks.release_peer_memory()
+                        print(f"{name} {dtype} {size >> 20} MiB {method} round {r}: us ewkern {t[0] * 1e6:.2f} "
+                              f"fast {t[1] * 1e6:.2f} torch.compile {t[2] * 1e6:.2f} | vs torch.compile "
+                              f"{t[2] / t[0]:.3f} fast {t[2] / t[1]:.3f} | fast - default err {err:.2f} eps",
+                              flush=True)
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "variants":
@@ -692,6 +744,9 @@ if __name__ == "__main__":
         rownorm([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
     elif cmd == "rows":
         rows([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","), sys.argv[4].split(","))
+    elif cmd == "fastmath":
+        fastmath([parse_bytes(x) for x in sys.argv[2].split(",")], sys.argv[3].split(","),
+                 int(sys.argv[4]) if len(sys.argv) > 4 else 2)
     elif cmd == "rmse-overhead":
         rmse_overhead()
     elif cmd == "cold":
