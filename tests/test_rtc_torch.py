@@ -166,6 +166,42 @@ def _rmsnorm_backward_layout(dtype, colsum):
     return lay, _codegen.typedefs((("T", dtype),), bi, in_dts, bo, [dtype] * len(bo)), stage2, body, consts
 
 
+def test_row_backward_second_sum_free_of_a_is_folded_into_the_first_pass():
+    """Where S's terms are a row constant times a factor free of a (rmsnorm: d y / d a = -x w
+    rsqrt(a / n + eps)^3 / 2n), the derived second map reads neither a nor a row constant, the
+    operation scales S by the constant once (C * S, one product ptxas hoists), and row_source maps
+    it beside the first map: CUDA's two-pass form reads the row twice, not three times, and the CPU
+    makes two passes; a layer norm's variance (its map needs a) keeps the separate pass."""
+    from ewkern.rtc import _codegen
+    from ewkern.rtc._autodiff import row_backward_source
+    ins, outs = parse_params("T x, T w, float32 eps", False, "k"), parse_params("T y", True, "k")
+    _, _, stage2, body, consts = row_backward_source("k", "x * x", "a + b", "0",
+                                                     "y = x * rsqrt(a / _row_size + eps) * w", ins, outs, ("eps",))
+    names = set(re.findall(r"\w+", stage2[0]))
+    assert not names & ({"a", "_ewk_s"} | {n for n, _ in consts}), stage2
+    assert re.search(r"\* \(\([^;]*_ewk_c\d\) \* _ewk_s\)", body), body
+    lay, tdefs, stage2, body, consts = _rmsnorm_backward_layout("float32", ())
+    for backend in ("cuda", "cpu"):
+        for map2, fused in ((stage2[0], True), (stage2[0] + " * a", False)):
+            src, _ = _codegen.row_source(backend, "rowkf", lay, 4 if backend == "cuda" else 1, "x * x", "a + b", body,
+                                         "0", "float", "", tdefs, set(), (map2,) + stage2[1:], None, consts)
+            # passes over the row: CUDA's two-pass form's loops; the CPU's column loops (its entry has
+            # a threaded and a one-thread copy of the row loop)
+            passes = src.count("for (int _v0 = _lane;") if backend == "cuda" else src.count("for (long long _ew_c = ")
+            assert ("const type_reduce _m2 =" in src) == fused and passes == (2 if fused else 3) * (1 if backend == "cuda" else 2), \
+                (backend, map2, passes)
+    x1 = parse_params("T x, float32 eps", False, "k")
+    _, _, st2, _, c2 = row_backward_source("k", "x", "a + b", "0", "y = (x - a / _row_size) * (x - a / _row_size)",
+                                           x1, outs, ("eps",))
+    assert set(re.findall(r"\w+", st2[0])) & {n for n, _ in c2}, st2
+    # and the gradients stay right through the fused pass (CPU; float64 against torch's autograd)
+    op = ewt.kernel_op(ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                                        "y = x * rsqrt(a / _row_size + eps) * w", "0", "rms_fused2"), scalars=("eps",))
+    x = (torch.rand(5, 37, dtype=torch.float64) * 4 - 2).requires_grad_()
+    w = (torch.rand(37, dtype=torch.float64) + 0.5).requires_grad_()
+    torch.autograd.gradcheck(lambda x, w: op(x, w, 1e-5), (x, w))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
 def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
     """The derived backward row kernel (rmsnorm with a weight row: two reductions over the row,

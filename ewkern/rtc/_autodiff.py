@@ -63,13 +63,16 @@ def _hoist(sp, e, inv, table):
 
 
 def derive(kernel: str, operation: str, in_params, out_params, scalars=(), invariant=None,
-           consts=None) -> dict[str, str]:
+           consts=None, split=None) -> dict[str, str]:
     """name -> C++ expression of d out / d name for every non-scalar input (in the inputs' names).
     scalars: input names that are scalars (not differentiated). invariant, consts: the names of
     inputs that are the same for every element (a row's reduction, its length, the scalars) and a
     dict: each derivative's largest subexpressions over those alone become symbols _ewk_c0, ...,
     and consts gets {symbol name: its C++ expression} (literals and casts in ``in0_type``, the
-    compute type of the kernel's first input), to compute once (a row kernel's row constants)."""
+    compute type of the kernel's first input), to compute once (a row kernel's row constants).
+    split (with consts: a dict): for each input named in it whose hoisted derivative is a product
+    of row constants and a factor over the other inputs alone, split[name] becomes (C++ of the
+    constant factor, C++ of the rest); the others are dropped from it."""
     sp = _sympy()
     if len(out_params) != 1 or out_params[0].raw:
         raise ValueError(f"{kernel}: a backward is derived only for one non-raw output")
@@ -131,6 +134,17 @@ def derive(kernel: str, operation: str, in_params, out_params, scalars=(), invar
         if consts is not None and inv:
             d = _hoist(sp, d, inv, table)
         grads[p.name] = c_code(d, p.name)
+        if split is not None and p.name in split:
+            fixed = inv | set(table.values())
+            args = d.args if isinstance(d, sp.Mul) else (d,)
+            const = [x for x in args if x.free_symbols <= fixed]
+            rest = [x for x in args if not x.free_symbols <= fixed]
+            split[p.name] = None
+            if not any(x.free_symbols & fixed for x in rest):
+                split[p.name] = (c_code(sp.Mul(*const), p.name), c_code(sp.Mul(*rest), p.name))
+    if split is not None:
+        for n in [n for n, v in split.items() if v is None]:
+            del split[n]
     if consts is not None:
         for e, c in table.items():
             consts[c.name] = c_code(e, c.name, "in0_type")
@@ -191,8 +205,16 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
     from ._params import parse_params
     extra = parse_params("float64 a, float64 _row_size", False, kernel)
     consts: dict[str, str] = {}
+    # S's terms as a row constant times a factor free of a (rmsnorm: -x w rsqrt(a / n + eps)^3 / n):
+    # then S = C sum_i g_i h(x_i), and that sum needs no a, so the kernel reduces it in the same
+    # pass over the row as a (RowKernel's codegen fuses an a-free second map into the first)
+    split: dict = {"a": None}
     f_grads = derive(kernel, operation, tuple(in_params) + extra, out_params, tuple(scalars) + ("_row_size",),
-                     invariant=("a", "_row_size") + tuple(scalars), consts=consts)
+                     invariant=("a", "_row_size") + tuple(scalars), consts=consts, split=split)
+    s_const, s_term = split.get("a") or ("1", f_grads["a"])
+    # C S as one product of row values (ptxas hoists it out of the element loop; dm * C * S
+    # would cost a multiply an element)
+    s_value = ROW_STAGE2 if s_const.strip() in ("1", "decltype(_g)(1)") else f"(({s_const}) * {ROW_STAGE2})"
     (m_out,) = parse_params("float64 _ewk_m", True, kernel)
     m_grads = derive(kernel, f"_ewk_m = {map_expr}", in_params, (m_out,), scalars)
     out = out_params[0]
@@ -205,11 +227,11 @@ def row_backward_source(kernel: str, map_expr: str, reduce_expr: str, identity: 
         term = f"_g * ({f_grads[p.name]})"
         dm = m_grads.get(p.name, "0")
         if dm.strip() not in ("0", "decltype(_g)(0)"):
-            term += f" + ({dm}) * {ROW_STAGE2}"
+            term += f" + ({dm}) * {s_value}"
         body.append(f"{GRAD_PREFIX}{p.name} = {term}")
     # the row's length as a value of the compute type: a derivative such as -1/_row_size is not integer division
     fix = (lambda c: _word_sub(c, "_row_size", "decltype(_g)(_row_size)"))
-    stage2 = (fix(f"_g * ({f_grads['a']})"), "a + b", "0") if any(ROW_STAGE2 in b for b in body) else None
+    stage2 = (fix(f"_g * ({s_term})"), "a + b", "0") if any(ROW_STAGE2 in b for b in body) else None
     operation = fix("; ".join(body))
     used = operation + " " + (stage2[0] if stage2 else "")
     row = tuple((n, _word_sub(c, "_row_size", "in0_type(_row_size)")) for n, c in consts.items()

@@ -1434,7 +1434,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     stage2 (map2_expr, reduce2_expr, identity2), for derived backwards: a second reduction over
     the same row after the first, its map with `a` (the first result) in scope, into
-    ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again.
+    ROW_STAGE2 (in scope in the operation with `a`); on CUDA over the registers again. A second
+    map that reads neither `a` nor the row constants is folded beside the first, in the same pass
+    over the row (rmsnorm's derived backward, whose row constant multiplies the sum instead).
 
     consts ((name, C++ expression), ...): row constants of the type in0_type, computed once a
     row after the first reduction with `a` in scope (and the scalars, _row_size), in scope in the
@@ -1480,10 +1482,14 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     # the inputs map_expr may read (the preamble's macros included): only these are loaded for the
     # reduction, and on CUDA only these are held in registers until the apply
     in_map = identifiers(map_expr) | identifiers(preamble) | (identifiers(stage2[0]) if stage2 else set())
+    # a second map that reads neither `a` nor the row constants (rmsnorm's derived backward: _g * w * x,
+    # its row constant applied to the sum) is folded in the first pass over the row, beside the first
+    # map: one pass fewer (on CUDA's two-pass form one read of the row fewer from memory)
+    fuse2 = bool(stage2) and not identifiers(stage2[0]) & ({"a", ROW_STAGE2} | {n for n, _ in consts})
 
-    def map_into(indent, value, stage=1):
+    def map_into(indent, value, stage=1, fused=False):
         """the element's inputs (value(param, dtype, kind)), the mapped value folded into _acc
-        (stage 2: into _acc2, with the first stage's `a` in scope)"""
+        (stage 2: into _acc2, with the first stage's `a` in scope; fused: stage 1 and 2 both)"""
         expr, acc = (map_expr, "_acc") if stage == 1 else (stage2[0], "_acc2")
         src.add(f"{indent}{{")
         if stage == 2:
@@ -1498,6 +1504,13 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             combine(indent + "    ", acc, acc, "_m")
         else:
             combine(indent + "    ", acc, acc, "_m", stage2[1], "reduce2_expr")
+        if fused:
+            src.add(f"{indent}    {{")
+            src.add(f"{indent}        const type_reduce _m2 = (type_reduce)(")
+            src.user(stage2[0], name, "map2_expr")
+            src.add(f"{indent}        );")
+            combine(indent + "        ", "_acc2", "_acc2", "_m2", stage2[1], "reduce2_expr")
+            src.add(f"{indent}    }}")
         src.add(f"{indent}}}")
 
     def apply(indent, value, store):
@@ -1570,7 +1583,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             return (f"_f_{p.name}[_ew_c - _c0]" if p.name in tiled else
                     _row_at(kind, p.name, dt, "i", "_ew_c", "_ew_r"))
         if phase == "map":
-            map_into(ind, val)
+            map_into(ind, val, 1, fuse2)
         elif phase == "map2":
             map_into(ind, val, 2)
         else:
@@ -1589,7 +1602,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         if stage2:
             src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
         everything = {p.name for p, dt, kind, _ in ins}
-        for k, phase in enumerate(("map", "map2", "apply") if stage2 else ("map", "apply")):
+        for k, phase in enumerate(("map", "map2", "apply") if stage2 and not fuse2 else ("map", "apply")):
             if k == 1:   # after the first reduction
                 row_consts("        ")
             rows_phase(phase, everything if phase == "apply" else in_map)   # what map_into/apply read
@@ -1685,6 +1698,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
                     f" + ({at})) : {DTYPES[dt][1]}();")
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+    if fuse2:
+        src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
 
     def reg_value(p, dt, kind):
         if kind == "bcol":
@@ -1732,9 +1747,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     for p, dt, kind, _ in held:
         src.add(f"    _H_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
 
-    def map_pass(stage):
+    def map_pass(stage, fused=False):
         """one reduction's map over the row: from the registers (VPL > 0; the first pass loads
-        them) or read from memory (VPL = 0)"""
+        them) or read from memory (VPL = 0); fused (stage 1): the two-pass form maps stage 2 beside
+        it; (stage 2) only the register forms' map, the two-pass form's done in the first pass"""
         src.add("    if constexpr (VPL > 0) {")
         if stage == 1:
             src.add("#pragma unroll")
@@ -1763,6 +1779,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("                }")
         src.add("            }")
         src.add("        }")
+        if fused and stage == 2:
+            src.add("    }")
+            return
         src.add("    } else {")
         # the two-pass form: TPC vectors a lane loaded together, then mapped in order; the row
         # kept in L2 for the next pass (evict_last)
@@ -1774,14 +1793,14 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("#pragma unroll")
         src.add("                    for (int _k = 0; _k < E; ++_k) {")
         src.add("                        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
-        map_into("                        ", mem_value, stage)
+        map_into("                        ", mem_value, stage, fused)
         src.add("                    }")
         src.add("                }")
         src.add("            }")
         src.add("        }")
         src.add("    }")
 
-    map_pass(1)
+    map_pass(1, fuse2)
 
     def lane_combine(acc, sh, expr, what):
         group_combine(src, acc, sh, lambda indent, a, lo, hi: combine(indent, a, lo, hi, expr, what))
@@ -1789,9 +1808,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     lane_combine("_acc", "_sh", reduce_expr, "reduce_expr")
     row_consts("    ")
     if stage2:
-        # the second reduction: over the registers again (VPL > 0) or the row read again
-        src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
-        map_pass(2)
+        # the second reduction: over the registers again (VPL > 0) or the row read again; fused:
+        # the two-pass form mapped it in the first pass (over the registers the map's work came
+        # before the first combine and float32's rmsnorm backward at 4 MiB lost 4% on the H200)
+        if not fuse2:
+            src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
+        map_pass(2, fuse2)
         lane_combine("_acc2", "_sh2", stage2[1], "reduce2_expr")
 
     def emit_apply(indent, value, have_regs):
