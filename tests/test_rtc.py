@@ -769,6 +769,27 @@ def test_vector_forms_maxnreg_twin_does_not_spill(op, tmp_path):
     assert sorted(regs) == sorted(entries) and max(regs.values()) <= 64
 
 
+@pytest.mark.parametrize("out,user,want", [("float16", (), "div.full.f32"), ("bfloat16", (), "div.full.f32"),
+                                             ("float16", ("--prec-div=true",), "div.rn.f32"),
+                                             ("float32", (), "div.rn.f32")])
+def test_sixteen_bit_outputs_divide_approximately(out, user, want):
+    """A kernel whose every output is 16-bit divides in float by div.full.f32 (HALF_OUT_OPTIONS,
+    ahead of the user's options, which win: --prec-div=true keeps IEEE division); a float32 output
+    keeps IEEE division (div.rn.f32, with its slow path's calls)."""
+    from ewkern.rtc._kernel import HALF_OUT_OPTIONS, _nvrtc_options
+    assert _nvrtc_options(("float16", "bfloat16"), ("-lineinfo",)) == HALF_OUT_OPTIONS + ("-lineinfo",)
+    assert _nvrtc_options(("float16", "float32"), ()) == () and _nvrtc_options((), ()) == ()
+    _nvrtc()
+    lay = _layout("vector", 1, [(f"{out} a", out, "array", 0), (f"{out} b", out, "array", 0)])
+    (o,) = parse_params(f"{out} o", True, "k")
+    lay = _codegen.Layout("vector", 1, list(lay.args) + [(o, out, "array", 0)])
+    src, _ = _codegen.vector_source("vdiv", lay, "o = a / (1 + exp(-b))", "", "", "", "", set())
+    ptx = _build.compile_cuda("vdiv", src, (9, 0), options=_nvrtc_options((out,), user), ptx_only=True)[0]
+    text = ptx.decode(errors="replace")
+    other = "div.rn.f32" if want == "div.full.f32" else "div.full.f32"
+    assert want in text and other not in text
+
+
 @pytest.mark.parametrize("op,nin", [("o = a * b + c", 3), ("o = a + b", 2), ("o = a / (1 + exp(-b))", 2)])
 def test_vector_forms_bfloat16_without_spill(op, nin, tmp_path):
     """bfloat16 inputs held as their 32-bit words (BfWords): every form, 4 vectors a thread
@@ -920,6 +941,33 @@ def test_gpu_elementwise_and_reduction(dtype):
     y = add_reverse(a, a)
     assert isinstance(y, ewkern.Array)
     np.testing.assert_array_equal(y.numpy(), np.full(9, 8.0, np.float32))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_sixteen_bit_division_within_one_unit_of_ieee(dtype):
+    """16-bit outputs divide by div.full.f32: against the same kernel with IEEE division
+    (options=("--prec-div=true",)) every result is the same or the adjacent 16-bit value (one unit
+    in the last place), and nearly all are the same; both within 1 ulp of float64's (plus the
+    rounding) on a vector path and on the strided kernel."""
+    tdt = getattr(torch, dtype)
+    src = ("T a, T b", "T o", "o = a / (1 + exp(-b))")
+    fast = ewkern.ElementwiseKernel(*src, f"sig_fast_{dtype}")
+    ieee = ewkern.ElementwiseKernel(*src, f"sig_ieee_{dtype}", options=("--prec-div=true",))
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = (torch.randn(1 << 20, device="cuda", generator=g) * 4).to(tdt)
+    b = (torch.randn(1 << 20, device="cuda", generator=g) * 4).to(tdt)
+    for x, y in ((a, b), (a[1:-2:3], b[2::3])):
+        f, e = fast(x, y), ieee(x, y)
+        assert f.dtype == tdt and f.shape == x.shape
+        fb, eb = f.view(torch.int16).int(), e.view(torch.int16).int()
+        assert int((fb - eb).abs().max()) <= 1
+        assert float((fb != eb).float().mean()) < 0.01
+        ref = x.double() / (1 + torch.exp(-y.double()))
+        eps = torch.finfo(tdt).eps
+        assert bool(((f.double() - ref).abs() <= eps * ref.abs() + torch.finfo(tdt).tiny).all())
 
 
 fma3 = ewkern.ElementwiseKernel("T a, T b, T c", "T o", "o = a * b + c", "fma3")

@@ -876,6 +876,24 @@ def _reduction_struct(in_cls: type, out_cls: type, rows: bool) -> type:
     return cls
 
 
+# Float division in kernels whose every output is float16 or bfloat16 (computed in float, rounded
+# to 11 or 8 significant bits): div.full.f32 (at most 2 ulp of float) instead of IEEE division, whose
+# per-element slow-path calls and branches (sm_90 SASS of `o = a / (1 + exp(-b))` in float16, the
+# 1-vector form: 440 -> 280 instructions, 9 CALL and 28 BRA -> 0 and 3) held a 1 MiB single launch
+# at 0.86-0.87 of torch.compile on the H200, whose Triton kernel divides approximately too (with
+# --use_fast_math, approximate exp as well: 0.98-1.00; back-to-back 2.14 -> 1.73 us). A 16-bit
+# result differs from IEEE division's only where the exact value lies within about 2^-21 (relative)
+# of a 16-bit rounding boundary, by one unit in its last place. The user's options come after these
+# (NVRTC takes the last of a repeated option): options=("--prec-div=true",) keeps IEEE division.
+HALF_OUT_OPTIONS = ("--prec-div=false",)
+
+
+def _nvrtc_options(out_types, options: tuple[str, ...]) -> tuple[str, ...]:
+    """ewkern's NVRTC options for an elementwise kernel with these output dtypes, then the user's."""
+    half = bool(out_types) and all(t in ("float16", "bfloat16") for t in out_types)
+    return (HALF_OUT_OPTIONS if half else ()) + tuple(options)
+
+
 class ElementwiseKernel:
     """A user-defined elementwise kernel, with CuPy's signature and semantics
     (``cupy.ElementwiseKernel``), for any DLPack arrays: NumPy, torch, CuPy, ewkern.
@@ -897,7 +915,10 @@ class ElementwiseKernel:
             dimension).
         preamble, loop_prep, after_loop: code before the kernel, before and after the loop.
         no_return: return None. return_tuple: always return a tuple.
-        options: extra NVRTC options.
+        options: extra NVRTC options, after ewkern's own (so they win where they conflict).
+            Where every output is float16 or bfloat16, float division compiles approximate
+            (``--prec-div=false``: ``div.full.f32``, 2 ulp of float before the rounding to 16
+            bits); ``options=("--prec-div=true",)`` keeps IEEE division.
 
     Calling it: ``kernel(*inputs, *outputs, size=None, block_size=None)``. Inputs are arrays or
     scalars; outputs are optional (allocated otherwise, in the first array input's framework and
@@ -1063,7 +1084,8 @@ class ElementwiseKernel:
                 vargs = (name, layout, self.operation, self.preamble, self.loop_prep, self.after_loop, tdefs, reads)
                 vsrc, entries = _codegen.vector_source(*vargs)
                 heavy = bool(_codegen.identifiers(self.operation) & _codegen.HEAVY_MATH)
-                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(), self.options, heavy,
+                compiled = _vector_kernel(name, vsrc, entries, call.device, self._parts(),
+                                          _nvrtc_options(call.out_types, self.options), heavy,
                                           lambda: _codegen.vector_source(*vargs, regs64=True)[0])
                 self._compiled[key] = compiled
         if compiled is None:
@@ -1074,7 +1096,8 @@ class ElementwiseKernel:
                 compiled = _build.build_cpu(name, src, entry, self._parts())
             else:
                 assert call.device is not None
-                compiled = _gpu_kernel(name, src, entry, call.device, self._parts(), self.options)
+                compiled = _gpu_kernel(name, src, entry, call.device, self._parts(),
+                                       _nvrtc_options(call.out_types, self.options))
             self._compiled[key] = compiled
         buf = bytearray(bytes(params))
         run = _elementwise_runner(compiled, call.device, mode, layout, n, head, block_size, type(params))
