@@ -194,6 +194,9 @@ def test_row_backward_second_sum_free_of_a_is_folded_into_the_first_pass():
     _, _, st2, _, c2 = row_backward_source("k", "x", "a + b", "0", "y = (x - a / _row_size) * (x - a / _row_size)",
                                            x1, outs, ("eps",))
     assert set(re.findall(r"\w+", st2[0])) & {n for n, _ in c2}, st2
+    # an operation that does not read a: its derivative 0 stays whole (no 0 x a sum that may overflow)
+    _, _, st3, body3, _ = row_backward_source("k", "x * x", "a + b", "0", "y = x * w", ins, outs, ("eps",))
+    assert st3[0] == "_g * (0)" and "_ewk_s" in body3 and "((" not in body3, (st3, body3)
     # and the gradients stay right through the fused pass (CPU; float64 against torch's autograd)
     op = ewt.kernel_op(ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
                                         "y = x * rsqrt(a / _row_size + eps) * w", "0", "rms_fused2"), scalars=("eps",))

@@ -140,7 +140,9 @@ def derive(kernel: str, operation: str, in_params, out_params, scalars=(), invar
             const = [x for x in args if x.free_symbols <= fixed]
             rest = [x for x in args if not x.free_symbols <= fixed]
             split[p.name] = None
-            if not any(x.free_symbols & fixed for x in rest):
+            # (a derivative that is a number, 0 where out does not read a, stays whole: C = 0
+            # times a sum that may overflow would be NaN)
+            if d.free_symbols and not any(x.free_symbols & fixed for x in rest):
                 split[p.name] = (c_code(sp.Mul(*const), p.name), c_code(sp.Mul(*rest), p.name))
     if split is not None:
         for n in [n for n, v in split.items() if v is None]:
