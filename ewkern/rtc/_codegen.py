@@ -1485,7 +1485,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     # a second map that reads neither `a` nor the row constants (rmsnorm's derived backward: _g * w * x,
     # its row constant applied to the sum) is folded in the first pass over the row, beside the first
     # map: one pass fewer (on CUDA's two-pass form one read of the row fewer from memory)
-    fuse2 = bool(stage2) and not identifiers(stage2[0]) & ({"a", ROW_STAGE2} | {n for n, _ in consts})
+    fuse2 = stage2 is not None and not identifiers(stage2[0]) & ({"a", ROW_STAGE2} | {n for n, _ in consts})
 
     def map_into(indent, value, stage=1, fused=False):
         """the element's inputs (value(param, dtype, kind)), the mapped value folded into _acc
@@ -1698,7 +1698,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
                     f" + ({at})) : {DTYPES[dt][1]}();")
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
-    if fuse2:
+    if fuse2 and stage2 is not None:
         src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
 
     def reg_value(p, dt, kind):
