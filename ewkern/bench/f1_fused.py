@@ -20,7 +20,8 @@ the SAME strings, and written as a torch user would write it (eager, and the sam
 
 in float32, float16 and bfloat16 (the kernels use the placeholder T and compute 16-bit types in
 float; torch computes in the dtype as it does; mixed's dtype is b's), at sizes given per input
-array. Ways (each timed the same way for every expression):
+array. Where every output is 16-bit ewkern divides in float by div.full.f32 (its default since
+e4628a5, as Triton's kernels divide); CuPy compiles the same source with IEEE division. Ways (each timed the same way for every expression):
 
   ewkern          the run-time kernels on torch tensors (they launch on torch's current stream)
   ewkern 2k       rmsnorm only: ewkern running CuPy's two kernels (the same source as cupy)
