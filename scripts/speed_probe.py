@@ -695,6 +695,9 @@ def fastmath(sizes, dtypes, rounds=2):
             k0 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}")
             k1 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}_fast",
                                           options=("--use_fast_math",))
+            # one code object for every expression and dtype: past dynamo's recompile limit it ran
+            # eagerly (two kernels) on the H200 for all but the first dtype; a reset per expression
+            torch._dynamo.reset()
             tc = torch.compile(lambda a, b, o, tfn=tfn: o.copy_(tfn(a, b)), dynamic=False)
             for size in sizes:
                 n = size // ITEMSIZE[dtype]
