@@ -23,10 +23,11 @@
         the whole array; "ewkern wide": the elementwise ones planned with the launch rule's `wide`
         case (ewkern.rtc._kernel.RTC_WIDE). SIZE is bytes per input array.
     python scripts/speed_probe.py fastmath SIZE[,SIZE...] DTYPE[,DTYPE...] [ROUNDS]
-        user ElementwiseKernels (fused's swish_gate, gelu_mul, fma and add) compiled as the
-        package compiles them and with NVRTC's --use_fast_math, against torch.compile of the same
-        expression, in turns (frameworks.time_calls_in_turns), single launch and back-to-back,
-        ROUNDS (default 2) rounds; also the largest difference between the two ewkern results in
+        user ElementwiseKernels (fused's swish_gate, gelu_mul, fma and add) compiled with IEEE
+        division (--prec-div=true), as the package compiles them and with NVRTC's
+        --use_fast_math, against torch.compile of the same expression, in turns
+        (frameworks.time_calls_in_turns), single launch and back-to-back, ROUNDS (default 2)
+        rounds; also the largest difference of each build's results from the IEEE build's in
         units of the output dtype's eps x |result|.
     python scripts/speed_probe.py rownorm SIZE[,SIZE...] DTYPE[,DTYPE...] PLAN[,PLAN...]
         an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
@@ -689,12 +690,14 @@ def fastmath(sizes, dtypes, rounds=2):
                           lambda a, b: torch.nn.functional.gelu(a) * b),
              "fma": ("o = a * b + a", lambda a, b: a * b + a),
              "add": ("o = a + b", lambda a, b: a + b)}
+    # the builds: IEEE division (the package's build before e4628a5 for 16-bit outputs), as the
+    # package builds it, and --use_fast_math (approximate division and exp, flush to zero)
+    builds = {"ieee": ("--prec-div=true",), "built": (), "fast": ("--use_fast_math",)}
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
         for name, (body, tfn) in exprs.items():
-            k0 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}")
-            k1 = ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}_fast",
-                                          options=("--use_fast_math",))
+            ks = {b: ewkern.ElementwiseKernel("T a, T b", "T o", body, name=f"fm_{name}_{b}", options=opts)
+                  for b, opts in builds.items()}
             # one code object for every expression and dtype: past dynamo's recompile limit it ran
             # eagerly (two kernels) on the H200 for all but the first dtype; a reset per expression
             torch._dynamo.reset()
@@ -703,12 +706,11 @@ def fastmath(sizes, dtypes, rounds=2):
                 n = size // ITEMSIZE[dtype]
                 a = (torch.randn(n, device="cuda:0") * 3).to(tdt)
                 b = (torch.randn(n, device="cuda:0") * 3).to(tdt)
-                o0, o1 = torch.empty_like(a), torch.empty_like(a)
-                k0(a, b, o0)
-                k1(a, b, o1)
-                ref = o0.double()
-                err = ((o1.double() - ref).abs() / (ref.abs() * torch.finfo(tdt).eps).clamp_min(1e-300))
-                err = err[ref.abs() > torch.finfo(tdt).tiny].max().item()
+                outs = {k: kern(a, b) for k, kern in ks.items()}
+                ref = outs["ieee"].double()
+                scale = (ref.abs() * torch.finfo(tdt).eps).clamp_min(1e-300)
+                big = ref.abs() > torch.finfo(tdt).tiny
+                err = {k: ((o.double() - ref).abs() / scale)[big].max().item() for k, o in outs.items() if k != "ieee"}
                 set_b = 3 * n * ITEMSIZE[dtype]
 
                 def maker(fn):
@@ -718,17 +720,17 @@ def fastmath(sizes, dtypes, rounds=2):
                         z = torch.empty_like(x)
                         return lambda: fn(x, y, z)
                     return make_call
-                ways = [(maker(lambda x, y, z: k0(x, y, z)), set_b), (maker(lambda x, y, z: k1(x, y, z)), set_b),
-                        (maker(tc), set_b)]
+                ways = [(maker(lambda x, y, z, k=k: k(x, y, z)), set_b) for k in ks.values()] + [(maker(tc), set_b)]
                 for method, cache in (("single", "flush"), ("b2b", "rotate")):
                     for r in range(rounds):
                         t = [median_s(tm) for tm in frameworks.time_calls_in_turns(cfg, ways, cache)]
                         frameworks.release_peer_memory()
-                        print(f"{name} {dtype} {size >> 20} MiB {method} round {r}: us ewkern {t[0] * 1e6:.2f} "
-                              f"fast {t[1] * 1e6:.2f} torch.compile {t[2] * 1e6:.2f} | vs torch.compile "
-                              f"{t[2] / t[0]:.3f} fast {t[2] / t[1]:.3f} | fast - default err {err:.2f} eps",
+                        print(f"{name} {dtype} {size >> 20} MiB {method} round {r}: us "
+                              + " ".join(f"{k} {v * 1e6:.2f}" for k, v in zip(ks, t))
+                              + f" torch.compile {t[-1] * 1e6:.2f} | vs torch.compile "
+                              + " ".join(f"{k} {t[-1] / v:.3f}" for k, v in zip(ks, t))
+                              + " | against ieee: " + " ".join(f"{k} {v:.2f} eps" for k, v in err.items()),
                               flush=True)
-
 
 if __name__ == "__main__":
     cmd = sys.argv[1]
