@@ -1698,7 +1698,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
                     f" + ({at})) : {DTYPES[dt][1]}();")
     src.add(f"    type_reduce _acc = (type_reduce)({identity});")
-    if fuse2 and stage2 is not None:
+    if stage2 is not None:   # with _acc, as the CPU form declares it, folded or not
         src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
 
     def reg_value(p, dt, kind):
@@ -1811,8 +1811,6 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         # the second reduction: over the registers again (VPL > 0) or the row read again; fused:
         # the two-pass form mapped it in the first pass (over the registers the map's work came
         # before the first combine and float32's rmsnorm backward at 4 MiB lost 4% on the H200)
-        if not fuse2:
-            src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
         map_pass(2, fuse2)
         lane_combine("_acc2", "_sh2", stage2[1], "reduce2_expr")
 
