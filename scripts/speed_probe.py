@@ -33,7 +33,9 @@
         an rmsnorm RowKernel over rows of 4096 (PROBE_ROW_COLS) against torch.compile's, both
         timing methods; PLAN is auto, reg (row_plan's register form), G (lanes per row, vectors
         per lane the fewest that hold the row), Gl (G lanes, the two-pass form), Gt (G lanes,
-        the lean two-pass form) or nosplit (auto without a block a group for small grids). PROBE_ROW_VARIANTS: source variants (see _row_source_variants).
+        the lean two-pass form) or nosplit (auto without a block a group for small grids).
+        PROBE_ROW_VARIANTS: source variants (div, ieee and those of _row_source_variants, joined
+        by "_": div_ieee).
     python scripts/speed_probe.py backward OP[,OP...] DTYPE SIZE[,SIZE...]
         each OP_backward(grad, x, out=) against ewkern.mul and torch.mul (the same bytes), GB/s,
         back-to-back and single launch.
@@ -359,9 +361,15 @@ def rownorm(sizes, dtypes, plans, cols=4096):
     cfg = TimingConfig(device="cuda:0", cache_bytes=int(info["l2_bytes"]))
     _row_source_variants()
     variants = os.environ.get("PROBE_ROW_VARIANTS", "base").split(",")
+    # source variants here: div (the row's scale written as a user might, with divisions:
+    # y = x / sqrt(a / _row_size + eps)), ieee (NVRTC's --prec-div=true: IEEE division whatever the
+    # output dtype); the rest wrap the generated source (_row_source_variants)
     kernels = {v: ewkern.RowKernel("T x, float32 eps", "T y", "(float)x * (float)x", "a + b",
+                                   "y = x / sqrt(a / _row_size + eps)" if "div" in v.split("_") else
                                    f"y = x * rsqrt(a * {1 / cols!r}f + eps)", "0", f"probe_rmsnorm_{v}",
-                                   reduce_type="float") for v in variants}
+                                   reduce_type="float",
+                                   options=("--prec-div=true",) if "ieee" in v.split("_") else ())
+               for v in variants}
     auto, min_block, lean_waves = _rowkernel.row_plan, _rowkernel._MIN_BLOCK, _rowkernel._LEAN_WAVES
     split = _rowkernel._SPLIT_MIN_G
     tc = torch.compile(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), dynamic=False)

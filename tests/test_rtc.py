@@ -951,7 +951,8 @@ def test_gpu_sixteen_bit_division_within_one_unit_of_ieee(dtype):
     """16-bit outputs divide by div.full.f32: against the same kernel with IEEE division
     (options=("--prec-div=true",)) every result is the same or the adjacent 16-bit value (one unit
     in the last place), and nearly all are the same; both within 1 ulp of float64's (plus the
-    rounding) on a vector path and on the strided kernel."""
+    rounding) on the vector path, on a misaligned start and on the strided (broadcasting) kernel
+    (CUDA views are C-contiguous: a strided slice is a ValueError, tested elsewhere)."""
     tdt = getattr(torch, dtype)
     src = ("T a, T b", "T o", "o = a / (1 + exp(-b))")
     fast = ewkern.ElementwiseKernel(*src, f"sig_fast_{dtype}")
@@ -959,7 +960,7 @@ def test_gpu_sixteen_bit_division_within_one_unit_of_ieee(dtype):
     g = torch.Generator(device="cuda").manual_seed(5)
     a = (torch.randn(1 << 20, device="cuda", generator=g) * 4).to(tdt)
     b = (torch.randn(1 << 20, device="cuda", generator=g) * 4).to(tdt)
-    for x, y in ((a, b), (a[1:-2:3], b[2::3])):
+    for x, y in ((a, b), (a[1:-2], b[3:]), (a.view(1024, 1024), b[1:1025])):
         f, e = fast(x, y), ieee(x, y)
         assert f.dtype == tdt and f.shape == x.shape
         fb, eb = f.view(torch.int16).int(), e.view(torch.int16).int()
@@ -968,6 +969,40 @@ def test_gpu_sixteen_bit_division_within_one_unit_of_ieee(dtype):
         ref = x.double() / (1 + torch.exp(-y.double()))
         eps = torch.finfo(tdt).eps
         assert bool(((f.double() - ref).abs() <= eps * ref.abs() + torch.finfo(tdt).tiny).all())
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("cols", [4096, 1001])
+def test_gpu_sixteen_bit_division_in_row_and_reduction_kernels(dtype, cols):
+    """The same rule in RowKernel and ReductionKernel (every output 16-bit: div.full.f32): a
+    division by element in a RowKernel's operation and in a ReductionKernel's map, one by row in
+    their post-maps, on vector rows and on odd rows; against the same kernels with IEEE division
+    the same or the adjacent 16-bit value, nearly all the same, and near float64."""
+    tdt = getattr(torch, dtype)
+    eps = torch.finfo(tdt).eps
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(777, cols, device="cuda", generator=g) * 3).to(tdt)
+    y = (torch.rand(777, cols, device="cuda", generator=g) + 0.5).to(tdt)
+    name = f"{dtype}_{cols}"
+    row = ("T x, float32 eps", "T o", "(float)x * (float)x", "a + b", "o = x / sqrt(a / _row_size + eps)", "0")
+    red = ("T x, T y", "T o", "(float)x / (float)y", "a + b", "o = a / (_in_ind.size() / _out_ind.size())", "0")
+    rk = [ewkern.RowKernel(*row, f"rowdiv_{k}_{name}", reduce_type="float", options=opts)
+          for k, opts in (("fast", ()), ("ieee", ("--prec-div=true",)))]
+    qk = [ewkern.ReductionKernel(*red, f"reddiv_{k}_{name}", options=opts)
+          for k, opts in (("fast", ()), ("ieee", ("--prec-div=true",)))]
+    xd, yd = x.double(), y.double()
+    cases = ((rk, (x, 1e-6), {}, xd / torch.sqrt((xd * xd).mean(1, keepdim=True) + 1e-6), 0.0),
+             (qk, (x, y), {"axis": 1}, (xd / yd).mean(1), float((xd / yd).abs().mean(1).max()) * 2.0 ** -16))
+    for kernels, args, kw, ref, slack in cases:
+        f, e = (k(*args, **kw) for k in kernels)
+        assert f.dtype == tdt and f.shape == ref.shape
+        fb, eb = f.view(torch.int16).int(), e.view(torch.int16).int()
+        assert int((fb - eb).abs().max()) <= 1
+        assert float((fb != eb).float().mean()) < 0.01
+        assert bool(((f.double() - ref).abs() <= eps * ref.abs() + slack + torch.finfo(tdt).tiny).all())
 
 
 fma3 = ewkern.ElementwiseKernel("T a, T b, T c", "T o", "o = a * b + c", "fma3")

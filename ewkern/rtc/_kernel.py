@@ -889,7 +889,8 @@ HALF_OUT_OPTIONS = ("--prec-div=false",)
 
 
 def _nvrtc_options(out_types, options: tuple[str, ...]) -> tuple[str, ...]:
-    """ewkern's NVRTC options for an elementwise kernel with these output dtypes, then the user's."""
+    """ewkern's NVRTC options for a user kernel (elementwise, reduction or row) with these output
+    dtypes, then the user's."""
     half = bool(out_types) and all(t in ("float16", "bfloat16") for t in out_types)
     return (HALF_OUT_OPTIONS if half else ()) + tuple(options)
 
@@ -1255,7 +1256,7 @@ class ReductionKernel:
                                                               str(self.identity), rtype, self.preamble, tdefs, full,
                                                               aligned, blocks)
                 image, _, _ = _build.compile_cuda(name, src, _device_facts(call.device)[0], parts=parts,
-                                                  options=self.options)
+                                                  options=_nvrtc_options(call.out_types, self.options))
                 hs = tuple(_C()._rtc_load(image, e, dev) for e in entries)
                 if blocks == 0 or _C()._rtc_attrs(hs[0], dev)[1] == 0:
                     break
@@ -1414,7 +1415,8 @@ class ReductionKernel:
                 compiled = _build.build_cpu(name, src, entry, parts)
             else:
                 assert call.device is not None
-                compiled = _gpu_kernel(name, src, entry, call.device, parts, self.options)
+                compiled = _gpu_kernel(name, src, entry, call.device, parts,
+                                       _nvrtc_options(call.out_types, self.options))
             self._compiled[key] = compiled
         if backend == "cpu":
             run = _cpu_runner(compiled, _threads(out_size * red_size) if out_size > 1 else 1, type(params))

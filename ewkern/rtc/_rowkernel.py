@@ -410,7 +410,8 @@ class RowKernel:
                     raise TypeError(f"{self.name}: cannot reduce in {rtype}")
                 src, entries = self._source("cuda", call, layout, E, rtype, reads, G, combine)
                 cc, _ = _device_facts(device)
-                image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(), options=self.options)
+                image, _, _ = _build.compile_cuda(self.name, src, cc, parts=self._parts(),
+                                                  options=_kernel_mod._nvrtc_options(call.out_types, self.options))
                 hs = self._compiled[key] = tuple(_C()._rtc_load(image, e, dev) for e in entries)
             block = max(_MIN_BLOCK, G)
             h = hs[_codegen.ROW_FORMS.index(vpl)]
