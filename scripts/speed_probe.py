@@ -44,8 +44,9 @@
         ewkern.ReductionKernel built from source variants of the rows engine (_rows_source_variants:
         base (as the host builds it); lbN: __launch_bounds__(256, N), lb0 none; bulk: one
         cp.async.bulk.prefetch.L2 of each input's
-        row by lane 0 before the loads), against torch.compile and CuPy's ReductionKernel of the
-        same source, both timing methods. SIZE is bytes per input.
+        row by lane 0 before the loads; launches of base's source: nopf (PDL without the first
+        wave's L2 prefetch), pdloff (without PDL)), against torch.compile and CuPy's ReductionKernel
+        of the same source, both timing methods. SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
@@ -308,8 +309,8 @@ def _rows_source_variants():
             anchor = "    pdl_wait();"
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
-        elif variant != "base":
-            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6 or bulk")
+        elif variant not in ("base", "nopf", "pdloff"):
+            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf or pdloff")
         return text, entries
     _codegen.reduction_rows_source = wrapped
 
@@ -324,6 +325,30 @@ def rows(sizes, dtypes, variants, cols=4096):
             f"y = (T)(a * {1 / cols!r}f)", "0")
     kernels = {v: ewkern.ReductionKernel(*args, name=f"probe_mse_{v}", reduce_type="float") for v in variants}
     ck = cupy.ReductionKernel(*args, name="probe_mse", reduce_type="float")
+    # launch variants (base's source): nopf, the first wave's L2 prefetch off in a PDL launch (the
+    # warm call's runner reads the flag at each launch); pdloff, the launch without PDL
+    from ewkern.rtc import _kernel
+    nopf = [False]
+
+    def prefetch_runner(h, grid, block, dev, offset, wave):
+        def run(buf, stream):
+            pdl = ewkern.pdl_enabled()
+            _kernel._pack_into("q", buf, offset, wave if pdl and not nopf[0] else 0)
+            _kernel._C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
+        return run
+    _kernel._prefetch_runner = prefetch_runner
+
+    def launch_variant(v, k):
+        def call(a, b):
+            nopf[0] = v == "nopf"
+            if v == "pdloff":
+                ewkern.set_pdl(False)
+            try:
+                return k(a, b, axis=1)
+            finally:
+                nopf[0] = False
+                ewkern.set_pdl(True)
+        return call
     tc = torch.compile(lambda a, b: ((a.float() - b.float()) ** 2).mean(-1).to(a.dtype), dynamic=False)
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)
@@ -335,7 +360,7 @@ def rows(sizes, dtypes, variants, cols=4096):
                 res = {}
                 ways = [("torch.compile", "torch", lambda a, b: tc(a, b)),
                         ("cupy", "cupy", lambda a, b: ck(a, b, axis=1))]
-                ways += [(v, "torch", lambda a, b, k=k: k(a, b, axis=1)) for v, k in kernels.items()]
+                ways += [(v, "torch", launch_variant(v, k)) for v, k in kernels.items()]
                 for way, impl, fn in ways:
                     def make_call(fn=fn, impl=impl):
                         a = torch.randn(rows_n, cols, device="cuda:0").to(tdt)
