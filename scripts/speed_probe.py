@@ -45,7 +45,8 @@
         base (as the host builds it); lbN: __launch_bounds__(256, N), lb0 none; bulk: one
         cp.async.bulk.prefetch.L2 of each input's
         row by lane 0 before the loads; launches of base's source: nopf (PDL without the first
-        wave's L2 prefetch), pdloff (without PDL)), against torch.compile and CuPy's ReductionKernel
+        wave's L2 prefetch), pdloff (without PDL), v8 (up to 8 vectors a lane: half the lanes a
+        row)), against torch.compile and CuPy's ReductionKernel
         of the same source, both timing methods. SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
@@ -309,8 +310,8 @@ def _rows_source_variants():
             anchor = "    pdl_wait();"
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
-        elif variant not in ("base", "nopf", "pdloff"):
-            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf or pdloff")
+        elif variant not in ("base", "nopf", "pdloff", "v8"):
+            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf, pdloff or v8")
         return text, entries
     _codegen.reduction_rows_source = wrapped
 
@@ -343,11 +344,14 @@ def rows(sizes, dtypes, variants, cols=4096):
             nopf[0] = v == "nopf"
             if v == "pdloff":
                 ewkern.set_pdl(False)
+            if v == "v8":
+                _kernel._ROWS_LANE_VECTORS = 8
             try:
                 return k(a, b, axis=1)
             finally:
                 nopf[0] = False
                 ewkern.set_pdl(True)
+                _kernel._ROWS_LANE_VECTORS = 4
         return call
     tc = torch.compile(lambda a, b: ((a.float() - b.float()) ** 2).mean(-1).to(a.dtype), dynamic=False)
     for dtype in dtypes:

@@ -1117,6 +1117,9 @@ class ElementwiseKernel:
 # EWKERN_RTC_ROWS_WAVES_X8 (read once): 8 x the waves of threads (2048 per SM) below which the rows
 # engine cuts rows into chunks (default 4: half a wave); a knob for measuring the rule, not for users
 _ROWS_WAVES_X8 = int(os.environ.get("EWKERN_RTC_ROWS_WAVES_X8", "0") or 0) or 4
+# the most vectors a lane takes of a row before the rows engine gives the row more lanes (a probe's
+# knob: scripts/speed_probe.py rows, variant v8)
+_ROWS_LANE_VECTORS = 4
 _REDUCE_SIZES = {"float": 4, "double": 8, "int": 4, "long long": 8, "unsigned int": 4, "unsigned long long": 8,
                  "short": 2, "unsigned short": 2, "signed char": 1, "unsigned char": 1, "bool": 1}
 
@@ -1228,7 +1231,7 @@ class ReductionKernel:
         out_layout, out_struct = self._out_struct(call, kept, keepdims, nout)
         sms = _device_facts(call.device)[1]
         nv = max((R - E + 1) // E, 0) if E > 1 else R   # whole vectors in the shortest row
-        G = min(_codegen.ROWS_BLOCK, _pow2ceil(max(1, -(-nv // 4))))
+        G = min(_codegen.ROWS_BLOCK, _pow2ceil(max(1, -(-nv // _ROWS_LANE_VECTORS))))
         if nout * G >= sms * 2048 * _ROWS_WAVES_X8 // 8:
             chunk_vecs = R // E + 1   # one chunk a row
         else:
