@@ -168,6 +168,12 @@ def test_gradients_match_torch(op, dtype, device):
                                    msg=lambda m: f"{op} {dtype} {device} grad {k}: {m}")
 
 
+def _python_functions(monkeypatch):
+    """Eager calls through the Python Functions and the Python faces' checks, not the C++ module."""
+    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
+    monkeypatch.setattr(ewt, "_EAGER", dict(ewt._PY_EAGER))
+
+
 @pytest.mark.parametrize("op,need,want", [
     ("gelu", (True,), ["gelu_backward"]), ("tanh", (True,), ["tanh_backward"]), ("exp", (True,), ["exp_backward"]),
     ("mul", (True, True), ["mul_backward"]), ("mul", (True, False), ["mul"]), ("div", (True, True), ["div_backward"]),
@@ -178,7 +184,7 @@ def test_eager_backward_is_one_kernel(monkeypatch, op, need, want):
     """An eager backward of ewkern.torch's Python Functions calls one C function of ewkern (the
     backward kernel, or the forward op that is the gradient), not a composition of ops and not the
     custom ops' dispatch (the C++ nodes' count: test_torch_native.py)."""
-    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
+    _python_functions(monkeypatch)
     calls = []
     for name, fn in list(vars(ewkern._C).items()):
         if callable(fn) and not isinstance(fn, type) and not name.startswith("_"):
@@ -202,7 +208,7 @@ def test_rmse_gradients_of_no_elements(monkeypatch, device):
     """rmse's backward on empty batches (none, or of no rows) through the Python Function, whose
     C call gets torch's empty tensors (no memory: NULL pointers): the CPU kernel refused those
     (EINVAL) until 2026-11-28."""
-    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
+    _python_functions(monkeypatch)
     for shape in ((0, 7), (3, 0), (0,)):
         a = torch.rand(shape, device=torch_device(device), requires_grad=True)
         b = torch.rand(shape, device=torch_device(device), requires_grad=True)
@@ -219,7 +225,7 @@ def test_eager_calls_the_functions_cpp_apply(monkeypatch, op):
     apply, not Function.apply's Python wrapper (which adds about 1 us of host time a call), with
     the same node and gradients as through the wrapper (the Python path, where the C++ nodes are
     not used)."""
-    monkeypatch.setattr(ewt, "_APPLY", dict(ewt._PY_APPLY))
+    _python_functions(monkeypatch)
     sc = SCALARS.get(op, ())
     xs = [torch.rand(6, 50, dtype=torch.float64) + 0.5 for _ in range(1 if op in ("gelu", "mul_const") else 2)]
 

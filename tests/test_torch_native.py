@@ -49,14 +49,15 @@ def make(op, dtype, device, shape=(6, 50), need=(True, True), seed=0):
 
 def step(op, ts, path):
     """(result, gradients of the inputs that need them) through the C++ nodes or the Python Functions."""
-    saved = ewt._APPLY
-    ewt._APPLY = dict(ewt._PY_APPLY) if path == "python" else saved
+    saved = ewt._APPLY, ewt._EAGER
+    if path == "python":
+        ewt._APPLY, ewt._EAGER = dict(ewt._PY_APPLY), dict(ewt._PY_EAGER)
     try:
         y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
         g = torch.linspace(-1.5, 2.0, y.numel(), dtype=torch.float64).reshape(y.shape).to(y)
         return y, torch.autograd.grad(y, [t for t in ts if t.requires_grad], g)
     finally:
-        ewt._APPLY = saved
+        ewt._APPLY, ewt._EAGER = saved
 
 
 def test_the_module_is_built_and_runs_the_ops():
@@ -87,6 +88,78 @@ def test_same_results_and_gradients_as_the_python_functions(op, dtype, device):
         for a, b in zip(grads, grads2):
             assert a.dtype == b.dtype == dtype and a.shape == b.shape
             torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+EAGER_OPS = tuple(op for op in NATIVE_OPS if op != "axpby")   # axpby's face is _run's custom op
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", EAGER_OPS)
+def test_eager_calls_without_a_gradient_run_the_forward_alone_in_cpp(op, dtype, device):
+    """Every eager call of a Python face goes through the C++ function (make(..., eager=True)):
+    without a gradient to record (inputs that need none, or torch.no_grad) it launches the forward
+    kernel with no node, the same bits as the Python path's ewkern._C call, on a block, a
+    transposed view, one element and none."""
+    native()
+    assert type(ewt._EAGER[op]).__name__ == "builtin_function_or_method"
+    for shape, view in (((6, 50), False), ((50, 6), True), ((1,), False), ((0, 3), False)):
+        for need, grad_mode in (((False, False), True), ((True, True), False)):
+            ts = make(op, dtype, device, shape, need)
+            if view:
+                ts = [t.detach().t().requires_grad_(t.requires_grad) for t in ts]
+            with torch.set_grad_enabled(grad_mode):
+                y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
+                saved = ewt._EAGER
+                ewt._EAGER = dict(ewt._PY_EAGER)
+                try:
+                    y2 = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
+                finally:
+                    ewt._EAGER = saved
+            assert y.grad_fn is None and not y.requires_grad and y.is_contiguous()
+            assert y.dtype == dtype and y.shape == ts[0].shape and y.device == ts[0].device
+            torch.testing.assert_close(y, y2, rtol=0, atol=0, equal_nan=True)
+
+
+def test_eager_calls_leave_modes_transforms_and_bad_input_to_the_python_path():
+    """What the Python faces' checks sent to the custom op or to ewkern's errors still goes there
+    through the C++ function: a TorchDispatchMode sees torch.ops.ewkern.<op> for plain tensors
+    with and without a gradient, vmap runs the custom op, and mixed dtypes, shapes that would
+    broadcast, integer tensors and a non-number constant raise the Python path's errors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    native()
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, y = torch.rand(8, requires_grad=True), torch.rand(8)
+    for grad in (True, False):
+        with Record() as m, torch.set_grad_enabled(grad):
+            ewt.mul(x, y), ewt.gelu(y), ewt.add_const(y, 2.0)
+        assert m.ops == ["ewkern.mul.default", "ewkern.gelu.default", "ewkern.add_const.default"], m.ops
+    z = torch.rand(3, 5) - 0.5
+    torch.testing.assert_close(torch.func.vmap(ewt.gelu)(z), torch.nn.functional.gelu(z))
+    cases = [(lambda: ewt.add(torch.rand(4), torch.rand(4, dtype=torch.float64)), TypeError),
+             (lambda: ewt.mul(torch.rand(4, 3), torch.rand(3)), ValueError),
+             (lambda: ewt.exp(torch.arange(4)), TypeError),
+             (lambda: ewt.add_const(torch.rand(4), "2"), TypeError)]
+    for call, exc in cases:
+        with pytest.raises(exc) as fast:
+            call()
+        saved = ewt._EAGER
+        ewt._EAGER = dict(ewt._PY_EAGER)
+        try:
+            with pytest.raises(exc) as slow:
+                call()
+        finally:
+            ewt._EAGER = saved
+        assert str(fast.value) == str(slow.value)
 
 
 def rmse_step(a, b, axis, path, need=(True, True)):

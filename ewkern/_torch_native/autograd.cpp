@@ -24,6 +24,8 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -494,15 +496,35 @@ PyObject *run(int64_t numel, Go go)
 
 PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs);
 
-// self: (op index, fallback; NOPS: rmse). args: the op's tensors, then its scalars.
+// The forward alone (no input needs a gradient): the kernel the node's forward launches, no node.
+Tensor forward_only(Op op, const Tensor *t, const double *c)
+{
+    Tensor ac = t[0].contiguous();
+    if (SPECS[op].nin == 1)
+        return run1(op, ac, c[0], c[1]);
+    Tensor bc = t[1].contiguous(), y;
+    launch(FWD[op], ac, {&ac, &bc}, &y, nullptr, c[0], c[1]);
+    return y;
+}
+
+// self: (op index, fallback, eager; NOPS: rmse). args: the op's tensors, then its scalars. eager
+// (make_eager: the Python face's every eager call, not only those that need a gradient) also
+// leaves dispatch modes and functorch transforms to the fallback, as the Python face's checks did,
+// and runs the forward alone where no gradient is wanted.
 PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
     PyObject *fallback = PyTuple_GET_ITEM(self, 1);
+    const bool eager = PyTuple_GET_ITEM(self, 2) == Py_True;
     if (op == NOPS)                     // rmse
         return call_rmse(fallback, args, nargs);
     const Spec &s = SPECS[op];
     if (nargs != s.nin + s.nscal)
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    // a dispatch mode on torch's stack (torch._C._len_torch_dispatch_stack) or a functorch transform
+    // (whose first layer includes its front key in this thread's dispatch keys until the last pops)
+    if (eager && (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
+                  c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)))
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
     Tensor t[2];
     double c[2] = {0, 0};
@@ -527,6 +549,8 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyObject_Vectorcall(fallback, args, nargs, nullptr);
         }
     }
+    if (eager && !(at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()))))
+        return run(t[0].numel(), [&] { return forward_only(op, t, c); });
     return run(t[0].numel(), [&] { return APPLY[op](t, c); });
 }
 
@@ -809,16 +833,17 @@ PyObject *init(PyObject *, PyObject *args)
     Py_RETURN_NONE;
 }
 
-// make(name, fallback) -> the op's function
+// make(name, fallback, eager=False) -> the op's function (eager: see call)
 PyObject *make(PyObject *, PyObject *args)
 {
     const char *name;
     PyObject *fallback;
-    if (!PyArg_ParseTuple(args, "sO", &name, &fallback))
+    int eager = 0;
+    if (!PyArg_ParseTuple(args, "sO|p", &name, &fallback, &eager))
         return nullptr;
     for (int op = 0; op <= NOPS; op++)              // NOPS: rmse
         if (std::strcmp(op < NOPS ? SPECS[op].name : "rmse", name) == 0) {
-            PyObject *self = Py_BuildValue("(iO)", op, fallback);
+            PyObject *self = Py_BuildValue("(iOO)", op, fallback, eager ? Py_True : Py_False);
             if (self == nullptr)
                 return nullptr;
             PyObject *fn = PyCFunction_New(&call_def, self);
@@ -845,7 +870,7 @@ PyObject *launches(PyObject *, PyObject *)
 PyMethodDef methods[] = {
     {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
     {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads, composed_rmse): resolve the kernels"},
-    {"make", make, METH_VARARGS, "make(name, fallback): the op's function"},
+    {"make", make, METH_VARARGS, "make(name, fallback, eager=False): the op's function"},
     {"make_user", make_user, METH_VARARGS,
      "make_user(name, kernel, grads, tensor positions, nargs, fallback): a user kernel op's function"},
     {"names", names, METH_NOARGS, "the ops this module runs"},
