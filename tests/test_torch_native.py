@@ -1,7 +1,8 @@
 """ewkern.torch's C++ autograd nodes (ewkern/_torch_native): built for this torch, used by eager
 calls that need a gradient, with the same results and gradients as the Python Functions (bit for
 bit: the same kernels), one kernel a backward, double backward through the composed formulas,
-torch's saved-tensor checks, the fallback to the Python path for everything but plain tensors, and
+torch's saved-tensor checks, eager calls without a gradient (the forward alone, no node), the
+fallback to the Python path for everything but plain tensors outside modes and transforms, and
 the switch and the failed build's warning; rmse's node in every axis= layout; user kernels' nodes
 (kernel_op: make_user). CUDA cases skip without a GPU."""
 import os

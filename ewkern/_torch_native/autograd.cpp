@@ -508,7 +508,8 @@ Tensor forward_only(Op op, const Tensor *t, const double *c)
 }
 
 // self: (op index, fallback, eager; NOPS: rmse). args: the op's tensors, then its scalars. eager
-// (make_eager: the Python face's every eager call, not only those that need a gradient) also
+// (make(name, fallback, True): the Python face's every eager call, not only those that need a
+// gradient) also
 // leaves dispatch modes and functorch transforms to the fallback, as the Python face's checks did,
 // and runs the forward alone where no gradient is wanted.
 PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
