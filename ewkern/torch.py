@@ -803,7 +803,16 @@ def rmse(a, b, axis=None, out=None):
     contiguous run of axes; None reduces every axis but the first (a 1-D input is one batch).
     The result has the other axes and dtype float32 (float64 for float64 inputs)."""
     axis = [axis] if isinstance(axis, int) else (None if axis is None else list(axis))
+    if out is None and not _is_compiling():
+        return _EAGER["rmse"](a, b, axis)
     return _run("rmse", (a, b), (axis,), out)
+
+
+def _rmse_eager(a, b, axis):
+    return _run("rmse", (a, b), (axis,), None)
+
+
+_PY_EAGER["rmse"] = _EAGER["rmse"] = _rmse_eager
 
 
 _named(axpby, "axpby", "a, b, alpha, beta, out=None")

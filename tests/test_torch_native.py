@@ -164,15 +164,16 @@ def test_eager_calls_leave_modes_transforms_and_bad_input_to_the_python_path():
 
 
 def rmse_step(a, b, axis, path, need=(True, True)):
-    saved = ewt._APPLY
-    ewt._APPLY = dict(ewt._PY_APPLY) if path == "python" else saved
+    saved = ewt._APPLY, ewt._EAGER
+    if path == "python":
+        ewt._APPLY, ewt._EAGER = dict(ewt._PY_APPLY), dict(ewt._PY_EAGER)
     try:
         a, b = a.detach().requires_grad_(need[0]), b.detach().requires_grad_(need[1])
         r = ewt.rmse(a, b, axis)
         g = torch.linspace(0.5, 2.0, r.numel(), dtype=torch.float64).reshape(r.shape).to(r)
         return r, torch.autograd.grad(r, [t for t in (a, b) if t.requires_grad], g)
     finally:
-        ewt._APPLY = saved
+        ewt._APPLY, ewt._EAGER = saved
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -192,6 +193,30 @@ def test_rmse_same_result_and_gradients_as_the_python_function(shape, axis, dtyp
     torch.testing.assert_close(r, r2, rtol=0, atol=0, equal_nan=True)
     for x, y in zip(grads, grads2):
         torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rmse_eager_without_a_gradient_is_the_forward_alone(dtype, device):
+    """rmse's eager calls without a gradient (inputs that need none, torch.no_grad) take the node's
+    forward kernel with no node: the Python path's bits (ewkern._C.rmse) in every axis= layout."""
+    native()
+    assert type(ewt._EAGER["rmse"]).__name__ == "builtin_function_or_method"
+    for shape, axis in RMSE_CASES:
+        g = torch.Generator().manual_seed(len(shape))
+        a, b = (torch.rand(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype) for _ in range(2))
+        for grad_mode, need in ((True, False), (False, True)):
+            a.requires_grad_(need)
+            with torch.set_grad_enabled(grad_mode):
+                r = ewt.rmse(a, b, axis)
+                saved = ewt._EAGER
+                ewt._EAGER = dict(ewt._PY_EAGER)
+                try:
+                    r2 = ewt.rmse(a, b, axis)
+                finally:
+                    ewt._EAGER = saved
+            assert r.grad_fn is None and r.dtype == r2.dtype and r.shape == r2.shape
+            torch.testing.assert_close(r, r2, rtol=0, atol=0, equal_nan=True)
 
 
 def test_rmse_axes_the_node_does_not_take_raise_as_before():

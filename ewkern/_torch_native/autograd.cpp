@@ -405,15 +405,22 @@ void run_rmse(const void *const table[4][2], const Tensor &a, ew_native_rmse &x)
     on_device(k, a, &x.stream, &x.device, [&] { return api->launch_rmse(k, &x); });
 }
 
+// rmse over axes lo..hi (float32 result, float64 for float64 inputs): the node's forward kernel
+Tensor rmse_forward(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
+{
+    Tensor ac = a.contiguous(), bc = b.contiguous();
+    Layout L = layout(ac, lo, hi);
+    Tensor r = at::empty(L.kept, a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+    ew_native_rmse x = rmse_args(ac, bc, L);
+    x.out = r.data_ptr();
+    run_rmse(RMSE, ac, x);
+    return r;
+}
+
 struct Rmse : public torch::autograd::Function<Rmse> {
     static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
     {
-        Tensor ac = a.contiguous(), bc = b.contiguous();
-        Layout L = layout(ac, lo, hi);
-        Tensor r = at::empty(L.kept, a.options().dtype(a.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
-        ew_native_rmse x = rmse_args(ac, bc, L);
-        x.out = r.data_ptr();
-        run_rmse(RMSE, ac, x);
+        Tensor r = rmse_forward(a, b, lo, hi);
         ctx->save_for_backward({a, b, r});
         ctx->saved_data["lo"] = lo;
         ctx->saved_data["hi"] = hi;
@@ -494,7 +501,7 @@ PyObject *run(int64_t numel, Go go)
     return THPVariable_Wrap(y);
 }
 
-PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs);
+PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ssize_t nargs);
 
 // The forward alone (no input needs a gradient): the kernel the node's forward launches, no node.
 Tensor forward_only(Op op, const Tensor *t, const double *c)
@@ -517,15 +524,15 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
     PyObject *fallback = PyTuple_GET_ITEM(self, 1);
     const bool eager = PyTuple_GET_ITEM(self, 2) == Py_True;
-    if (op == NOPS)                     // rmse
-        return call_rmse(fallback, args, nargs);
-    const Spec &s = SPECS[op];
-    if (nargs != s.nin + s.nscal)
-        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
     // a dispatch mode on torch's stack (torch._C._len_torch_dispatch_stack) or a functorch transform
     // (whose first layer includes its front key in this thread's dispatch keys until the last pops)
     if (eager && (c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
                   c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)))
+        return PyObject_Vectorcall(fallback, args, nargs, nullptr);
+    if (op == NOPS)                     // rmse
+        return call_rmse(fallback, eager, args, nargs);
+    const Spec &s = SPECS[op];
+    if (nargs != s.nin + s.nscal)
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
     Tensor t[2];
     double c[2] = {0, 0};
@@ -557,7 +564,7 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 // rmse's: args a, b, axis (None, or a list or tuple of ints: the wrapper's); the reduced axes must
 // be one run, as ewkern.rmse wants (anything else: the fallback, which raises ewkern's error).
-PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
+PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !plain(args[0]) || !plain(args[1]))
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
@@ -606,6 +613,8 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
         lo = nd;
         hi = nd - 1;
     }
+    if (eager && !(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
+        return run(a.numel(), [&] { return rmse_forward(a, b, lo, hi); });
     return run(a.numel(), [&] { return Rmse::apply(a, b, lo, hi); });
 }
 
