@@ -5,6 +5,7 @@ torch's saved-tensor checks, eager calls without a gradient (the forward alone, 
 fallback to the Python path for everything but plain tensors outside modes and transforms, and
 the switch and the failed build's warning; rmse's node in every axis= layout; user kernels' nodes
 (kernel_op: make_user). CUDA cases skip without a GPU."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -48,17 +49,26 @@ def make(op, dtype, device, shape=(6, 50), need=(True, True), seed=0):
     return [x.to(device=device, dtype=dtype).requires_grad_(need[k]) for k, x in enumerate(xs)]
 
 
+@contextlib.contextmanager
+def python_path(eager_only=False):
+    """Eager calls through the Python faces' checks (and, unless eager_only, the Python Functions),
+    not the C++ module."""
+    saved = ewt._APPLY, ewt._EAGER
+    ewt._EAGER = dict(ewt._PY_EAGER)
+    if not eager_only:
+        ewt._APPLY = dict(ewt._PY_APPLY)
+    try:
+        yield
+    finally:
+        ewt._APPLY, ewt._EAGER = saved
+
+
 def step(op, ts, path):
     """(result, gradients of the inputs that need them) through the C++ nodes or the Python Functions."""
-    saved = ewt._APPLY, ewt._EAGER
-    if path == "python":
-        ewt._APPLY, ewt._EAGER = dict(ewt._PY_APPLY), dict(ewt._PY_EAGER)
-    try:
+    with python_path() if path == "python" else contextlib.nullcontext():
         y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
         g = torch.linspace(-1.5, 2.0, y.numel(), dtype=torch.float64).reshape(y.shape).to(y)
         return y, torch.autograd.grad(y, [t for t in ts if t.requires_grad], g)
-    finally:
-        ewt._APPLY, ewt._EAGER = saved
 
 
 def test_the_module_is_built_and_runs_the_ops():
@@ -111,12 +121,8 @@ def test_eager_calls_without_a_gradient_run_the_forward_alone_in_cpp(op, dtype, 
                 ts = [t.detach().t().requires_grad_(t.requires_grad) for t in ts]
             with torch.set_grad_enabled(grad_mode):
                 y = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
-                saved = ewt._EAGER
-                ewt._EAGER = dict(ewt._PY_EAGER)
-                try:
+                with python_path(eager_only=True):
                     y2 = getattr(ewt, op)(*ts, *SCALARS.get(op, ()))
-                finally:
-                    ewt._EAGER = saved
             assert y.grad_fn is None and not y.requires_grad and y.is_contiguous()
             assert y.dtype == dtype and y.shape == ts[0].shape and y.device == ts[0].device
             torch.testing.assert_close(y, y2, rtol=0, atol=0, equal_nan=True)
@@ -153,27 +159,17 @@ def test_eager_calls_leave_modes_transforms_and_bad_input_to_the_python_path():
     for call, exc in cases:
         with pytest.raises(exc) as fast:
             call()
-        saved = ewt._EAGER
-        ewt._EAGER = dict(ewt._PY_EAGER)
-        try:
-            with pytest.raises(exc) as slow:
-                call()
-        finally:
-            ewt._EAGER = saved
+        with python_path(eager_only=True), pytest.raises(exc) as slow:
+            call()
         assert str(fast.value) == str(slow.value)
 
 
 def rmse_step(a, b, axis, path, need=(True, True)):
-    saved = ewt._APPLY, ewt._EAGER
-    if path == "python":
-        ewt._APPLY, ewt._EAGER = dict(ewt._PY_APPLY), dict(ewt._PY_EAGER)
-    try:
+    with python_path() if path == "python" else contextlib.nullcontext():
         a, b = a.detach().requires_grad_(need[0]), b.detach().requires_grad_(need[1])
         r = ewt.rmse(a, b, axis)
         g = torch.linspace(0.5, 2.0, r.numel(), dtype=torch.float64).reshape(r.shape).to(r)
         return r, torch.autograd.grad(r, [t for t in (a, b) if t.requires_grad], g)
-    finally:
-        ewt._APPLY, ewt._EAGER = saved
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -209,12 +205,8 @@ def test_rmse_eager_without_a_gradient_is_the_forward_alone(dtype, device):
             a.requires_grad_(need)
             with torch.set_grad_enabled(grad_mode):
                 r = ewt.rmse(a, b, axis)
-                saved = ewt._EAGER
-                ewt._EAGER = dict(ewt._PY_EAGER)
-                try:
+                with python_path(eager_only=True):
                     r2 = ewt.rmse(a, b, axis)
-                finally:
-                    ewt._EAGER = saved
             assert r.grad_fn is None and r.dtype == r2.dtype and r.shape == r2.shape
             torch.testing.assert_close(r, r2, rtol=0, atol=0, equal_nan=True)
 
