@@ -65,6 +65,21 @@ def ptxas_registers(ptx: bytes, tmp_path) -> dict:
     return regs
 
 
+def dispatch_recorder():
+    """A torch TorchDispatchMode whose .ops lists the name of every op it saw (torch on use)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    return Record()
+
+
 def blocks_per_sm(registers: int, block: int) -> int:
     """Blocks of `block` threads an SM holds by registers alone (64K registers, allocated per warp
     in units of 256: a thread's count rounded up to 8)."""

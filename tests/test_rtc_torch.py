@@ -12,7 +12,7 @@ import ewkern  # noqa: E402
 import ewkern.torch as ewt  # noqa: E402
 from ewkern.rtc._autodiff import derive  # noqa: E402
 from ewkern.rtc._params import parse_params  # noqa: E402
-from conftest import HAS_CUDA  # noqa: E402
+from conftest import HAS_CUDA, dispatch_recorder  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -298,7 +298,6 @@ def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device, mon
     through torch.ops; under a dispatch mode the mode sees torch.ops.ewkern_user.<name>; a
     strided input and double backward behave as documented; without a tensor that needs a
     gradient the kernel runs by itself."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps) * w", "0", f"eager_rms{next(_n)}")
     op = ewt.kernel_op(k, scalars=("eps",))
@@ -316,16 +315,7 @@ def test_eager_calls_skip_the_dispatcher_and_modes_see_the_custom_op(device, mon
     torch.testing.assert_close(y, via)
     for a, b in zip(torch.autograd.grad(y, (x, w), g), torch.autograd.grad(via, (x, w), g)):
         torch.testing.assert_close(a, b)
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-    with Seen() as mode:
+    with dispatch_recorder() as mode:
         op(x.detach(), w.detach(), 1e-5)
     assert any(f"ewkern_user.{k.name}" in o for o in mode.ops), mode.ops
     xt = torch.randn(40, 6, dtype=torch.float64, device=device).t().requires_grad_()

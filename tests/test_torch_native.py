@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import ewkern.torch as ewt  # noqa: E402
-from conftest import HAS_CUDA  # noqa: E402
+from conftest import HAS_CUDA, dispatch_recorder  # noqa: E402
 from test_elementwise import SCALARS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,21 +133,10 @@ def test_eager_calls_leave_modes_transforms_and_bad_input_to_the_python_path():
     through the C++ function: a TorchDispatchMode sees torch.ops.ewkern.<op> for plain tensors
     with and without a gradient, vmap runs the custom op, and mixed dtypes, shapes that would
     broadcast, integer tensors and a non-number constant raise the Python path's errors."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     native()
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x, y = torch.rand(8, requires_grad=True), torch.rand(8)
     for grad in (True, False):
-        with Record() as m, torch.set_grad_enabled(grad):
+        with dispatch_recorder() as m, torch.set_grad_enabled(grad):
             ewt.mul(x, y), ewt.gelu(y), ewt.add_const(y, 2.0)
         assert m.ops == ["ewkern.mul.default", "ewkern.gelu.default", "ewkern.add_const.default"], m.ops
     z = torch.rand(3, 5) - 0.5
