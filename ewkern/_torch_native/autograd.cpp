@@ -276,13 +276,25 @@ variable_list fast_grads(Op op, const Tensor &g, const variable_list &saved, con
     }
 }
 
+// An op's forward kernel on t (nin tensors) and scalars c: the nodes' forward, and eager calls that
+// need no gradient alone (no node).
+Tensor forward_kernel(Op op, const Tensor *t, const double *c)
+{
+    Tensor ac = t[0].contiguous();
+    if (SPECS[op].nin == 1)
+        return run1(op, ac, c[0], c[1]);
+    Tensor bc = t[1].contiguous(), y;
+    launch(FWD[op], ac, {&ac, &bc}, &y, nullptr, c[0], c[1]);
+    return y;
+}
+
 template <class Tag>
 struct Unary : public torch::autograd::Function<Unary<Tag>> {
     static constexpr Op op = Tag::op;
     static Tensor forward(AutogradContext *ctx, const Tensor &a, double c0)
     {
-        Tensor ac = a.contiguous();
-        Tensor y = run1(op, ac, c0);
+        const double c[2] = {c0, 0};
+        Tensor y = forward_kernel(op, &a, c);
         if (SPECS[op].saves == A)
             ctx->save_for_backward({a});
         else if (SPECS[op].saves == Y)
@@ -308,9 +320,9 @@ struct Binary : public torch::autograd::Function<Binary<Tag>> {
     static constexpr Op op = Tag::op;
     static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, double c0, double c1)
     {
-        Tensor ac = a.contiguous(), bc = b.contiguous();
-        Tensor y;
-        launch(FWD[op], ac, {&ac, &bc}, &y, nullptr, c0, c1);
+        const Tensor t[2] = {a, b};
+        const double c[2] = {c0, c1};
+        Tensor y = forward_kernel(op, t, c);
         if (SPECS[op].saves == AB)
             ctx->save_for_backward({a, b});
         if (SPECS[op].nscal) {
@@ -503,22 +515,10 @@ PyObject *run(int64_t numel, Go go)
 
 PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ssize_t nargs);
 
-// The forward alone (no input needs a gradient): the kernel the node's forward launches, no node.
-Tensor forward_only(Op op, const Tensor *t, const double *c)
-{
-    Tensor ac = t[0].contiguous();
-    if (SPECS[op].nin == 1)
-        return run1(op, ac, c[0], c[1]);
-    Tensor bc = t[1].contiguous(), y;
-    launch(FWD[op], ac, {&ac, &bc}, &y, nullptr, c[0], c[1]);
-    return y;
-}
-
 // self: (op index, fallback, eager; NOPS: rmse). args: the op's tensors, then its scalars. eager
-// (make(name, fallback, True): the Python face's every eager call, not only those that need a
-// gradient) also
-// leaves dispatch modes and functorch transforms to the fallback, as the Python face's checks did,
-// and runs the forward alone where no gradient is wanted.
+// (make(name, fallback, True): every eager call of the Python face, not only those that need a
+// gradient) also leaves dispatch modes and functorch transforms to the fallback, as the Python
+// face's checks did, and runs the forward alone where no gradient is wanted.
 PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
@@ -558,7 +558,7 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     if (eager && !(at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()))))
-        return run(t[0].numel(), [&] { return forward_only(op, t, c); });
+        return run(t[0].numel(), [&] { return forward_kernel(op, t, c); });
     return run(t[0].numel(), [&] { return APPLY[op](t, c); });
 }
 
