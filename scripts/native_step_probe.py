@@ -7,7 +7,11 @@ A step is `torch.autograd.grad(op(x[, y]), inputs, g)`, float32. Per op and size
 turns over 5 rounds: "loop", the mean host time a step in a loop of 200 (no synchronize inside;
 where the GPU keeps up this is the host's cost); "visible", the median of CUDA events around one
 step started after a synchronize (the `train` experiment's host method: what the GPU waits for),
-or of the host clock on the cpu. Medians over the rounds; ratios torch / way (above 1: faster)."""
+or of the host clock on the cpu. Medians over the rounds; ratios torch / way (above 1: faster).
+PROBE_FORWARD=1: a forward call on tensors that need no gradient instead of a step (the Python
+faces' eager path: c++ the native module's checks and launch, python the checks in Python).
+"""
+import os
 import statistics
 import sys
 import time
@@ -34,6 +38,8 @@ OPS = {   # name -> (ewkern.torch call, torch's call, inputs)
 print(f"device {dev} {torch.cuda.get_device_name() if dev != 'cpu' else 'cpu'}, torch {torch.__version__}, "
       f"ewkern.torch autograd: {ewt.autograd_path()}")
 NATIVE, PYTHON = dict(ewt._APPLY), dict(ewt._PY_APPLY)
+NATIVE_EAGER, PYTHON_EAGER = dict(ewt._EAGER), dict(ewt._PY_EAGER)
+FORWARD = os.environ.get("PROBE_FORWARD") == "1"
 
 
 def sync():
@@ -72,25 +78,29 @@ print(f"{'op':10s} {'KiB':>6s} | loop us: c++ python torch | visible us: c++ pyt
       f"torch/c++ loop, visible | torch/python loop, visible")
 for kib in sizes:
     n = max(1, int(kib * 1024) // 4)
-    x = (torch.rand(n, device=dev) + 0.5).requires_grad_()
-    y = (torch.rand(n, device=dev) + 0.5).requires_grad_()
+    x = (torch.rand(n, device=dev) + 0.5).requires_grad_(not FORWARD)
+    y = (torch.rand(n, device=dev) + 0.5).requires_grad_(not FORWARD)
     g = torch.rand(n, device=dev)
     for name, (ours, theirs, nin) in OPS.items():
         ins = (x, y)[:nin]
         gg = g if name != "rmse" else g[0]      # rmse's result: one value
-        ways = {"c++": lambda: torch.autograd.grad(ours(*ins), ins, gg),
-                "python": lambda: torch.autograd.grad(ours(*ins), ins, gg),
-                "torch": lambda: torch.autograd.grad(theirs(*ins), ins, gg)}
+        if FORWARD:
+            ways = {"c++": lambda: ours(*ins), "python": lambda: ours(*ins), "torch": lambda: theirs(*ins)}
+        else:
+            ways = {"c++": lambda: torch.autograd.grad(ours(*ins), ins, gg),
+                    "python": lambda: torch.autograd.grad(ours(*ins), ins, gg),
+                    "torch": lambda: torch.autograd.grad(theirs(*ins), ins, gg)}
         res = {w: ([], []) for w in ways}
         for r in range(5):
             for w in list(ways)[r % 3:] + list(ways)[:r % 3]:
                 ewt._APPLY = PYTHON if w == "python" else NATIVE
+                ewt._EAGER = PYTHON_EAGER if w == "python" else NATIVE_EAGER
                 for _ in range(50):
                     ways[w]()
                 sync()
                 res[w][0].append(loop(ways[w]))
                 res[w][1].append(visible(ways[w]))
-        ewt._APPLY = NATIVE
+        ewt._APPLY, ewt._EAGER = NATIVE, NATIVE_EAGER
         m = {w: (statistics.median(a), statistics.median(b)) for w, (a, b) in res.items()}
         print(f"{name:10s} {kib:6g} | {m['c++'][0]:6.1f} {m['python'][0]:6.1f} {m['torch'][0]:6.1f} | "
               f"{m['c++'][1]:6.1f} {m['python'][1]:6.1f} {m['torch'][1]:6.1f} | "
