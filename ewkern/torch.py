@@ -154,8 +154,9 @@ def _rmse_result(a, b, axis):
 #     saved once and writes each gradient once), or the gradient itself where it is that; called
 #     through `ns`, either the plain C functions (eager: no dispatcher in the way) or the custom ops
 #     (torch.ops.ewkern.*_backward, so torch.compile sees them). Not differentiable itself.
-#   GRADS[name]: the same gradient composed of differentiable ewkern ops, used when a graph of the
-#     backward is wanted (create_graph=True: double backward, gradgradcheck). 16-bit inputs are
+#   GRADS[name]: the same gradient composed of differentiable ewkern ops (the Python faces below, so
+#     each step records its own node or, under a functorch transform, its own Function), used when
+#     a graph of the backward is wanted (create_graph=True: double backward, gradgradcheck, torch.func). 16-bit inputs are
 #     widened to float32 for the steps and rounded once at the end.
 # Each takes (grad, saved tensors, scalars, needs_input_grad) and returns the inputs' gradients.
 
@@ -222,8 +223,8 @@ for _name in _UNARY_BACKWARD:
 
 def _d_div(g, s, c, need):
     a, b = s                                        # d(a/b)/db = -(a/b)/b
-    ga = E.div(g, b)
-    return ga, (E.neg(E.div(E.mul(ga, a), b)) if need[1] else None)
+    ga = div(g, b)
+    return ga, (neg(div(mul(ga, a), b)) if need[1] else None)
 
 
 def _d_extreme(loses):
@@ -231,7 +232,7 @@ def _d_extreme(loses):
     zero where loses(a, b) (a < b for maximum), b's where loses(b, a); NaN loses nowhere."""
     def d(g, s, c, need):
         a, b = s
-        shared = torch.where(a == b, E.mul_const(g, 0.5), g)
+        shared = torch.where(a == b, mul_const(g, 0.5), g)
         return (shared.masked_fill(loses(a, b), 0) if need[0] else None,
                 shared.masked_fill(loses(b, a), 0) if need[1] else None)
     return d
@@ -239,62 +240,62 @@ def _d_extreme(loses):
 
 def _d_rsqrt(g, s, c, need):
     y = _wide(s[0])                                 # -1/2 a^(-3/2) = -y^3 / 2
-    return (E.mul(E.mul_const(_wide(g), -0.5), E.mul(y, E.mul(y, y))).to(g.dtype),)
+    return (mul(mul_const(_wide(g), -0.5), mul(y, mul(y, y))).to(g.dtype),)
 
 
 def _d_erf(g, s, c, need):
     x = _wide(s[0])                                 # 2/sqrt(pi) e^(-x^2)
-    d = E.mul_const(E.exp(E.neg(E.mul(x, x))), 2.0 / math.sqrt(math.pi))
-    return (E.mul(_wide(g), d).to(g.dtype),)
+    d = mul_const(exp(neg(mul(x, x))), 2.0 / math.sqrt(math.pi))
+    return (mul(_wide(g), d).to(g.dtype),)
 
 
 def _one_minus(t):
-    return E.add_const(E.neg(t), 1.0)
+    return add_const(neg(t), 1.0)
 
 
 def _d_tanh(g, s, c, need):
     y = _wide(s[0])                                 # 1 - y^2
-    return (E.mul(_wide(g), _one_minus(E.mul(y, y))).to(g.dtype),)
+    return (mul(_wide(g), _one_minus(mul(y, y))).to(g.dtype),)
 
 
 def _d_sigmoid(g, s, c, need):
     y = _wide(s[0])                                 # y (1 - y)
-    return (E.mul(E.mul(_wide(g), y), _one_minus(y)).to(g.dtype),)
+    return (mul(mul(_wide(g), y), _one_minus(y)).to(g.dtype),)
 
 
 def _d_gelu(g, s, c, need):
     x = _wide(s[0])                                 # Phi(x) + x phi(x)
-    cdf = E.mul_const(E.add_const(E.erf(E.mul_const(x, math.sqrt(0.5))), 1.0), 0.5)
-    pdf = E.mul_const(E.exp(E.mul_const(E.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
-    return (E.mul(_wide(g), E.add(cdf, E.mul(x, pdf))).to(g.dtype),)
+    cdf = mul_const(add_const(erf(mul_const(x, math.sqrt(0.5))), 1.0), 0.5)
+    pdf = mul_const(exp(mul_const(mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    return (mul(_wide(g), add(cdf, mul(x, pdf))).to(g.dtype),)
 
 
 def _d_silu(g, s, c, need):
     x = _wide(s[0])                                 # sigma(x) (1 + x (1 - sigma(x)))
-    sig = E.sigmoid(x)
-    d = E.mul(sig, E.add_const(E.mul(x, _one_minus(sig)), 1.0))
-    return (E.mul(_wide(g), d).to(g.dtype),)
+    sig = sigmoid(x)
+    d = mul(sig, add_const(mul(x, _one_minus(sig)), 1.0))
+    return (mul(_wide(g), d).to(g.dtype),)
 
 
 # name -> (what the forward saves: a, b inputs, y the result; the composed formula)
 GRADS = {
     "copy": ("", lambda g, s, c, need: (g,)),
     "add": ("", lambda g, s, c, need: (g, g)),
-    "sub": ("", lambda g, s, c, need: (g, E.neg(g) if need[1] else None)),
-    "mul": ("ab", lambda g, s, c, need: (E.mul(g, s[1]) if need[0] else None,
-                                         E.mul(g, s[0]) if need[1] else None)),
+    "sub": ("", lambda g, s, c, need: (g, neg(g) if need[1] else None)),
+    "mul": ("ab", lambda g, s, c, need: (mul(g, s[1]) if need[0] else None,
+                                         mul(g, s[0]) if need[1] else None)),
     "div": ("ab", _d_div),
     "maximum": ("ab", _d_extreme(lambda a, b: a < b)),
     "minimum": ("ab", _d_extreme(lambda a, b: a > b)),
     "add_const": ("", lambda g, s, c, need: (g,)),
-    "mul_const": ("", lambda g, s, c, need: (E.mul_const(g, c[0]),)),
-    "axpby": ("", lambda g, s, c, need: (E.mul_const(g, c[0]) if need[0] else None,
-                                         E.mul_const(g, c[1]) if need[1] else None)),
-    "neg": ("", lambda g, s, c, need: (E.neg(g),)),
-    "abs": ("a", lambda g, s, c, need: (E.mul(g, s[0].sgn()),)),
-    "exp": ("y", lambda g, s, c, need: (E.mul(g, s[0]),)),
-    "log": ("a", lambda g, s, c, need: (E.div(g, s[0]),)),
-    "sqrt": ("y", lambda g, s, c, need: (E.mul_const(E.div(g, s[0]), 0.5),)),
+    "mul_const": ("", lambda g, s, c, need: (mul_const(g, c[0]),)),
+    "axpby": ("", lambda g, s, c, need: (mul_const(g, c[0]) if need[0] else None,
+                                         mul_const(g, c[1]) if need[1] else None)),
+    "neg": ("", lambda g, s, c, need: (neg(g),)),
+    "abs": ("a", lambda g, s, c, need: (mul(g, s[0].sgn()),)),
+    "exp": ("y", lambda g, s, c, need: (mul(g, s[0]),)),
+    "log": ("a", lambda g, s, c, need: (div(g, s[0]),)),
+    "sqrt": ("y", lambda g, s, c, need: (mul_const(div(g, s[0]), 0.5),)),
     "rsqrt": ("y", _d_rsqrt),
     "erf": ("a", _d_erf),
     "tanh": ("y", _d_tanh),
@@ -435,8 +436,8 @@ def _composed_rmse(grad, saved, axis, need):
     _, keep, red = rmse_split(a.shape, None if axis is None else list(axis))
     n = math.prod(a.shape[i] for i in red)
     scale = (grad / (r * n)).reshape(keep)              # per batch: small, torch ops broadcast it
-    ga = (_wide(E.sub(a, b)) * scale).to(a.dtype)
-    return ga, (E.neg(ga) if need[1] else None)
+    ga = (_wide(sub(a, b)) * scale).to(a.dtype)
+    return ga, (neg(ga) if need[1] else None)
 
 
 def _rmse_backward(ctx, grad):
@@ -463,7 +464,8 @@ class _RmseFunction(torch.autograd.Function):
 # tensors: 4.00 us a forward against 2.92 through the C++ apply with the same unwrapping; a training
 # step of add, gelu or mul_const 0.6-0.8 us less, of rmse 1.5). _APPLY holds each Function's direct
 # call; a torch without these internals keeps Function.apply. Under a functorch transform (vmap,
-# grad) the custom op runs instead (_eager): the C functions cannot read functorch's tensors.
+# grad) _FUNCTORCH's Function around the custom op runs instead (_run): the C functions cannot read
+# functorch's tensors.
 _C_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
@@ -595,6 +597,98 @@ def _register():
 _register()
 
 
+# --- functorch transforms (torch.func.grad, vjp, jacrev, jvp, jacfwd, vmap) --------------------------
+# torch's custom ops run their registered autograd through an autograd.Function without
+# setup_context, which functorch refuses ("must override the setup_context staticmethod"). Under a
+# functorch transform the faces call _FUNCTORCH[name] instead: an autograd.Function around the same
+# custom op with setup_context, a backward (GRADS' composed formula, itself made of the faces, so
+# transforms nest: a Hessian, vmap of grad) and a jvp (forward mode) from the same formula; vmap
+# runs the custom op's batching rule (_vmap_rule): elementwise ops on the batch as one more axis,
+# rmse with its reduced axes moved past it.
+_FUNCTORCH = {}     # name -> the autograd.Function a call under a functorch transform applies
+
+
+def _functorch_function(name, forward, setup_context, backward, jvp):
+    return type(f"{name}_functorch", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+                 "backward": staticmethod(backward), "jvp": staticmethod(jvp), "generate_vmap_rule": True})
+
+
+def _elementwise_functorch(name, nin):
+    op, saves, composed = _FUNCTIONAL[name], GRADS[name][0], GRADS[name][1]
+    backward, setup_backward = _autograd(nin, saves, _backward_of(name))
+
+    def setup_context(ctx, inputs, output):
+        setup_backward(ctx, inputs, output)
+        pick = {"a": inputs[0], "b": inputs[1] if nin > 1 else None, "y": output}
+        ctx.save_for_forward(*(pick[k] for k in saves))
+
+    def jvp(ctx, *tangents):
+        # an elementwise op's derivative is diagonal: the tangent of the result is the sum over the
+        # inputs of (input's tangent) x (its partial derivative), which is the input's gradient
+        # formula with the tangent in the incoming gradient's place
+        saved, out = ctx.saved_tensors, None
+        for k in range(nin):
+            if tangents[k] is None:
+                continue
+            d = composed(tangents[k], saved, ctx.scalars, tuple(j == k for j in range(nin)))[k]
+            out = d if out is None else add(out, d)
+        return out
+    return _functorch_function(name, op, setup_context, backward, jvp)
+
+
+def _rmse_functorch_setup(ctx, inputs, output):
+    _rmse_setup(ctx, inputs, output)
+    ctx.save_for_forward(*inputs[:2], output)
+
+
+def _rmse_jvp(ctx, ta, tb, _):
+    """d sqrt(mean((a-b)^2)) = sum((a - b)(da - db)) / (n r) over each batch."""
+    a, b, r = ctx.saved_tensors
+    _, _, red = rmse_split(a.shape, ctx.axis)
+    n = math.prod(a.shape[i] for i in red)
+    d = ta if tb is None else (-tb if ta is None else ta - tb)
+    s = (_wide(a - b) * _wide(d)).sum(dim=red) if red else _wide(a - b) * _wide(d)
+    return (s / (r * n)).to(r.dtype)
+
+
+def _vmap_rule(name, nin):
+    """torch.library's batching rule of an elementwise custom op: the batch as the leading axis of
+    both inputs (an unbatched input expanded, which the kernel reads as a contiguous copy)."""
+    op = _FUNCTIONAL[name]
+
+    def rule(info, in_dims, *args):
+        dims = in_dims[:nin]
+        if nin == 1 or dims[0] == dims[1]:
+            return op(*args), dims[0]
+        ts = [t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+              for t, d in zip(args[:nin], dims)]
+        return op(*ts, *args[nin:]), 0
+    return rule
+
+
+def _rmse_vmap(info, in_dims, a, b, axis=None):
+    """rmse per sample: the batch axis leads, the sample's reduced axes one further on."""
+    a, b = (t.movedim(d, 0) if d is not None else t.expand(info.batch_size, *t.shape)
+            for t, d in zip((a, b), in_dims[:2]))
+    _, _, red = rmse_split(a.shape[1:], axis)
+    return _FUNCTIONAL["rmse"](a, b, [ax + 1 for ax in red]), 0
+
+
+def _register_functorch():
+    for name, info in _INFO.items():
+        if info["inputs"]:
+            torch.library.register_vmap(f"ewkern::{name}", _vmap_rule(name, info["inputs"]))
+            if name in GRADS:
+                _FUNCTORCH[name] = _elementwise_functorch(name, info["inputs"])
+    torch.library.register_vmap("ewkern::rmse", _rmse_vmap)
+    _FUNCTORCH["rmse"] = _functorch_function("rmse", _FUNCTIONAL["rmse"], _rmse_functorch_setup,
+                                             _rmse_backward, _rmse_jvp)
+
+
+_register_functorch()
+
+
 # --- the C++ autograd nodes -------------------------------------------------------------------------
 # ewkern/_torch_native/autograd.cpp: the elementwise ops' and rmse's forward and backward as C++ nodes
 # that launch the same kernels through ewkern._C._native_api (no Python in the backward, no GIL). The
@@ -688,6 +782,8 @@ def _eager(tensors):
 def _run(name, tensors, scalars, out):
     if out is None:
         if not _eager(tensors):
+            if name in _FUNCTORCH and _functorch_active() and not torch.compiler.is_compiling():
+                return _FUNCTORCH[name].apply(*tensors, *scalars)
             return _FUNCTIONAL[name](*tensors, *scalars)
         if torch.is_grad_enabled():
             for t in tensors:

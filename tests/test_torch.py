@@ -246,18 +246,10 @@ def test_eager_calls_the_functions_cpp_apply(monkeypatch, op):
         torch.testing.assert_close(g, g2, rtol=0, atol=0)
 
 
-def test_functorch_transforms_take_the_custom_op():
-    """Under torch.func.vmap the ops run as the custom ops (torch's batching fallback), whose
-    results match torch's; the C functions cannot read functorch's batched tensors. A tensor
-    leaked out of torch.func.grad (a dead wrapper) is unwrapped on the direct path as
+def test_functorch_leaked_wrapper_on_the_direct_path():
+    """A tensor leaked out of torch.func.grad (a dead wrapper) is unwrapped on the direct path as
     Function.apply unwraps it."""
     x = torch.randn(3, 40, dtype=torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")     # "not yet implemented the batching rule for ewkern::gelu"
-        got = torch.func.vmap(ewt.gelu)(x)
-        got2 = torch.func.vmap(ewt.add)(x, x)
-    torch.testing.assert_close(got, torch.nn.functional.gelu(x), rtol=1e-15, atol=1e-15)
-    torch.testing.assert_close(got2, 2 * x, rtol=0, atol=0)
     leaked = []
 
     def f(r):
@@ -267,6 +259,83 @@ def test_functorch_transforms_take_the_custom_op():
     for op in ("gelu", "add"):
         args = (leaked[0],) * (2 if op == "add" else 1)
         torch.testing.assert_close(ewt._APPLY[op](*args), ewt._FUNCTION[op].apply(*args), rtol=0, atol=0)
+
+
+def _torch_rmse(a, b, axis=None):
+    wide = torch.float64 if a.dtype == torch.float64 else torch.float32
+    _, _, red = ewt.rmse_split(a.shape, axis)
+    return torch.sqrt(((a.to(wide) - b.to(wide)) ** 2).mean(dim=red))
+
+
+def _functorch_case(op, dtype, device):
+    """(ewkern's function, torch's, tensor inputs) of one op for the transforms' tests: scalars bound."""
+    if op == "rmse":
+        _, ts, _ = inputs("sub", dtype, device, (3, 4, 6))
+        return ewt.rmse, _torch_rmse, ts
+    _, ts, scalars = inputs(op, dtype, device, (3, 4, 6))
+    fn, ref = getattr(ewt, op), TORCH_OP[op]
+    return (lambda *t: fn(*t, *scalars)), (lambda *t: ref(*t, *scalars)), ts
+
+
+def _assert_same(got, want, dtype, what):
+    rtol = GRAD_RTOL[dtype]
+    for k, (x, w) in enumerate(zip(got, want)):
+        assert x.dtype == w.dtype and x.shape == w.shape, what
+        torch.testing.assert_close(x.double(), w.double(), rtol=rtol, atol=rtol * max(w.double().abs().max().item(), 1),
+                                   msg=lambda m: f"{what} {k}: {m}")
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("op", ELEMENTWISE + ["rmse"])
+def test_functorch_grad_jvp_vmap_match_torch(op, dtype, device):
+    """torch.func.grad (reverse mode), jvp (forward mode) and vmap over every differentiable op,
+    against the same transforms of torch's function. torch's custom ops cannot take grad or jvp
+    (their autograd.Function has no setup_context): the faces apply ewkern.torch's own Function
+    under a transform, and vmap runs the ops' batching rule (no fallback loop, no warning)."""
+    ours, theirs, ts = _functorch_case(op, dtype, device)
+    nin = len(ts)
+    argnums = tuple(range(nin))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)     # the batching fallback's performance warning
+        for transform in ("grad", "jvp", "vmap"):
+            if transform == "grad":
+                got, want = (torch.func.grad(lambda *t: f(*t).double().sum(), argnums=argnums)(*ts)
+                             for f in (ours, theirs))
+            elif transform == "jvp":
+                tangents = tuple(torch.randn_like(t) for t in ts)
+                got, want = ((torch.func.jvp(f, tuple(ts), tangents)[1],) for f in (ours, theirs))
+            else:   # the first input batched over its second axis, the second (if any) not at all
+                dims = (1, None)[:nin]
+                ins = (ts[0], ts[1][:, 0]) if nin == 2 else ts
+                got, want = ((torch.func.vmap(f, in_dims=dims)(*ins),) for f in (ours, theirs))
+            _assert_same(got, want, dtype, f"{transform} of {op} {dtype} {device}")
+
+
+@pytest.mark.parametrize("op", ["gelu", "div", "maximum", "rsqrt", "rmse"])
+def test_functorch_transforms_nest(op):
+    """Transforms of transforms: the Hessian (forward over reverse), vmap of grad, jacrev of jacrev."""
+    ours, theirs, ts = _functorch_case(op, "float64", "cpu")
+    x, rest = ts[0][:2], [t[:2] for t in ts[1:]]
+    per_row = [torch.func.vmap(torch.func.grad(lambda r, *o: f(r, *o).sum()))(x, *rest) for f in (ours, theirs)]
+    if op == "rmse":
+        ours, theirs = (lambda a, b: ewt.rmse(a, b, [1, 2])), (lambda a, b: _torch_rmse(a, b, [1, 2]))
+
+    def total(f):
+        return lambda t: f(t, *rest).sum()
+    for transform in (torch.func.hessian, lambda f: torch.func.jacrev(torch.func.jacrev(f))):
+        _assert_same([transform(total(ours))(x)], [transform(total(theirs))(x)], "float64", op)
+    _assert_same(per_row[:1], per_row[1:], "float64", f"vmap of grad of {op}")
+
+
+def test_vmap_rmse_moves_the_reduced_axes():
+    """rmse under vmap: each sample's axis= names the sample's axes, the batch axis anywhere."""
+    rng = np.random.default_rng(5)
+    a, b = (torch.from_numpy(rng.standard_normal((5, 4, 6))) for _ in range(2))
+    for axis in (None, 0, [0, 1], -1):
+        got = torch.func.vmap(lambda p, q: ewt.rmse(p, q, axis), in_dims=(1, 1))(a, b)
+        want = torch.stack([_torch_rmse(a[:, k], b[:, k], axis) for k in range(4)])
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
 
 
 def test_out_is_not_differentiable():
