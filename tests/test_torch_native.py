@@ -265,6 +265,30 @@ def test_a_saved_tensor_changed_in_place_is_refused():
         z.sum().backward()
 
 
+def test_nodes_free_what_they_saved():
+    """The nodes are plain torch Nodes: a second backward without retain_graph is refused, with it
+    the same gradients; a result the node saved (exp, rmse) does not keep its node alive (a node
+    that leaked would keep the leaf it leads to alive through its gradient accumulator)."""
+    import gc
+    import weakref
+    native()
+    x = torch.rand(10, dtype=torch.float64, requires_grad=True)
+    other = torch.rand(2, 5, dtype=torch.float64)
+    for f in (lambda t: ewt.exp(t), lambda t: ewt.mul(t, t), lambda t: ewt.rmse(t.view(2, 5), other)):
+        y = f(x)
+        assert y.grad_fn.name().startswith("ewkern::"), y.grad_fn.name()
+        (g1,) = torch.autograd.grad(y.sum(), x, retain_graph=True)
+        (g2,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(g1, g2, rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            torch.autograd.grad(y.sum(), x)
+        leaf = torch.rand(10, dtype=torch.float64, requires_grad=True)
+        y, alive = f(leaf), weakref.ref(leaf)
+        del y, leaf
+        gc.collect()
+        assert alive() is None
+
+
 def test_what_the_native_path_does_not_take_goes_to_the_python_path():
     """Mismatched or unsupported inputs raise the Python path's errors; a tensor subclass and
     integer scalars still work."""

@@ -1,4 +1,4 @@
-// autograd.cpp: ewkern.torch's eager autograd nodes in C++ (torch::autograd::Function), built at
+// autograd.cpp: ewkern.torch's eager autograd nodes in C++ (plain torch::autograd::Node), built at
 // run time against the torch that imports it (ewkern/_torch_native/__init__.py) and loaded by
 // ewkern.torch on the first call that needs a gradient.
 //
@@ -16,11 +16,13 @@
 // bfloat16/float64, equal dtype/device/shape, float scalars) and gives anything else to fallback
 // (ewkern.torch's Python path, which raises the errors or unwraps functorch's tensors).
 //
-// A user kernel made a custom op (ewkern.torch.kernel_op) gets a node of its own kind, UserNode:
-// its forward and backward are Python callables (the kernel, and the derived backward kernel's
-// wrapper), but the node is a plain torch::autograd::Node made here, not a Python
-// torch.autograd.Function (whose forward and backward wrappers, context object and
-// saved_tensors cost a step more host time than the kernels' own calls).
+// The nodes are plain torch::autograd::Node subclasses (EwNode, RmseNode), made as torch's generated
+// code makes its own (edges, saved variables, the result's history), not torch::autograd::Function's
+// CppNode. A user kernel made a custom op (ewkern.torch.kernel_op) gets a node of its own kind,
+// UserNode: its forward and backward are Python callables (the kernel, and the derived backward
+// kernel's wrapper), but the node is made here, not a Python torch.autograd.Function (whose
+// forward and backward wrappers, context object and saved_tensors cost a step more host time than
+// the kernels' own calls).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -28,7 +30,8 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -37,14 +40,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "ewkern_native.h"
 
 namespace ewkern {
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using at::Tensor;
 
@@ -288,89 +289,72 @@ Tensor forward_kernel(Op op, const Tensor *t, const double *c)
     return y;
 }
 
-template <class Tag>
-struct Unary : public torch::autograd::Function<Unary<Tag>> {
-    static constexpr Op op = Tag::op;
-    static Tensor forward(AutogradContext *ctx, const Tensor &a, double c0)
+// An elementwise op's autograd node: a plain torch::autograd::Node, as torch's own generated nodes
+// are (AddBackward0, ...), not a torch::autograd::Function's CppNode, whose context (an IValue map
+// for the scalars, saved-variable lists, the inputs' metadata kept for materialising undefined
+// gradients, a mutex) cost a step 1-2 us more host time than torch's node on the CI host. Edges
+// to each tensor input; saved what the backward reads (an input, or the result: saved after the
+// result's history is set, as torch saves its outputs, so the saved result does not own its node).
+struct EwNode : public torch::autograd::Node {
+    const Op op;
+    torch::autograd::SavedVariable saved[2];
+    int nsaved = 0;
+    double c[2] = {0, 0};
+
+    explicit EwNode(Op o) : op(o) {}
+    std::string name() const override { return std::string("ewkern::") + SPECS[op].name + "Backward"; }
+    void release_variables() override
     {
-        const double c[2] = {c0, 0};
-        Tensor y = forward_kernel(op, &a, c);
-        if (SPECS[op].saves == A)
-            ctx->save_for_backward({a});
-        else if (SPECS[op].saves == Y)
-            ctx->save_for_backward({y});
-        if (SPECS[op].nscal)
-            ctx->saved_data["c0"] = c0;
-        return y;
+        for (int k = 0; k < nsaved; k++)
+            saved[k].reset_data();
     }
 
-    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    variable_list apply(variable_list &&grads) override
     {
-        const double c[1] = {SPECS[op].nscal ? ctx->saved_data["c0"].toDouble() : 0.0};
-        const bool need[1] = {true};
-        variable_list saved = ctx->get_saved_variables();
-        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], saved, c, need)
-                                                     : fast_grads(op, grads[0].contiguous(), saved, c, need);
-        return {g[0], Tensor()};
-    }
-};
-
-template <class Tag>
-struct Binary : public torch::autograd::Function<Binary<Tag>> {
-    static constexpr Op op = Tag::op;
-    static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, double c0, double c1)
-    {
-        const Tensor t[2] = {a, b};
-        const double c[2] = {c0, c1};
-        Tensor y = forward_kernel(op, t, c);
-        if (SPECS[op].saves == AB)
-            ctx->save_for_backward({a, b});
-        if (SPECS[op].nscal) {
-            ctx->saved_data["c0"] = c0;
-            ctx->saved_data["c1"] = c1;
-        }
-        return y;
-    }
-
-    static variable_list backward(AutogradContext *ctx, variable_list grads)
-    {
-        double c[2] = {0, 0};
-        if (SPECS[op].nscal) {
-            c[0] = ctx->saved_data["c0"].toDouble();
-            c[1] = ctx->saved_data["c1"].toDouble();
-        }
-        const bool need[2] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
-        variable_list saved = ctx->get_saved_variables();
-        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], saved, c, need)
-                                                     : fast_grads(op, grads[0].contiguous(), saved, c, need);
-        return {need[0] ? g[0] : Tensor(), need[1] ? g[1] : Tensor(), Tensor(), Tensor()};
+        const int nin = SPECS[op].nin;
+        variable_list res(nin);
+        if (!grads[0].defined())
+            return res;
+        variable_list s;
+        for (int k = 0; k < nsaved; k++)
+            s.push_back(saved[k].unpack(shared_from_this()));   // raises where freed or modified in place
+        const bool need[2] = {task_should_compute_output(0), nin > 1 && task_should_compute_output(1)};
+        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], s, c, need)
+                                                     : fast_grads(op, grads[0].contiguous(), s, c, need);
+        for (int k = 0; k < nin; k++)
+            if (need[k])
+                res[k] = g[k];
+        return res;
     }
 };
 
-// The node names torch shows (grad_fn): torch::autograd::CppNode<ewkern::Unary<ewkern::gelu>>
-#define EW_TAG(n, i, s, sv, bw) \
-    struct n {                  \
-        static constexpr Op op = OP_##n; \
-    };
-EW_NATIVE_OPS(EW_TAG)
-#undef EW_TAG
-
-typedef Tensor (*apply_fn)(const Tensor *t, const double *c);
-
-template <class F, int NIN>
-Tensor apply(const Tensor *t, const double *c)
+// The forward of an op whose inputs may need a gradient: the kernel, then (where one is wanted) its
+// node as the result's history.
+Tensor record(Op op, const Tensor *t, const double *c)
 {
-    if constexpr (NIN == 1)
-        return F::apply(t[0], c[0]);
-    else
-        return F::apply(t[0], t[1], c[0], c[1]);
+    const Spec &s = SPECS[op];
+    Tensor y;
+    {
+        at::AutoGradMode no_grad(false);        // a non-contiguous input's copy records nothing
+        y = forward_kernel(op, t, c);
+    }
+    const bool wanted = at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()));
+    if (!wanted)
+        return y;
+    auto node = std::shared_ptr<EwNode>(new EwNode(op), torch::autograd::deleteNode);
+    node->set_next_edges(s.nin == 1 ? torch::autograd::collect_next_edges(t[0])
+                                    : torch::autograd::collect_next_edges(t[0], t[1]));
+    node->c[0] = c[0];
+    node->c[1] = c[1];
+    if (s.saves == A || s.saves == AB)
+        node->saved[node->nsaved++] = torch::autograd::SavedVariable(t[0], false);
+    if (s.saves == AB)
+        node->saved[node->nsaved++] = torch::autograd::SavedVariable(t[1], false);
+    torch::autograd::set_history(y, node);
+    if (s.saves == Y)
+        node->saved[node->nsaved++] = torch::autograd::SavedVariable(y, true);
+    return y;
 }
-
-apply_fn APPLY[NOPS] = {
-#define EW_APPLY(n, i, s, sv, bw) apply<std::conditional_t<i == 1, Unary<n>, Binary<n>>, i>,
-    EW_NATIVE_OPS(EW_APPLY)
-#undef EW_APPLY
-};
 
 // ---- rmse: the reduced axes are [lo, hi] (lo > hi: none), the batches the others ----------------
 
@@ -429,47 +413,73 @@ Tensor rmse_forward(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
     return r;
 }
 
-struct Rmse : public torch::autograd::Function<Rmse> {
-    static Tensor forward(AutogradContext *ctx, const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
+// rmse's node (a plain Node, as EwNode): a and b saved, and the result r (saved after its history).
+struct RmseNode : public torch::autograd::Node {
+    torch::autograd::SavedVariable a_, b_, r_;
+    int64_t lo = 0, hi = -1;
+
+    std::string name() const override { return "ewkern::RmseBackward"; }
+    void release_variables() override
     {
-        Tensor r = rmse_forward(a, b, lo, hi);
-        ctx->save_for_backward({a, b, r});
-        ctx->saved_data["lo"] = lo;
-        ctx->saved_data["hi"] = hi;
-        return r;
+        a_.reset_data();
+        b_.reset_data();
+        r_.reset_data();
     }
 
-    static variable_list backward(AutogradContext *ctx, variable_list grads)
+    variable_list apply(variable_list &&grads) override
     {
-        const int64_t lo = ctx->saved_data["lo"].toInt(), hi = ctx->saved_data["hi"].toInt();
-        const bool need[2] = {ctx->needs_input_grad(0), ctx->needs_input_grad(1)};
-        variable_list saved = ctx->get_saved_variables();
-        Tensor ga, gb;
+        variable_list res(2);
+        if (!grads[0].defined())
+            return res;
+        auto self = shared_from_this();
+        const variable_list saved = {a_.unpack(self), b_.unpack(self), r_.unpack(self)};
+        const bool need[2] = {task_should_compute_output(0), task_should_compute_output(1)};
         if (at::GradMode::is_enabled()) {
             variable_list g = composed_grads(nullptr, grads[0], saved, nullptr, need, lo, hi);
-            ga = g[0];
-            gb = g[1];
-        } else {
-            Tensor g = grads[0].contiguous(), a = saved[0].contiguous(), b = saved[1].contiguous();
-            Tensor r = saved[2].contiguous();
-            ew_native_rmse x = rmse_args(a, b, layout(a, lo, hi));
-            x.grad = g.data_ptr();
-            x.r = r.data_ptr();
-            auto opts = a.options().memory_format(at::MemoryFormat::Contiguous);
-            if (need[0]) {
-                ga = at::empty(a.sizes(), opts);
-                x.out = ga.data_ptr();
-            }
-            if (need[1]) {
-                gb = at::empty(a.sizes(), opts);
-                x.out2 = gb.data_ptr();
-            }
-            if (a.numel() > 0)
-                run_rmse(RMSE_BWD, a, x);
+            for (int k = 0; k < 2; k++)
+                if (need[k])
+                    res[k] = g[k];
+            return res;
         }
-        return {need[0] ? ga : Tensor(), need[1] ? gb : Tensor(), Tensor(), Tensor()};
+        Tensor g = grads[0].contiguous(), a = saved[0].contiguous(), b = saved[1].contiguous();
+        Tensor r = saved[2].contiguous();
+        ew_native_rmse x = rmse_args(a, b, layout(a, lo, hi));
+        x.grad = g.data_ptr();
+        x.r = r.data_ptr();
+        auto opts = a.options().memory_format(at::MemoryFormat::Contiguous);
+        if (need[0]) {
+            res[0] = at::empty(a.sizes(), opts);
+            x.out = res[0].data_ptr();
+        }
+        if (need[1]) {
+            res[1] = at::empty(a.sizes(), opts);
+            x.out2 = res[1].data_ptr();
+        }
+        if (a.numel() > 0)
+            run_rmse(RMSE_BWD, a, x);
+        return res;
     }
 };
+
+Tensor rmse_record(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
+{
+    Tensor r;
+    {
+        at::AutoGradMode no_grad(false);
+        r = rmse_forward(a, b, lo, hi);
+    }
+    if (!(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
+        return r;
+    auto node = std::shared_ptr<RmseNode>(new RmseNode(), torch::autograd::deleteNode);
+    node->set_next_edges(torch::autograd::collect_next_edges(a, b));
+    node->lo = lo;
+    node->hi = hi;
+    node->a_ = torch::autograd::SavedVariable(a, false);
+    node->b_ = torch::autograd::SavedVariable(b, false);
+    torch::autograd::set_history(r, node);
+    node->r_ = torch::autograd::SavedVariable(r, true);
+    return r;
+}
 
 // ---- the Python side ----------------------------------------------------------------------------
 
@@ -559,7 +569,7 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (eager && !(at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()))))
         return run(t[0].numel(), [&] { return forward_kernel(op, t, c); });
-    return run(t[0].numel(), [&] { return APPLY[op](t, c); });
+    return run(t[0].numel(), [&] { return record(op, t, c); });
 }
 
 // rmse's: args a, b, axis (None, or a list or tuple of ints: the wrapper's); the reduced axes must
@@ -615,7 +625,7 @@ PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ss
     }
     if (eager && !(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
         return run(a.numel(), [&] { return rmse_forward(a, b, lo, hi); });
-    return run(a.numel(), [&] { return Rmse::apply(a, b, lo, hi); });
+    return run(a.numel(), [&] { return rmse_record(a, b, lo, hi); });
 }
 
 // ---- user kernels (ewkern.torch.kernel_op) ---------------------------------------------------------
