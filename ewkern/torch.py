@@ -469,6 +469,7 @@ class _RmseFunction(torch.autograd.Function):
 _C_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_forward_ad = torch.autograd.forward_ad      # _current_level >= 0 inside a dual_level (forward-mode AD)
 _APPLY = {}         # name -> what an eager call that needs a gradient calls (_install_native)
 _PY_APPLY = {}      # name -> a callable equal to _FUNCTION[name].apply (_direct_apply)
 _EAGER = {}         # name -> what the Python face calls outside torch.compile with out=None
@@ -769,9 +770,11 @@ if os.environ.get("EWKERN_TORCH_NATIVE", "") != "0":
 
 def _eager(tensors):
     """Plain tensors on cpu/cuda outside torch.compile, FakeTensorMode and every other dispatch
-    mode: the C function (and an autograd.Function around it) is the op. Otherwise the custom op,
-    so modes, subclasses and compilers see torch.ops.ewkern.<op>."""
-    if torch.compiler.is_compiling() or _dispatch_depth() or _functorch_active():
+    mode, functorch transforms and forward-mode AD: the C function (and an autograd.Function
+    around it) is the op. Otherwise the custom op, so modes, subclasses and compilers see
+    torch.ops.ewkern.<op> (under a transform or in a dual_level: _FUNCTORCH's Function around it)."""
+    if (torch.compiler.is_compiling() or _dispatch_depth() or _functorch_active()
+            or _forward_ad._current_level >= 0):
         return False
     for t in tensors:
         if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
@@ -782,7 +785,8 @@ def _eager(tensors):
 def _run(name, tensors, scalars, out):
     if out is None:
         if not _eager(tensors):
-            if name in _FUNCTORCH and _functorch_active() and not torch.compiler.is_compiling():
+            if (name in _FUNCTORCH and (_functorch_active() or _forward_ad._current_level >= 0)
+                    and not torch.compiler.is_compiling()):
                 return _FUNCTORCH[name].apply(*tensors, *scalars)
             return _FUNCTIONAL[name](*tensors, *scalars)
         if torch.is_grad_enabled():
@@ -826,7 +830,8 @@ def _unary(name):
     fn = getattr(_C, name)
 
     def eager(a):
-        if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active() and (a.is_cuda or a.is_cpu)):
+        if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
+                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu)):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a)
             return _as_tensor(fn(a.contiguous()))
@@ -845,6 +850,7 @@ def _binary(name):
 
     def eager(a, b):
         if (type(a) is _Tensor and type(b) is _Tensor and not _dispatch_depth() and not _functorch_active()
+                and _forward_ad._current_level < 0
                 and (a.is_cuda or a.is_cpu) and (b.is_cuda or b.is_cpu)):
             if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
                 return _APPLY[name](a, b)
@@ -863,7 +869,8 @@ def _with_const(name):
     fn = getattr(_C, name)
 
     def eager(a, c):
-        if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active() and (a.is_cuda or a.is_cpu)):
+        if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
+                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu)):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a, c)
             return _as_tensor(fn(a.contiguous(), c))

@@ -312,6 +312,31 @@ def test_functorch_grad_jvp_vmap_match_torch(op, dtype, device):
             _assert_same(got, want, dtype, f"{transform} of {op} {dtype} {device}")
 
 
+@pytest.mark.parametrize("path", ["native", "python"])
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("op", ELEMENTWISE + ["rmse"])
+def test_forward_mode_ad_outside_functorch(monkeypatch, op, device, path):
+    """torch.autograd.forward_ad's dual tensors carry their tangents through every op, as through
+    torch's (the eager paths, native and Python, give a dual_level's calls to the Function with a
+    jvp; before, the native path dropped the tangent without a word), also where the input needs a
+    gradient too."""
+    import torch.autograd.forward_ad as fwad
+    ewt.autograd_path()                 # the native module loaded where it can be
+    if path == "python":
+        _python_functions(monkeypatch)
+    ours, theirs, ts = _functorch_case(op, "float64", device)
+    tangents = [torch.randn_like(t) for t in ts]
+    for requires_grad in (False, True):
+        got = []
+        for f in (ours, theirs):
+            with fwad.dual_level():
+                duals = [fwad.make_dual(t.detach().requires_grad_(requires_grad), u) for t, u in zip(ts, tangents)]
+                tangent = fwad.unpack_dual(f(*duals)).tangent
+                assert tangent is not None, f"{op}: the tangent was dropped"
+                got.append(tangent.detach())
+        _assert_same(got[:1], got[1:], "float64", f"forward AD of {op} {device} requires_grad={requires_grad}")
+
+
 @pytest.mark.parametrize("op", ["gelu", "div", "maximum", "rsqrt", "rmse"])
 def test_functorch_transforms_nest(op):
     """Transforms of transforms: the Hessian (forward over reverse), vmap of grad, jacrev of jacrev."""

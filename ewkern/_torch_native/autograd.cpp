@@ -484,7 +484,7 @@ Tensor rmse_record(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
 // ---- the Python side ----------------------------------------------------------------------------
 
 // Whether t is a tensor the native path takes: torch.Tensor itself, strided, on the cpu or (with
-// CUDA kernels) a GPU, not one of functorch's wrappers.
+// CUDA kernels) a GPU, not one of functorch's wrappers, without a forward-mode gradient.
 bool plain(PyObject *obj)
 {
     if (!THPVariable_CheckExact(obj))
@@ -495,8 +495,10 @@ bool plain(PyObject *obj)
     if (!(t.is_cpu() || (t.is_cuda() && HAVE_CUDA)))
         return false;
     auto keys = t.key_set();
-    return !(keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
-             keys.has(c10::DispatchKey::Python));
+    if (keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
+        keys.has(c10::DispatchKey::Python))
+        return false;
+    return !t._fw_grad(0).defined();    // a dual tensor (forward-mode AD): the Python path has the jvp
 }
 
 // The node's forward, go(), as a Python result: a large CPU loop (or a launch into a full CUDA
@@ -727,8 +729,6 @@ PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (!plain(args[k]))
                 return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
             tensors.push_back(THPVariable_Unpack(args[k]));
-            if (tensors.back()._fw_grad(0).defined())
-                return PyObject_Vectorcall(op->fallback, args, nargs, nullptr);
             t++;
             continue;
         }
