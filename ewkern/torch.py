@@ -1125,6 +1125,7 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
                     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                         return chosen[0](*args) if chosen else apply(*args)
                     return kernel(*args)
+                _refuse_dual(self._name, tensors)
             return super().__call__(*args, **kwargs)
     op.__class__ = UserOp
     return op
@@ -1288,6 +1289,16 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
     return _reduction_eager(op, impl, tensor_at, nin, grad_call)
 
 
+def _refuse_dual(name, tensors):
+    """A user kernel's op has no forward-mode derivative: inside a forward_ad.dual_level a dual
+    tensor among its inputs is refused (torch's custom op would return the result without its
+    tangent)."""
+    if _forward_ad._current_level >= 0 and any(isinstance(t, torch.Tensor) and
+                                               _forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+        raise NotImplementedError(f"torch.ops.ewkern_user.{name}: forward-mode AD (dual tensors) is not supported "
+                                  "for user kernels; reverse mode (backward, torch.autograd.grad) is")
+
+
 def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
     """A reduction's op called like the kernel (inputs, then axis= and keepdims= by keyword or
     position): plain tensors that need no gradient run the kernel itself, without the dispatcher,
@@ -1309,6 +1320,7 @@ def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
                         return impl(*args, axis, bool(keepdims))
                     if grad_call is not None:
                         return grad_call(args, axis, bool(keepdims))
+                _refuse_dual(self._name, tensors)
             return super().__call__(*args, axis, bool(keepdims))
     op.__class__ = ReductionOp
     return op

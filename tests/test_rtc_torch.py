@@ -267,6 +267,23 @@ def test_row_kernel_without_a_derivable_backward_raises_on_backward_only():
         y.sum().backward()
 
 
+def test_forward_mode_ad_is_refused_not_dropped():
+    """A user kernel's op has no jvp: a dual tensor in a forward_ad.dual_level raises
+    NotImplementedError naming the op (torch's custom op alone would return the result without a
+    tangent); plain tensors there still run."""
+    import torch.autograd.forward_ad as fwad
+    op = _op("T a, T b", "o = a * b + a")
+    red = ewt.kernel_op(ewkern.ReductionKernel("T a", "T o", "a * a", "a + b", "o = a", "0", f"uk{next(_n)}"))
+    x = torch.rand(5, dtype=torch.float64)
+    with fwad.dual_level():
+        d = fwad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(NotImplementedError, match=rf"ewkern_user.{op._name}: forward-mode AD"):
+            op(d, x)
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            red(d, axis=0)
+        torch.testing.assert_close(op(x, x), x * x + x)
+
+
 def test_kernel_op_bad_arguments():
     k = ewkern.ElementwiseKernel("T a", "T o", "o = a", "kop_bad")
     with pytest.raises(TypeError, match="ElementwiseKernel, RowKernel or ReductionKernel"):
