@@ -7,7 +7,9 @@ launches, the views and results of each).
 Each piece: the mean host time a call in a loop of 2000 (no synchronize inside), the median of 5
 rounds taken in turns. `_rtc_result` allocates one result in the first array's framework (torch's
 allocator through the DLPack exchange API, and the torch tensor object), `_rtc_sig` views the
-arguments (the exchange API's DLTensor of each, the current stream) and builds the plan key."""
+arguments (the exchange API's DLTensor of each, the current stream) and builds the plan key. The
+steps: torch.autograd.grad of one forward (ewkern.torch's user rmsnorm and mul, torch's), and the
+user op's backward custom op called on this thread (the step runs it on autograd's device thread)."""
 import statistics
 import sys
 import time
@@ -27,7 +29,22 @@ k = ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
 e = ewkern.ElementwiseKernel("T x, T w", "T y", "y = x * w", "probe_mul")
 k(x, w, 1e-6)
 e(x, x)
+# a training step of the user kernel rmsnorm (t1_train's op: C++ node, derived backward) and of mul
+import ewkern.torch as ewt  # noqa: E402
+from ewkern.bench import t1_train  # noqa: E402
+op = t1_train.rmsnorm_op()
+xg, wg, yg = x.clone().requires_grad_(), w.clone().requires_grad_(), x.clone().requires_grad_()
+g = torch.rand_like(x)
+bw = getattr(torch.ops.ewkern_user, "bench_rmsnorm_backward").default
+F = torch.nn.functional
+ewt.autograd_path()
 PIECES = {
+    "ewt rmsnorm step": lambda: torch.autograd.grad(op(xg, wg, 1e-6), (xg, wg), g),
+    "torch rmsnorm step": lambda: torch.autograd.grad(F.rms_norm(xg, (cols,), wg, 1e-6), (xg, wg), g),
+    "ewt rmsnorm forward (grad)": lambda: op(xg, wg, 1e-6),
+    "its backward op, this thread": lambda: bw(g, x, w, 1e-6),
+    "ewt mul step": lambda: torch.autograd.grad(ewt.mul(xg, yg), (xg, yg), g),
+    "torch mul step": lambda: torch.autograd.grad(torch.mul(xg, yg), (xg, yg), g),
     "torch.empty_like": lambda: torch.empty_like(x),
     "_rtc_result (one torch result)": lambda: _C._rtc_result(x, "float32", (rows, cols)),
     "_rtc_sig (views of x, w; key)": lambda: _C._rtc_sig((x, w, 1e-6), (float,)),
