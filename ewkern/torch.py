@@ -1125,7 +1125,7 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
                     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
                         return chosen[0](*args) if chosen else apply(*args)
                     return kernel(*args)
-                _refuse_dual(self._name, tensors)
+                _refuse_transforms(self._name, tensors)
             return super().__call__(*args, **kwargs)
     op.__class__ = UserOp
     return op
@@ -1289,14 +1289,28 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
     return _reduction_eager(op, impl, tensor_at, nin, grad_call)
 
 
-def _refuse_dual(name, tensors):
-    """A user kernel's op has no forward-mode derivative: inside a forward_ad.dual_level a dual
-    tensor among its inputs is refused (torch's custom op would return the result without its
-    tangent)."""
+def _refuse_transforms(name, tensors):
+    """A user kernel's op has no forward-mode derivative and a backward that is not itself
+    differentiable: inside a forward_ad.dual_level a dual tensor among its inputs is refused
+    (torch's custom op would return the result without its tangent), and so is a tensor that a
+    torch.func grad or jvp transform tracks (torch's custom op would raise that its
+    autograd.Function lacks setup_context). vmap alone, and tensors a transform does not track,
+    run."""
     if _forward_ad._current_level >= 0 and any(isinstance(t, torch.Tensor) and
                                                _forward_ad.unpack_dual(t).tangent is not None for t in tensors):
         raise NotImplementedError(f"torch.ops.ewkern_user.{name}: forward-mode AD (dual tensors) is not supported "
                                   "for user kernels; reverse mode (backward, torch.autograd.grad) is")
+    if not _functorch_active():
+        return
+    ft = torch._C._functorch
+    for t in tensors:
+        while isinstance(t, torch.Tensor) and ft.is_functorch_wrapped_tensor(t):
+            if ft.is_gradtrackingtensor(t) and t.requires_grad:
+                raise NotImplementedError(
+                    f"torch.ops.ewkern_user.{name}: torch.func's grad, vjp, jacrev, jvp and jacfwd are not "
+                    "supported for user kernels (their derived backward is not differentiable); vmap is, and so "
+                    "is reverse mode outside torch.func (backward, torch.autograd.grad)")
+            t = ft.get_unwrapped(t)
 
 
 def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
@@ -1320,7 +1334,7 @@ def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
                         return impl(*args, axis, bool(keepdims))
                     if grad_call is not None:
                         return grad_call(args, axis, bool(keepdims))
-                _refuse_dual(self._name, tensors)
+                _refuse_transforms(self._name, tensors)
             return super().__call__(*args, axis, bool(keepdims))
     op.__class__ = ReductionOp
     return op

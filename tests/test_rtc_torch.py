@@ -3,6 +3,7 @@ fake kernel (torch.compile fullgraph, opcheck) and, where the operation is `out 
 a backward derived symbolically and run as one more kernel (ewkern/rtc/_autodiff.py); RowKernels
 and ReductionKernels (axis=, keepdims=; a sum's backward derived) the same way."""
 import re
+import warnings
 
 import pytest
 
@@ -282,6 +283,25 @@ def test_forward_mode_ad_is_refused_not_dropped():
         with pytest.raises(NotImplementedError, match="forward-mode AD"):
             red(d, axis=0)
         torch.testing.assert_close(op(x, x), x * x + x)
+
+
+def test_torch_func_grad_is_refused_by_name_and_vmap_runs():
+    """torch.func's grad and jvp over a user kernel's op raise NotImplementedError naming it
+    (torch's own error speaks of an autograd.Function's setup_context), also under vmap or
+    through one; the op on tensors the transform does not track, and vmap alone, run."""
+    op = _op("T a, T b", "o = a * b + a")
+    x, c = torch.rand(5, dtype=torch.float64), torch.rand(5, dtype=torch.float64)
+    refused = [lambda: torch.func.grad(lambda t: op(t, c).sum())(x),
+               lambda: torch.func.vmap(torch.func.grad(lambda t: op(t, c).sum()))(x[None]),
+               lambda: torch.func.grad(lambda t: torch.func.vmap(lambda u: op(u, c))(t[None]).sum())(x),
+               lambda: torch.func.jvp(lambda t: op(t, c), (x,), (c,))]
+    for call in refused:
+        with pytest.raises(NotImplementedError, match=rf"ewkern_user.{op._name}: "):
+            call()
+    torch.testing.assert_close(torch.func.grad(lambda t: (op(c, c) * t).sum())(x), c * c + c)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # torch's batching fallback: no rule for user ops
+        torch.testing.assert_close(torch.func.vmap(op)(x[None], c[None]), (x * c + x)[None])
 
 
 def test_kernel_op_bad_arguments():
