@@ -1147,6 +1147,40 @@ def _reduced_axes(axis, ndim):
     return tuple(sorted(out))
 
 
+def _user_vmap(op, ins, scalars, reduction=False):
+    """torch.func.vmap's batching rule of a user kernel's op: the kernels broadcast as CuPy's do, so
+    the batch becomes one more leading axis (a batched input's batch axis moved first, then ones
+    up to the other inputs' rank; an unbatched input broadcasts against it as it is) and one call
+    runs every sample; a ReductionKernel's axes (None: every axis of a sample) move one further
+    on. Raw inputs, indexed by the kernel rather than broadcast, take one call a sample."""
+    nin = len(ins)
+    tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
+    raw = any(ins[k].raw for k in tensor_at)
+
+    def rule(info, in_dims, *args):
+        a, rest = list(args[:nin]), tuple(args[nin:])
+        batched = [k for k in tensor_at if in_dims[k] is not None]
+        if not batched:
+            out = op(*a, *rest)
+            return out, (None,) * len(out) if isinstance(out, tuple) else None
+        if raw:
+            per = [op(*[a[k].select(in_dims[k], b) if k in batched else a[k] for k in range(nin)], *rest)
+                   for b in range(info.batch_size)]
+            if isinstance(per[0], tuple):
+                return tuple(torch.stack(x) for x in zip(*per)), (0,) * len(per[0])
+            return torch.stack(per), 0
+        rank = max(a[k].dim() - (k in batched) for k in tensor_at)
+        for k in batched:
+            t = a[k].movedim(in_dims[k], 0)
+            a[k] = t.reshape(t.shape[0], *([1] * (rank + 1 - t.dim())), *t.shape[1:])
+        if reduction:
+            axis, keepdims = (rest + (None, False)[len(rest):])[:2]
+            rest = ([ax + 1 for ax in _reduced_axes(axis, rank)], keepdims)
+        out = op(*a, *rest)
+        return out, (0,) * len(out) if isinstance(out, tuple) else 0
+    return rule
+
+
 def _reduction_op(kernel, name, scalars, args, ret, result_meta):
     """kernel_op of a ReductionKernel: torch.ops.ewkern_user.<name>(inputs..., axis=None,
     keepdims=False), its fake kernel the reduced shape, and where the reduction is a sum from 0
@@ -1191,6 +1225,7 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
     op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
                                  schema=schema)
     op.register_fake(fake)
+    op.register_vmap(_user_vmap(op, ins, scalars, reduction=True))
     try:
         reduction_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity,
                                   kernel.post_map_expr, ins, outs, scalars)
@@ -1425,6 +1460,7 @@ def kernel_op(kernel, scalars=(), name=None):
     op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
                                  schema=f"({args}) -> {ret}")
     op.register_fake(fake)
+    op.register_vmap(_user_vmap(op, ins, scalars))
     try:
         bk = (_row_backward if isinstance(kernel, RowKernel) else _elementwise_backward)(kernel, ins, outs, scalars)
     except ValueError as e:

@@ -1,4 +1,5 @@
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -84,3 +85,17 @@ def blocks_per_sm(registers: int, block: int) -> int:
     """Blocks of `block` threads an SM holds by registers alone (64K registers, allocated per warp
     in units of 256: a thread's count rounded up to 8)."""
     return 65536 // (-(-registers // 8) * 8 * block)
+
+
+@contextlib.contextmanager
+def vmap_rules_only():
+    """torch.func.vmap without torch's per-sample fallback loop: an op without a batching rule
+    raises instead of running once a sample (that fallback's warning is not a Python warning)."""
+    import torch
+    ft = torch._C._functorch
+    was = ft._is_vmap_fallback_enabled()
+    ft._set_vmap_fallback_enabled(False)
+    try:
+        yield
+    finally:
+        ft._set_vmap_fallback_enabled(was)

@@ -3,7 +3,6 @@ fake kernel (torch.compile fullgraph, opcheck) and, where the operation is `out 
 a backward derived symbolically and run as one more kernel (ewkern/rtc/_autodiff.py); RowKernels
 and ReductionKernels (axis=, keepdims=; a sum's backward derived) the same way."""
 import re
-import warnings
 
 import pytest
 
@@ -13,7 +12,7 @@ import ewkern  # noqa: E402
 import ewkern.torch as ewt  # noqa: E402
 from ewkern.rtc._autodiff import derive  # noqa: E402
 from ewkern.rtc._params import parse_params  # noqa: E402
-from conftest import HAS_CUDA, dispatch_recorder  # noqa: E402
+from conftest import HAS_CUDA, dispatch_recorder, vmap_rules_only  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -299,9 +298,47 @@ def test_torch_func_grad_is_refused_by_name_and_vmap_runs():
         with pytest.raises(NotImplementedError, match=rf"ewkern_user.{op._name}: "):
             call()
     torch.testing.assert_close(torch.func.grad(lambda t: (op(c, c) * t).sum())(x), c * c + c)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")     # torch's batching fallback: no rule for user ops
-        torch.testing.assert_close(torch.func.vmap(op)(x[None], c[None]), (x * c + x)[None])
+    torch.testing.assert_close(torch.func.vmap(op)(x[None], c[None]), (x * c + x)[None])
+
+
+def _per_sample(f, args, dims):
+    """What vmap means: f on each sample, stacked."""
+    n = next(t.shape[d] for t, d in zip(args, dims) if d is not None)
+    outs = [f(*[t.select(d, b) if d is not None else t for t, d in zip(args, dims)]) for b in range(n)]
+    return tuple(torch.stack(o) for o in zip(*outs)) if isinstance(outs[0], tuple) else torch.stack(outs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vmap_batching_rules_of_user_ops(device):
+    """Each kind of user op has a batching rule (torch's per-sample fallback disabled): the batch
+    as a leading axis against broadcast inputs (ElementwiseKernel with one and two outputs,
+    RowKernel with a repeated weight row batched or not), a ReductionKernel's axes shifted past it
+    (None, an int, a negative one, two, keepdims), raw inputs one call a sample; the results equal
+    the op on each sample."""
+    f64 = dict(dtype=torch.float64, device=device)
+    fma = _op("T x, T y", "o = x * y + x")
+    two = ewt.kernel_op(ewkern.ElementwiseKernel("T x, T y", "T z, T w", "z = x + y; w = x * y", f"uk{next(_n)}"))
+    row = ewt.kernel_op(ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                                         "y = x * rsqrt(a / _row_size + eps) * w", "0", f"uk{next(_n)}"),
+                        scalars=("eps",))
+    red = ewt.kernel_op(ewkern.ReductionKernel("T a, T b", "T o", "(a - b) * (a - b)", "a + b", "o = sqrt(a)", "0",
+                                               f"uk{next(_n)}"))
+    raw = ewt.kernel_op(ewkern.ElementwiseKernel("raw T x, T y", "T z", "z = x[i] + y", f"uk{next(_n)}"))
+    X, Y, W = torch.randn(3, 4, 8, **f64), torch.randn(4, 8, **f64), torch.rand(8, **f64) + 0.5
+    cases = [(fma, (X, Y), (0, None)), (fma, (Y, X.transpose(0, 1)), (None, 1)), (fma, (X, W), (0, None)),
+             (fma, (torch.randn(3, 8, **f64), X[0]), (0, None)), (two, (X, Y), (0, None)),
+             (lambda x, w: row(x, w, 1e-6), (X, W), (0, None)),
+             (lambda x, w: row(x, w, 1e-6), (X[0], torch.rand(3, 8, **f64)), (None, 0)),
+             (raw, (torch.randn(3, 8, **f64), torch.randn(3, 8, **f64)), (0, 0))]
+    for axis in (None, 0, -1, (0, 1)):
+        for keepdims in (False, True):
+            cases.append((lambda a, b, axis=axis, keepdims=keepdims: red(a, b, axis=axis, keepdims=keepdims),
+                          (X, Y), (0, None)))
+    with vmap_rules_only():
+        for f, args, dims in cases:
+            got, want = torch.func.vmap(f, in_dims=dims)(*args), _per_sample(f, args, dims)
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
 def test_kernel_op_bad_arguments():

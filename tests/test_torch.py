@@ -5,7 +5,6 @@ refusal of tensors that require grad. Skips without torch; the CUDA cases skip w
 import math
 import subprocess
 import sys
-import warnings
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import ewkern  # noqa: E402
 import ewkern.torch as ewt  # noqa: E402
-from conftest import HAS_CUDA, device_params  # noqa: E402
+from conftest import HAS_CUDA, device_params, vmap_rules_only  # noqa: E402
 from reference import DTYPES, EPS, random_input, rmse_reference  # noqa: E402
 from test_elementwise import OPS, SCALARS, check, op_args  # noqa: E402
 
@@ -292,12 +291,11 @@ def test_functorch_grad_jvp_vmap_match_torch(op, dtype, device):
     """torch.func.grad (reverse mode), jvp (forward mode) and vmap over every differentiable op,
     against the same transforms of torch's function. torch's custom ops cannot take grad or jvp
     (their autograd.Function has no setup_context): the faces apply ewkern.torch's own Function
-    under a transform, and vmap runs the ops' batching rule (no fallback loop, no warning)."""
+    under a transform, and vmap runs the ops' batching rule (torch's fallback loop disabled)."""
     ours, theirs, ts = _functorch_case(op, dtype, device)
     nin = len(ts)
     argnums = tuple(range(nin))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)     # the batching fallback's performance warning
+    with vmap_rules_only():             # a missing batching rule raises instead of looping
         for transform in ("grad", "jvp", "vmap"):
             if transform == "grad":
                 got, want = (torch.func.grad(lambda *t: f(*t).double().sum(), argnums=argnums)(*ts)
