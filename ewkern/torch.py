@@ -17,6 +17,11 @@ Eager calls that need a gradient skip the dispatcher: the elementwise ops and rm
 autograd nodes (ewkern/_torch_native, built for this torch on first use; ``autograd_path()`` says
 whether they are in use), or else Python torch.autograd.Functions; both launch the same kernels.
 
+torch.func works on them: grad, vjp, jacrev, jvp, jacfwd, hessian and vmap (each op has a batching
+rule), and so does forward-mode AD with torch.autograd.forward_ad's dual tensors; under these the
+functions apply an autograd.Function of this module around the custom op (torch's custom ops take
+no grad or jvp themselves), whose gradients are the composed formulas.
+
 The functions here take what ewkern's take, less variant/block/grid. Unlike ewkern's they accept
 non-contiguous tensors (a contiguous copy is made first, as torch's own kernels do) and an out=
 of any layout. out= follows torch's rule: it is not differentiable, so a call with out= that
@@ -1392,6 +1397,11 @@ def kernel_op(kernel, scalars=(), name=None):
     pass (a gradient of a broadcast input is then summed to its shape). The derivative is the
     formula's, with no guards of its own against overflow. Other operations get no autograd formula:
     a backward through them raises. Double backward is not supported.
+
+    torch.func.vmap runs the op through a batching rule (the batch as one more leading axis, which
+    the kernels broadcast; a ReductionKernel's axes move past it; raw inputs one call a sample).
+    torch.func's grad and jvp transforms over the op, and forward-mode dual tensors, raise
+    NotImplementedError (the derived backward is not differentiable, and there is no jvp).
 
     A ReductionKernel becomes ``op(*inputs, axis=None, keepdims=False)`` (the kernel's call, its
     fake kernel the reduced shape); one whose reduction is a sum from 0 with one output ``y = f(a)``
