@@ -161,8 +161,9 @@ def _rmse_result(a, b, axis):
 #     (torch.ops.ewkern.*_backward, so torch.compile sees them). Not differentiable itself.
 #   GRADS[name]: the same gradient composed of differentiable ewkern ops (the Python faces below, so
 #     each step records its own node or, under a functorch transform, its own Function), used when
-#     a graph of the backward is wanted (create_graph=True: double backward, gradgradcheck, torch.func). 16-bit inputs are
-#     widened to float32 for the steps and rounded once at the end.
+#     a graph of the backward is wanted (create_graph=True: double backward, gradgradcheck;
+#     torch.func's transforms). 16-bit inputs are widened to float32 for the steps and rounded once
+#     at the end.
 # Each takes (grad, saved tensors, scalars, needs_input_grad) and returns the inputs' gradients.
 
 def _wide(t):
