@@ -292,7 +292,7 @@ Tensor forward_kernel(Op op, const Tensor *t, const double *c)
 // An elementwise op's autograd node: a plain torch::autograd::Node, as torch's own generated nodes
 // are (AddBackward0, ...), not a torch::autograd::Function's CppNode, whose context (an IValue map
 // for the scalars, saved-variable lists, the inputs' metadata kept for materialising undefined
-// gradients, a mutex) cost a step 1-2 us more host time than torch's node on the CI host. Edges
+// gradients, a mutex) cost a step 4-5 us more host time than these on the CI host. Edges
 // to each tensor input; saved what the backward reads (an input, or the result: saved after the
 // result's history is set, as torch saves its outputs, so the saved result does not own its node).
 struct EwNode : public torch::autograd::Node {
