@@ -682,13 +682,18 @@ def _rmse_vmap(info, in_dims, a, b, axis=None):
     return _FUNCTIONAL["rmse"](a, b, [ax + 1 for ax in red]), 0
 
 
+# torch.library.register_vmap (torch 2.4+ as custom_op, but guarded): without it vmap takes torch's
+# per-sample fallback loop
+_register_vmap = getattr(torch.library, "register_vmap", lambda op, rule: None)
+
+
 def _register_functorch():
     for name, info in _INFO.items():
         if info["inputs"]:
-            torch.library.register_vmap(f"ewkern::{name}", _vmap_rule(name, info["inputs"]))
+            _register_vmap(f"ewkern::{name}", _vmap_rule(name, info["inputs"]))
             if name in GRADS:
                 _FUNCTORCH[name] = _elementwise_functorch(name, info["inputs"])
-    torch.library.register_vmap("ewkern::rmse", _rmse_vmap)
+    _register_vmap("ewkern::rmse", _rmse_vmap)
     _FUNCTORCH["rmse"] = _functorch_function("rmse", _FUNCTIONAL["rmse"], _rmse_functorch_setup,
                                              _rmse_backward, _rmse_jvp)
 
@@ -1231,7 +1236,7 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
     op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
                                  schema=schema)
     op.register_fake(fake)
-    op.register_vmap(_user_vmap(op, ins, scalars, reduction=True))
+    _register_vmap(op, _user_vmap(op, ins, scalars, reduction=True))
     try:
         reduction_backward_source(kernel.name, kernel.map_expr, kernel.reduce_expr, kernel.identity,
                                   kernel.post_map_expr, ins, outs, scalars)
@@ -1471,7 +1476,7 @@ def kernel_op(kernel, scalars=(), name=None):
     op = torch.library.custom_op(f"ewkern_user::{name}", impl, mutates_args=(), device_types=("cpu", "cuda"),
                                  schema=f"({args}) -> {ret}")
     op.register_fake(fake)
-    op.register_vmap(_user_vmap(op, ins, scalars))
+    _register_vmap(op, _user_vmap(op, ins, scalars))
     try:
         bk = (_row_backward if isinstance(kernel, RowKernel) else _elementwise_backward)(kernel, ins, outs, scalars)
     except ValueError as e:
