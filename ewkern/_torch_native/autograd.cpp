@@ -328,19 +328,18 @@ struct EwNode : public torch::autograd::Node {
     }
 };
 
-// The forward of an op whose inputs may need a gradient: the kernel, then (where one is wanted) its
+// An eager call's forward: the kernel alone where no gradient is wanted; else the kernel, then its
 // node as the result's history.
 Tensor record(Op op, const Tensor *t, const double *c)
 {
     const Spec &s = SPECS[op];
+    if (!(at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()))))
+        return forward_kernel(op, t, c);
     Tensor y;
     {
         at::AutoGradMode no_grad(false);        // a non-contiguous input's copy records nothing
         y = forward_kernel(op, t, c);
     }
-    const bool wanted = at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()));
-    if (!wanted)
-        return y;
     auto node = std::shared_ptr<EwNode>(new EwNode(op), torch::autograd::deleteNode);
     node->set_next_edges(s.nin == 1 ? torch::autograd::collect_next_edges(t[0])
                                     : torch::autograd::collect_next_edges(t[0], t[1]));
@@ -463,13 +462,13 @@ struct RmseNode : public torch::autograd::Node {
 
 Tensor rmse_record(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
 {
+    if (!(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
+        return rmse_forward(a, b, lo, hi);
     Tensor r;
     {
         at::AutoGradMode no_grad(false);
         r = rmse_forward(a, b, lo, hi);
     }
-    if (!(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
-        return r;
     auto node = std::shared_ptr<RmseNode>(new RmseNode(), torch::autograd::deleteNode);
     node->set_next_edges(torch::autograd::collect_next_edges(a, b));
     node->lo = lo;
@@ -525,12 +524,12 @@ PyObject *run(int64_t numel, Go go)
     return THPVariable_Wrap(y);
 }
 
-PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ssize_t nargs);
+PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs);
 
 // self: (op index, fallback, eager; NOPS: rmse). args: the op's tensors, then its scalars. eager
 // (make(name, fallback, True): every eager call of the Python face, not only those that need a
 // gradient) also leaves dispatch modes and functorch transforms to the fallback, as the Python
-// face's checks did, and runs the forward alone where no gradient is wanted.
+// face's checks did. Either way the forward runs alone where no gradient is wanted (record).
 PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     const Op op = (Op)PyLong_AsLong(PyTuple_GET_ITEM(self, 0));
@@ -542,7 +541,7 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                   c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)))
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
     if (op == NOPS)                     // rmse
-        return call_rmse(fallback, eager, args, nargs);
+        return call_rmse(fallback, args, nargs);
     const Spec &s = SPECS[op];
     if (nargs != s.nin + s.nscal)
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
@@ -569,14 +568,12 @@ PyObject *call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyObject_Vectorcall(fallback, args, nargs, nullptr);
         }
     }
-    if (eager && !(at::GradMode::is_enabled() && (t[0].requires_grad() || (s.nin == 2 && t[1].requires_grad()))))
-        return run(t[0].numel(), [&] { return forward_kernel(op, t, c); });
     return run(t[0].numel(), [&] { return record(op, t, c); });
 }
 
 // rmse's: args a, b, axis (None, or a list or tuple of ints: the wrapper's); the reduced axes must
 // be one run, as ewkern.rmse wants (anything else: the fallback, which raises ewkern's error).
-PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ssize_t nargs)
+PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !plain(args[0]) || !plain(args[1]))
         return PyObject_Vectorcall(fallback, args, nargs, nullptr);
@@ -625,8 +622,6 @@ PyObject *call_rmse(PyObject *fallback, bool eager, PyObject *const *args, Py_ss
         lo = nd;
         hi = nd - 1;
     }
-    if (eager && !(at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
-        return run(a.numel(), [&] { return rmse_forward(a, b, lo, hi); });
     return run(a.numel(), [&] { return rmse_record(a, b, lo, hi); });
 }
 
