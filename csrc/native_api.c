@@ -10,6 +10,7 @@
 #include "cuda_api.h"
 #include "dtype.h"
 #include "registry.h"
+#include "rtc.h"
 #include "ewkern_native.h"
 
 static const void *auto_kernel(const char *op, int dtype, int cuda)
@@ -75,7 +76,7 @@ static void describe_error(const void *kernel, int err, char *buf, size_t len)
     snprintf(buf, len, "%s (variant '%s', %s): error %d", k->op, k->variant, ew_dtype_name(k->dtype), err);
 }
 
-static const ew_native_api api = {EW_NATIVE_API_VERSION, auto_kernel, launch, launch_rmse, describe_error};
+static const ew_native_api api = {EW_NATIVE_API_VERSION, auto_kernel, launch, launch_rmse, describe_error, ew_rtc_run};
 
 int ew_add_native_api(PyObject *module)
 {

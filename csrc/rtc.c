@@ -306,10 +306,9 @@ static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o
  * (template bytes, pointer slots, scalar slots, outputs, run, ret): slots as bytes of int64
  * triples, (offset, argument, bytes added) and (offset, 0 float32 | 1 float64, argument), with
  * the new outputs numbered after the arguments; outputs ((dtype name, shape), ...) allocated like
- * the first array; run(buf, stream), or for a CPU kernel (address, threads), called here as
- * `void entry(const params *, int threads)` without the GIL; ret 0: None, 1: the first result,
- * 2: every result. An
- * optional seventh item, hidden: how many of the last outputs are the kernel's own scratch (a
+ * the first array; run: the launches as bytes (ew_rtc_run's program, run here without the GIL),
+ * or a Python run(buf, stream); ret 0: None, 1: the first result, 2: every result. An optional
+ * seventh item, hidden: how many of the last outputs are the kernel's own scratch (a
  * RowKernel's partial rows for its column sums), allocated and held through run but not returned. */
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfargs)
 {
@@ -446,29 +445,35 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
             memcpy(b + off, &f, 4);
         }
     }
-    stream_obj = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)a.stream);
-    if (stream_obj == NULL)
-        goto fail;
-    ew_device_exit(&g);
+    const ew_device like_dev = a.v[a.first].device;
     rtc_fast_release(&a);
     a.n = 0;
     miss = 0;
-    if (PyTuple_Check(run) && PyTuple_GET_SIZE(run) == 2) {
-        /* a CPU kernel's (address, threads): `void entry(const params *, int threads)` called here,
-         * without the GIL, as ctypes would (ewkern/rtc/_kernel.py's _CpuRun) */
-        void *fn = PyLong_AsVoidPtr(PyTuple_GET_ITEM(run, 0));
-        const long threads = PyLong_AsLong(PyTuple_GET_ITEM(run, 1));
-        if (fn == NULL || threads < 1 || threads > INT_MAX) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_SystemError, "_rtc_fast: a CPU plan without a kernel address");
+    if (PyBytes_Check(run)) {
+        /* the launches as data (ew_rtc_run), with the device current and without the GIL */
+        if (like_dev.type == EW_CUDA && ew_device_enter(&g, like_dev) < 0)
+            goto fail;
+        char msg[160];
+        int err;
+        const int64_t *prog = (const int64_t *)PyBytes_AS_STRING(run);
+        const int64_t nw = PyBytes_GET_SIZE(run) / (Py_ssize_t)sizeof(int64_t);
+        char *params = PyByteArray_AS_STRING(buf);
+        void *stream = a.stream;
+        Py_BEGIN_ALLOW_THREADS
+        err = ew_rtc_run(prog, nw, params, tlen, stream, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+        if (err != 0) {
+            if (err < 0)
+                PyErr_SetString(PyExc_RuntimeError, msg);
+            else
+                ew_raise_cuda(err, "a run-time kernel's launch");
             goto fail;
         }
-        void (*entry)(const void *, int) = (void (*)(const void *, int))fn;
-        const char *params = PyByteArray_AS_STRING(buf);
-        Py_BEGIN_ALLOW_THREADS
-        entry(params, (int)threads);
-        Py_END_ALLOW_THREADS
     } else {
+        stream_obj = PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)a.stream);
+        if (stream_obj == NULL)
+            goto fail;
+        ew_device_exit(&g);
         PyObject *r = PyObject_CallFunctionObjArgs(run, buf, stream_obj, NULL);
         if (r == NULL)
             goto fail;
@@ -509,6 +514,85 @@ out:
     Py_XDECREF(buf);
     Py_XDECREF(stream_obj);
     return res;
+}
+
+#if EWKERN_WITH_CUDA
+static int rtc_run_error(int err, char *msg, size_t msglen)
+{
+    snprintf(msg, msglen, "a run-time kernel's launch: CUDA error %s (%d): %s", ewcuda_error_name(err), err,
+             ewcuda_error_string(err));
+    return err;
+}
+#endif
+
+/* ew_rtc_run (rtc.h): a C plan's launches, run without Python. */
+int ew_rtc_run(const int64_t *w, int64_t nwords, char *params, int64_t plen, void *stream, char *msg, size_t msglen)
+{
+#if EWKERN_WITH_CUDA
+    const int pdl_on = ewcuda_pdl_get();
+#endif
+    int64_t i = 0;
+    while (i < nwords) {
+        const int64_t tag = w[i];
+        const int64_t len = tag == EW_PROG_LAUNCH ? EW_PROG_LAUNCH_WORDS
+                          : tag == EW_PROG_COLSUM ? EW_PROG_COLSUM_WORDS
+                          : tag == EW_PROG_CPU    ? EW_PROG_CPU_WORDS : 0;
+        if (len == 0 || i + len > nwords) {
+            snprintf(msg, msglen, "a run-time kernel's plan: a malformed launch record at word %lld", (long long)i);
+            return -1;
+        }
+        const int64_t *r = w + i;
+        i += len;
+        if (tag == EW_PROG_CPU) {
+            if (r[1] == 0 || r[2] < 1 || r[2] > INT_MAX) {
+                snprintf(msg, msglen, "a run-time kernel's plan: a CPU launch without a kernel address");
+                return -1;
+            }
+            void (*entry)(const void *, int) = (void (*)(const void *, int))(uintptr_t)r[1];
+            entry(params, (int)r[2]);
+            continue;
+        }
+#if EWKERN_WITH_CUDA
+        if (tag == EW_PROG_LAUNCH) {
+            const int64_t *set = r + (pdl_on ? 6 : 3);   /* grid, prefetch, handle */
+            const int64_t poff = r[9], wboff = r[10];
+            if (set[0] < 1 || set[0] > 0x7fffffffLL || r[2] < 1 || r[2] > 1024 || (poff >= 0 && poff + 8 > plen) ||
+                (wboff >= 0 && wboff + 8 > plen)) {
+                snprintf(msg, msglen, "a run-time kernel's plan: grid %lld, block %lld", (long long)set[0],
+                         (long long)r[2]);
+                return -1;
+            }
+            if (poff >= 0)
+                memcpy(params + poff, &set[1], 8);
+            if (wboff >= 0)
+                memcpy(params + wboff, &r[11], 8);
+            void *p = params;
+            const int err = ewcuda_launch_kernel((void *)(uintptr_t)set[2], (unsigned)set[0], (unsigned)r[2], &p,
+                                                 stream, pdl_on && ewcuda_pdl_active((int)r[1]));
+            if (err != 0)
+                return rtc_run_error(err, msg, msglen);
+            continue;
+        }
+        /* EW_PROG_COLSUM: {partials, out, partial rows, columns} */
+        int64_t cs[4];
+        if (r[7] < 0 || r[7] + 16 > plen || r[4] < 1 || r[4] > 0x7fffffffLL || r[3] < 1 || r[3] > 1024) {
+            snprintf(msg, msglen, "a run-time kernel's plan: a column sum's record out of bounds");
+            return -1;
+        }
+        memcpy(cs, params + r[7], 16);
+        cs[2] = r[5];
+        cs[3] = r[6];
+        void *p = cs;
+        const int err = ewcuda_launch_kernel((void *)(uintptr_t)r[1], (unsigned)r[4], (unsigned)r[3], &p, stream,
+                                             pdl_on && ewcuda_pdl_active((int)r[2]));
+        if (err != 0)
+            return rtc_run_error(err, msg, msglen);
+#else
+        snprintf(msg, msglen, "a run-time kernel's plan launches on CUDA in a build without it");
+        return -1;
+#endif
+    }
+    return 0;
 }
 
 #if EWKERN_WITH_CUDA

@@ -27,6 +27,23 @@ PyObject *ew_auto_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* A C plan's launches as data (ewkern/rtc/_kernel.py's _Prog): nwords int64 words, a record after
+ * another, each led by its tag:
+ *   EW_PROG_LAUNCH  device, block, (grid, prefetch, kernel handle) for PDL off, the same for PDL
+ *                   on (by ewkern's switch, pdl_enabled()), the prefetch field's offset in params
+ *                   (-1: none), the store field's (-1: none) and its value: one launch with params
+ *                   as its argument struct;
+ *   EW_PROG_COLSUM  kernel handle, device, block, grid, partial rows, columns, offset: a column sum
+ *                   (a RowKernel's), whose (partials, output) addresses sit at offset in params;
+ *   EW_PROG_CPU     function address, threads: `void entry(const params *, int threads)`.
+ * The caller holds the device current (CUDA) and need not hold the GIL. 0; a CUDA error (the first
+ * launch's that failed, msg says which); or -1 with msg set for a program that does not fit params
+ * or this build. */
+enum { EW_PROG_LAUNCH = 1, EW_PROG_COLSUM = 2, EW_PROG_CPU = 3 };
+enum { EW_PROG_LAUNCH_WORDS = 12, EW_PROG_COLSUM_WORDS = 8, EW_PROG_CPU_WORDS = 3 };
+int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, void *stream, char *msg,
+               size_t msglen);
+
 #define EW_RTC_METHODS \
     {"_rtc_views", (PyCFunction)ew_rtc_views, METH_VARARGS, \
      "_rtc_views(objs, names, /)\n--\n\nFor run-time kernels: ((ptr, dtype, device, shape), ...), stream, for " \

@@ -975,7 +975,7 @@ def _row_backward(kernel, ins, outs, scalars):
     diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
     variants: dict = {}
 
-    def bk(g, *a, need=None):
+    def variant(g, a, need):
         rows = frozenset(p.name for k, p in diff if (need is None or p.name in need) and _row_shaped(g, a[k])) \
             if g.device.type in _COLSUM_DEVICES else frozenset()
         k = variants.get((rows, need))
@@ -988,8 +988,13 @@ def _row_backward(kernel, ins, outs, scalars):
                                                  f"{kernel.name}_backward", reduce_type=kernel.reduce_type,
                                                  preamble=kernel.preamble, options=kernel.options, _stage2=stage2,
                                                  _colsum=tuple(GRAD_PREFIX + n for n in sorted(rows)), _consts=consts)
+        return k, rows
+
+    def bk(g, *a, need=None):
+        k, rows = variant(g, a, need)
         r = k(g, *a)
         return _needed(diff, need, r, lambda j, p, gt: gt.reshape(a[j].shape) if p.name in rows else gt)
+    bk.kernel = lambda g, a, need: variant(g, a, need)[0]
     return bk
 
 
@@ -1013,14 +1018,18 @@ def _elementwise_backward(kernel, ins, outs, scalars):
     diff = [(k, p) for k, p in enumerate(ins) if p.name not in scalars]
     variants: dict = {}
 
-    def bk(g, *a, need=None):
+    def variant(g, a, need):
         k = variants.get(need)
         if k is None:
             bw_in, bw_out, bw_body = full if need is None else backward_source(kernel.name, kernel.operation, ins,
                                                                                outs, scalars, need)
             k = variants[need] = ElementwiseKernel(bw_in, bw_out, bw_body, f"{kernel.name}_backward",
                                                    preamble=kernel.preamble)
-        return _needed(diff, need, k(g, *a))
+        return k
+
+    def bk(g, *a, need=None):
+        return _needed(diff, need, variant(g, a, need)(g, *a))
+    bk.kernel = variant
     return bk
 
 
@@ -1085,6 +1094,28 @@ def _node_grads(name, gradients):
     return node_grads
 
 
+def _node_plan(ins, scalars, bk):
+    """The C++ node's plan(grad, wanted, *args) (make_user's plan), asked right after its backward
+    ran for a signature: the C plan by which bk's kernel ran for these arguments
+    (rtc._kernel.native_plan: the argument struct, its slots, the results, the launches as data)
+    with, for each gradient it writes, the tensor input it belongs to; None where there is none
+    (the node keeps the Python path for that signature). The node then repeats the kernel without
+    Python: on autograd's device thread a Python backward costs 19-31 us of host time a call
+    where the calling thread's costs 7-9 (scripts/device_thread_probe.py, H200)."""
+    from .rtc._kernel import native_plan
+    tnames = [p.name for p in ins if p.name not in scalars]
+
+    def plan(g, wanted, *a):
+        need = None if all(wanted) else frozenset(n for n, w in zip(tnames, wanted) if w)
+        p = native_plan(bk.kernel(g, a, need), (g, *a))
+        if p is None:
+            return None
+        template, pslots, sslots, outs, prog, _, *hidden = p
+        return template, pslots, sslots, outs, prog, hidden[0] if hidden else 0, tuple(
+            j for j, w in enumerate(wanted) if w)
+    return plan
+
+
 def _user_function(name, kernel, bk, ins, scalars, why):
     """The user op as a torch.autograd.Function that calls the kernels directly: what eager code
     runs (the custom op's dispatch costs about 13 us of host time per call on the CI host, twice
@@ -1112,9 +1143,9 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
     torch.compile and dispatch modes (as ewkern's own ops do, see _eager), or kernel(*args)
     itself when no tensor needs a gradient (grad mode off, or none requires it: no autograd
     node, about 7 us less host time a call on the CI host); the custom op itself everywhere
-    else. node: (name, grads(g, wanted, *args)) where the op has a backward: such calls then
-    record a C++ node (the native module's make_user: no Python Function around the kernels)
-    where the module is available, function.apply where not. The object stays a CustomOpDef
+    else. node: (name, grads(g, wanted, *args), plan) where the op has a backward (plan:
+    _node_plan's): such calls then record a C++ node (the native module's make_user: no Python
+    Function around the kernels) where the module is available, function.apply where not. The object stays a CustomOpDef
     (opcheck, register_fake, torch.ops take it): its class becomes a subclass whose __call__
     decides."""
     tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
@@ -1124,7 +1155,7 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
     def apply(*args):
         if not chosen:
             _install_native()
-            chosen.append(_native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply)
+            chosen.append(_native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply, node[2])
                           if node is not None and _native else py_apply)
         return chosen[0](*args)
 
@@ -1509,4 +1540,4 @@ def kernel_op(kernel, scalars=(), name=None):
     op.register_autograd(backward, setup_context=setup)
     node_grads = _node_grads(name, _user_autograd(ins, scalars, bimpl, masked=True)[2])
     return _with_eager_path(op, _user_function(name, impl, bimpl, ins, scalars, ""), impl, scalars, ins,
-                            (name, node_grads))
+                            (name, node_grads, _node_plan(ins, scalars, bk)))

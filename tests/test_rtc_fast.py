@@ -156,20 +156,26 @@ def test_errors_of_the_run_propagate():
         _C._rtc_fast(k._cplans, (x,), 1, None)
 
 
+def _prog(plan):
+    """A C plan's launches as int64 words (csrc/rtc.h, ew_rtc_run)."""
+    return struct.unpack(f"<{len(plan[4]) // 8}q", plan[4])
+
+
 def test_cpu_plans_call_the_kernel_address_from_c(full_calls):
-    """A CPU kernel's C plan holds (the compiled function's address, threads), which _rtc_fast calls
-    itself without the GIL (no ctypes call): one thread below CPU_PAR_MIN_ELEMENTWISE elements,
-    every core from it; the same results as the full path on both sides of that size, every warm
-    call in C, and a plan whose address is not an int fails with an error, not a crash."""
+    """A CPU kernel's C plan holds its launch as data (EW_PROG_CPU: the compiled function's
+    address, threads), which _rtc_fast calls itself without the GIL (no ctypes call): one thread
+    below CPU_PAR_MIN_ELEMENTWISE elements, every core from it; the same results as the full path
+    on both sides of that size, every warm call in C, and a program without an address, with an
+    unknown record or cut short fails with an error naming it, not a crash."""
     k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x * y + 1", "cfast_direct")
     rng = np.random.default_rng(5)
     floor = _kernel.CPU_PAR_MIN_ELEMENTWISE
     for n in (7, floor - 1, floor, floor + 9):
         x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
         want = k(x, y)
-        run = [p[4] for p in k._cplans.values() if len(p) > 4 and isinstance(p[4], tuple)]
-        assert run and all(isinstance(r[0], int) and r[0] for r in run)
-        threads = {r[1] for r in run}
+        run = [_prog(p) for p in k._cplans.values()]
+        assert run and all(len(r) == 3 and r[0] == _kernel._PROG_CPU and r[1] for r in run)
+        threads = {r[2] for r in run}
         assert threads <= {1, _kernel._threads(n, floor)}
         calls = full_calls[0]
         for _ in range(3):
@@ -179,11 +185,16 @@ def test_cpu_plans_call_the_kernel_address_from_c(full_calls):
         np.testing.assert_array_equal(want, (x * y + np.float32(1)).astype(np.float32))
     assert _kernel._threads(floor - 1, floor) == 1
     (key, plan), *_ = k._cplans.items()
-    k._cplans.clear()
-    k._cplans[key] = plan[:4] + (("not an address", 1),) + plan[5:]
     k._plans.clear()
-    with pytest.raises(TypeError):
-        _C._rtc_fast(k._cplans, (np.zeros(7, np.float32), np.zeros(7, np.float32)), 2, None, SC)
+    args = (np.zeros(7, np.float32), np.zeros(7, np.float32))
+    for words, match in (((_kernel._PROG_CPU, 0, 1), "without a kernel address"),
+                         ((9, 1, 2), "malformed launch record at word 0"),
+                         ((_kernel._PROG_CPU, plan_addr := _prog(plan)[1]), "malformed launch record at word 0"),
+                         ((_kernel._PROG_CPU, plan_addr, 1, 7), "malformed launch record at word 3")):
+        k._cplans.clear()
+        k._cplans[key] = plan[:4] + (struct.pack(f"<{len(words)}q", *words),) + plan[5:]
+        with pytest.raises(RuntimeError, match=match):
+            _C._rtc_fast(k._cplans, args, 2, None, SC)
 
 
 def test_hidden_outputs_are_allocated_and_not_returned():

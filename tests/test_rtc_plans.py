@@ -60,6 +60,29 @@ class FakeC:
     def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
         self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl)))
 
+    def run_prog(self, prog: bytes, buf: bytearray, stream: int, pdl: bool) -> None:
+        """A C plan's launches (csrc/rtc.h's program words) made the way csrc/rtc.c's ew_rtc_run
+        makes them, into _rtc_launch."""
+        w = struct.unpack(f"<{len(prog) // 8}q", prog)
+        i = 0
+        while i < len(w):
+            if w[i] == _kernel._PROG_LAUNCH:
+                dev, block, *r = w[i + 1:i + 12]
+                grid, prefetch, h = r[3:6] if pdl else r[0:3]
+                poff, wboff, wb = r[6:9]
+                if poff >= 0:
+                    struct.pack_into("<q", buf, poff, prefetch)
+                if wboff >= 0:
+                    struct.pack_into("<q", buf, wboff, wb)
+                self._rtc_launch(h, grid, block, buf, dev, stream, pdl)
+                i += 12
+            else:
+                assert w[i] == _kernel._PROG_COLSUM
+                h, dev, block, grid, nparts, cols, off = w[i + 1:i + 8]
+                part, out = struct.unpack_from("<QQ", buf, off)
+                self._rtc_launch(h, grid, block, struct.pack("<QQqq", part, out, nparts, cols), dev, stream, pdl)
+                i += 8
+
     # the C fast path misses every call here: the Python plan path (_fast_call) is what is tested
     def _rtc_sig(self, args, scalars):
         return None
@@ -455,7 +478,8 @@ def test_column_sum_c_plan_carries_the_partial_rows_as_hidden_outputs(fake, monk
     """On CUDA a column-sum RowKernel records a plan for the C path too: its partial rows are
     hidden outputs after the results, their address goes into the kernel's slot and, with the
     output's, after the argument struct, where the plan's run reads them for the column sum's
-    launch. Run here the way csrc/rtc.c runs it (the stand-in's C path only records)."""
+    launch. Its launches are data, run here the way csrc/rtc.c runs them (the stand-in's C path
+    only records)."""
     monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
     k = ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
                          "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
@@ -474,7 +498,8 @@ def test_column_sum_c_plan_carries_the_partial_rows_as_hidden_outputs(fake, monk
         struct.pack_into("<Q", buf, off, addr[a] + add)
     for off, kind, a in struct.iter_unpack("<3q", sslots):
         struct.pack_into("<f" if kind == 0 else "<d", buf, off, args[a])
-    run(buf, 5)
+    assert isinstance(run, bytes)   # the launches as data: csrc/rtc.c runs them without Python
+    fake.run_prog(run, buf, 5, bool(ewkern.pdl_enabled()))
     rows_launch, sum_launch = fake.launches[-2:]
     assert rows_launch[:3] == full_rows[:3] and rows_launch[5] == 5 and len(rows_launch[3]) == len(tmpl)
     assert sum_launch[:3] == full_sum[:3] and sum_launch[5] == 5
@@ -483,3 +508,52 @@ def test_column_sum_c_plan_carries_the_partial_rows_as_hidden_outputs(fake, monk
     part_slot = struct.unpack("<QQqq", full_sum[3])[0]
     offs = [o for o in range(0, len(full_rows[3]), 8) if struct.unpack_from("<Q", full_rows[3], o)[0] == part_slot]
     assert [struct.unpack_from("<Q", rows_launch[3], o)[0] for o in offs] == [1 << 44]
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_c_plan_programs_are_the_full_paths_launches(fake, monkeypatch, pdl):
+    """A C plan's launches are data (csrc/rtc.h's program words, which csrc/rtc.c runs without
+    Python, and ewkern.torch's C++ node of a user op's backward too): for a vector
+    ElementwiseKernel (odd size, misaligned start), a ReductionKernel's block-per-output kernel
+    (over columns) and its rows engine, a RowKernel and one with a column sum, the program made into
+    launches with the call's own addresses is the full path's launches, byte for byte, with PDL
+    off and on (each record holds both settings' grid, prefetch and kernel)."""
+    monkeypatch.setattr(ewkern, "pdl_enabled", lambda: pdl)
+    monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
+    b = 1 << 36
+    f32 = lambda off, shape: FakeArray(b + off, "float32", shape)   # noqa: E731
+    cases = [
+        (ewkern.ElementwiseKernel("T x, T y, float32 s", "T z", "z = x * s + y", f"prog_fma{pdl}"),
+         (f32(4, (100003,)), f32((1 << 30) + 4, (100003,)), 2.5), {}, 1),
+        (ewkern.ReductionKernel("T x", "float32 y", "x * x", "a + b", "y = a", "0", f"prog_cols{pdl}"),
+         (f32(0, (64, 4096)),), {"axis": 0}, 1),
+        (ewkern.ReductionKernel("T x", "float32 y", "x * x", "a + b", "y = a", "0", f"prog_msq{pdl}"),
+         (FakeArray(b, "bfloat16", (64, 4096)),), {"axis": 1}, 1),
+        (ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b", "y = x * rsqrt(a / _row_size + eps) * w",
+                          "0", f"prog_rms{pdl}"), kern_args_rms(b), {}, 1),
+        (ewkern.RowKernel("T x, T w, float32 eps", "T y, T gw", "x * x", "a + b",
+                          "y = x * rsqrt(a / _row_size + eps) * w; gw = x * rsqrt(a / _row_size + eps)", "0",
+                          f"prog_cs{pdl}", _colsum=("gw",)), kern_args_rms(b), {}, 2),
+    ]
+    for kern, args, kw, nl in cases:
+        res = kern(*args, **kw)
+        full = fake.launches[-nl:]
+        assert all(launch[6] == pdl for launch in full)
+        (tmpl, pslots, sslots, outs, run, ret, *hidden), = kern._cplans.values()
+        assert isinstance(run, bytes), kern.name
+        addr = [a.ptr if isinstance(a, FakeArray) else 0 for a in args]
+        addr += [r.ptr for r in (res if isinstance(res, tuple) else (res,))]
+        if hidden:   # the column sum's partial rows, which the full path allocated itself
+            addr.append(struct.unpack("<QQqq", full[-1][3])[0])
+        buf = bytearray(tmpl)
+        for off, a, add in struct.iter_unpack("<3q", pslots):
+            struct.pack_into("<Q", buf, off, addr[a] + add)
+        for off, kind, a in struct.iter_unpack("<3q", sslots):
+            struct.pack_into("<f" if kind == 0 else "<d", buf, off, args[a])
+        fake.run_prog(run, buf, 77, pdl)
+        again = fake.launches[-nl:]
+        assert [launch[:3] + launch[4:] for launch in again] == [launch[:3] + launch[4:] for launch in full], kern.name
+        # the kernel's own argument struct byte for byte (a column sum's plan carries the two
+        # addresses after it, where the launch does not read)
+        assert again[0][3][:len(full[0][3])] == full[0][3] and all(
+            x[3] == y[3] for x, y in zip(again[1:], full[1:])), kern.name

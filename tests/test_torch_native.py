@@ -488,3 +488,108 @@ def test_cuda_backward_runs_on_the_forwards_stream_and_device():
         got = torch.autograd.grad(ewt.gelu(x), x, g)[0]
     torch.cuda.current_stream().wait_stream(s)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def user_fma():
+    """An ElementwiseKernel with a broadcast input and a float scalar made a custom op."""
+    import ewkern
+    k = ewkern.ElementwiseKernel("T x, T y, float32 c", "T z", "z = x * exp(y) + c * x * x",
+                                 f"native_fma{next(_user_names)}")
+    return ewt.kernel_op(k, scalars=("c",))
+
+
+def _plan_runs(fn):
+    """(fn()'s value, how many user backwards ran from their plan meanwhile)."""
+    before = ewt._native.user_plan_runs()
+    r = fn()
+    return r, ewt._native.user_plan_runs() - before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=str)
+@pytest.mark.parametrize("kind", ["elementwise", "rows"])
+def test_user_backward_repeats_its_kernel_without_python(kind, need, dtype, device):
+    """The first backward of a signature runs the derived backward in Python, then asks for the C
+    plan its kernel ran by; every later one (a new graph, a retained one, other values) runs the
+    plan from C++ (no Python: the count of plan runs says which path ran) with the Python path's
+    gradients bit for bit: a broadcast input's gradient summed to its shape, a weight's column sum,
+    one gradient wanted or both (on CUDA the rows' backward sums the weight's gradient in its
+    kernel and a column-sum launch, on the CPU as a broadcast input's)."""
+    native()
+    op = user_fma() if kind == "elementwise" else user_rmsnorm()
+    scalar = 0.75 if kind == "elementwise" else 1e-5
+    gen = torch.Generator().manual_seed(11)
+
+    def inputs():
+        x = (torch.rand(7, 40, generator=gen, dtype=torch.float64) + 0.5).to(device, dtype).requires_grad_(need[0])
+        w = (torch.rand(40, generator=gen, dtype=torch.float64) - 0.25).to(device, dtype).requires_grad_(need[1])
+        return x, w
+
+    def grads(x, w, g):
+        y = op(x, w, scalar)
+        return y, torch.autograd.grad(y, [t for t in (x, w) if t.requires_grad], g)
+
+    x, w = inputs()
+    g = torch.rand(7, 40, generator=gen, dtype=torch.float64).to(device, dtype)
+    (y0, want), runs = _plan_runs(lambda: grads(x, w, g))
+    assert runs == 0                                   # the first: Python, which learns the plan
+    (y1, got), runs = _plan_runs(lambda: grads(x, w, g))
+    assert runs == 1
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    for a, b, t in zip(got, want, [t for t in (x, w) if t.requires_grad]):
+        assert a.shape == t.shape and a.dtype == t.dtype and a.device == t.device and a.is_contiguous()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # other values of the same signature (the scalar too), against the custom op's own autograd
+    # (the Python kernels)
+    x2, w2 = inputs()
+    scalar = scalar * 3
+    y = op(x2, w2, scalar)
+    ins = [t for t in (x2, w2) if t.requires_grad]
+    (first,), runs = _plan_runs(lambda: [torch.autograd.grad(y, ins, g, retain_graph=True)])
+    (second,), runs2 = _plan_runs(lambda: [torch.autograd.grad(y, ins, g)])
+    assert runs == runs2 == 1
+    via = getattr(torch.ops.ewkern_user, op._name)(x2, w2, scalar)
+    for a, b, c in zip(first, second, torch.autograd.grad(via, ins, g)):
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+        torch.testing.assert_close(b, c, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_user_backward_plans_follow_the_signature(device):
+    """A plan is the signature's: other shapes, dtypes, a start misaligned by an element (another
+    vector head) or another wanted set each learn their own on their first backward; a saved input
+    that is not contiguous always takes the Python path (its kernel reads a copy); create_graph
+    still raises the Python path's error after the plan is known; and every gradient is the custom
+    op's."""
+    native()
+    op = user_fma()
+    gen = torch.Generator().manual_seed(5)
+    base = (torch.rand(9, 65, generator=gen, dtype=torch.float64) + 0.5).to(device)
+    wb = (torch.rand(65, generator=gen, dtype=torch.float64) - 0.25).to(device)
+
+    def check(x, w, expect_runs):
+        x = x.detach().requires_grad_()
+        w = w.detach().requires_grad_()
+        y = op(x, w, 0.5)
+        g = torch.rand(y.shape, generator=gen, dtype=torch.float64).to(y)
+        got, runs = _plan_runs(lambda: torch.autograd.grad(y, (x, w), g))
+        assert runs == expect_runs, (x.shape, x.dtype, x.data_ptr() % 16)
+        via = getattr(torch.ops.ewkern_user, op._name)(x, w, 0.5)
+        for a, b in zip(got, torch.autograd.grad(via, (x, w), g)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+    flat, w585 = (torch.rand(n, generator=gen, dtype=torch.float64).to(device) + 0.5 for n in (600, 585))
+    for x, w in ((base, wb), (base.float(), wb.float()), (base[:, 1:].contiguous(), wb[1:]), (flat[2:587], w585),
+                 (flat[1:586], w585)):   # the last: the same shape a float64 off (another vector head)
+        check(x, w, 0)
+        check(x, w, 1)
+    check(base.t(), wb[:9], 0)                                       # not contiguous: Python each time
+    check(base.t(), wb[:9], 0)
+    x = base.detach().requires_grad_()
+    w = wb.detach().requires_grad_()
+    y = op(x, w, 0.5)
+    _, runs = _plan_runs(lambda: torch.autograd.grad(y, x, torch.ones_like(y)))   # another wanted set
+    assert runs == 0
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(op(x, w, 0.5).sum(), x, create_graph=True)

@@ -26,6 +26,7 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/DeviceGuard.h>
@@ -38,7 +39,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -627,14 +630,33 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
 
 // ---- user kernels (ewkern.torch.kernel_op) ---------------------------------------------------------
 
+// A user op's derived backward as the native module repeats it without Python: the C plan its
+// kernel recorded (ewkern/rtc/_kernel.py's native_plan, through kernel_op's plan function), kept as
+// data. The kernel's arguments are (grad, the op's arguments); pslots (offset, argument, bytes
+// added) and sslots (offset, 0 float32 | 1 float64, argument) write them into a copy of tmpl, the
+// results in outs numbered after them; the last `hidden` results are scratch (a column sum's partial
+// rows); prog is the launches (ew_rtc_run); result j is the gradient of tensor input grad_of[j].
+struct UserPlan {
+    std::string tmpl;
+    std::vector<int64_t> pslots, sslots, prog;
+    std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> outs;
+    size_t hidden = 0;
+    std::vector<int> grad_of;
+};
+
 // One user op: kernel(*args) -> a Tensor (the op's forward, any layout); grads(grad, need, *args) ->
 // a tuple with the gradient of each tensor argument (None where need, a tuple of bools, says it is
-// not wanted). Tensors sit at tpos among nargs arguments; the others are float scalars.
+// not wanted); plan(grad, need, *args) -> the C plan grads' kernel just ran by, or None (plan itself
+// None: the backward is never run natively). Tensors sit at tpos among nargs arguments; the others
+// are float scalars. plans: the backward's plan per signature (plan_key), null where the Python
+// path runs it.
 struct UserOp {
-    PyObject *kernel = nullptr, *grads = nullptr, *fallback = nullptr;
-    std::vector<int> tpos;
+    PyObject *kernel = nullptr, *grads = nullptr, *fallback = nullptr, *plan = nullptr;
+    std::vector<int> tpos, scalar_at;   // scalar_at: per argument, its index among the scalars or -1
     int nargs = 0;
     std::string name;
+    std::mutex mu;
+    std::map<std::vector<int64_t>, std::shared_ptr<const UserPlan>> plans;
     ~UserOp()
     {
         if (!Py_IsInitialized())
@@ -643,9 +665,104 @@ struct UserOp {
         Py_XDECREF(kernel);
         Py_XDECREF(grads);
         Py_XDECREF(fallback);
+        Py_XDECREF(plan);
         PyGILState_Release(gil);
     }
 };
+
+std::atomic<long long> USER_PLAN_RUNS{0};   // user backwards run from their plan (the tests count them)
+const size_t USER_PLANS_MAX = 64;           // plans an op keeps (a new one past this clears them)
+
+// The key of a backward's plan: the wanted gradients, then per tensor (the gradient, then the saved
+// inputs) its dtype, sizes, device and address modulo 16, what the kernel's C plan is keyed by.
+// Empty where a tensor is not contiguous (the Python path would copy it first).
+std::vector<int64_t> plan_key(const Tensor &g, const std::vector<Tensor> &ins, int64_t need)
+{
+    std::vector<int64_t> key{need};
+    for (size_t t = 0; t <= ins.size(); t++) {
+        const Tensor &x = t ? ins[t - 1] : g;
+        if (!x.is_contiguous())
+            return {};
+        key.push_back((int64_t)x.scalar_type());
+        key.push_back(x.dim());
+        for (int64_t d : x.sizes())
+            key.push_back(d);
+        key.push_back((int64_t)x.device().type());
+        key.push_back(x.device().index());
+        key.push_back((int64_t)((uintptr_t)x.data_ptr() & 15));
+    }
+    return key;
+}
+
+// Read plan(...)'s answer, (template, pointer slots, scalar slots, outputs, program, hidden, grad_of),
+// into a UserPlan whose slots are checked against the template and the numbering: null (and no
+// Python error) where it is None or does not fit.
+std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op)
+{
+    if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 7)
+        return nullptr;
+    auto p = std::make_shared<UserPlan>();
+    auto words = [](PyObject *b, std::vector<int64_t> &v) {
+        if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) % 8)
+            return false;
+        v.resize(PyBytes_GET_SIZE(b) / 8);
+        std::memcpy(v.data(), PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+        return true;
+    };
+    PyObject *tmpl = PyTuple_GET_ITEM(r, 0), *outs = PyTuple_GET_ITEM(r, 3), *grad_of = PyTuple_GET_ITEM(r, 6);
+    if (!PyBytes_Check(tmpl) || !words(PyTuple_GET_ITEM(r, 1), p->pslots) || !words(PyTuple_GET_ITEM(r, 2), p->sslots) ||
+        !words(PyTuple_GET_ITEM(r, 4), p->prog) || !PyTuple_Check(outs) || !PyTuple_Check(grad_of))
+        return nullptr;
+    p->tmpl.assign(PyBytes_AS_STRING(tmpl), PyBytes_GET_SIZE(tmpl));
+    const long hidden = PyLong_AsLong(PyTuple_GET_ITEM(r, 5));
+    if (hidden < 0 || hidden > PyTuple_GET_SIZE(outs) ||
+        PyTuple_GET_SIZE(grad_of) != PyTuple_GET_SIZE(outs) - hidden) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    p->hidden = (size_t)hidden;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
+        PyObject *o = PyTuple_GET_ITEM(outs, j);
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(o, 0)) ||
+            !PyTuple_Check(PyTuple_GET_ITEM(o, 1)))
+            return nullptr;
+        const std::string dt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(o, 0));
+        const at::ScalarType st = dt == "float32" ? at::kFloat : dt == "float16" ? at::kHalf
+                                : dt == "bfloat16" ? at::kBFloat16 : dt == "float64" ? at::kDouble : at::kByte;
+        if (st == at::kByte)
+            return nullptr;
+        std::vector<int64_t> shape;
+        PyObject *shp = PyTuple_GET_ITEM(o, 1);
+        for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shp); d++) {
+            shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d)));
+            if (shape.back() < 0) {
+                PyErr_Clear();
+                return nullptr;
+            }
+        }
+        p->outs.emplace_back(st, std::move(shape));
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(grad_of); j++) {
+        const long t = PyLong_AsLong(PyTuple_GET_ITEM(grad_of, j));
+        if (t < 0 || (size_t)t >= op.tpos.size()) {
+            PyErr_Clear();
+            return nullptr;
+        }
+        p->grad_of.push_back((int)t);
+    }
+    const int64_t len = (int64_t)p->tmpl.size(), nnum = 1 + op.nargs + (int64_t)p->outs.size();
+    if (p->pslots.size() % 3 || p->sslots.size() % 3)
+        return nullptr;
+    for (size_t j = 0; j < p->pslots.size(); j += 3)
+        if (p->pslots[j] < 0 || p->pslots[j] + 8 > len || p->pslots[j + 1] < 0 || p->pslots[j + 1] >= nnum)
+            return nullptr;
+    for (size_t j = 0; j < p->sslots.size(); j += 3) {
+        const int64_t k = p->sslots[j + 2];
+        if (p->sslots[j] < 0 || p->sslots[j] + 8 > len || k < 1 || k > op.nargs || op.scalar_at[k - 1] < 0)
+            return nullptr;
+    }
+    return p;
+}
 
 struct UserNode : public torch::autograd::Node {
     std::shared_ptr<UserOp> op;
@@ -670,7 +787,32 @@ struct UserNode : public torch::autograd::Node {
         ins.reserve(nt);
         for (auto &s : saved)
             ins.push_back(s.unpack(shared_from_this()));   // raises where freed or modified in place
+        // the plan of this signature, where the kernel recorded one: no Python (a double backward,
+        // create_graph, takes the Python path, which refuses it)
+        std::vector<int64_t> key;
+        if (op->plan != Py_None && nt < 62 && !at::GradMode::is_enabled()) {
+            int64_t need = 0;
+            for (size_t k = 0; k < nt; k++)
+                need |= (int64_t)task_should_compute_output(k) << k;
+            key = plan_key(grads[0], ins, need);
+            if (!key.empty()) {
+                std::shared_ptr<const UserPlan> p;
+                bool known;
+                {
+                    std::lock_guard<std::mutex> lock(op->mu);
+                    auto it = op->plans.find(key);
+                    known = it != op->plans.end();
+                    if (known)
+                        p = it->second;
+                }
+                if (p)
+                    return run_plan(*p, grads[0], ins);
+                if (known)
+                    key.clear();
+            }
+        }
         std::string err;
+        std::shared_ptr<const UserPlan> learned;
         PyGILState_STATE gil = PyGILState_Ensure();
         PyObject *args = PyTuple_New(2 + op->nargs), *r = nullptr;
         if (args) {
@@ -700,10 +842,72 @@ struct UserNode : public torch::autograd::Node {
         } else {
             err = "the backward did not return a tuple of " + std::to_string(nt) + " gradients";
         }
+        if (err.empty() && !key.empty()) {   // what the kernel just ran by, for the next call
+            PyObject *pr = PyObject_CallObject(op->plan, args);
+            if (pr == nullptr)
+                err = fetch_error(true);
+            else
+                learned = read_plan(pr, *op);
+            Py_XDECREF(pr);
+        }
         Py_XDECREF(r);
         Py_XDECREF(args);
         PyGILState_Release(gil);
         TORCH_CHECK(err.empty(), "ewkern.torch (", op->name, "'s backward): ", err);
+        if (!key.empty()) {
+            std::lock_guard<std::mutex> lock(op->mu);
+            if (op->plans.size() >= USER_PLANS_MAX)
+                op->plans.clear();
+            op->plans[std::move(key)] = std::move(learned);
+        }
+        return res;
+    }
+
+    // The backward by its plan: the gradients (and scratch) allocated on the gradient's device,
+    // the argument struct written, the launches on torch's current stream; each gradient shaped
+    // as its input (a broadcast input's summed to its shape, as the Python path does).
+    variable_list run_plan(const UserPlan &p, const Tensor &g, const std::vector<Tensor> &ins)
+    {
+        const size_t n = 1 + (size_t)op->nargs;
+        std::vector<uint64_t> ptrs(n + p.outs.size(), 0);
+        ptrs[0] = (uint64_t)(uintptr_t)g.data_ptr();
+        for (size_t t = 0; t < ins.size(); t++)
+            ptrs[1 + op->tpos[t]] = (uint64_t)(uintptr_t)ins[t].data_ptr();
+        c10::OptionalDeviceGuard guard;
+        void *stream = nullptr;
+        if (g.is_cuda()) {
+            guard.reset_device(g.device());
+            stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(g.device()).native_handle();
+        }
+        std::vector<Tensor> news;
+        news.reserve(p.outs.size());
+        for (size_t j = 0; j < p.outs.size(); j++) {
+            news.push_back(at::empty(p.outs[j].second, g.options().dtype(p.outs[j].first)));
+            ptrs[n + j] = (uint64_t)(uintptr_t)news.back().data_ptr();
+        }
+        std::string buf = p.tmpl;
+        for (size_t j = 0; j < p.pslots.size(); j += 3) {
+            const uint64_t v = ptrs[p.pslots[j + 1]] + (uint64_t)p.pslots[j + 2];
+            std::memcpy(&buf[p.pslots[j]], &v, 8);
+        }
+        for (size_t j = 0; j < p.sslots.size(); j += 3) {
+            const double v = scalars[op->scalar_at[p.sslots[j + 2] - 1]];
+            const float f = (float)v;
+            std::memcpy(&buf[p.sslots[j]], p.sslots[j + 1] ? (const void *)&v : (const void *)&f, p.sslots[j + 1] ? 8 : 4);
+        }
+        char msg[256] = "";
+        const int err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg,
+                                     sizeof msg);
+        TORCH_CHECK(err == 0, "ewkern.torch (", op->name, "'s backward): ", msg);
+        USER_PLAN_RUNS.fetch_add(1, std::memory_order_relaxed);
+        variable_list res(op->tpos.size());
+        for (size_t j = 0; j < p.grad_of.size(); j++) {
+            const Tensor &x = ins[p.grad_of[j]];
+            Tensor gt = news[j];
+            if (gt.sizes() != x.sizes())
+                gt = gt.numel() == x.numel() ? gt.view(x.sizes()) : at::sum_to(gt, x.sizes());
+            res[p.grad_of[j]] = std::move(gt);
+        }
         return res;
     }
 };
@@ -769,13 +973,13 @@ void drop_user_op(PyObject *cap)
     delete (std::shared_ptr<UserOp> *)PyCapsule_GetPointer(cap, "ewkern.user_op");
 }
 
-// make_user(name, kernel, grads, tensor positions, nargs, fallback) -> the op's function
+// make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None) -> the op's function
 PyObject *make_user(PyObject *, PyObject *args)
 {
     const char *name;
-    PyObject *kernel, *grads, *tpos, *fallback;
+    PyObject *kernel, *grads, *tpos, *fallback, *plan = Py_None;
     int nargs;
-    if (!PyArg_ParseTuple(args, "sOOO!iO", &name, &kernel, &grads, &PyTuple_Type, &tpos, &nargs, &fallback))
+    if (!PyArg_ParseTuple(args, "sOOO!iO|O", &name, &kernel, &grads, &PyTuple_Type, &tpos, &nargs, &fallback, &plan))
         return nullptr;
     auto op = std::make_shared<UserOp>();
     op->name = name;
@@ -790,9 +994,15 @@ PyObject *make_user(PyObject *, PyObject *args)
         }
         op->tpos.push_back((int)p);
     }
+    for (int k = 0, c = 0, t = 0; k < nargs; k++) {
+        const bool tensor = t < (int)op->tpos.size() && op->tpos[t] == k;
+        t += tensor;
+        op->scalar_at.push_back(tensor ? -1 : c++);
+    }
     op->kernel = Py_NewRef(kernel);
     op->grads = Py_NewRef(grads);
     op->fallback = Py_NewRef(fallback);
+    op->plan = Py_NewRef(plan);
     PyObject *cap = PyCapsule_New(new std::shared_ptr<UserOp>(op), "ewkern.user_op", drop_user_op);
     if (cap == nullptr)
         return nullptr;
@@ -882,12 +1092,18 @@ PyObject *launches(PyObject *, PyObject *)
     return PyLong_FromLongLong(LAUNCHES.load());
 }
 
+PyObject *user_plan_runs(PyObject *, PyObject *)
+{
+    return PyLong_FromLongLong(USER_PLAN_RUNS.load());
+}
+
 PyMethodDef methods[] = {
     {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
     {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads, composed_rmse): resolve the kernels"},
     {"make", make, METH_VARARGS, "make(name, fallback, eager=False): the op's function"},
     {"make_user", make_user, METH_VARARGS,
-     "make_user(name, kernel, grads, tensor positions, nargs, fallback): a user kernel op's function"},
+     "make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None): a user kernel op's function"},
+    {"user_plan_runs", user_plan_runs, METH_NOARGS, "how many user backwards ran from their plan (for the tests)"},
     {"names", names, METH_NOARGS, "the ops this module runs"},
     {nullptr, nullptr, 0, nullptr},
 };

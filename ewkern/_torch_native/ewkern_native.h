@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define EW_NATIVE_API_VERSION 1
+#define EW_NATIVE_API_VERSION 2
 
 /* One launch of an elementwise or backward kernel (ops.def / grads.def rows): in[k] and out point
  * at element 0 of contiguous buffers of n elements of the kernel's dtype; out2 is a two-gradient
@@ -57,6 +57,12 @@ typedef struct ew_native_api {
     int (*launch_rmse)(const void *kernel, const ew_native_rmse *args);
     /* What launch's nonzero result means, with the kernel's op, variant and dtype, into buf. */
     void (*describe_error)(const void *kernel, int err, char *buf, size_t len);
+    /* Run a run-time kernel's recorded launches (a C plan's program, ewkern/rtc/_kernel.py's _Prog:
+     * nwords int64 words) with params (plen bytes: the argument struct, its pointers and scalars
+     * written) on stream, the device current: 0; a CUDA error (msg: the launch that failed); or -1
+     * with msg saying what is wrong with the program. No GIL needed. */
+    int (*rtc_run)(const int64_t *prog, int64_t nwords, char *params, int64_t plen, void *stream, char *msg,
+                   size_t msglen);
 } ew_native_api;
 
 #ifdef __cplusplus

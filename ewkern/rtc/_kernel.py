@@ -398,20 +398,22 @@ class _VectorKernel:
         """run(buf, stream): launch over n elements from head with the argument struct's bytes,
         its prefetch field (at prefetch_offset) set for the launch and the wb field after it (the
         vector layout's fields, _codegen.Layout) by the default path's store rule for a launch that
-        moves nbytes and writes out_bytes of them; the launch plan is made once per PDL setting."""
+        moves nbytes and writes out_bytes of them; the launch plan of either PDL setting is made
+        once. run.prog: the same launch as data (_PROG_LAUNCH)."""
         from .. import pdl_enabled
-        plans: dict[bool, tuple[int, int, int]] = {}
         C = _C()
         dev, launch = self.dev, C._rtc_launch
         wb = int(C._rtc_store_wb(dev, nbytes, out_bytes))
+        plans = {pdl: self.launch_plan(n, head, E, block, pdl) for pdl in (False, True)}
 
         def run(buf: bytearray, stream: int) -> None:
             pdl = bool(pdl_enabled())
-            lp = plans.get(pdl)
-            if lp is None:
-                lp = plans[pdl] = self.launch_plan(n, head, E, block, pdl)
+            lp = plans[pdl]
             _pack_into("qq", buf, prefetch_offset, lp[2], wb)
             launch(lp[0], lp[1], block, buf, dev, stream, pdl)
+        off, on = plans[False], plans[True]
+        run.prog = (_PROG_LAUNCH, dev, block, off[1], off[2], off[0], on[1], on[2], on[0],  # type: ignore[attr-defined]
+                    prefetch_offset, prefetch_offset + 8, wb)
         return run
 
 
@@ -513,10 +515,14 @@ def _vector_head(arrs, E: int) -> int | None:
 
 def _gpu_runner(handle: int, grid: int, block: int, device: str) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of one launch of a loaded kernel (the grid-stride kernels); what a warm
-    call repeats is bound once."""
+    call repeats is bound once. run.prog: the same launch as data (_PROG_LAUNCH)."""
     from .. import pdl_enabled
     launch, dev = _C()._rtc_launch, int(device.split(":")[1])
-    return lambda buf, stream: launch(handle, grid, block, buf, dev, stream, pdl_enabled())
+
+    def run(buf: bytearray, stream: int) -> None:
+        launch(handle, grid, block, buf, dev, stream, pdl_enabled())
+    run.prog = (_PROG_LAUNCH, dev, block, grid, 0, handle, grid, 0, handle, -1, -1, 0)  # type: ignore[attr-defined]
+    return run
 
 
 def _partial_rows(device: str | None, like: Any, dt: str, shape) -> tuple[Any, int]:
@@ -753,6 +759,10 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
 # float64 by C's rounding, which is NumPy's); a plan with others stays with _fast_call
 _CPLAN_SCALARS = {("float32", "f"): 0, ("float64", "d"): 1}
 
+# A C plan's launches as data, the program csrc/rtc.c's ew_rtc_run runs (rtc.h says the words of
+# each record): a runner's .prog
+_PROG_LAUNCH, _PROG_COLSUM, _PROG_CPU = 1, 2, 3
+
 
 def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, ret: str, extra,
                   colsum=()) -> None:
@@ -770,8 +780,8 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
         return
     hidden: tuple[int, ...] = ()
     if colsum:
-        launches = [getattr(fin, "launch", None) for *_, fin in colsum]
-        if None in launches:   # the CPU's column sums take arrays: Python's plan runs them
+        fins = [fin for *_, fin in colsum]
+        if not all(hasattr(fin, "launch") for fin in fins):   # the CPU's column sums take arrays: Python's plan runs them
             return
         nin, tail = len(kern.in_params), len(template)
         template += bytes(16 * len(colsum))
@@ -782,39 +792,61 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
             part = len(args) + len(outs) + j
             ptrs += [(off, part, 0), (tail + 16 * j, part, 0), (tail + 16 * j + 8, nin + k, 0)]
         outs = tuple(outs) + tuple((pdt, tuple(shape)) for _, pdt, shape, _, _ in colsum)
-        run = _colsum_runner(run, tail, launches)
+        run = _colsum_runner(run, tail, fins)
         hidden = (len(colsum),)
     sig = C._rtc_sig(args, _SCALARS)
     if sig is None:
         return
-    if isinstance(run, _CpuRun):
-        run = run.run_c   # C calls the kernel's address itself (rtc.c's _rtc_fast)
+    prog = getattr(run, "prog", None)
+    if prog is not None:   # C runs the launches itself (csrc/rtc.c's ew_rtc_run), no Python call
+        run = struct.pack(f"<{len(prog)}q", *prog)
     pslots = struct.pack(f"<{3 * len(ptrs)}q", *[x for off, k, add in ptrs for x in (off, k, add)])
     sslots = struct.pack(f"<{3 * len(scalars)}q", *[x for (off, _, k, _, _), kind in zip(scalars, kinds)
                                                     for x in (off, kind, k)])
     kern._cplans[(sig, extra)] = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2)) + hidden
 
 
-def _colsum_runner(run: Callable[[bytearray, int], None], tail: int, launches) -> Callable[[bytearray, int], None]:
+def native_plan(kern, args: tuple, extra=None) -> tuple | None:
+    """The C plan that a call kern(*args) (with extra, its keyword arguments) ran by, where it runs
+    without Python (its launches as data) and allocates its results: for native code that repeats
+    the call without the GIL (ewkern.torch's C++ node of a user op's derived backward). None where
+    there is none."""
+    C = _C_mod or _C()
+    sig = C._rtc_sig(args, _SCALARS)
+    plan = kern._cplans.get((sig, extra)) if sig is not None else None
+    if plan is None or not isinstance(plan[4], bytes) or plan[5] == 0:
+        return None
+    return plan
+
+
+def _colsum_runner(run: Callable[[bytearray, int], None], tail: int, fins) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of a C plan with column sums: the kernel, then each column sum's launch
-    with the addresses C wrote after the argument struct (at tail, 16 bytes each)."""
+    with the addresses C wrote after the argument struct (at tail, 16 bytes each); prog (where
+    run has one) the same as data."""
+    launches = [fin.launch for fin in fins]
+
     def run_all(buf: bytearray, stream: int) -> None:
         run(buf, stream)
         for j, launch in enumerate(launches):
             part, out = _unpack_from("<QQ", buf, tail + 16 * j)
             launch(part, out, stream)
+    prog = getattr(run, "prog", None)
+    if prog is not None:
+        run_all.prog = prog + tuple(w for j, fin in enumerate(fins)  # type: ignore[attr-defined]
+                                    for w in fin.prog(tail + 16 * j))
     return run_all
 
 
 class _CpuRun:
     """run(buf, stream) of a CPU kernel `void entry(const params *, int threads)` that takes the
     address of its argument struct. A C plan (_record_cplan) calls the function's address itself
-    (run_c: (address, threads)), without ctypes' foreign call (about 1.5 us of a warm call)."""
-    __slots__ = ("compiled", "threads", "cls", "run_c")
+    (prog: _PROG_CPU, the address, the threads), without ctypes' foreign call (about 1.5 us of a
+    warm call)."""
+    __slots__ = ("compiled", "threads", "cls", "prog")
 
     def __init__(self, compiled: Any, threads: int, cls: Any) -> None:
         self.compiled, self.threads, self.cls = compiled, threads, cls
-        self.run_c = (ctypes.cast(compiled, ctypes.c_void_p).value, int(threads))
+        self.prog = (_PROG_CPU, ctypes.cast(compiled, ctypes.c_void_p).value, int(threads))
 
     def __call__(self, buf: bytearray, stream: int) -> None:
         self.compiled(ctypes.addressof(self.cls.from_buffer(buf)), self.threads)
@@ -828,7 +860,8 @@ def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, i
 def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: int,
                      wave: int) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of one launch whose argument struct has a prefetch field (at
-    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off."""
+    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off.
+    run.prog: the same launch as data (_PROG_LAUNCH)."""
     from .. import pdl_enabled
 
     launch = _C()._rtc_launch
@@ -837,6 +870,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
         pdl = pdl_enabled()
         _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
         launch(h, grid, block, buf, dev, stream, pdl)
+    run.prog = (_PROG_LAUNCH, dev, block, grid, 0, h, grid, wave, h, prefetch_offset, -1, 0)  # type: ignore[attr-defined]
     return run
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _build, _codegen
 from . import _kernel as _kernel_mod
-from ._kernel import (_C, _IDENT_OK, _MISS, _REDUCE_SIZES, _SCALARS, WIDE_SM_GBS, _Arr, _broadcast_kind,
+from ._kernel import (_C, _IDENT_OK, _MISS, _PROG_COLSUM, _REDUCE_SIZES, _SCALARS, WIDE_SM_GBS, _Arr, _broadcast_kind,
                       _broadcast_strides, _Call, _copy_overlapping_inputs, _cpu_runner, _ctypes_struct, _dense,
                       _device_facts, _fast_call, _fill, _partial_rows, _plan_slots, _pow2ceil, _prefetch_runner,
                       _record_plan, _scalar_value, _sm_bandwidth, _threads, _typedefs, _vector_head)
@@ -114,6 +114,10 @@ class _CudaColumnSum:
     def __call__(self, part: Any, ptr: int, out: Any, stream: int) -> None:
         (view,), _ = self.C._rtc_views((out,), ("out",))
         self.launch(ptr, view[0], stream)
+
+    def prog(self, offset: int) -> tuple[int, ...]:
+        """launch as data (_kernel._PROG_COLSUM) with the two addresses at offset in the params."""
+        return (_PROG_COLSUM, self.h, self.dev, 32 * _codegen.COLSUM_SLICES, self.grid, self.nparts, self.cols, offset)
 
 
 def _cpu_threads(rows: int, n: int) -> int:
