@@ -1,6 +1,7 @@
 /*
- * native_api.c: floor 3 (see state.h). The capsule ewkern._C._native_api (ewkern_native.h): the
- * registry's auto kernels and their launchers for native code that runs without the GIL.
+ * native_api.c: floor 5 (see state.h). The capsule ewkern._C._native_api (ewkern_native.h): the
+ * registry's auto kernels and their launchers, and run-time kernels' recorded launches (rtc.c's
+ * ew_rtc_run), for native code that runs without the GIL.
  */
 #include "native_api.h"
 

@@ -1,5 +1,5 @@
 /*
- * native_api.h: floor 3 (see state.h). ewkern._C._native_api, the capsule of ewkern_native.h.
+ * native_api.h: floor 5 (see state.h). ewkern._C._native_api, the capsule of ewkern_native.h.
  */
 #ifndef EWKERN_NATIVE_API_H
 #define EWKERN_NATIVE_API_H

@@ -13,9 +13,10 @@
  *   2  registry, stream, array   op table and kernel lookup; the Stream type; the Array type
  *                                 (with its DLPack export)
  *   3  dlpack, listing  DLPack import, views, asarray; the registry's Python listings
- *      native_api       the capsule of auto kernels for native code (ewkern/_torch_native)
- *   4  ops            op entry points and the Plan type
+ *   4  ops, rtc       op entry points and the Plan type; run-time kernels' views and launches
  *   5  timing         the timed loop over Plans
+ *      native_api     the capsule of auto kernels and run-time kernels' launches for native code
+ *                     (ewkern/_torch_native)
  *   6  module         method table, module init/traverse/clear, thin wrappers
  */
 #ifndef EWKERN_STATE_H
