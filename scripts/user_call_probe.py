@@ -8,8 +8,10 @@ Each piece: the mean host time a call in a loop of 2000 (no synchronize inside),
 rounds taken in turns. `_rtc_result` allocates one result in the first array's framework (torch's
 allocator through the DLPack exchange API, and the torch tensor object), `_rtc_sig` views the
 arguments (the exchange API's DLTensor of each, the current stream) and builds the plan key. The
-steps: torch.autograd.grad of one forward (ewkern.torch's user rmsnorm and mul, torch's), and the
-user op's backward custom op called on this thread (the step runs it on autograd's device thread)."""
+steps: torch.autograd.grad of one forward (ewkern.torch's user rmsnorm and mul, torch's; the user
+rmsnorm's also with its backward in Python every step, the node's path before it learned the
+kernel's plan), and the user op's backward custom op called on this thread (the step runs it on
+autograd's device thread)."""
 import statistics
 import sys
 import time
@@ -33,6 +35,14 @@ e(x, x)
 import ewkern.torch as ewt  # noqa: E402
 from ewkern.bench import t1_train  # noqa: E402
 op = t1_train.rmsnorm_op()
+# the same op whose C++ node never learns its backward's plan (the Python backward every step, as
+# before 1088ee0): the two steps timed in turns
+_plan = ewt._node_plan
+ewt._node_plan = lambda *a: None
+op_py = ewt.kernel_op(ewkern.RowKernel("T x, T w, float32 eps", "T y", "x * x", "a + b",
+                                       "y = x * rsqrt(a / _row_size + eps) * w", "0", "probe_rmsnorm_py"),
+                      scalars=("eps",))
+ewt._node_plan = _plan
 xg, wg, yg = x.clone().requires_grad_(), w.clone().requires_grad_(), x.clone().requires_grad_()
 g = torch.rand_like(x)
 bw = getattr(torch.ops.ewkern_user, "bench_rmsnorm_backward").default
@@ -40,6 +50,7 @@ F = torch.nn.functional
 ewt.autograd_path()
 PIECES = {
     "ewt rmsnorm step": lambda: torch.autograd.grad(op(xg, wg, 1e-6), (xg, wg), g),
+    "ewt rmsnorm step, Python backward": lambda: torch.autograd.grad(op_py(xg, wg, 1e-6), (xg, wg), g),
     "torch rmsnorm step": lambda: torch.autograd.grad(F.rms_norm(xg, (cols,), wg, 1e-6), (xg, wg), g),
     "ewt rmsnorm forward (grad)": lambda: op(xg, wg, 1e-6),
     "its backward op, this thread": lambda: bw(g, x, w, 1e-6),
