@@ -1094,26 +1094,38 @@ def _node_grads(name, gradients):
     return node_grads
 
 
+def _plan_answer(kern, args, grad_of=()):
+    """What make_user's plan functions answer: the C plan by which kern ran for args
+    (rtc._kernel.native_plan: the argument struct, its slots, the results, the launches as data)
+    as (template, pointer slots, scalar slots, outputs, launches, hidden outputs, grad_of), or
+    None where there is none (the native module keeps the Python path for that signature)."""
+    from .rtc._kernel import native_plan
+    p = native_plan(kern, args)
+    if p is None:
+        return None
+    template, pslots, sslots, outs, prog, _, *hidden = p
+    return template, pslots, sslots, outs, prog, hidden[0] if hidden else 0, grad_of
+
+
 def _node_plan(ins, scalars, bk):
     """The C++ node's plan(grad, wanted, *args) (make_user's plan), asked right after its backward
-    ran for a signature: the C plan by which bk's kernel ran for these arguments
-    (rtc._kernel.native_plan: the argument struct, its slots, the results, the launches as data)
-    with, for each gradient it writes, the tensor input it belongs to; None where there is none
-    (the node keeps the Python path for that signature). The node then repeats the kernel without
-    Python: on autograd's device thread a Python backward costs 19-31 us of host time a call
-    where the calling thread's costs 7-9 (scripts/device_thread_probe.py, H200)."""
-    from .rtc._kernel import native_plan
+    ran for a signature: _plan_answer of bk's kernel with, for each gradient it writes, the tensor
+    input it belongs to. The node then repeats the kernel without Python: on autograd's device
+    thread a Python backward costs 19-31 us of host time a call where the calling thread's costs
+    7-9 (scripts/device_thread_probe.py, H200)."""
     tnames = [p.name for p in ins if p.name not in scalars]
 
     def plan(g, wanted, *a):
         need = None if all(wanted) else frozenset(n for n, w in zip(tnames, wanted) if w)
-        p = native_plan(bk.kernel(g, a, need), (g, *a))
-        if p is None:
-            return None
-        template, pslots, sslots, outs, prog, _, *hidden = p
-        return template, pslots, sslots, outs, prog, hidden[0] if hidden else 0, tuple(
-            j for j, w in enumerate(wanted) if w)
+        return _plan_answer(bk.kernel(g, a, need), (g, *a), tuple(j for j, w in enumerate(wanted) if w))
     return plan
+
+
+def _forward_plan(kernel):
+    """The C++ function's fplan(*args) (make_user's), asked right after the op's forward ran the
+    kernel for a signature: its _plan_answer; the next calls of that signature run the kernel from
+    C++ without Python."""
+    return lambda *a: _plan_answer(kernel, a)
 
 
 def _user_function(name, kernel, bk, ins, scalars, why):
@@ -1139,33 +1151,39 @@ def _user_function(name, kernel, bk, ins, scalars, why):
 
 
 def _with_eager_path(op, function, kernel, scalars, ins, node=None):
-    """op (a CustomOpDef) made to call function.apply for plain CPU/CUDA tensors outside
-    torch.compile and dispatch modes (as ewkern's own ops do, see _eager), or kernel(*args)
-    itself when no tensor needs a gradient (grad mode off, or none requires it: no autograd
-    node, about 7 us less host time a call on the CI host); the custom op itself everywhere
-    else. node: (name, grads(g, wanted, *args), plan) where the op has a backward (plan:
-    _node_plan's): such calls then record a C++ node (the native module's make_user: no Python
-    Function around the kernels) where the module is available, function.apply where not. The object stays a CustomOpDef
-    (opcheck, register_fake, torch.ops take it): its class becomes a subclass whose __call__
-    decides."""
+    """op (a CustomOpDef) made to run plain CPU/CUDA tensors outside torch.compile and dispatch
+    modes itself (as ewkern's own ops do, see _eager); the custom op itself everywhere else. node:
+    (name, grads(g, wanted, *args), plan, fplan) where the op has a backward (plan: _node_plan's,
+    fplan: _forward_plan's): such calls then go through the native module's function (make_user),
+    which runs the forward and records a C++ node where a tensor needs a gradient (no Python
+    Function around the kernels), and from the second call of a signature runs the forward and
+    the backward by their kernels' plans without Python. Without the module (or a backward):
+    function.apply where a gradient is wanted, else kernel(*args) itself (no autograd node, about
+    7 us less host time a call on the CI host). The object stays a CustomOpDef (opcheck,
+    register_fake, torch.ops take it): its class becomes a subclass whose __call__ decides."""
     tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
     py_apply = _direct_apply(function, None)
-    chosen = []   # the grad path's callable, picked on its first call (the native module loads then)
+    chosen = []   # the native module's function or None, picked on the first eager call
 
-    def apply(*args):
-        if not chosen:
+    def pick():
+        fn = None
+        if node is not None:
             _install_native()
-            chosen.append(_native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply, node[2])
-                          if node is not None and _native else py_apply)
-        return chosen[0](*args)
+            if _native:
+                fn = _native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply, node[2], node[3])
+        chosen.append(fn)
+        return fn
 
     class UserOp(type(op)):
         def __call__(self, *args, **kwargs):
             if not kwargs and len(args) == len(ins):
                 tensors = [args[k] for k in tensor_at]
                 if _eager(tensors):
+                    fn = chosen[0] if chosen else pick()
+                    if fn is not None:
+                        return fn(*args)
                     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-                        return chosen[0](*args) if chosen else apply(*args)
+                        return py_apply(*args)
                     return kernel(*args)
                 _refuse_transforms(self._name, tensors)
             return super().__call__(*args, **kwargs)
@@ -1540,4 +1558,4 @@ def kernel_op(kernel, scalars=(), name=None):
     op.register_autograd(backward, setup_context=setup)
     node_grads = _node_grads(name, _user_autograd(ins, scalars, bimpl, masked=True)[2])
     return _with_eager_path(op, _user_function(name, impl, bimpl, ins, scalars, ""), impl, scalars, ins,
-                            (name, node_grads, _node_plan(ins, scalars, bk)))
+                            (name, node_grads, _node_plan(ins, scalars, bk), _forward_plan(kernel)))

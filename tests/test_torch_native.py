@@ -498,11 +498,12 @@ def user_fma():
     return ewt.kernel_op(k, scalars=("c",))
 
 
-def _plan_runs(fn):
-    """(fn()'s value, how many user backwards ran from their plan meanwhile)."""
-    before = ewt._native.user_plan_runs()
+def _plan_runs(fn, forward=False):
+    """(fn()'s value, how many user backwards (forward: forwards) ran from their plan meanwhile)."""
+    count = ewt._native.user_forward_runs if forward else ewt._native.user_plan_runs
+    before = count()
     r = fn()
-    return r, ewt._native.user_plan_runs() - before
+    return r, count() - before
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -510,12 +511,12 @@ def _plan_runs(fn):
 @pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=str)
 @pytest.mark.parametrize("kind", ["elementwise", "rows"])
 def test_user_backward_repeats_its_kernel_without_python(kind, need, dtype, device):
-    """The first backward of a signature runs the derived backward in Python, then asks for the C
-    plan its kernel ran by; every later one (a new graph, a retained one, other values) runs the
-    plan from C++ (no Python: the count of plan runs says which path ran) with the Python path's
-    gradients bit for bit: a broadcast input's gradient summed to its shape, a weight's column sum,
-    one gradient wanted or both (on CUDA the rows' backward sums the weight's gradient in its
-    kernel and a column-sum launch, on the CPU as a broadcast input's)."""
+    """The first forward and backward of a signature run the kernels from Python, then ask for the
+    C plans they ran by; every later one (a new graph, a retained one, other values, no gradient
+    at all) runs the plan from C++ (no Python: the counts of plan runs say which path ran) with
+    the Python path's results and gradients bit for bit: a broadcast input's gradient summed to its
+    shape, a weight's column sum, one gradient wanted or both (on CUDA the rows' backward sums the
+    weight's gradient in its kernel and a column-sum launch, on the CPU as a broadcast input's)."""
     native()
     op = user_fma() if kind == "elementwise" else user_rmsnorm()
     scalar = 0.75 if kind == "elementwise" else 1e-5
@@ -532,10 +533,10 @@ def test_user_backward_repeats_its_kernel_without_python(kind, need, dtype, devi
 
     x, w = inputs()
     g = torch.rand(7, 40, generator=gen, dtype=torch.float64).to(device, dtype)
-    (y0, want), runs = _plan_runs(lambda: grads(x, w, g))
-    assert runs == 0                                   # the first: Python, which learns the plan
-    (y1, got), runs = _plan_runs(lambda: grads(x, w, g))
-    assert runs == 1
+    ((y0, want), runs), fruns = _plan_runs(lambda: _plan_runs(lambda: grads(x, w, g)), forward=True)
+    assert runs == fruns == 0                          # the first: Python, which learns the plans
+    ((y1, got), runs), fruns = _plan_runs(lambda: _plan_runs(lambda: grads(x, w, g)), forward=True)
+    assert runs == fruns == 1
     torch.testing.assert_close(y1, y0, rtol=0, atol=0)
     for a, b, t in zip(got, want, [t for t in (x, w) if t.requires_grad]):
         assert a.shape == t.shape and a.dtype == t.dtype and a.device == t.device and a.is_contiguous()
@@ -544,12 +545,17 @@ def test_user_backward_repeats_its_kernel_without_python(kind, need, dtype, devi
     # (the Python kernels)
     x2, w2 = inputs()
     scalar = scalar * 3
-    y = op(x2, w2, scalar)
+    y, fruns = _plan_runs(lambda: op(x2, w2, scalar), forward=True)
+    with torch.no_grad():
+        y_ng, fruns_ng = _plan_runs(lambda: op(x2, w2, scalar), forward=True)
+    assert fruns == fruns_ng == 1 and y_ng.grad_fn is None
     ins = [t for t in (x2, w2) if t.requires_grad]
     (first,), runs = _plan_runs(lambda: [torch.autograd.grad(y, ins, g, retain_graph=True)])
     (second,), runs2 = _plan_runs(lambda: [torch.autograd.grad(y, ins, g)])
     assert runs == runs2 == 1
     via = getattr(torch.ops.ewkern_user, op._name)(x2, w2, scalar)
+    torch.testing.assert_close(y, via, rtol=0, atol=0)
+    torch.testing.assert_close(y_ng, via, rtol=0, atol=0)
     for a, b, c in zip(first, second, torch.autograd.grad(via, ins, g)):
         torch.testing.assert_close(a, c, rtol=0, atol=0)
         torch.testing.assert_close(b, c, rtol=0, atol=0)
@@ -585,7 +591,8 @@ def test_user_backward_plans_follow_the_signature(device):
         check(x, w, 0)
         check(x, w, 1)
     check(base.t(), wb[:9], 0)                                       # not contiguous: Python each time
-    check(base.t(), wb[:9], 0)
+    (_, fruns) = _plan_runs(lambda: check(base.t(), wb[:9], 0), forward=True)
+    assert fruns == 0
     x = base.detach().requires_grad_()
     w = wb.detach().requires_grad_()
     y = op(x, w, 0.5)

@@ -630,12 +630,13 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
 
 // ---- user kernels (ewkern.torch.kernel_op) ---------------------------------------------------------
 
-// A user op's derived backward as the native module repeats it without Python: the C plan its
-// kernel recorded (ewkern/rtc/_kernel.py's native_plan, through kernel_op's plan function), kept as
-// data. The kernel's arguments are (grad, the op's arguments); pslots (offset, argument, bytes
-// added) and sslots (offset, 0 float32 | 1 float64, argument) write them into a copy of tmpl, the
-// results in outs numbered after them; the last `hidden` results are scratch (a column sum's partial
-// rows); prog is the launches (ew_rtc_run); result j is the gradient of tensor input grad_of[j].
+// A run-time kernel's call as the native module repeats it without Python: the C plan the kernel
+// recorded (ewkern/rtc/_kernel.py's native_plan, through kernel_op's plan functions), kept as data.
+// pslots (offset, argument, bytes added) and sslots (offset, 0 float32 | 1 float64, argument) write
+// the call's arguments into a copy of tmpl, the results in outs numbered after them; the last
+// `hidden` results are scratch (a column sum's partial rows); prog is the launches (ew_rtc_run). A
+// forward's kernel takes the op's arguments and has one result; a backward's takes (grad, the op's
+// arguments) and its result j is the gradient of tensor input grad_of[j].
 struct UserPlan {
     std::string tmpl;
     std::vector<int64_t> pslots, sslots, prog;
@@ -644,19 +645,22 @@ struct UserPlan {
     std::vector<int> grad_of;
 };
 
+using PlanKey = std::vector<int64_t>;
+using PlanMap = std::map<PlanKey, std::shared_ptr<const UserPlan>>;
+
 // One user op: kernel(*args) -> a Tensor (the op's forward, any layout); grads(grad, need, *args) ->
 // a tuple with the gradient of each tensor argument (None where need, a tuple of bools, says it is
-// not wanted); plan(grad, need, *args) -> the C plan grads' kernel just ran by, or None (plan itself
-// None: the backward is never run natively). Tensors sit at tpos among nargs arguments; the others
-// are float scalars. plans: the backward's plan per signature (plan_key), null where the Python
-// path runs it.
+// not wanted); plan(grad, need, *args) and fplan(*args) -> the C plan the backward's or the
+// forward's kernel just ran by, or None (either None itself: that kernel is never run natively).
+// Tensors sit at tpos among nargs arguments; the others are float scalars. plans and fplans: the
+// backward's and the forward's plan per signature (plan keys), null where the Python path runs it.
 struct UserOp {
-    PyObject *kernel = nullptr, *grads = nullptr, *fallback = nullptr, *plan = nullptr;
+    PyObject *kernel = nullptr, *grads = nullptr, *fallback = nullptr, *plan = nullptr, *fplan = nullptr;
     std::vector<int> tpos, scalar_at;   // scalar_at: per argument, its index among the scalars or -1
     int nargs = 0;
     std::string name;
     std::mutex mu;
-    std::map<std::vector<int64_t>, std::shared_ptr<const UserPlan>> plans;
+    PlanMap plans, fplans;
     ~UserOp()
     {
         if (!Py_IsInitialized())
@@ -666,38 +670,53 @@ struct UserOp {
         Py_XDECREF(grads);
         Py_XDECREF(fallback);
         Py_XDECREF(plan);
+        Py_XDECREF(fplan);
         PyGILState_Release(gil);
     }
+
+    // (whether key was seen, its plan: null where the Python path runs it)
+    std::pair<bool, std::shared_ptr<const UserPlan>> find(const PlanMap &m, const PlanKey &key)
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = m.find(key);
+        return it == m.end() ? std::make_pair(false, std::shared_ptr<const UserPlan>())
+                             : std::make_pair(true, it->second);
+    }
+
+    void learn(PlanMap &m, PlanKey &&key, std::shared_ptr<const UserPlan> p)
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (m.size() >= USER_PLANS_MAX)
+            m.clear();
+        m[std::move(key)] = std::move(p);
+    }
+    static const size_t USER_PLANS_MAX = 64;   // plans a map keeps (a new one past this clears it)
 };
 
-std::atomic<long long> USER_PLAN_RUNS{0};   // user backwards run from their plan (the tests count them)
-const size_t USER_PLANS_MAX = 64;           // plans an op keeps (a new one past this clears them)
+// user backwards and forwards run from their plans (the tests count them)
+std::atomic<long long> USER_PLAN_RUNS{0}, USER_FORWARD_RUNS{0};
 
-// The key of a backward's plan: the wanted gradients, then per tensor (the gradient, then the saved
-// inputs) its dtype, sizes, device and address modulo 16, what the kernel's C plan is keyed by.
-// Empty where a tensor is not contiguous (the Python path would copy it first).
-std::vector<int64_t> plan_key(const Tensor &g, const std::vector<Tensor> &ins, int64_t need)
+// Append a tensor's part of a plan key: its dtype, sizes, device and address modulo 16 (what the
+// kernel's C plan is keyed by). false where it is not contiguous (the Python path copies it first).
+bool key_tensor(PlanKey &key, const Tensor &x)
 {
-    std::vector<int64_t> key{need};
-    for (size_t t = 0; t <= ins.size(); t++) {
-        const Tensor &x = t ? ins[t - 1] : g;
-        if (!x.is_contiguous())
-            return {};
-        key.push_back((int64_t)x.scalar_type());
-        key.push_back(x.dim());
-        for (int64_t d : x.sizes())
-            key.push_back(d);
-        key.push_back((int64_t)x.device().type());
-        key.push_back(x.device().index());
-        key.push_back((int64_t)((uintptr_t)x.data_ptr() & 15));
-    }
-    return key;
+    if (!x.is_contiguous())
+        return false;
+    key.push_back((int64_t)x.scalar_type());
+    key.push_back(x.dim());
+    for (int64_t d : x.sizes())
+        key.push_back(d);
+    key.push_back((int64_t)x.device().type());
+    key.push_back(x.device().index());
+    key.push_back((int64_t)((uintptr_t)x.data_ptr() & 15));
+    return true;
 }
 
-// Read plan(...)'s answer, (template, pointer slots, scalar slots, outputs, program, hidden, grad_of),
-// into a UserPlan whose slots are checked against the template and the numbering: null (and no
-// Python error) where it is None or does not fit.
-std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op)
+// Read a plan function's answer, (template, pointer slots, scalar slots, outputs, program, hidden,
+// grad_of), into a UserPlan whose slots are checked against the template and the numbering (first:
+// the kernel's arguments before the op's, 1 for a backward's gradient): null (and no Python error)
+// where it is None or does not fit.
+std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int first)
 {
     if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 7)
         return nullptr;
@@ -715,8 +734,8 @@ std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op)
         return nullptr;
     p->tmpl.assign(PyBytes_AS_STRING(tmpl), PyBytes_GET_SIZE(tmpl));
     const long hidden = PyLong_AsLong(PyTuple_GET_ITEM(r, 5));
-    if (hidden < 0 || hidden > PyTuple_GET_SIZE(outs) ||
-        PyTuple_GET_SIZE(grad_of) != PyTuple_GET_SIZE(outs) - hidden) {
+    const Py_ssize_t shown = PyTuple_GET_SIZE(outs) - hidden;
+    if (hidden < 0 || shown < 1 || PyTuple_GET_SIZE(grad_of) != (first ? shown : 0)) {
         PyErr_Clear();
         return nullptr;
     }
@@ -750,18 +769,63 @@ std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op)
         }
         p->grad_of.push_back((int)t);
     }
-    const int64_t len = (int64_t)p->tmpl.size(), nnum = 1 + op.nargs + (int64_t)p->outs.size();
+    const int64_t len = (int64_t)p->tmpl.size(), nnum = first + op.nargs + (int64_t)p->outs.size();
     if (p->pslots.size() % 3 || p->sslots.size() % 3)
         return nullptr;
     for (size_t j = 0; j < p->pslots.size(); j += 3)
         if (p->pslots[j] < 0 || p->pslots[j] + 8 > len || p->pslots[j + 1] < 0 || p->pslots[j + 1] >= nnum)
             return nullptr;
     for (size_t j = 0; j < p->sslots.size(); j += 3) {
-        const int64_t k = p->sslots[j + 2];
-        if (p->sslots[j] < 0 || p->sslots[j] + 8 > len || k < 1 || k > op.nargs || op.scalar_at[k - 1] < 0)
+        const int64_t k = p->sslots[j + 2] - first;
+        if (p->sslots[j] < 0 || p->sslots[j] + 8 > len || k < 0 || k >= op.nargs || op.scalar_at[k] < 0)
             return nullptr;
     }
     return p;
+}
+
+// Run a plan: ptrs holds the kernel's arguments' addresses (first + the op's arguments; 0 for a
+// scalar), the results (shown, then scratch) are allocated like `like`, the argument struct written
+// (the scalars from the op's, scalars), the launches made on torch's current stream of like's
+// device (the GIL released around them where this thread holds it).
+std::vector<Tensor> run_user_plan(const UserOp &op, const UserPlan &p, const Tensor &like, std::vector<uint64_t> ptrs,
+                                  const std::vector<double> &scalars, int first)
+{
+    const size_t n = ptrs.size();
+    c10::OptionalDeviceGuard guard;
+    void *stream = nullptr;
+    if (like.is_cuda()) {
+        guard.reset_device(like.device());
+        stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    }
+    std::vector<Tensor> news;
+    news.reserve(p.outs.size());
+    ptrs.resize(n + p.outs.size());
+    for (size_t j = 0; j < p.outs.size(); j++) {
+        news.push_back(at::empty(p.outs[j].second, like.options().dtype(p.outs[j].first)));
+        ptrs[n + j] = (uint64_t)(uintptr_t)news.back().data_ptr();
+    }
+    std::string buf = p.tmpl;
+    for (size_t j = 0; j < p.pslots.size(); j += 3) {
+        const uint64_t v = ptrs[p.pslots[j + 1]] + (uint64_t)p.pslots[j + 2];
+        std::memcpy(&buf[p.pslots[j]], &v, 8);
+    }
+    for (size_t j = 0; j < p.sslots.size(); j += 3) {
+        const double v = scalars[op.scalar_at[p.sslots[j + 2] - first]];
+        const float f = (float)v;
+        std::memcpy(&buf[p.sslots[j]], p.sslots[j + 1] ? (const void *)&v : (const void *)&f, p.sslots[j + 1] ? 8 : 4);
+    }
+    char msg[256] = "";
+    int err;
+    if (PyGILState_Check()) {
+        Py_BEGIN_ALLOW_THREADS
+        err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg, sizeof msg);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg, sizeof msg);
+    }
+    TORCH_CHECK(err == 0, "ewkern.torch (", op.name, "): ", msg);
+    (first ? USER_PLAN_RUNS : USER_FORWARD_RUNS).fetch_add(1, std::memory_order_relaxed);
+    return news;
 }
 
 struct UserNode : public torch::autograd::Node {
@@ -789,25 +853,20 @@ struct UserNode : public torch::autograd::Node {
             ins.push_back(s.unpack(shared_from_this()));   // raises where freed or modified in place
         // the plan of this signature, where the kernel recorded one: no Python (a double backward,
         // create_graph, takes the Python path, which refuses it)
-        std::vector<int64_t> key;
+        PlanKey key;
         if (op->plan != Py_None && nt < 62 && !at::GradMode::is_enabled()) {
             int64_t need = 0;
             for (size_t k = 0; k < nt; k++)
                 need |= (int64_t)task_should_compute_output(k) << k;
-            key = plan_key(grads[0], ins, need);
+            key.push_back(need);
+            for (size_t t = 0; t <= nt && !key.empty(); t++)
+                if (!key_tensor(key, t ? ins[t - 1] : grads[0]))
+                    key.clear();
             if (!key.empty()) {
-                std::shared_ptr<const UserPlan> p;
-                bool known;
-                {
-                    std::lock_guard<std::mutex> lock(op->mu);
-                    auto it = op->plans.find(key);
-                    known = it != op->plans.end();
-                    if (known)
-                        p = it->second;
-                }
-                if (p)
-                    return run_plan(*p, grads[0], ins);
-                if (known)
+                auto found = op->find(op->plans, key);
+                if (found.second)
+                    return run_plan(*found.second, grads[0], ins);
+                if (found.first)
                     key.clear();
             }
         }
@@ -847,63 +906,31 @@ struct UserNode : public torch::autograd::Node {
             if (pr == nullptr)
                 err = fetch_error(true);
             else
-                learned = read_plan(pr, *op);
+                learned = read_plan(pr, *op, 1);
             Py_XDECREF(pr);
         }
         Py_XDECREF(r);
         Py_XDECREF(args);
         PyGILState_Release(gil);
         TORCH_CHECK(err.empty(), "ewkern.torch (", op->name, "'s backward): ", err);
-        if (!key.empty()) {
-            std::lock_guard<std::mutex> lock(op->mu);
-            if (op->plans.size() >= USER_PLANS_MAX)
-                op->plans.clear();
-            op->plans[std::move(key)] = std::move(learned);
-        }
+        if (!key.empty())
+            op->learn(op->plans, std::move(key), std::move(learned));
         return res;
     }
 
-    // The backward by its plan: the gradients (and scratch) allocated on the gradient's device,
-    // the argument struct written, the launches on torch's current stream; each gradient shaped
-    // as its input (a broadcast input's summed to its shape, as the Python path does).
+    // The backward by its plan: each gradient shaped as its input (a broadcast input's summed to
+    // its shape, as the Python path does).
     variable_list run_plan(const UserPlan &p, const Tensor &g, const std::vector<Tensor> &ins)
     {
-        const size_t n = 1 + (size_t)op->nargs;
-        std::vector<uint64_t> ptrs(n + p.outs.size(), 0);
+        std::vector<uint64_t> ptrs(1 + (size_t)op->nargs, 0);
         ptrs[0] = (uint64_t)(uintptr_t)g.data_ptr();
         for (size_t t = 0; t < ins.size(); t++)
             ptrs[1 + op->tpos[t]] = (uint64_t)(uintptr_t)ins[t].data_ptr();
-        c10::OptionalDeviceGuard guard;
-        void *stream = nullptr;
-        if (g.is_cuda()) {
-            guard.reset_device(g.device());
-            stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(g.device()).native_handle();
-        }
-        std::vector<Tensor> news;
-        news.reserve(p.outs.size());
-        for (size_t j = 0; j < p.outs.size(); j++) {
-            news.push_back(at::empty(p.outs[j].second, g.options().dtype(p.outs[j].first)));
-            ptrs[n + j] = (uint64_t)(uintptr_t)news.back().data_ptr();
-        }
-        std::string buf = p.tmpl;
-        for (size_t j = 0; j < p.pslots.size(); j += 3) {
-            const uint64_t v = ptrs[p.pslots[j + 1]] + (uint64_t)p.pslots[j + 2];
-            std::memcpy(&buf[p.pslots[j]], &v, 8);
-        }
-        for (size_t j = 0; j < p.sslots.size(); j += 3) {
-            const double v = scalars[op->scalar_at[p.sslots[j + 2] - 1]];
-            const float f = (float)v;
-            std::memcpy(&buf[p.sslots[j]], p.sslots[j + 1] ? (const void *)&v : (const void *)&f, p.sslots[j + 1] ? 8 : 4);
-        }
-        char msg[256] = "";
-        const int err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg,
-                                     sizeof msg);
-        TORCH_CHECK(err == 0, "ewkern.torch (", op->name, "'s backward): ", msg);
-        USER_PLAN_RUNS.fetch_add(1, std::memory_order_relaxed);
+        std::vector<Tensor> news = run_user_plan(*op, p, g, std::move(ptrs), scalars, 1);
         variable_list res(op->tpos.size());
         for (size_t j = 0; j < p.grad_of.size(); j++) {
             const Tensor &x = ins[p.grad_of[j]];
-            Tensor gt = news[j];
+            Tensor gt = std::move(news[j]);
             if (gt.sizes() != x.sizes())
                 gt = gt.numel() == x.numel() ? gt.view(x.sizes()) : at::sum_to(gt, x.sizes());
             res[p.grad_of[j]] = std::move(gt);
@@ -912,9 +939,53 @@ struct UserNode : public torch::autograd::Node {
     }
 };
 
+// The forward's result: by its plan where the op's signature has one (no Python), else the kernel
+// called (and, where fplan may give one, its plan learned for the next call). New reference.
+PyObject *user_forward(UserOp &op, PyObject *const *args, Py_ssize_t nargs, const variable_list &tensors,
+                       const std::vector<double> &scalars)
+{
+    PlanKey key;
+    if (op.fplan != Py_None && !tensors.empty()) {
+        key.push_back(-1);
+        for (const Tensor &x : tensors)
+            if (!key_tensor(key, x)) {
+                key.clear();
+                break;
+            }
+    }
+    if (!key.empty()) {
+        auto found = op.find(op.fplans, key);
+        if (found.second) {
+            std::vector<uint64_t> ptrs((size_t)op.nargs, 0);
+            for (size_t t = 0; t < tensors.size(); t++)
+                ptrs[op.tpos[t]] = (uint64_t)(uintptr_t)tensors[t].data_ptr();
+            try {
+                return THPVariable_Wrap(run_user_plan(op, *found.second, tensors[0], std::move(ptrs), scalars, 0)[0]);
+            } catch (const std::exception &e) {
+                PyErr_SetString(PyExc_RuntimeError, e.what());
+                return nullptr;
+            }
+        }
+        if (found.first)
+            key.clear();
+    }
+    PyObject *y = PyObject_Vectorcall(op.kernel, args, nargs, nullptr);
+    if (y != nullptr && !key.empty()) {
+        PyObject *pr = PyObject_Vectorcall(op.fplan, args, nargs, nullptr);
+        if (pr == nullptr) {
+            Py_DECREF(y);
+            return nullptr;
+        }
+        op.learn(op.fplans, std::move(key), read_plan(pr, op, 0));
+        Py_DECREF(pr);
+    }
+    return y;
+}
+
 // self: a capsule of the std::shared_ptr<UserOp>. The plain case (the op's argument count, plain
-// tensors without forward-mode gradients, float or int scalars) runs the kernel and records a
-// UserNode; anything else goes to the fallback (the Python Function).
+// tensors without forward-mode gradients, float or int scalars) runs the forward and, where a
+// tensor needs a gradient, records a UserNode; anything else goes to the fallback (the Python
+// Function).
 PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     auto &op = *(std::shared_ptr<UserOp> *)PyCapsule_GetPointer(self, "ewkern.user_op");
@@ -940,12 +1011,12 @@ PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         scalars.push_back(v);
     }
-    PyObject *y = PyObject_Vectorcall(op->kernel, args, nargs, nullptr);
+    PyObject *y = user_forward(*op, args, nargs, tensors, scalars);
     if (y == nullptr || !THPVariable_CheckExact(y))
         return y;   // an error, or (not from kernel_op's kernels) no tensor: no graph
     const Tensor &out = THPVariable_Unpack(y);
     if (!at::GradMode::is_enabled() || !torch::autograd::any_variable_requires_grad(tensors) ||
-        !torch::autograd::isDifferentiableType(out.scalar_type()))
+        !torch::autograd::isDifferentiableType(out.scalar_type()) || op->grads == Py_None)
         return y;
     try {
         auto node = std::shared_ptr<UserNode>(new UserNode(op), torch::autograd::deleteNode);
@@ -973,13 +1044,15 @@ void drop_user_op(PyObject *cap)
     delete (std::shared_ptr<UserOp> *)PyCapsule_GetPointer(cap, "ewkern.user_op");
 }
 
-// make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None) -> the op's function
+// make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None, fplan=None) -> the
+// op's function (grads None: the op has no backward, the function only runs the forward)
 PyObject *make_user(PyObject *, PyObject *args)
 {
     const char *name;
-    PyObject *kernel, *grads, *tpos, *fallback, *plan = Py_None;
+    PyObject *kernel, *grads, *tpos, *fallback, *plan = Py_None, *fplan = Py_None;
     int nargs;
-    if (!PyArg_ParseTuple(args, "sOOO!iO|O", &name, &kernel, &grads, &PyTuple_Type, &tpos, &nargs, &fallback, &plan))
+    if (!PyArg_ParseTuple(args, "sOOO!iO|OO", &name, &kernel, &grads, &PyTuple_Type, &tpos, &nargs, &fallback, &plan,
+                          &fplan))
         return nullptr;
     auto op = std::make_shared<UserOp>();
     op->name = name;
@@ -1002,7 +1075,8 @@ PyObject *make_user(PyObject *, PyObject *args)
     op->kernel = Py_NewRef(kernel);
     op->grads = Py_NewRef(grads);
     op->fallback = Py_NewRef(fallback);
-    op->plan = Py_NewRef(plan);
+    op->plan = Py_NewRef(grads == Py_None ? Py_None : plan);
+    op->fplan = Py_NewRef(fplan);
     PyObject *cap = PyCapsule_New(new std::shared_ptr<UserOp>(op), "ewkern.user_op", drop_user_op);
     if (cap == nullptr)
         return nullptr;
@@ -1097,13 +1171,19 @@ PyObject *user_plan_runs(PyObject *, PyObject *)
     return PyLong_FromLongLong(USER_PLAN_RUNS.load());
 }
 
+PyObject *user_forward_runs(PyObject *, PyObject *)
+{
+    return PyLong_FromLongLong(USER_FORWARD_RUNS.load());
+}
+
 PyMethodDef methods[] = {
     {"launches", launches, METH_NOARGS, "how many kernels this module has launched (for the tests)"},
     {"init", init, METH_VARARGS, "init(ewkern._C._native_api, composed_grads, composed_rmse): resolve the kernels"},
     {"make", make, METH_VARARGS, "make(name, fallback, eager=False): the op's function"},
     {"make_user", make_user, METH_VARARGS,
-     "make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None): a user kernel op's function"},
+     "make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None, fplan=None): a user op's function"},
     {"user_plan_runs", user_plan_runs, METH_NOARGS, "how many user backwards ran from their plan (for the tests)"},
+    {"user_forward_runs", user_forward_runs, METH_NOARGS, "how many user forwards ran from their plan (for the tests)"},
     {"names", names, METH_NOARGS, "the ops this module runs"},
     {nullptr, nullptr, 0, nullptr},
 };
