@@ -557,8 +557,10 @@ def test_user_backward_repeats_its_kernel_without_python(kind, need, dtype, devi
     torch.testing.assert_close(y, via, rtol=0, atol=0)
     torch.testing.assert_close(y_ng, via, rtol=0, atol=0)
     for a, b, c in zip(first, second, torch.autograd.grad(via, ins, g)):
-        torch.testing.assert_close(a, c, rtol=0, atol=0)
-        torch.testing.assert_close(b, c, rtol=0, atol=0)
+        # the custom op's backward writes every gradient (its kernel's code differs from the one
+        # that writes only the wanted gradient, and on CUDA may round differently)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0 if all(need) else None, atol=0 if all(need) else None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
