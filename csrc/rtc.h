@@ -27,8 +27,8 @@ PyObject *ew_auto_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
-/* A C plan's launches as data (ewkern/rtc/_kernel.py's _Prog): nwords int64 words, a record after
- * another, each led by its tag:
+/* A C plan's launches as data (ewkern/rtc/_kernel.py: a runner's .prog): nwords int64 words, a
+ * record after another, each led by its tag:
  *   EW_PROG_LAUNCH  device, block, (grid, prefetch, kernel handle) for PDL off, the same for PDL
  *                   on (by ewkern's switch, pdl_enabled()), the prefetch field's offset in params
  *                   (-1: none), the store field's (-1: none) and its value: one launch with params

@@ -57,7 +57,7 @@ typedef struct ew_native_api {
     int (*launch_rmse)(const void *kernel, const ew_native_rmse *args);
     /* What launch's nonzero result means, with the kernel's op, variant and dtype, into buf. */
     void (*describe_error)(const void *kernel, int err, char *buf, size_t len);
-    /* Run a run-time kernel's recorded launches (a C plan's program, ewkern/rtc/_kernel.py's _Prog:
+    /* Run a run-time kernel's recorded launches (a C plan's program, csrc/rtc.h's ew_rtc_run:
      * nwords int64 words) with params (plen bytes: the argument struct, its pointers and scalars
      * written) on stream, the device current: 0; a CUDA error (msg: the launch that failed); or -1
      * with msg saying what is wrong with the program. No GIL needed. */
