@@ -714,8 +714,8 @@ bool key_tensor(PlanKey &key, const Tensor &x)
 
 // Read a plan function's answer, (template, pointer slots, scalar slots, outputs, program, hidden,
 // grad_of), into a UserPlan whose slots are checked against the template and the numbering (first:
-// the kernel's arguments before the op's, 1 for a backward's gradient): null (and no Python error)
-// where it is None or does not fit.
+// the kernel's arguments before the op's, 1 for a backward's gradient; a forward has one result):
+// null (and no Python error) where it is None or does not fit.
 std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int first)
 {
     if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 7)
@@ -729,13 +729,14 @@ std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int fir
         return true;
     };
     PyObject *tmpl = PyTuple_GET_ITEM(r, 0), *outs = PyTuple_GET_ITEM(r, 3), *grad_of = PyTuple_GET_ITEM(r, 6);
-    if (!PyBytes_Check(tmpl) || !words(PyTuple_GET_ITEM(r, 1), p->pslots) || !words(PyTuple_GET_ITEM(r, 2), p->sslots) ||
-        !words(PyTuple_GET_ITEM(r, 4), p->prog) || !PyTuple_Check(outs) || !PyTuple_Check(grad_of))
+    if (!PyBytes_Check(tmpl) || !words(PyTuple_GET_ITEM(r, 1), p->pslots) ||
+        !words(PyTuple_GET_ITEM(r, 2), p->sslots) || !words(PyTuple_GET_ITEM(r, 4), p->prog) || !PyTuple_Check(outs) ||
+        !PyTuple_Check(grad_of))
         return nullptr;
     p->tmpl.assign(PyBytes_AS_STRING(tmpl), PyBytes_GET_SIZE(tmpl));
     const long hidden = PyLong_AsLong(PyTuple_GET_ITEM(r, 5));
     const Py_ssize_t shown = PyTuple_GET_SIZE(outs) - hidden;
-    if (hidden < 0 || shown < 1 || PyTuple_GET_SIZE(grad_of) != (first ? shown : 0)) {
+    if (hidden < 0 || shown < 1 || (!first && shown != 1) || PyTuple_GET_SIZE(grad_of) != (first ? shown : 0)) {
         PyErr_Clear();
         return nullptr;
     }
@@ -815,13 +816,17 @@ std::vector<Tensor> run_user_plan(const UserOp &op, const UserPlan &p, const Ten
         std::memcpy(&buf[p.sslots[j]], p.sslots[j + 1] ? (const void *)&v : (const void *)&f, p.sslots[j + 1] ? 8 : 4);
     }
     char msg[256] = "";
+    auto run = [&] {
+        return api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg,
+                            sizeof msg);
+    };
     int err;
     if (PyGILState_Check()) {
         Py_BEGIN_ALLOW_THREADS
-        err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg, sizeof msg);
+        err = run();
         Py_END_ALLOW_THREADS
     } else {
-        err = api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg, sizeof msg);
+        err = run();
     }
     TORCH_CHECK(err == 0, "ewkern.torch (", op.name, "): ", msg);
     (first ? USER_PLAN_RUNS : USER_FORWARD_RUNS).fetch_add(1, std::memory_order_relaxed);
