@@ -781,8 +781,8 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
     hidden: tuple[int, ...] = ()
     if colsum:
         fins = [fin for *_, fin in colsum]
-        if not all(hasattr(fin, "launch") for fin in fins):   # the CPU's column sums take arrays: Python's plan runs them
-            return
+        if not all(hasattr(fin, "launch") for fin in fins):
+            return   # the CPU's column sums take arrays: Python's plan runs them
         nin, tail = len(kern.in_params), len(template)
         template += bytes(16 * len(colsum))
         ptrs = list(ptrs)
@@ -870,7 +870,8 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
         pdl = pdl_enabled()
         _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
         launch(h, grid, block, buf, dev, stream, pdl)
-    run.prog = (_PROG_LAUNCH, dev, block, grid, 0, h, grid, wave, h, prefetch_offset, -1, 0)  # type: ignore[attr-defined]
+    run.prog = (_PROG_LAUNCH, dev, block, grid, 0, h,  # type: ignore[attr-defined]
+                grid, wave, h, prefetch_offset, -1, 0)
     return run
 
 
