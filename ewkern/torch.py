@@ -1479,9 +1479,12 @@ def kernel_op(kernel, scalars=(), name=None):
     under an autograd node of its own instead of torch's dispatcher (the same results, less host
     time a step: in the overhead experiment on the CI host, a forward + backward of a tiny rmsnorm
     takes 150 us through torch.ops and 86 us through a torch.autograd.Function), a C++ node where
-    ewkern.torch's native module is available (``autograd_path()``; the forward 3 us less host
-    time on the CI host than the Function's), and through the kernel alone when no tensor needs a
-    gradient (under torch.no_grad, or none requires it)."""
+    ewkern.torch's native module is available (``autograd_path()``), and no node when no tensor
+    needs a gradient (under torch.no_grad, or none requires it). Through the native module the
+    first call of a signature (the tensors' dtypes, shapes, devices and alignment) runs the
+    kernels from Python and keeps the plans they ran by; later calls run the forward and the
+    derived backward from C++ by those plans, without Python (on the H200's host a training step
+    of rmsnorm [64, 4096] took 101 us this way, 137 with the backward in Python, 123 in torch)."""
     from .rtc import ElementwiseKernel, ReductionKernel, RowKernel
     from .rtc._params import decide_types
     if not isinstance(kernel, (ElementwiseKernel, RowKernel, ReductionKernel)):
