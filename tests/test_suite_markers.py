@@ -50,3 +50,31 @@ def test_the_rule_sees_a_missing_mark():
            "def test_small():\n"
            "    pass\n")
     assert unmarked_memory_tests(src) == ["test_big"]
+
+
+def _collected(shard=None):
+    """(exit code, the test ids pytest collects from test_layering.py with EWKERN_TEST_SHARD=shard)."""
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.pop("EWKERN_TEST_SHARD", None)
+    if shard is not None:
+        env["EWKERN_TEST_SHARD"] = shard
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        os.path.join(ROOT, "test_layering.py")], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(ROOT), timeout=300)
+    return r.returncode, {line for line in r.stdout.splitlines() if "::" in line}
+
+
+def test_shards_partition_the_suite():
+    """GPU_CHECK_SHARD's shards (EWKERN_TEST_SHARD=k/n): every test in exactly one shard of n, the
+    same ids whichever process collects them; a malformed value is a usage error."""
+    rc, every = _collected()
+    assert rc == 0 and len(every) > 5
+    shards = [_collected(f"{k}/3") for k in range(3)]
+    assert all(rc == 0 or (rc == 5 and not ids) for rc, ids in shards)
+    ids = [s[1] for s in shards]
+    assert set().union(*ids) == every and sum(map(len, ids)) == len(every)
+    assert _collected("1/3")[1] == ids[1]
+    for bad in ("3/3", "1", "a/b"):
+        assert _collected(bad)[0] == 4
