@@ -1094,13 +1094,14 @@ def _node_grads(name, gradients):
     return node_grads
 
 
-def _plan_answer(kern, args, grad_of=()):
-    """What make_user's plan functions answer: the C plan by which kern ran for args
-    (rtc._kernel.native_plan: the argument struct, its slots, the results, the launches as data)
-    as (template, pointer slots, scalar slots, outputs, launches, hidden outputs, grad_of), or
-    None where there is none (the native module keeps the Python path for that signature)."""
+def _plan_answer(kern, args, grad_of=(), extra=None):
+    """What make_user's plan functions answer: the C plan by which kern ran for args (extra: a
+    ReductionKernel's (axis, keepdims) as its call keys them) (rtc._kernel.native_plan: the
+    argument struct, its slots, the results, the launches as data) as (template, pointer slots,
+    scalar slots, outputs, launches, hidden outputs, grad_of), or None where there is none (the
+    native module keeps the Python path for that signature)."""
     from .rtc._kernel import native_plan
-    p = native_plan(kern, args)
+    p = native_plan(kern, args, extra)
     if p is None:
         return None
     template, pslots, sslots, outs, prog, _, *hidden = p
@@ -1375,8 +1376,10 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
             if _native:
                 grads = _user_autograd(ins, scalars, lambda g, *a, need=None: bimpl(g, *a, axis, keepdims, need=need),
                                        masked=True)[2]
+                extra = (tuple(axis) if isinstance(axis, list) else axis, bool(keepdims))   # the kernel's plan key
                 fn = _native.make_user(name, lambda *a: impl(*a, axis, keepdims), _node_grads(name, grads),
-                                       tuple(tensor_at), nin, fallback)
+                                       tuple(tensor_at), nin, fallback, None,
+                                       lambda *a: _plan_answer(kernel, a, extra=extra))
             if len(nodes) >= 64:
                 nodes.clear()
             nodes[key] = fn

@@ -405,17 +405,21 @@ def test_user_node_keeps_working_without_a_tensor_that_needs_grad_and_under_no_g
 
 def test_user_reductions_record_a_cpp_node_per_axis():
     """kernel_op of a ReductionKernel: eager grad calls record the C++ node (one callable per axis=
-    and keepdims=), with the custom op's values and gradients; a tensor subclass goes through the
-    custom op's own autograd."""
+    and keepdims=, whose forward runs by the kernel's plan from its second call), with the custom
+    op's values and gradients; a tensor subclass goes through the custom op's own autograd."""
     import ewkern
     k = ewkern.ReductionKernel("T x, T y", "T z", "(x - y) * (x - y)", "a + b",
                                "z = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0",
                                f"native_red{next(_user_names)}")
     op = ewt.kernel_op(k)
+    native()
     x = torch.rand(5, 7, dtype=torch.float64, requires_grad=True)
     y = torch.rand(7, dtype=torch.float64, requires_grad=True)
-    for axis, keepdims in ((1, False), (None, True), ([0], True), (1, False)):
+    for j, (axis, keepdims) in enumerate(((1, False), (None, True), ([0], True), (1, False))):
+        before = ewt._native.user_forward_runs()
         r = op(x, y, axis=axis, keepdims=keepdims)
+        # the forward by the kernel's plan from the second call of an axis= and keepdims= on
+        assert ewt._native.user_forward_runs() - before == (j == 3)
         assert r.grad_fn.name() == f"ewkern_user::{k.name}Backward", r.grad_fn.name()
         via = getattr(torch.ops.ewkern_user, k.name)(x, y, None if axis is None else
                                                      ([axis] if isinstance(axis, int) else axis), keepdims)
