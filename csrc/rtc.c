@@ -451,8 +451,8 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
     miss = 0;
     if (PyBytes_Check(run)) {
         /* the launches as data (ew_rtc_run), with the device current and without the GIL */
-        if (like_dev.type == EW_CUDA && ew_device_enter(&g, like_dev) < 0)
-            goto fail;
+        if (like_dev.type == EW_CUDA && nout == 0 && ew_device_enter(&g, like_dev) < 0)
+            goto fail;   /* (with results to allocate it is current already) */
         char msg[160];
         int err;
         const int64_t *prog = (const int64_t *)PyBytes_AS_STRING(run);

@@ -1021,7 +1021,7 @@ PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return y;   // an error, or (not from kernel_op's kernels) no tensor: no graph
     const Tensor &out = THPVariable_Unpack(y);
     if (!at::GradMode::is_enabled() || !torch::autograd::any_variable_requires_grad(tensors) ||
-        !torch::autograd::isDifferentiableType(out.scalar_type()) || op->grads == Py_None)
+        !torch::autograd::isDifferentiableType(out.scalar_type()))
         return y;
     try {
         auto node = std::shared_ptr<UserNode>(new UserNode(op), torch::autograd::deleteNode);
@@ -1050,7 +1050,7 @@ void drop_user_op(PyObject *cap)
 }
 
 // make_user(name, kernel, grads, tensor positions, nargs, fallback, plan=None, fplan=None) -> the
-// op's function (grads None: the op has no backward, the function only runs the forward)
+// op's function
 PyObject *make_user(PyObject *, PyObject *args)
 {
     const char *name;
@@ -1080,7 +1080,7 @@ PyObject *make_user(PyObject *, PyObject *args)
     op->kernel = Py_NewRef(kernel);
     op->grads = Py_NewRef(grads);
     op->fallback = Py_NewRef(fallback);
-    op->plan = Py_NewRef(grads == Py_None ? Py_None : plan);
+    op->plan = Py_NewRef(plan);
     op->fplan = Py_NewRef(fplan);
     PyObject *cap = PyCapsule_New(new std::shared_ptr<UserOp>(op), "ewkern.user_op", drop_user_op);
     if (cap == nullptr)
