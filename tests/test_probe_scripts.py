@@ -185,3 +185,64 @@ def test_gpu_check_unpacks_a_carried_extension_of_this_tree_instead_of_building(
     (repo / "csrc" / "cuda" / "k.cu").write_text("// another kernel\n")
     r = check()
     assert "unpacked" not in r.stdout and "== build (archs 90)" in r.stdout and r.returncode != 0
+
+
+@pytest.fixture
+def ts_variants(monkeypatch):
+    """scripts/rows_graph_probe.py's ts<N> variants over speed_probe.py's (as its harness mode
+    installs them), recording into a CPU buffer (only the address goes into the source)."""
+    import rows_graph_probe
+    import speed_probe
+    import torch
+    monkeypatch.setattr(_codegen, "reduction_rows_source", _codegen.reduction_rows_source)
+    original = _codegen.reduction_rows_source
+    speed_probe._rows_source_variants()
+    rows_graph_probe._ts_variants(original)
+    buf = torch.zeros(16, dtype=torch.int64)
+    monkeypatch.setitem(rows_graph_probe._REC, "t", buf)
+    return _codegen.reduction_rows_source, buf
+
+
+def test_rows_graph_probe_ts_variant_times_each_block(ts_variants):
+    """ts5: the rows entry under __launch_bounds__(256, 5) with the globaltimer read at entry, right
+    after pdl_wait and at every exit (a destructor), written to the buffer's address; the combine
+    entry unchanged; other names still go to speed_probe.py's variants; the source compiles."""
+    gen, buf = ts_variants
+    src, entries = _mse_rows(gen, "ts5", dtype="float32")
+    rows = src[src.index("ewrtc_probe_mse_ts5_rows("):src.index("ewrtc_probe_mse_ts5_comb")]
+    assert "__launch_bounds__(256, 5) ewrtc_probe_mse_ts5_rows" in src
+    assert rows.count("%%globaltimer") == 3 and f"{buf.data_ptr()}ULL" in rows
+    assert rows.index("pdl_wait();") < rows.index("=l\"(_ewrec.tw)") < rows.index("pdl_launch_dependents();")
+    assert "globaltimer" not in src[src.index("ewrtc_probe_mse_ts5_comb"):]
+    lb5, _ = _mse_rows(gen, "lb5", dtype="float32")
+    assert "__launch_bounds__(256, 5) ewrtc_probe_mse_lb5_rows" in lb5 and "globaltimer" not in lb5
+    with pytest.raises(ValueError, match="rows variant"):
+        _mse_rows(gen, "nope")
+    _nvrtc()
+    from ewkern.rtc import _build
+    ptx, _, _ = _build.compile_cuda("probe_mse_ts5", src, (9, 0), ptx_only=True)
+    assert all((".entry " + e).encode() in ptx for e in entries) and b"%globaltimer" in ptx
+
+
+def test_rows_graph_probe_timeline_reads_back_to_back_kernels(capsys):
+    """The timeline of recorded blocks: kernels grouped by input address and time, each set against
+    the one before it; a kernel launched long after the previous one (a single launch) left out."""
+    import rows_graph_probe
+    import torch
+    recs = []
+    for j in range(4):               # four kernels back to back, 8 blocks each on 2 SMs
+        for b in range(8):
+            recs.append([3000 * j + 10 * b, 3000 * j + 800 + 10 * b, 3000 * j + 2800 + 20 * b, ((b // 4) << 32) | b,
+                         100 + j, 0, 0, 0])
+    for b in range(8):               # then one far later
+        recs.append([100000 + b, 100500, 102000, b << 32, 100, 0, 0, 0])
+    rec = torch.zeros(8 + 8 * len(recs), dtype=torch.int64)
+    rec[0] = len(recs)
+    rec[8:] = torch.tensor(recs, dtype=torch.int64).flatten()
+    rows_graph_probe._timeline(rec, 1 << 22)
+    out = capsys.readouterr().out
+    assert "timeline (3 kernels, ns)" in out
+    for part in ("entry after previous entry 3000", "release after previous exit 860", "release to last exit 2140",
+                 "last exit after previous last exit 3000", "block from release median 2035 max 2070",
+                 "busiest SM 4 blocks on 2 SMs", "last release after first 70"):
+        assert part in out, (part, out)
