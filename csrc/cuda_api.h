@@ -104,9 +104,16 @@ void ewcuda_pdl_launched(void *stream, unsigned long long capture);
 
 /* Run-time kernels (csrc/rtc.c): load a CUBIN/PTX image (cudaLibraryLoadData) and get its kernel
  * `name` (cudaLibraryGetKernel; the library stays loaded); launch a kernel handle with
- * cudaLaunchKernelExC on stream, as a programmatic dependent launch when pdl. */
+ * cudaLaunchKernelExC on stream, as a programmatic dependent launch when pdl, with smem bytes of
+ * dynamic shared memory. */
 int ewcuda_library_load(const void *image, const char *name, void **library, void **kernel);
-int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl);
+int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl,
+                         long long smem);
+/* The dynamic shared memory (*smem, bytes; 0 where no cap applies: blocks not below the kernel's
+ * own occupancy, or no size that holds it) with which a loaded kernel's launches at `block`
+ * threads keep at most `blocks` blocks on an SM of the current device, the kernel's attributes set
+ * for it (its largest dynamic size, the largest shared-memory carveout). 0 or a CUDA error. */
+int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem);
 /* Resident blocks per SM of a loaded kernel at `block` threads on the current device (the
  * occupancy API; 1 when it cannot say). */
 int ewcuda_kernel_occupancy(void *kernel, int block);

@@ -16,11 +16,16 @@
  *   _rtc_load(image, name, device)    cudaLibraryLoadData + cudaLibraryGetKernel; the library stays
  *                                     loaded for the life of the process (the Python cache keeps
  *                                     one handle per (image, device)).
- *   _rtc_launch(kernel, grid, block, params, device, stream, pdl)
+ *   _rtc_launch(kernel, grid, block, params, device, stream, pdl[, smem])
  *                                     cudaLaunchKernelExC with one by-value parameter (the bytes of
- *                                     the generated kernel's argument struct).
+ *                                     the generated kernel's argument struct) and smem bytes of
+ *                                     dynamic shared memory (default 0).
  *   _rtc_occupancy(kernel, block, device)
  *                                     resident blocks per SM of a loaded kernel.
+ *   _rtc_cap(kernel, block, device, blocks)
+ *                                     the dynamic shared memory that keeps a loaded kernel's
+ *                                     launches to `blocks` blocks an SM (ewcuda_kernel_cap), 0
+ *                                     where none applies.
  *   _rtc_attrs(kernel, device)        (registers a thread, local memory bytes a thread) of a loaded
  *                                     kernel (cudaFuncGetAttributes): local bytes are spills (the
  *                                     generated kernels keep no local arrays).
@@ -535,6 +540,7 @@ int ew_rtc_run(const int64_t *w, int64_t nwords, char *params, int64_t plen, voi
     while (i < nwords) {
         const int64_t tag = w[i];
         const int64_t len = tag == EW_PROG_LAUNCH ? EW_PROG_LAUNCH_WORDS
+                          : tag == EW_PROG_LAUNCH_CAP ? EW_PROG_LAUNCH_CAP_WORDS
                           : tag == EW_PROG_COLSUM ? EW_PROG_COLSUM_WORDS
                           : tag == EW_PROG_CPU    ? EW_PROG_CPU_WORDS : 0;
         if (len == 0 || i + len > nwords) {
@@ -553,13 +559,14 @@ int ew_rtc_run(const int64_t *w, int64_t nwords, char *params, int64_t plen, voi
             continue;
         }
 #if EWKERN_WITH_CUDA
-        if (tag == EW_PROG_LAUNCH) {
+        if (tag == EW_PROG_LAUNCH || tag == EW_PROG_LAUNCH_CAP) {
             const int64_t *set = r + (pdl_on ? 6 : 3);   /* grid, prefetch, handle */
             const int64_t poff = r[9], wboff = r[10];
+            const int64_t smem = tag == EW_PROG_LAUNCH_CAP ? r[pdl_on ? 13 : 12] : 0;
             if (set[0] < 1 || set[0] > 0x7fffffffLL || r[2] < 1 || r[2] > 1024 || (poff >= 0 && poff + 8 > plen) ||
-                (wboff >= 0 && wboff + 8 > plen)) {
-                snprintf(msg, msglen, "a run-time kernel's plan: grid %lld, block %lld", (long long)set[0],
-                         (long long)r[2]);
+                (wboff >= 0 && wboff + 8 > plen) || smem < 0 || smem > INT_MAX) {
+                snprintf(msg, msglen, "a run-time kernel's plan: grid %lld, block %lld, smem %lld", (long long)set[0],
+                         (long long)r[2], (long long)smem);
                 return -1;
             }
             if (poff >= 0)
@@ -568,7 +575,7 @@ int ew_rtc_run(const int64_t *w, int64_t nwords, char *params, int64_t plen, voi
                 memcpy(params + wboff, &r[11], 8);
             void *p = params;
             const int err = ewcuda_launch_kernel((void *)(uintptr_t)set[2], (unsigned)set[0], (unsigned)r[2], &p,
-                                                 stream, pdl_on && ewcuda_pdl_active((int)r[1]));
+                                                 stream, pdl_on && ewcuda_pdl_active((int)r[1]), smem);
             if (err != 0)
                 return rtc_run_error(err, msg, msglen);
             continue;
@@ -584,7 +591,7 @@ int ew_rtc_run(const int64_t *w, int64_t nwords, char *params, int64_t plen, voi
         cs[3] = r[6];
         void *p = cs;
         const int err = ewcuda_launch_kernel((void *)(uintptr_t)r[1], (unsigned)r[4], (unsigned)r[3], &p, stream,
-                                             pdl_on && ewcuda_pdl_active((int)r[2]));
+                                             pdl_on && ewcuda_pdl_active((int)r[2]), 0);
         if (err != 0)
             return rtc_run_error(err, msg, msglen);
 #else
@@ -629,24 +636,25 @@ done:
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args)
 {
     unsigned long long kernel, stream;
-    long long grid;
+    long long grid, smem = 0;
     int block, device, pdl;
     Py_buffer params;
-    if (!PyArg_ParseTuple(args, "KLiy*iKp:_rtc_launch", &kernel, &grid, &block, &params, &device, &stream, &pdl))
+    if (!PyArg_ParseTuple(args, "KLiy*iKp|L:_rtc_launch", &kernel, &grid, &block, &params, &device, &stream, &pdl,
+                          &smem))
         return NULL;
     PyObject *res = NULL;
     ew_device_guard g = EW_DEVICE_GUARD_INIT;
     const ew_device dev = {EW_CUDA, device};
-    if (grid < 1 || grid > 0x7fffffffLL || block < 1 || block > 1024) {
-        PyErr_Format(PyExc_ValueError, "_rtc_launch: grid %lld and block %d (expected 1..2^31-1 and 1..1024)",
-                     grid, block);
+    if (grid < 1 || grid > 0x7fffffffLL || block < 1 || block > 1024 || smem < 0 || smem > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "_rtc_launch: grid %lld, block %d and smem %lld (expected 1..2^31-1, "
+                     "1..1024 and 0..2^31-1)", grid, block, smem);
         goto done;
     }
     if (ew_device_enter(&g, dev) < 0)
         goto done;
     void *param_ptr = params.buf;
     int err = ewcuda_launch_kernel((void *)(uintptr_t)kernel, (unsigned)grid, (unsigned)block, &param_ptr,
-                                   (void *)(uintptr_t)stream, pdl && ewcuda_pdl_active(device));
+                                   (void *)(uintptr_t)stream, pdl && ewcuda_pdl_active(device), smem);
     if (err != 0) {
         ew_raise_cuda(err, "a run-time kernel's launch");
         goto done;
@@ -674,6 +682,30 @@ PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
     const int nb = ewcuda_kernel_occupancy((void *)(uintptr_t)kernel, block);
     ew_device_exit(&g);
     return PyLong_FromLong(nb);
+}
+
+PyObject *ew_rtc_cap(PyObject *module, PyObject *args)
+{
+    unsigned long long kernel;
+    int block, device, blocks;
+    if (!PyArg_ParseTuple(args, "Kiii:_rtc_cap", &kernel, &block, &device, &blocks))
+        return NULL;
+    if (block < 1 || block > 1024 || blocks < 1) {
+        PyErr_Format(PyExc_ValueError, "_rtc_cap: block %d and blocks %d (expected 1..1024 and >= 1)", block, blocks);
+        return NULL;
+    }
+    ew_device_guard g = EW_DEVICE_GUARD_INIT;
+    const ew_device dev = {EW_CUDA, device};
+    if (ew_device_enter(&g, dev) < 0)
+        return NULL;
+    long long smem = 0;
+    const int err = ewcuda_kernel_cap((void *)(uintptr_t)kernel, block, blocks, &smem);
+    ew_device_exit(&g);
+    if (err != 0) {
+        ew_raise_cuda(err, "a run-time kernel's residency cap");
+        return NULL;
+    }
+    return PyLong_FromLongLong(smem);
 }
 
 PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
@@ -769,6 +801,10 @@ PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args)
     return ew_rtc_load(module, args);
 }
 PyObject *ew_rtc_attrs(PyObject *module, PyObject *args)
+{
+    return ew_rtc_load(module, args);
+}
+PyObject *ew_rtc_cap(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
 }

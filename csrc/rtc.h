@@ -21,6 +21,7 @@ PyObject *ew_rtc_load(PyObject *module, PyObject *args);
 PyObject *ew_rtc_launch(PyObject *module, PyObject *args);
 PyObject *ew_rtc_occupancy(PyObject *module, PyObject *args);
 PyObject *ew_rtc_attrs(PyObject *module, PyObject *args);
+PyObject *ew_rtc_cap(PyObject *module, PyObject *args);
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args);
 PyObject *ew_auto_plan(PyObject *module, PyObject *args);
@@ -33,14 +34,16 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *                   on (by ewkern's switch, pdl_enabled()), the prefetch field's offset in params
  *                   (-1: none), the store field's (-1: none) and its value: one launch with params
  *                   as its argument struct;
+ *   EW_PROG_LAUNCH_CAP the same, then its dynamic shared memory bytes for PDL off and for PDL on
+ *                   (a launch whose blocks an SM holds are capped: the rows engine's, _kernel.py);
  *   EW_PROG_COLSUM  kernel handle, device, block, grid, partial rows, columns, offset: a column sum
  *                   (a RowKernel's), whose (partials, output) addresses sit at offset in params;
  *   EW_PROG_CPU     function address, threads: `void entry(const params *, int threads)`.
  * The caller holds the device current (CUDA) and need not hold the GIL. 0; a CUDA error (the first
  * launch's that failed, msg says which); or -1 with msg set for a program that does not fit params
  * or this build. */
-enum { EW_PROG_LAUNCH = 1, EW_PROG_COLSUM = 2, EW_PROG_CPU = 3 };
-enum { EW_PROG_LAUNCH_WORDS = 12, EW_PROG_COLSUM_WORDS = 8, EW_PROG_CPU_WORDS = 3 };
+enum { EW_PROG_LAUNCH = 1, EW_PROG_COLSUM = 2, EW_PROG_CPU = 3, EW_PROG_LAUNCH_CAP = 4 };
+enum { EW_PROG_LAUNCH_WORDS = 12, EW_PROG_COLSUM_WORDS = 8, EW_PROG_CPU_WORDS = 3, EW_PROG_LAUNCH_CAP_WORDS = 14 };
 int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, void *stream, char *msg,
                size_t msglen);
 
@@ -60,8 +63,13 @@ int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, 
      "_rtc_load(image, name, device, /)\n--\n\nLoad a CUBIN/PTX image (cudaLibraryLoadData) on device and return " \
      "the handle of its kernel `name` (cudaLibraryGetKernel)."}, \
     {"_rtc_launch", (PyCFunction)ew_rtc_launch, METH_VARARGS, \
-     "_rtc_launch(kernel, grid, block, params, device, stream, pdl, /)\n--\n\nLaunch a loaded kernel whose one " \
-     "parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch when pdl."}, \
+     "_rtc_launch(kernel, grid, block, params, device, stream, pdl, smem=0, /)\n--\n\nLaunch a loaded kernel " \
+     "whose one parameter is the bytes `params`, on stream (an int handle), as a programmatic dependent launch " \
+     "when pdl, with smem bytes of dynamic shared memory."}, \
+    {"_rtc_cap", (PyCFunction)ew_rtc_cap, METH_VARARGS, \
+     "_rtc_cap(kernel, block, device, blocks, /)\n--\n\nThe dynamic shared memory bytes with which launches of " \
+     "a loaded kernel at block threads keep at most `blocks` blocks on an SM (the kernel's attributes set for " \
+     "it), or 0 where no cap applies."}, \
     {"_rtc_occupancy", (PyCFunction)ew_rtc_occupancy, METH_VARARGS, \
      "_rtc_occupancy(kernel, block, device, /)\n--\n\nResident blocks per SM of a loaded kernel at block threads."}, \
     {"_rtc_attrs", (PyCFunction)ew_rtc_attrs, METH_VARARGS, \

@@ -45,13 +45,15 @@ _INJECT_HEAD = """
 
 
 def _ts_variants(original):
-    """ts<N> (N the __launch_bounds__ minimum, 0 none): the rows entry with every block's globaltimer
-    at entry, after pdl_wait and at exit, its SM and its first input's address recorded in _REC."""
+    """ts<N>[L][c<P>] (N the __launch_bounds__ minimum, 0 none): the rows entry with every block's
+    globaltimer at entry, after pdl_wait and at exit, its SM and its first input's address recorded
+    in _REC; L: without the early pdl_launch_dependents; c<P>: with 47 KiB of static shared memory
+    a block and the kernel's shared-memory carveout set to P% (main: the blocks an SM holds)."""
     from ewkern.rtc import _codegen
     patched = _codegen.reduction_rows_source
 
     def wrapped(name, in_layout, *a, **kw):
-        m = re.search(r"_ts(\d)$", name)
+        m = re.search(r"_ts(\d)(L?)(?:c(\d+))?$", name)
         if not m:
             return patched(name, in_layout, *a, **kw)
         src, entries = original(name, in_layout, *a, **kw)
@@ -62,9 +64,16 @@ def _ts_variants(original):
         start = text.index(f"ewrtc_{name}_rows(")
         body = text.index("{", start) + 1
         rec = _REC["t"].data_ptr()
-        text = text[:body] + (_INJECT_HEAD % (rec, _CAP)).replace("PTR", "PP.in.p_a") + text[body:]
+        pad = ""
+        if m.group(3):   # c<P>: 48 KiB of static shared memory a block, the carveout set to P% (_carveout_on_load)
+            pad = ("    __shared__ volatile char _ewpad[48 * 1024 - 1280];\n"
+                   "    if (PP.nout < 0) _ewpad[threadIdx.x] = 0;\n")
+        text = text[:body] + pad + (_INJECT_HEAD % (rec, _CAP)).replace("PTR", "PP.in.p_a") + text[body:]
         w = text.index("pdl_wait();", body) + len("pdl_wait();")
         text = text[:w] + ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_ewrec.tw));' + text[w:]
+        if m.group(2):   # L: no early trigger (the next kernel launches as this one's blocks exit)
+            t = text.index("pdl_launch_dependents();", w)
+            text = text[:t] + text[t + len("pdl_launch_dependents();"):]
         return text, entries
     _codegen.reduction_rows_source = wrapped
 
@@ -106,6 +115,30 @@ def _timeline(rec, size):
           f"last release after first {med[8]:.0f}", flush=True)
 
 
+def _carveout_on_load():
+    """Wrap the C module's _rtc_load so that a ts..c<P> variant's rows entry gets its preferred
+    shared-memory carveout set to P% (cudaFuncSetAttribute through the CUDA runtime torch loaded)
+    as it loads, before the host asks its occupancy: with 47 KiB a block that caps the blocks an SM
+    holds."""
+    import ctypes
+    import glob
+    from ewkern.rtc import _kernel
+    C = _kernel._C()
+    load = C._rtc_load
+    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*"))
+    rt = ctypes.CDLL(libs[0] if libs else "libcudart.so")
+
+    def wrapped(image, entry, dev):
+        h = load(image, entry, dev)
+        m = re.search(r"_ts\d+L?c(\d+)_rows$", entry)
+        if m:
+            err = rt.cudaFuncSetAttribute(ctypes.c_void_p(h), 9, ctypes.c_int(int(m.group(1))))
+            print(f"  {entry}: carveout {m.group(1)}% (cudaFuncSetAttribute -> {err}), "
+                  f"{C._rtc_occupancy(h, 256, dev)} blocks of 256 an SM", flush=True)
+        return h
+    C._rtc_load = wrapped
+
+
 def harness():
     """harness SIZE DTYPE VARIANTS: speed_probe.py rows' own measurement (the harness's time_calls),
     with the ts variants' timelines of its back-to-back graphs printed after it."""
@@ -117,6 +150,7 @@ def harness():
         install()
         _ts_variants(original)
     speed_probe._rows_source_variants = both
+    _carveout_on_load()
     _REC["t"] = torch.zeros(8 + 8 * _CAP, dtype=torch.int64, device="cuda")
     speed_probe.rows([parse_bytes(sys.argv[2])], [sys.argv[3]], sys.argv[4].split(","))
     torch.cuda.synchronize()
@@ -133,6 +167,7 @@ def main():
     original = _codegen.reduction_rows_source
     speed_probe._rows_source_variants()
     _ts_variants(original)
+    _carveout_on_load()
     _REC["t"] = torch.zeros(8 + 8 * _CAP, dtype=torch.int64, device="cuda")
     cols = 4096
     args = ("T a, T b", "T y", "((float)a - (float)b) * ((float)a - (float)b)", "a + b",
@@ -144,7 +179,10 @@ def main():
     nsets = int(os.environ.get("PROBE_SETS", 0)) or max(K, -(-4 * l2 // (2 * size)))
     sets = [(torch.randn(rows, cols, device="cuda").to(tdt), torch.randn(rows, cols, device="cuda").to(tdt))
             for _ in range(nsets)]
-    s = torch.cuda.Stream()
+    # PROBE_DEFAULT_STREAM=1: capture and replay as the harness does (torch's default capture stream,
+    # replays on the current stream); else a side stream of the probe's own
+    own = not os.environ.get("PROBE_DEFAULT_STREAM")
+    s = torch.cuda.Stream() if own else torch.cuda.current_stream()
     for v in variants:
         k = ewkern.ReductionKernel(*args, name=f"probe_mse_{v}", reduce_type="float")
         with torch.cuda.stream(s):
@@ -152,7 +190,7 @@ def main():
                 k(a, b, axis=1)
             s.synchronize()
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
+            with torch.cuda.graph(g, stream=s if own else None):
                 outs = [k(*sets[i % nsets], axis=1) for i in range(K)]
             g.replay()
             s.synchronize()
@@ -170,7 +208,7 @@ def main():
                 times.append(e0.elapsed_time(e1) * 1e3 / K)
             print(f"{v} {sys.argv[1]} {dtype}: {statistics.median(times):.2f} us a call ({K} in a graph), "
                   f"path {k._last_path}", flush=True)
-            if re.search(r"ts\d$", v):
+            if re.search(r"ts\d(L?)(c\d+)?$", v):
                 _timeline(_REC["t"], size)
                 _REC["t"].zero_()
             del outs, g

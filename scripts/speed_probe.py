@@ -331,11 +331,11 @@ def rows(sizes, dtypes, variants, cols=4096):
     from ewkern.rtc import _kernel
     nopf = [False]
 
-    def prefetch_runner(h, grid, block, dev, offset, wave):
+    def prefetch_runner(h, grid, block, dev, offset, wave, smem=0):
         def run(buf, stream):
             pdl = ewkern.pdl_enabled()
             _kernel._pack_into("q", buf, offset, wave if pdl and not nopf[0] else 0)
-            _kernel._C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
+            _kernel._C()._rtc_launch(h, grid, block, buf, dev, stream, pdl, smem if pdl else 0)
         return run
     _kernel._prefetch_runner = prefetch_runner
 

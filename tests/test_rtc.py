@@ -1147,6 +1147,49 @@ def test_gpu_reduction_rows_engine(dtype, rows, cols, start):
     torch.testing.assert_close(r, ewkern.rmse(x, b, axis=1).float(), rtol=1e-5, atol=1e-7)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_gpu_reduction_rows_capped_launch_in_eager_calls_and_a_graph():
+    """A programmatic rows-engine launch of a small grid (256 rows of 4096: 2 blocks an SM of the
+    132-SM GPUs, below the kernel's occupancy) runs with the dynamic shared memory that caps its
+    blocks an SM (the path names it), eagerly and replayed from a CUDA graph over other inputs,
+    with float64's results; with PDL off it runs uncapped, the same bits; _rtc_cap gives no cap
+    at or past the kernel's occupancy."""
+    from ewkern.rtc import _kernel
+    a, b = (torch.randn(256, 4096, device="cuda") for _ in range(2))
+    want = ((a.double() - b.double()) ** 2).mean(1).sqrt()
+    saved = ewkern.pdl_enabled()
+    try:
+        ewkern.set_pdl(True)
+        r = mse_rows(a, b, axis=1)
+        torch.testing.assert_close(r.double(), want, rtol=1e-5, atol=1e-6)
+        smem = re.search(r" smem=(\d+)", mse_rows._last_path)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        if sms >= 128 and _kernel._ROWS_CAP:
+            assert smem and int(smem.group(1)) > 0, mse_rows._last_path
+        sets = [tuple(torch.randn(256, 4096, device="cuda") for _ in range(2)) for _ in range(4)]
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            mse_rows(*sets[0], axis=1)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                outs = [mse_rows(x, y, axis=1) for x, y in sets]
+            g.replay()
+        s.synchronize()
+        for (x, y), o in zip(sets, outs):
+            torch.testing.assert_close(o.double(), ((x.double() - y.double()) ** 2).mean(1).sqrt(), rtol=1e-5,
+                                       atol=1e-6)
+        ewkern.set_pdl(False)
+        assert torch.equal(mse_rows(a, b, axis=1), r) and " smem" not in mse_rows._last_path
+    finally:
+        ewkern.set_pdl(saved)
+    h = next(v[0][0] for v in mse_rows._compiled.values() if isinstance(v, tuple) and len(v) == 3)
+    occ = ewkern._C._rtc_occupancy(h, 256, 0)
+    assert ewkern._C._rtc_cap(h, 256, 0, occ) == 0 and ewkern._C._rtc_cap(h, 256, 0, occ + 3) == 0
+    assert ewkern._C._rtc_cap(h, 256, 0, 1) > 0
+
+
 heavy_rows = ewkern.ReductionKernel("T a, T b, T c", "T y", "erf(a) * exp(b) * tanh(c)", "a + b", "y = a", "0",
                                     "heavy_rows")
 

@@ -190,7 +190,12 @@ def test_cpu_plans_call_the_kernel_address_from_c(full_calls):
     for words, match in (((_kernel._PROG_CPU, 0, 1), "without a kernel address"),
                          ((9, 1, 2), "malformed launch record at word 0"),
                          ((_kernel._PROG_CPU, plan_addr := _prog(plan)[1]), "malformed launch record at word 0"),
-                         ((_kernel._PROG_CPU, plan_addr, 1, 7), "malformed launch record at word 3")):
+                         ((_kernel._PROG_CPU, plan_addr, 1, 7), "malformed launch record at word 3"),
+                         # a capped launch's record (14 words) cut short; one whose shared memory is
+                         # negative (refused before any launch, or by a build without CUDA)
+                         ((_kernel._PROG_LAUNCH_CAP, 0, 256, 1, 0, 1, 1, 0, 1, -1, -1, 0), "malformed launch record at word 0"),
+                         ((_kernel._PROG_LAUNCH_CAP, 0, 256, 1, 0, 1, 1, 0, 1, -1, -1, 0, -5, -5),
+                          "smem -5|a build without")):
         k._cplans.clear()
         k._cplans[key] = plan[:4] + (struct.pack(f"<{len(words)}q", *words),) + plan[5:]
         with pytest.raises(RuntimeError, match=match):

@@ -28,6 +28,7 @@ class FakeC:
         self.store_asks = []
         self.launches, self.plans, self.next_ptr = [], 0, 1 << 32
         self.images, self.bounded_local = {}, 0   # handle -> image; local bytes of a bounded build
+        self.caps = []
 
     def _rtc_views(self, objs, names):
         return tuple((o.ptr, o.dtype, "cuda:0", o.shape, False) for o in objs), 77
@@ -57,8 +58,12 @@ class FakeC:
         self.store_asks.append((nbytes, out_bytes))
         return nbytes > (60 << 20) or out_bytes * 32 >= (60 << 20)   # an H200's L2
 
-    def _rtc_launch(self, h, grid, block, params, dev, stream, pdl):
-        self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl)))
+    def _rtc_launch(self, h, grid, block, params, dev, stream, pdl, smem=0):
+        self.launches.append((h, grid, block, bytes(params), dev, stream, bool(pdl), smem))
+
+    def _rtc_cap(self, h, block, dev, blocks):
+        self.caps.append((h, block, blocks))
+        return 1024 * (100 // blocks)   # some bytes that fall with the blocks an SM may hold
 
     def run_prog(self, prog: bytes, buf: bytearray, stream: int, pdl: bool) -> None:
         """A C plan's launches (csrc/rtc.h's program words) made the way csrc/rtc.c's ew_rtc_run
@@ -66,16 +71,18 @@ class FakeC:
         w = struct.unpack(f"<{len(prog) // 8}q", prog)
         i = 0
         while i < len(w):
-            if w[i] == _kernel._PROG_LAUNCH:
-                dev, block, *r = w[i + 1:i + 12]
+            if w[i] in (_kernel._PROG_LAUNCH, _kernel._PROG_LAUNCH_CAP):
+                n = 12 if w[i] == _kernel._PROG_LAUNCH else 14
+                dev, block, *r = w[i + 1:i + n]
                 grid, prefetch, h = r[3:6] if pdl else r[0:3]
                 poff, wboff, wb = r[6:9]
+                smem = 0 if n == 12 else r[10 if pdl else 9]
                 if poff >= 0:
                     struct.pack_into("<q", buf, poff, prefetch)
                 if wboff >= 0:
                     struct.pack_into("<q", buf, wboff, wb)
-                self._rtc_launch(h, grid, block, buf, dev, stream, pdl)
-                i += 12
+                self._rtc_launch(h, grid, block, buf, dev, stream, pdl, smem)
+                i += n
             else:
                 assert w[i] == _kernel._PROG_COLSUM
                 h, dev, block, grid, nparts, cols, off = w[i + 1:i + 8]
@@ -293,6 +300,41 @@ def test_reduction_rows_entry_bound_kept_unless_it_spills(fake, local):
     assert f" blocks={4 if not local else 0}" in msq._last_path, msq._last_path
     launched = fake.images[fake.launches[-1][0]]
     assert (b"bounded" in launched) == (not local)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_rows_engine_caps_the_blocks_an_sm_holds_for_small_grids(fake, monkeypatch, pdl):
+    """A programmatic rows-engine launch whose grid needs fewer blocks an SM than the kernel's
+    occupancy (here 8 of 256) asks C for the dynamic shared memory that keeps it to ceil(grid /
+    SMs) (256 rows: 2), launches with it and records it in its plan's program (both settings:
+    none for PDL off); a grid that fills the occupancy, a launch without PDL and
+    EWKERN_RTC_ROWS_CAP=0 take none."""
+    monkeypatch.setattr(ewkern, "pdl_enabled", lambda: pdl)
+    monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
+    monkeypatch.setattr(_kernel, "_caps", {})
+    mse = ewkern.ReductionKernel("T a, T b", "T y", "(a - b) * (a - b)", "a + b", "y = a / _in_ind.size()", "0",
+                                 f"fake_cap{pdl}")
+    small = (FakeArray(1 << 36, "float32", (256, 4096)), FakeArray(1 << 37, "float32", (256, 4096)))
+    mse(*small, axis=1)
+    launch = fake.launches[-1]
+    want = 1024 * 50 if pdl else 0
+    assert launch[1] == 256 and launch[7] == want and launch[6] == pdl
+    assert fake.caps == [(launch[0], 256, 2)]
+    assert mse._last_path.endswith(f" smem={want} aligned" if pdl else " blocks=4 aligned"), mse._last_path
+    (_, _, _, _, run, _), = mse._cplans.values()
+    words = struct.unpack(f"<{len(run) // 8}q", run)
+    assert words[0] == _kernel._PROG_LAUNCH_CAP and words[12:] == (0, 1024 * 50)
+    # the program made into a launch is the full path's (its smem included)
+    fake.run_prog(run, bytearray(launch[3]), launch[5], pdl)
+    assert fake.launches[-1] == launch
+    big = (FakeArray(1 << 38, "float32", (2048, 4096)), FakeArray(1 << 39, "float32", (2048, 4096)))
+    mse(*big, axis=1)   # 2048 blocks: 16 an SM, past the occupancy
+    assert fake.launches[-1][1] == 2048 and fake.launches[-1][7] == 0 and len(fake.caps) == 1
+    monkeypatch.setattr(_kernel, "_ROWS_CAP", False)
+    mse2 = ewkern.ReductionKernel("T a, T b", "T y", "(a - b) * (a - b)", "a + b", "y = a / _in_ind.size()", "0",
+                                  f"fake_nocap{pdl}")
+    mse2(*small, axis=1)
+    assert fake.launches[-1][7] == 0 and len(fake.caps) == 1 and " smem" not in mse2._last_path
 
 
 def kern_args_rms(b):

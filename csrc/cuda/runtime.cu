@@ -461,12 +461,14 @@ int ewcuda_library_load(const void *image, const char *name, void **library, voi
     return 0;
 }
 
-int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl)
+int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **args, void *stream, int pdl,
+                         long long smem)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[1];
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = S(stream);
     cfg.attrs = attr;
     cfg.numAttrs = 0;
@@ -482,6 +484,53 @@ int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **arg
     else
         ewcuda_pdl_launched(stream, capture);
     return (int)err;
+}
+
+/* ewcuda_kernel_cap (cuda_api.h). A block's shared memory, dynamic + static + the reservation, is
+ * at most per_sm / blocks, so that `blocks` fit an SM under the largest carveout, and more than
+ * per_sm / (blocks + 1), so that one more does not (rounded down to 1 KiB, then checked by the
+ * occupancy API). The kernel may then take any dynamic size up to the device's opt-in limit (set
+ * once, never lowered: a captured graph may hold an earlier launch) and prefers the largest
+ * carveout, which the cap assumes. */
+int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem)
+{
+    *smem = 0;
+    int dev = 0, per_sm = 0, reserved = 0, optin = 0, uncapped = 0, got = 0;
+    cudaFuncAttributes fa;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (err == cudaSuccess)
+        err = cudaFuncGetAttributes(&fa, kernel);
+    if (err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&uncapped, kernel, block, 0);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (int)err;
+    }
+    if (blocks < 1 || blocks >= uncapped)
+        return 0;
+    const long long stat = (long long)fa.sharedSizeBytes;
+    const long long d = ((long long)(per_sm / blocks) - reserved - stat) / 1024 * 1024;
+    if (d + stat + reserved <= per_sm / (blocks + 1) || d + stat > optin)
+        return 0;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(optin - stat));
+    if (err == cudaSuccess)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   (int)cudaSharedmemCarveoutMaxShared);
+    if (err == cudaSuccess)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, block, (size_t)d);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (int)err;
+    }
+    if (got == blocks)
+        *smem = d;
+    return 0;
 }
 
 int ewcuda_kernel_occupancy(void *kernel, int block)

@@ -761,7 +761,7 @@ _CPLAN_SCALARS = {("float32", "f"): 0, ("float64", "d"): 1}
 
 # A C plan's launches as data, the program csrc/rtc.c's ew_rtc_run runs (rtc.h says the words of
 # each record): a runner's .prog
-_PROG_LAUNCH, _PROG_COLSUM, _PROG_CPU = 1, 2, 3
+_PROG_LAUNCH, _PROG_COLSUM, _PROG_CPU, _PROG_LAUNCH_CAP = 1, 2, 3, 4
 
 
 def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, ret: str, extra,
@@ -858,10 +858,11 @@ def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, i
 
 
 def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: int,
-                     wave: int) -> Callable[[bytearray, int], None]:
+                     wave: int, smem: int = 0) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of one launch whose argument struct has a prefetch field (at
-    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off.
-    run.prog: the same launch as data (_PROG_LAUNCH)."""
+    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off; smem:
+    the dynamic shared memory of the PDL launch (_rows_cap), none without PDL. run.prog: the same
+    launch as data (_PROG_LAUNCH, or _PROG_LAUNCH_CAP with smem)."""
     from .. import pdl_enabled
 
     launch = _C()._rtc_launch
@@ -869,10 +870,38 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
     def run(buf: bytearray, stream: int) -> None:
         pdl = pdl_enabled()
         _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
-        launch(h, grid, block, buf, dev, stream, pdl)
-    run.prog = (_PROG_LAUNCH, dev, block, grid, 0, h,  # type: ignore[attr-defined]
-                grid, wave, h, prefetch_offset, -1, 0)
+        if pdl and smem:
+            launch(h, grid, block, buf, dev, stream, pdl, smem)
+        else:
+            launch(h, grid, block, buf, dev, stream, pdl)
+    run.prog = (_PROG_LAUNCH_CAP if smem else _PROG_LAUNCH, dev, block, grid, 0, h,  # type: ignore[attr-defined]
+                grid, wave, h, prefetch_offset, -1, 0) + ((0, smem) if smem else ())
     return run
+
+
+# EWKERN_RTC_ROWS_CAP (read once; 0 turns it off): a programmatic launch of the rows engine whose
+# grid needs fewer blocks an SM than the kernel's occupancy holds keeps to that many (ceil(grid /
+# SMs)) by dynamic shared memory (_rows_cap). Why (H200, scripts/rows_graph_probe.py, mse over
+# rows of 4096, float32 4 MiB, 256 blocks): in a back-to-back graph each kernel's early-launched
+# blocks land on the SMs the running one leaves idle, up to the occupancy, so that successive
+# kernels took turns on halves of the GPU: 68-71 of 132 SMs at 4 blocks each, 4.39 us a call
+# (0.84 of torch.compile); capped at 2, every SM held 2 and it took 3.21 us (1.14).
+_ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "1") != "0"
+_caps: dict = {}   # (kernel handle, device, blocks an SM) -> dynamic shared memory bytes (0: none)
+
+
+def _rows_cap(h: int, dev: int, grid: int, sms: int, occupancy: int) -> int:
+    """The dynamic shared memory of a programmatic rows-engine launch of grid blocks (_ROWS_CAP):
+    enough that an SM holds at most ceil(grid / sms) of them, where that is below occupancy; else
+    0. Asked once per kernel and cap (C's _rtc_cap sets the kernel's attributes)."""
+    blocks = -(-grid // sms)
+    if not _ROWS_CAP or blocks >= occupancy:
+        return 0
+    key = (h, dev, blocks)
+    smem = _caps.get(key)
+    if smem is None:
+        smem = _caps[key] = int(_C()._rtc_cap(h, _codegen.ROWS_BLOCK, dev, blocks))
+    return smem
 
 
 def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size, cls):
@@ -1308,18 +1337,23 @@ class ReductionKernel:
         pdl = pdl_enabled()
         Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
         P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
+        per = _codegen.ROWS_BLOCK // G
+        grid_rows = -(-(nout * nchunks) // per)
+        smem = _rows_cap(h_rows, int(call.device[5:]), grid_rows, sms, wave // sms)
         if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
-            run = _prefetch_runner(h_rows, -(-nout // (_codegen.ROWS_BLOCK // G)), _codegen.ROWS_BLOCK,
-                                   int(call.device[5:]), Params.prefetch.offset, wave)
+            run = _prefetch_runner(h_rows, grid_rows, _codegen.ROWS_BLOCK, int(call.device[5:]),
+                                   Params.prefetch.offset, wave, smem)
         keep = None
         if nchunks > 1:
             nbytes = nout * nchunks * _REDUCE_SIZES[rtype]
             keep = _C()._rtc_result(call.like, "float64", (-(-nbytes // 8),))
             (pa,), _ = _cuda_arrs([keep], ["partial"])
             P.partial = pa.ptr
-        per = _codegen.ROWS_BLOCK // G
-        _C()._rtc_launch(h_rows, -(-(nout * nchunks) // per), _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]),
-                         call.stream, pdl)
+        if pdl and smem:
+            _C()._rtc_launch(h_rows, grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream,
+                             pdl, smem)
+        else:
+            _C()._rtc_launch(h_rows, grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream, pdl)
         if nchunks > 1:
             P.G = G2 = min(_codegen.ROWS_BLOCK, _pow2ceil(-(-nchunks // 4)))
             P.prefetch = 0
@@ -1328,7 +1362,8 @@ class ReductionKernel:
         del keep   # the partials' memory goes back to its allocator in stream order
         if nchunks == 1:
             plan(P, in_layout, out_layout, run)
-        self._last_path = f"rows G={G} chunks={nchunks} E={E} blocks={blocks}{' aligned' if aligned else ''}"
+        self._last_path = (f"rows G={G} chunks={nchunks} E={E} blocks={blocks}{f' smem={smem}' if pdl and smem else ''}"
+                           f"{' aligned' if aligned else ''}")
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
