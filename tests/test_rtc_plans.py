@@ -38,7 +38,10 @@ class FakeC:
         return FakeArray(self.next_ptr, dt, shape)
 
     def _rtc_load(self, image, entry, dev):
-        h = hash((entry, image)) & 0xFFFFFFF
+        # each load its own handle, as each cudaLibraryLoadData is (a second load of a kernel's
+        # image: the rows engine's capped launches)
+        h = (hash((entry, image)) & 0xFFFFFFF) + (sum(1 for k in self.images if k & 0xFFFFFFF == hash((entry, image))
+                                                     & 0xFFFFFFF) << 28)
         self.images[h] = image
         return h
 
@@ -319,11 +322,14 @@ def test_rows_engine_caps_the_blocks_an_sm_holds_for_small_grids(fake, monkeypat
     launch = fake.launches[-1]
     want = 1024 * 50 if pdl else 0
     assert launch[1] == 256 and launch[7] == want and launch[6] == pdl
-    assert fake.caps == [(launch[0], 256, 2)]
+    # the capped launch runs a second handle of the image, which alone takes the cap's attributes
+    (h_capped, _, cap_blocks), = fake.caps
+    assert cap_blocks == 2 and (launch[0] == h_capped) == pdl
+    assert h_capped != next(v[0][0] for v in mse._compiled.values())
     assert mse._last_path.endswith(f" smem={want} aligned" if pdl else " blocks=4 aligned"), mse._last_path
     (_, _, _, _, run, _), = mse._cplans.values()
     words = struct.unpack(f"<{len(run) // 8}q", run)
-    assert words[0] == _kernel._PROG_LAUNCH_CAP and words[12:] == (0, 1024 * 50)
+    assert words[0] == _kernel._PROG_LAUNCH_CAP and words[12:] == (0, 1024 * 50) and words[8] == h_capped
     # the program made into a launch is the full path's (its smem included)
     fake.run_prog(run, bytearray(launch[3]), launch[5], pdl)
     assert fake.launches[-1] == launch

@@ -858,24 +858,26 @@ def _cpu_runner(compiled: Any, threads: int, cls: Any) -> Callable[[bytearray, i
 
 
 def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: int,
-                     wave: int, smem: int = 0) -> Callable[[bytearray, int], None]:
+                     wave: int, capped: tuple[int, int] | None = None) -> Callable[[bytearray, int], None]:
     """run(buf, stream) of one launch whose argument struct has a prefetch field (at
-    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off; smem:
-    the dynamic shared memory of the PDL launch (_rows_cap), none without PDL. run.prog: the same
-    launch as data (_PROG_LAUNCH, or _PROG_LAUNCH_CAP with smem)."""
+    prefetch_offset): the first wave's blocks prefetch when PDL is on, none when it is off;
+    capped: (kernel handle, dynamic shared memory) of the PDL launch (_rows_cap), which then runs
+    that handle with that memory. run.prog: the same launch as data (_PROG_LAUNCH, or
+    _PROG_LAUNCH_CAP when capped)."""
     from .. import pdl_enabled
 
     launch = _C()._rtc_launch
+    hp, smem = capped or (h, 0)
 
     def run(buf: bytearray, stream: int) -> None:
         pdl = pdl_enabled()
         _pack_into("q", buf, prefetch_offset, wave if pdl else 0)
         if pdl and smem:
-            launch(h, grid, block, buf, dev, stream, pdl, smem)
+            launch(hp, grid, block, buf, dev, stream, pdl, smem)
         else:
             launch(h, grid, block, buf, dev, stream, pdl)
     run.prog = (_PROG_LAUNCH_CAP if smem else _PROG_LAUNCH, dev, block, grid, 0, h,  # type: ignore[attr-defined]
-                grid, wave, h, prefetch_offset, -1, 0) + ((0, smem) if smem else ())
+                grid, wave, hp, prefetch_offset, -1, 0) + ((0, smem) if smem else ())
     return run
 
 
@@ -886,22 +888,28 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 # blocks land on the SMs the running one leaves idle, up to the occupancy, so that successive
 # kernels took turns on halves of the GPU: 68-71 of 132 SMs at 4 blocks each, 4.39 us a call
 # (0.84 of torch.compile); capped at 2, every SM held 2 and it took 3.21 us (1.14).
+# The capped launches run a second handle of the same image: the attributes the cap sets (the
+# largest shared-memory carveout) slowed the kernel's uncapped launches where they shared one
+# handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
+# 0.95 / 0.97 of torch.compile back-to-back once a small call had capped the handle).
 _ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "1") != "0"
-_caps: dict = {}   # (kernel handle, device, blocks an SM) -> dynamic shared memory bytes (0: none)
+_caps: dict = {}   # (image id, entry, device, blocks an SM) -> (capped handle, dynamic shared memory)
 
 
-def _rows_cap(h: int, dev: int, grid: int, sms: int, occupancy: int) -> int:
-    """The dynamic shared memory of a programmatic rows-engine launch of grid blocks (_ROWS_CAP):
-    enough that an SM holds at most ceil(grid / sms) of them, where that is below occupancy; else
-    0. Asked once per kernel and cap (C's _rtc_cap sets the kernel's attributes)."""
+def _rows_cap(image: bytes, entry: str, dev: int, grid: int, sms: int, occupancy: int) -> tuple[int, int] | None:
+    """(kernel handle, dynamic shared memory) of a programmatic rows-engine launch of grid blocks
+    (_ROWS_CAP): a handle of image's entry of its own, and enough memory that an SM holds at most
+    ceil(grid / sms) of the blocks, where that is below occupancy; else None. Asked once per
+    kernel and cap (C's _rtc_cap sets that handle's attributes)."""
     blocks = -(-grid // sms)
     if not _ROWS_CAP or blocks >= occupancy:
-        return 0
-    key = (h, dev, blocks)
-    smem = _caps.get(key)
-    if smem is None:
-        smem = _caps[key] = int(_C()._rtc_cap(h, _codegen.ROWS_BLOCK, dev, blocks))
-    return smem
+        return None
+    key = (id(image), entry, dev, blocks)
+    got = _caps.get(key)
+    if got is None:
+        h = next((v[0] for k, v in _caps.items() if k[:3] == key[:3]), None) or _C()._rtc_load(image, entry, dev)
+        got = _caps[key] = (h, int(_C()._rtc_cap(h, _codegen.ROWS_BLOCK, dev, blocks)))
+    return got if got[1] else None
 
 
 def _elementwise_runner(compiled, device, mode: str, layout, n: int, head: int, block_size, cls):
@@ -1331,26 +1339,27 @@ class ReductionKernel:
                 if blocks == 0 or _C()._rtc_attrs(hs[0], dev)[1] == 0:
                     break
             wave = sms * _C()._rtc_occupancy(hs[0], _codegen.ROWS_BLOCK, dev)
-            kern = self._compiled[key] = (hs, wave, blocks)
-        (h_rows, h_comb), wave, blocks = kern
+            kern = self._compiled[key] = (hs, wave, blocks, (image, entries[0]))
+        (h_rows, h_comb), wave, blocks, (image, entry) = kern
         from .. import pdl_enabled
         pdl = pdl_enabled()
         Params: Any = _reduction_struct(type(in_struct), type(out_struct), True)
         P = Params(in_struct, out_struct, R, nout, head0, nchunks, chunk_vecs, G, wave if pdl else 0, None)
         per = _codegen.ROWS_BLOCK // G
         grid_rows = -(-(nout * nchunks) // per)
-        smem = _rows_cap(h_rows, int(call.device[5:]), grid_rows, sms, wave // sms)
+        capped = _rows_cap(image, entry, int(call.device[5:]), grid_rows, sms, wave // sms)
+        smem = capped[1] if capped else 0
         if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
             run = _prefetch_runner(h_rows, grid_rows, _codegen.ROWS_BLOCK, int(call.device[5:]),
-                                   Params.prefetch.offset, wave, smem)
+                                   Params.prefetch.offset, wave, capped)
         keep = None
         if nchunks > 1:
             nbytes = nout * nchunks * _REDUCE_SIZES[rtype]
             keep = _C()._rtc_result(call.like, "float64", (-(-nbytes // 8),))
             (pa,), _ = _cuda_arrs([keep], ["partial"])
             P.partial = pa.ptr
-        if pdl and smem:
-            _C()._rtc_launch(h_rows, grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream,
+        if pdl and capped:
+            _C()._rtc_launch(capped[0], grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream,
                              pdl, smem)
         else:
             _C()._rtc_launch(h_rows, grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream, pdl)
