@@ -310,9 +310,10 @@ def test_rows_engine_caps_the_blocks_an_sm_holds_for_small_grids(fake, monkeypat
     """A programmatic rows-engine launch whose grid needs fewer blocks an SM than the kernel's
     occupancy (here 8 of 256) asks C for the dynamic shared memory that keeps it to ceil(grid /
     SMs) (256 rows: 2), launches with it and records it in its plan's program (both settings:
-    none for PDL off); a grid that fills the occupancy, a launch without PDL and
-    EWKERN_RTC_ROWS_CAP=0 take none."""
+    none for PDL off), where EWKERN_RTC_ROWS_CAP=1 asks for it (off by default); a grid that fills
+    the occupancy, a launch without PDL and the default take none."""
     monkeypatch.setattr(ewkern, "pdl_enabled", lambda: pdl)
+    monkeypatch.setattr(_kernel, "_ROWS_CAP", True)
     monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
     monkeypatch.setattr(_kernel, "_caps", {})
     mse = ewkern.ReductionKernel("T a, T b", "T y", "(a - b) * (a - b)", "a + b", "y = a / _in_ind.size()", "0",

@@ -881,18 +881,22 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
     return run
 
 
-# EWKERN_RTC_ROWS_CAP (read once; 0 turns it off): a programmatic launch of the rows engine whose
+# EWKERN_RTC_ROWS_CAP=1 (read once; off by default until both GPUs have measured its final form,
+# BENCHMARKS.md's list for the H100): a programmatic launch of the rows engine whose
 # grid needs fewer blocks an SM than the kernel's occupancy holds keeps to that many (ceil(grid /
 # SMs)) by dynamic shared memory (_rows_cap). Why (H200, scripts/rows_graph_probe.py, mse over
 # rows of 4096, float32 4 MiB, 256 blocks): in a back-to-back graph each kernel's early-launched
 # blocks land on the SMs the running one leaves idle, up to the occupancy, so that successive
 # kernels took turns on halves of the GPU: 68-71 of 132 SMs at 4 blocks each, 4.39 us a call
-# (0.84 of torch.compile); capped at 2, every SM held 2 and it took 3.21 us (1.14).
+# (0.84 of torch.compile); capped at 2, every SM held 2 and it took 3.21 us (1.14). In `fused`
+# (9419f11, one handle), float32 4 / 8 MiB back-to-back 0.94 / 0.92 -> 1.22 / 1.09 of torch.compile,
+# float16 2 / 4 MiB 1.06 / 1.08 -> 1.34 / 1.19, float16 8 MiB 1.07 -> 1.02; single launches within
+# 0.02 either way.
 # The capped launches run a second handle of the same image: the attributes the cap sets (the
 # largest shared-memory carveout) slowed the kernel's uncapped launches where they shared one
 # handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
 # 0.95 / 0.97 of torch.compile back-to-back once a small call had capped the handle).
-_ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "1") != "0"
+_ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "0") == "1"
 _caps: dict = {}   # (image id, entry, device, blocks an SM) -> (capped handle, dynamic shared memory)
 
 
