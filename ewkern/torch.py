@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import threading
 import warnings
 
@@ -1108,6 +1109,54 @@ def _plan_answer(kern, args, grad_of=(), extra=None):
     return template, pslots, sslots, outs, prog, hidden[0] if hidden else 0, grad_of
 
 
+def _chained_plan(plans, nin, grad_of):
+    """The C++ node's plan of a ReductionKernel op's backward, two kernels: the reduction again
+    (its arguments the op's: a = the sum of map_expr, kept dims) as a stage run first, then the
+    ElementwiseKernel that writes the wanted gradients from (g, a, the op's arguments, n_in,
+    n_out). plans: the two kernels' C plans (rtc._kernel.native_plan) for the call just run, or
+    None in either place (no plan). Both renumbered into the node's numbering (0 the gradient,
+    1 + k the op's argument k, then the reduction's result, then the gradients); n_in and n_out,
+    fixed by the signature the plan is kept for, written into the second kernel's template.
+    None where a kernel has no plan or one that does not chain (hidden outputs, more than one
+    reduced result)."""
+    red, bwd = plans
+    if red is None or bwd is None or len(red) != 6 or len(bwd) != 6 or len(red[3]) != 1:
+        return None
+
+    def renumber(words, fix):
+        """pointer slots (offset, argument, bytes added) with each argument renumbered by fix"""
+        out = []
+        for off, k, x in struct.iter_unpack("<3q", words):
+            k2 = fix(k)
+            if k2 is None:
+                return None
+            out += [off, k2, x]
+        return struct.pack(f"<{len(out)}q", *out)
+    red_at = 1 + nin   # the reduction's result
+    # the reduction kernel's arguments are the op's (k < nin), then its result
+    red_p = renumber(red[1], lambda k: 1 + k)
+    red_s = []   # scalar slots (offset, kind, argument): the op's scalars, numbered as the node's
+    for off, kind, k in struct.iter_unpack("<3q", red[2]):
+        if k >= nin:
+            return None
+        red_s += [off, kind, 1 + k]
+    # the backward kernel's: g, a, the op's arguments, n_in, n_out (scalars), then its results
+    nb = nin + 4
+    bwd_p = renumber(bwd[1], lambda k: 0 if k == 0 else red_at if k == 1 else 1 + (k - 2) if k < nin + 2
+                     else red_at + 1 + (k - nb) if k >= nb else None)
+    keep = []
+    for off, kind, k in struct.iter_unpack("<3q", bwd[2]):
+        if k in (nin + 2, nin + 3):   # n_in and n_out: left as the call wrote them into the template
+            continue
+        if not 2 <= k < nin + 2:
+            return None
+        keep += [off, kind, k - 1]
+    if None in (red_p, bwd_p):
+        return None
+    stage = (red[0], red_p, struct.pack(f"<{len(red_s)}q", *red_s), red[3], red[4])
+    return (bwd[0], bwd_p, struct.pack(f"<{len(keep)}q", *keep), bwd[3], bwd[4], 0, grad_of, (stage,))
+
+
 def _node_plan(ins, scalars, bk):
     """The C++ node's plan(grad, wanted, *args) (make_user's plan), asked right after its backward
     ran for a signature: _plan_answer of bk's kernel with, for each gradient it writes, the tensor
@@ -1304,6 +1353,11 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
         """The gradients of the tensor inputs (need: the names of those wanted, None for all; the
         others None), each of the inputs' broadcast shape."""
         a, axis, keepdims = split(a, kw)
+        return backward_kernels(g, a, axis, keepdims, need)
+
+    def backward_kernels(g, a, axis, keepdims, need, stash=None):
+        """bimpl's work; stash (a dict): where the C plans its two kernels ran by go (the C++ node's
+        plan function reads them right after)."""
         shape, axes, _ = shapes(a, axis, keepdims)
         rt = "float64" if any(a[k].dtype == torch.float64 for k in tensor_at) else "float32"
         ks = kernels.get((rt, need))
@@ -1321,7 +1375,11 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
         red_a = ks[0](*a, axis=axes, keepdims=True)
         # post_map_expr's _in_ind.size() and _out_ind.size()
         n_in, n_out = math.prod(shape), math.prod(d for i, d in enumerate(shape) if i not in axes)
-        r = ks[1](g.reshape(red_a.shape).contiguous(), red_a, *a, float(n_in), float(n_out))
+        bargs = (g.reshape(red_a.shape).contiguous(), red_a, *a, float(n_in), float(n_out))
+        r = ks[1](*bargs)
+        if stash is not None:
+            from .rtc._kernel import native_plan
+            stash["plans"] = (native_plan(ks[0], tuple(a), (axes, True)), native_plan(ks[1], bargs))
         return _needed([(k, ins[k]) for k in tensor_at], need, r)
 
     def bfake(g, *a, **kw):
@@ -1374,11 +1432,16 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
                 return base_call(op, *a, axis, keepdims)
             fn = fallback
             if _native:
-                grads = _user_autograd(ins, scalars, lambda g, *a, need=None: bimpl(g, *a, axis, keepdims, need=need),
-                                       masked=True)[2]
+                stash: dict = {}
+                grads = _user_autograd(ins, scalars, lambda g, *a, need=None: backward_kernels(
+                    g, a, axis, keepdims, need, stash), masked=True)[2]
                 extra = (tuple(axis) if isinstance(axis, list) else axis, bool(keepdims))   # the kernel's plan key
+
+                def plan(g, wanted, *a):
+                    plans = stash.pop("plans", None)
+                    return _chained_plan(plans, nin, tuple(j for j, w in enumerate(wanted) if w)) if plans else None
                 fn = _native.make_user(name, lambda *a: impl(*a, axis, keepdims), _node_grads(name, grads),
-                                       tuple(tensor_at), nin, fallback, None,
+                                       tuple(tensor_at), nin, fallback, plan,
                                        lambda *a: _plan_answer(kernel, a, extra=extra))
             if len(nodes) >= 64:
                 nodes.clear()

@@ -8,6 +8,7 @@ the switch and the failed build's warning; rmse's node in every axis= layout; us
 import contextlib
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -434,6 +435,83 @@ def test_user_reductions_record_a_cpp_node_per_axis():
     s = x.detach().as_subclass(Sub).requires_grad_()
     (gs,) = torch.autograd.grad(op(s, y.detach(), axis=1).sum(), s)
     torch.testing.assert_close(gs.as_subclass(torch.Tensor), torch.autograd.grad(op(x, y.detach(), axis=1).sum(), x)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)], ids=str)
+@pytest.mark.parametrize("axis, keepdims", [(1, False), (None, True)], ids=str)
+def test_user_reduction_backward_repeats_its_two_kernels_without_python(axis, keepdims, need, dtype, device):
+    """A ReductionKernel op's backward is two kernels (the reduction again, then the one that
+    writes the wanted gradients from it): the first backward of a signature runs them from
+    Python, every later one from C++ by their chained plans (the reduction's result scratch
+    between them; a float scalar renumbered; n_in and n_out kept as the first call wrote them),
+    the gradients bit for bit the Python path's (a broadcast input's summed to its shape); other
+    values and another scalar against the custom op's own autograd."""
+    import ewkern
+    k = ewkern.ReductionKernel("T x, T y, float32 s", "T z", "(x - y) * (x - y) * s", "a + b",
+                               "z = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0",
+                               f"native_redbw{next(_user_names)}")
+    op = ewt.kernel_op(k, scalars=("s",))
+    native()
+    gen = torch.Generator().manual_seed(5)
+
+    def inputs():
+        x = (torch.rand(6, 40, generator=gen, dtype=torch.float64) + 1).to(device, dtype).requires_grad_(need[0])
+        y = torch.rand(40, generator=gen, dtype=torch.float64).to(device, dtype).requires_grad_(need[1])
+        return x, y
+
+    def grads(x, y, s, g):
+        r = op(x, y, s, axis=axis, keepdims=keepdims)
+        return r, torch.autograd.grad(r, [t for t in (x, y) if t.requires_grad], g)
+
+    x, y = inputs()
+    shape = (6,) if axis == 1 else (1, 1)
+    g = (torch.rand(shape, generator=gen, dtype=torch.float64) + 0.5).to(device, dtype)
+    (r0, want), runs = _plan_runs(lambda: grads(x, y, 0.5, g))
+    assert runs == 0
+    (r1, got), runs = _plan_runs(lambda: grads(x, y, 0.5, g))
+    assert runs == 1
+    for a, b, t in zip(got, want, [t for t in (x, y) if t.requires_grad]):
+        assert a.shape == t.shape and a.dtype == t.dtype and a.device == t.device
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    x2, y2 = inputs()
+    (r2, got2), runs = _plan_runs(lambda: grads(x2, y2, 1.75, g))
+    assert runs == 1
+    ins = [t for t in (x2, y2) if t.requires_grad]
+    via = getattr(torch.ops.ewkern_user, k.name)(x2, y2, 1.75, None if axis is None else [axis], keepdims)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(r2, via.detach(), **tol)
+    for a, b in zip(got2, torch.autograd.grad(via, ins, g)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_user_reduction_backward_refuses_a_chained_plan_that_does_not_fit(monkeypatch):
+    """A chained plan whose earlier stage names an argument past its numbering, or whose scalar
+    slot names a tensor, is refused (read_plan): every backward of that signature keeps the
+    Python path, with the right gradients."""
+    import ewkern
+    orig = ewt._chained_plan
+    for bad in ("pointer", "scalar"):
+        def broken(plans, nin, grad_of, bad=bad):
+            r = orig(plans, nin, grad_of)
+            t, ps, ss, outs, prog = r[7][0]
+            if bad == "pointer":
+                ps = ps[:8] + struct.pack("<q", 99) + ps[16:]
+            else:
+                ss = struct.pack("<3q", 0, 0, 1) + ss
+            return r[:7] + (((t, ps, ss, outs, prog),),)
+        monkeypatch.setattr(ewt, "_chained_plan", broken)
+        k = ewkern.ReductionKernel("T x, float32 s", "T z", "x * x * s", "a + b", "z = a", "0",
+                                   f"native_redbad{next(_user_names)}")
+        op = ewt.kernel_op(k, scalars=("s",))
+        native()
+        x = torch.rand(4, 9, dtype=torch.float64, requires_grad=True)
+        for _ in range(3):
+            (gx,), runs = _plan_runs(lambda: torch.autograd.grad(op(x, 1.5, axis=1), x, torch.ones(4,
+                                                                                             dtype=torch.float64)))
+            assert runs == 0
+            torch.testing.assert_close(gx, 3 * x.detach(), rtol=1e-12, atol=0)
 
 
 def _run(code, **env):

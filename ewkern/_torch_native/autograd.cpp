@@ -637,12 +637,19 @@ PyObject *call_rmse(PyObject *fallback, PyObject *const *args, Py_ssize_t nargs)
 // `hidden` results are scratch (a column sum's partial rows); prog is the launches (ew_rtc_run). A
 // forward's kernel takes the op's arguments and has one result; a backward's takes (grad, the op's
 // arguments) and its result j is the gradient of tensor input grad_of[j].
-struct UserPlan {
+// A stage run before the plan's own launches (pre): its results, numbered after the arguments and
+// the earlier stages' results, are scratch that later stages read (a ReductionKernel op's backward:
+// the reduction again, then the kernel that writes the gradients).
+struct UserStage {
     std::string tmpl;
     std::vector<int64_t> pslots, sslots, prog;
     std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> outs;
+};
+
+struct UserPlan : UserStage {
     size_t hidden = 0;
     std::vector<int> grad_of;
+    std::vector<UserStage> pre;
 };
 
 using PlanKey = std::vector<int64_t>;
@@ -712,15 +719,12 @@ bool key_tensor(PlanKey &key, const Tensor &x)
     return true;
 }
 
-// Read a plan function's answer, (template, pointer slots, scalar slots, outputs, program, hidden,
-// grad_of), into a UserPlan whose slots are checked against the template and the numbering (first:
-// the kernel's arguments before the op's, 1 for a backward's gradient; a forward has one result):
-// null (and no Python error) where it is None or does not fit.
-std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int first)
+// Read a stage, (template, pointer slots, scalar slots, outputs, program) at r's items from at, into
+// st, its slots checked against the template and the numbering (first: the kernel's arguments
+// before the op's, 1 for a backward's gradient; before: the earlier stages' results, numbered after
+// the arguments): false (and no Python error) where it does not fit.
+bool read_stage(PyObject *r, Py_ssize_t at, const UserOp &op, int first, int64_t before, UserStage &st)
 {
-    if (r == nullptr || !PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 7)
-        return nullptr;
-    auto p = std::make_shared<UserPlan>();
     auto words = [](PyObject *b, std::vector<int64_t> &v) {
         if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) % 8)
             return false;
@@ -728,40 +732,80 @@ std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int fir
         std::memcpy(v.data(), PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
         return true;
     };
-    PyObject *tmpl = PyTuple_GET_ITEM(r, 0), *outs = PyTuple_GET_ITEM(r, 3), *grad_of = PyTuple_GET_ITEM(r, 6);
-    if (!PyBytes_Check(tmpl) || !words(PyTuple_GET_ITEM(r, 1), p->pslots) ||
-        !words(PyTuple_GET_ITEM(r, 2), p->sslots) || !words(PyTuple_GET_ITEM(r, 4), p->prog) || !PyTuple_Check(outs) ||
-        !PyTuple_Check(grad_of))
-        return nullptr;
-    p->tmpl.assign(PyBytes_AS_STRING(tmpl), PyBytes_GET_SIZE(tmpl));
-    const long hidden = PyLong_AsLong(PyTuple_GET_ITEM(r, 5));
-    const Py_ssize_t shown = PyTuple_GET_SIZE(outs) - hidden;
-    if (hidden < 0 || shown < 1 || (!first && shown != 1) || PyTuple_GET_SIZE(grad_of) != (first ? shown : 0)) {
-        PyErr_Clear();
-        return nullptr;
-    }
-    p->hidden = (size_t)hidden;
+    PyObject *tmpl = PyTuple_GET_ITEM(r, at), *outs = PyTuple_GET_ITEM(r, at + 3);
+    if (!PyBytes_Check(tmpl) || !words(PyTuple_GET_ITEM(r, at + 1), st.pslots) ||
+        !words(PyTuple_GET_ITEM(r, at + 2), st.sslots) || !words(PyTuple_GET_ITEM(r, at + 4), st.prog) ||
+        !PyTuple_Check(outs))
+        return false;
+    st.tmpl.assign(PyBytes_AS_STRING(tmpl), PyBytes_GET_SIZE(tmpl));
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(outs); j++) {
         PyObject *o = PyTuple_GET_ITEM(outs, j);
         if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(o, 0)) ||
             !PyTuple_Check(PyTuple_GET_ITEM(o, 1)))
-            return nullptr;
+            return false;
         const std::string dt = PyUnicode_AsUTF8(PyTuple_GET_ITEM(o, 0));
-        const at::ScalarType st = dt == "float32" ? at::kFloat : dt == "float16" ? at::kHalf
-                                : dt == "bfloat16" ? at::kBFloat16 : dt == "float64" ? at::kDouble : at::kByte;
-        if (st == at::kByte)
-            return nullptr;
+        const at::ScalarType t = dt == "float32" ? at::kFloat : dt == "float16" ? at::kHalf
+                               : dt == "bfloat16" ? at::kBFloat16 : dt == "float64" ? at::kDouble : at::kByte;
+        if (t == at::kByte)
+            return false;
         std::vector<int64_t> shape;
         PyObject *shp = PyTuple_GET_ITEM(o, 1);
         for (Py_ssize_t d = 0; d < PyTuple_GET_SIZE(shp); d++) {
             shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shp, d)));
             if (shape.back() < 0) {
                 PyErr_Clear();
-                return nullptr;
+                return false;
             }
         }
-        p->outs.emplace_back(st, std::move(shape));
+        st.outs.emplace_back(t, std::move(shape));
     }
+    const int64_t len = (int64_t)st.tmpl.size(), nnum = first + op.nargs + before + (int64_t)st.outs.size();
+    if (st.pslots.size() % 3 || st.sslots.size() % 3)
+        return false;
+    for (size_t j = 0; j < st.pslots.size(); j += 3)
+        if (st.pslots[j] < 0 || st.pslots[j] + 8 > len || st.pslots[j + 1] < 0 || st.pslots[j + 1] >= nnum)
+            return false;
+    for (size_t j = 0; j < st.sslots.size(); j += 3) {
+        const int64_t k = st.sslots[j + 2] - first;
+        if (st.sslots[j] < 0 || st.sslots[j] + 8 > len || k < 0 || k >= op.nargs || op.scalar_at[k] < 0)
+            return false;
+    }
+    return true;
+}
+
+// Read a plan function's answer, (template, pointer slots, scalar slots, outputs, program, hidden,
+// grad_of[, stages run first as (template, pointer slots, scalar slots, outputs, program) each]),
+// into a UserPlan (read_stage's checks; a forward has one result and no earlier stage): null (and
+// no Python error) where it is None or does not fit.
+std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int first)
+{
+    if (r == nullptr || !PyTuple_Check(r) || (PyTuple_GET_SIZE(r) != 7 && PyTuple_GET_SIZE(r) != 8))
+        return nullptr;
+    auto p = std::make_shared<UserPlan>();
+    int64_t before = 0;
+    if (PyTuple_GET_SIZE(r) == 8) {
+        PyObject *pre = PyTuple_GET_ITEM(r, 7);
+        if (!first || !PyTuple_Check(pre))
+            return nullptr;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(pre); j++) {
+            PyObject *stage = PyTuple_GET_ITEM(pre, j);
+            p->pre.emplace_back();
+            if (!PyTuple_Check(stage) || PyTuple_GET_SIZE(stage) != 5 ||
+                !read_stage(stage, 0, op, first, before, p->pre.back()))
+                return nullptr;
+            before += (int64_t)p->pre.back().outs.size();
+        }
+    }
+    PyObject *grad_of = PyTuple_GET_ITEM(r, 6);
+    if (!PyTuple_Check(grad_of) || !PyTuple_Check(PyTuple_GET_ITEM(r, 3)) || !read_stage(r, 0, op, first, before, *p))
+        return nullptr;
+    const long hidden = PyLong_AsLong(PyTuple_GET_ITEM(r, 5));
+    const Py_ssize_t shown = (Py_ssize_t)p->outs.size() - hidden;
+    if (hidden < 0 || shown < 1 || (!first && shown != 1) || PyTuple_GET_SIZE(grad_of) != (first ? shown : 0)) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    p->hidden = (size_t)hidden;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(grad_of); j++) {
         const long t = PyLong_AsLong(PyTuple_GET_ITEM(grad_of, j));
         if (t < 0 || (size_t)t >= op.tpos.size()) {
@@ -770,54 +814,33 @@ std::shared_ptr<const UserPlan> read_plan(PyObject *r, const UserOp &op, int fir
         }
         p->grad_of.push_back((int)t);
     }
-    const int64_t len = (int64_t)p->tmpl.size(), nnum = first + op.nargs + (int64_t)p->outs.size();
-    if (p->pslots.size() % 3 || p->sslots.size() % 3)
-        return nullptr;
-    for (size_t j = 0; j < p->pslots.size(); j += 3)
-        if (p->pslots[j] < 0 || p->pslots[j] + 8 > len || p->pslots[j + 1] < 0 || p->pslots[j + 1] >= nnum)
-            return nullptr;
-    for (size_t j = 0; j < p->sslots.size(); j += 3) {
-        const int64_t k = p->sslots[j + 2] - first;
-        if (p->sslots[j] < 0 || p->sslots[j] + 8 > len || k < 0 || k >= op.nargs || op.scalar_at[k] < 0)
-            return nullptr;
-    }
     return p;
 }
 
-// Run a plan: ptrs holds the kernel's arguments' addresses (first + the op's arguments; 0 for a
-// scalar), the results (shown, then scratch) are allocated like `like`, the argument struct written
-// (the scalars from the op's, scalars), the launches made on torch's current stream of like's
-// device (the GIL released around them where this thread holds it).
-std::vector<Tensor> run_user_plan(const UserOp &op, const UserPlan &p, const Tensor &like, std::vector<uint64_t> ptrs,
-                                  const std::vector<double> &scalars, int first)
+// Run one stage: its results allocated like `like` (appended to ptrs and to news), its argument
+// struct written (the scalars from the op's, scalars), its launches made on stream (the GIL
+// released around them where this thread holds it).
+void run_stage(const UserOp &op, const UserStage &st, const Tensor &like, std::vector<uint64_t> &ptrs,
+               std::vector<Tensor> &news, const std::vector<double> &scalars, int first, void *stream)
 {
-    const size_t n = ptrs.size();
-    c10::OptionalDeviceGuard guard;
-    void *stream = nullptr;
-    if (like.is_cuda()) {
-        guard.reset_device(like.device());
-        stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    for (const auto &o : st.outs) {
+        news.push_back(at::empty(o.second, like.options().dtype(o.first)));
+        ptrs.push_back((uint64_t)(uintptr_t)news.back().data_ptr());
     }
-    std::vector<Tensor> news;
-    news.reserve(p.outs.size());
-    ptrs.resize(n + p.outs.size());
-    for (size_t j = 0; j < p.outs.size(); j++) {
-        news.push_back(at::empty(p.outs[j].second, like.options().dtype(p.outs[j].first)));
-        ptrs[n + j] = (uint64_t)(uintptr_t)news.back().data_ptr();
+    std::string buf = st.tmpl;
+    for (size_t j = 0; j < st.pslots.size(); j += 3) {
+        const uint64_t v = ptrs[st.pslots[j + 1]] + (uint64_t)st.pslots[j + 2];
+        std::memcpy(&buf[st.pslots[j]], &v, 8);
     }
-    std::string buf = p.tmpl;
-    for (size_t j = 0; j < p.pslots.size(); j += 3) {
-        const uint64_t v = ptrs[p.pslots[j + 1]] + (uint64_t)p.pslots[j + 2];
-        std::memcpy(&buf[p.pslots[j]], &v, 8);
-    }
-    for (size_t j = 0; j < p.sslots.size(); j += 3) {
-        const double v = scalars[op.scalar_at[p.sslots[j + 2] - first]];
+    for (size_t j = 0; j < st.sslots.size(); j += 3) {
+        const double v = scalars[op.scalar_at[st.sslots[j + 2] - first]];
         const float f = (float)v;
-        std::memcpy(&buf[p.sslots[j]], p.sslots[j + 1] ? (const void *)&v : (const void *)&f, p.sslots[j + 1] ? 8 : 4);
+        std::memcpy(&buf[st.sslots[j]], st.sslots[j + 1] ? (const void *)&v : (const void *)&f,
+                    st.sslots[j + 1] ? 8 : 4);
     }
     char msg[256] = "";
     auto run = [&] {
-        return api->rtc_run(p.prog.data(), (int64_t)p.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg,
+        return api->rtc_run(st.prog.data(), (int64_t)st.prog.size(), &buf[0], (int64_t)buf.size(), stream, msg,
                             sizeof msg);
     };
     int err;
@@ -829,6 +852,25 @@ std::vector<Tensor> run_user_plan(const UserOp &op, const UserPlan &p, const Ten
         err = run();
     }
     TORCH_CHECK(err == 0, "ewkern.torch (", op.name, "): ", msg);
+}
+
+// Run a plan: ptrs holds the kernel's arguments' addresses (first + the op's arguments; 0 for a
+// scalar); its earlier stages run first, their results scratch; then its own launches, whose
+// results (shown, then scratch) it returns; all on torch's current stream of like's device.
+std::vector<Tensor> run_user_plan(const UserOp &op, const UserPlan &p, const Tensor &like, std::vector<uint64_t> ptrs,
+                                  const std::vector<double> &scalars, int first)
+{
+    c10::OptionalDeviceGuard guard;
+    void *stream = nullptr;
+    if (like.is_cuda()) {
+        guard.reset_device(like.device());
+        stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    }
+    std::vector<Tensor> scratch, news;
+    for (const UserStage &st : p.pre)
+        run_stage(op, st, like, ptrs, scratch, scalars, first, stream);
+    news.reserve(p.outs.size());
+    run_stage(op, p, like, ptrs, news, scalars, first, stream);
     (first ? USER_PLAN_RUNS : USER_FORWARD_RUNS).fetch_add(1, std::memory_order_relaxed);
     return news;
 }
