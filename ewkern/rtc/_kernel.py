@@ -897,7 +897,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 # handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
 # 0.95 / 0.97 of torch.compile back-to-back once a small call had capped the handle).
 _ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "0") == "1"
-_caps: dict = {}   # (image id, entry, device, blocks an SM) -> (capped handle, dynamic shared memory)
+_caps: dict = {}   # (image, entry, device, blocks an SM) -> (capped handle, dynamic shared memory)
 
 
 def _rows_cap(image: bytes, entry: str, dev: int, grid: int, sms: int, occupancy: int) -> tuple[int, int] | None:
@@ -908,7 +908,7 @@ def _rows_cap(image: bytes, entry: str, dev: int, grid: int, sms: int, occupancy
     blocks = -(-grid // sms)
     if not _ROWS_CAP or blocks >= occupancy:
         return None
-    key = (id(image), entry, dev, blocks)
+    key = (image, entry, dev, blocks)   # the image itself, not its id: a handle must never outlive its kernel
     got = _caps.get(key)
     if got is None:
         h = next((v[0] for k, v in _caps.items() if k[:3] == key[:3]), None) or _C()._rtc_load(image, entry, dev)
