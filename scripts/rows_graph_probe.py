@@ -1,12 +1,22 @@
-"""Back-to-back graphs of the rows engine's mse over rows of 4096 (speed_probe.py rows' kernels),
-one graph per source variant, for Nsight Compute (not part of the package):
+"""Back-to-back graphs of the rows engine's mse over rows of 4096 (speed_probe.py rows' kernels)
+and where their blocks run (not part of the package):
 
     python scripts/rows_graph_probe.py SIZE DTYPE VARIANT[,VARIANT...] [K]
+        per variant one CUDA graph of K (default 24) calls over input sets (PROBE_SETS of them,
+        cycled; default one a call, at least 4x the L2), replayed 3 times in an NVTX range "<variant>
+        SIZE DTYPE" (events around each replay, the median a call printed; PROBE_SPIN=us: a sleep
+        kernel before each; PROBE_DEFAULT_STREAM=1: captured and replayed on torch's default streams
+        as the harness does), so that `ncu --graph-profiling graph` measures whole graphs and ncu's
+        node mode each kernel (scripts/rows_graph_ncu.sh).
+    python scripts/rows_graph_probe.py harness SIZE DTYPE VARIANT[,VARIANT...]
+        speed_probe.py rows' own measurement of the variants (the harness's time_calls), then the
+        timeline of its back-to-back kernels (run one ts variant a process).
 
-builds, per variant, one CUDA graph of K (default 24) calls over rotating input sets (>= 4x the L2)
-and replays it in an NVTX range named "<variant> SIZE DTYPE" (3 replays: events around each, the
-median printed), so that `ncu --graph-profiling graph --nvtx --nvtx-include "<variant>*/"` measures
-a whole graph, and ncu's default node mode each kernel of it."""
+VARIANTs: speed_probe.py's rows variants, and ts<N>[L][c<P>] (_ts_variants): every block's SM and
+%globaltimer at entry, after pdl_wait and at exit recorded, so that _timeline prints, over the
+kernels of a graph, when each launched and was released against the one before, how long its blocks
+ran and on how many SMs. Found with it (H200, 2026-11-29): in speed_probe's measurement successive
+kernels took turns on halves of the GPU (BENCHMARKS.md, forty-seventh session)."""
 import os
 import re
 import statistics
@@ -78,7 +88,7 @@ def _ts_variants(original):
     _codegen.reduction_rows_source = wrapped
 
 
-def _timeline(rec, size):
+def _timeline(rec):
     """Per kernel of the last replay (records grouped by input address and time): medians of the
     launch (first block's entry after the previous kernel's first), the wait's release after the
     previous kernel's last exit, the run from release to last exit, block times, blocks on the
@@ -154,7 +164,7 @@ def harness():
     _REC["t"] = torch.zeros(8 + 8 * _CAP, dtype=torch.int64, device="cuda")
     speed_probe.rows([parse_bytes(sys.argv[2])], [sys.argv[3]], sys.argv[4].split(","))
     torch.cuda.synchronize()
-    _timeline(_REC["t"], parse_bytes(sys.argv[2]))
+    _timeline(_REC["t"])
 
 
 def main():
@@ -209,7 +219,7 @@ def main():
             print(f"{v} {sys.argv[1]} {dtype}: {statistics.median(times):.2f} us a call ({K} in a graph), "
                   f"path {k._last_path}", flush=True)
             if re.search(r"ts\d(L?)(c\d+)?$", v):
-                _timeline(_REC["t"], size)
+                _timeline(_REC["t"])
                 _REC["t"].zero_()
             del outs, g
 

@@ -239,7 +239,7 @@ def test_rows_graph_probe_timeline_reads_back_to_back_kernels(capsys):
     rec = torch.zeros(8 + 8 * len(recs), dtype=torch.int64)
     rec[0] = len(recs)
     rec[8:] = torch.tensor(recs, dtype=torch.int64).flatten()
-    rows_graph_probe._timeline(rec, 1 << 22)
+    rows_graph_probe._timeline(rec)
     out = capsys.readouterr().out
     assert "timeline (3 kernels, ns)" in out
     for part in ("entry after previous entry 3000", "release after previous exit 860", "release to last exit 2140",
