@@ -1474,11 +1474,18 @@ def _refuse_transforms(name, tensors):
             t = ft.get_unwrapped(t)
 
 
+def _native_ready() -> bool:
+    """Whether the C++ nodes are available (built or loaded now, once)."""
+    _install_native()
+    return bool(_native)
+
+
 def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
     """A reduction's op called like the kernel (inputs, then axis= and keepdims= by keyword or
-    position): plain tensors that need no gradient run the kernel itself, without the dispatcher,
-    those that do grad_call(inputs, axis, keepdims) where given; everything else the custom op
-    (its autograd, modes, torch.compile)."""
+    position): plain tensors go to grad_call(inputs, axis, keepdims) where given and the native
+    module is available (with or without a gradient), else those that need no gradient run the
+    kernel itself, without the dispatcher, and those that do grad_call; everything else the custom
+    op (its autograd, modes, torch.compile)."""
     class ReductionOp(type(op)):
         def __call__(self, *args, axis=None, keepdims=False):
             if len(args) > nin + 2:
@@ -1491,10 +1498,13 @@ def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
             if len(args) == nin:
                 tensors = [args[k] for k in tensor_at]
                 if _eager(tensors):
-                    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-                        return impl(*args, axis, bool(keepdims))
-                    if grad_call is not None:
+                    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+                    if grad_call is not None and (grad or _native_ready()):
+                        # the native module's function, which without a gradient runs the forward
+                        # by its plan too (no node), as a user ElementwiseKernel op's does
                         return grad_call(args, axis, bool(keepdims))
+                    if not grad:
+                        return impl(*args, axis, bool(keepdims))
                 _refuse_transforms(self._name, tensors)
             return super().__call__(*args, axis, bool(keepdims))
     op.__class__ = ReductionOp

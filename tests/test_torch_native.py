@@ -430,6 +430,15 @@ def test_user_reductions_record_a_cpp_node_per_axis():
         for a, b in zip(torch.autograd.grad(r, (x, y), g), torch.autograd.grad(via, (x, y), g)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
+    # without a gradient too: the native function's forward by the same plan, no node
+    for ctx in (torch.no_grad(), contextlib.nullcontext()):
+        with ctx:
+            xs, ys = (x, y) if isinstance(ctx, torch.no_grad) else (x.detach(), y.detach())
+            before = ewt._native.user_forward_runs()
+            r = op(xs, ys, axis=1)
+            assert ewt._native.user_forward_runs() - before == 1 and r.grad_fn is None
+            torch.testing.assert_close(r, op(x, y, axis=1).detach(), rtol=0, atol=0)
+
     class Sub(torch.Tensor):
         pass
     s = x.detach().as_subclass(Sub).requires_grad_()
