@@ -1200,17 +1200,19 @@ def _user_function(name, kernel, bk, ins, scalars, why):
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def _with_eager_path(op, function, kernel, scalars, ins, node=None):
+def _with_eager_path(op, function, kernel, scalars, ins, node=None, grad_native=True):
     """op (a CustomOpDef) made to run plain CPU/CUDA tensors outside torch.compile and dispatch
     modes itself (as ewkern's own ops do, see _eager); the custom op itself everywhere else. node:
-    (name, grads(g, wanted, *args), plan, fplan) where the op has a backward (plan: _node_plan's,
-    fplan: _forward_plan's): such calls then go through the native module's function (make_user),
-    which runs the forward and records a C++ node where a tensor needs a gradient (no Python
-    Function around the kernels), and from the second call of a signature runs the forward and
-    the backward by their kernels' plans without Python. Without the module (or a backward):
-    function.apply where a gradient is wanted, else kernel(*args) itself (no autograd node, about
-    7 us less host time a call on the CI host). The object stays a CustomOpDef (opcheck,
-    register_fake, torch.ops take it): its class becomes a subclass whose __call__ decides."""
+    (name, grads(g, wanted, *args), plan, fplan) (plan: _node_plan's, fplan: _forward_plan's):
+    such calls then go through the native module's function (make_user), which runs the forward
+    and records a C++ node where a tensor needs a gradient (no Python Function around the kernels),
+    and from the second call of a signature runs the forward and the backward by their kernels'
+    plans without Python; grad_native False (an op without a backward): only the calls that need
+    no gradient (a C++ node would keep the inputs for a backward that can only raise). Without the
+    module (or a node): function.apply where a gradient is wanted, else kernel(*args) itself (no
+    autograd node, about 7 us less host time a call on the CI host). The object stays a
+    CustomOpDef (opcheck, register_fake, torch.ops take it): its class becomes a subclass whose
+    __call__ decides."""
     tensor_at = [k for k, p in enumerate(ins) if p.name not in scalars]
     py_apply = _direct_apply(function, None)
     chosen = []   # the native module's function or None, picked on the first eager call
@@ -1230,11 +1232,10 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None):
                 tensors = [args[k] for k in tensor_at]
                 if _eager(tensors):
                     fn = chosen[0] if chosen else pick()
-                    if fn is not None:
+                    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+                    if fn is not None and (grad_native or not grad):
                         return fn(*args)
-                    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-                        return py_apply(*args)
-                    return kernel(*args)
+                    return py_apply(*args) if grad else kernel(*args)
                 _refuse_transforms(self._name, tensors)
             return super().__call__(*args, **kwargs)
     op.__class__ = UserOp
@@ -1613,7 +1614,11 @@ def kernel_op(kernel, scalars=(), name=None):
         def no_backward(ctx, *grads):
             raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
         op.register_autograd(no_backward, setup_context=lambda ctx, inputs, output: None)
-        return _with_eager_path(op, _user_function(name, impl, None, ins, scalars, why), impl, scalars, ins)
+        # the calls that need no gradient through the native function (the forward by its plan);
+        # it takes one result
+        node = (name, no_backward, None, _forward_plan(kernel)) if len(outs) == 1 else None
+        return _with_eager_path(op, _user_function(name, impl, None, ins, scalars, why), impl, scalars, ins, node,
+                                grad_native=False)
     diff = [p for p in ins if p.name not in scalars]
     bret = "Tensor" if len(diff) == 1 else "(" + ", ".join(["Tensor"] * len(diff)) + ")"
 

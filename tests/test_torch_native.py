@@ -523,6 +523,29 @@ def test_user_reduction_backward_refuses_a_chained_plan_that_does_not_fit(monkey
             torch.testing.assert_close(gx, 3 * x.detach(), rtol=1e-12, atol=0)
 
 
+def test_user_op_without_a_backward_runs_its_forward_by_plan_without_a_gradient():
+    """An op whose backward cannot be derived (a conditional): its calls that need no gradient go
+    through the native function (from the second of a signature by the kernel's plan, the same
+    bits); one that needs a gradient keeps the Python Function (no C++ node to keep the inputs for
+    a backward that can only raise), whose backward raises saying why."""
+    import ewkern
+    k = ewkern.ElementwiseKernel("T a, T b", "T o", "o = a > b ? a : b * 0.5f", f"native_nobw{next(_user_names)}")
+    op = ewt.kernel_op(k)
+    native()
+    a, b = torch.randn(33, 7), torch.randn(7)
+    want = torch.where(a > b, a, b * 0.5)
+    for j in range(3):
+        y, fruns = _plan_runs(lambda: op(a, b), forward=True)
+        assert fruns == (j > 0) and y.grad_fn is None
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+    ag = a.clone().requires_grad_()
+    y, fruns = _plan_runs(lambda: op(ag, b), forward=True)
+    assert fruns == 0 and type(y.grad_fn).__name__.endswith("_functionBackward"), type(y.grad_fn).__name__
+    torch.testing.assert_close(y.detach(), want, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="no backward: .*conditionals"):
+        y.sum().backward()
+
+
 def _run(code, **env):
     e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=600)
