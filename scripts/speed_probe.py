@@ -46,7 +46,8 @@
         cp.async.bulk.prefetch.L2 of each input's
         row by lane 0 before the loads; launches of base's source: nopf (PDL without the first
         wave's L2 prefetch), pdloff (without PDL), v8 (up to 8 vectors a lane: half the lanes a
-        row)), against torch.compile and CuPy's ReductionKernel
+        row); cap: with EWKERN_RTC_ROWS_CAP's cap, which base then runs without), against
+        torch.compile and CuPy's ReductionKernel
         of the same source, both timing methods. SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
@@ -310,8 +311,8 @@ def _rows_source_variants():
             anchor = "    pdl_wait();"
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
-        elif variant not in ("base", "nopf", "pdloff", "v8"):
-            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf, pdloff or v8")
+        elif variant not in ("base", "nopf", "pdloff", "v8", "cap"):
+            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf, pdloff, v8 or cap")
         return text, entries
     _codegen.reduction_rows_source = wrapped
 
@@ -331,11 +332,16 @@ def rows(sizes, dtypes, variants, cols=4096):
     from ewkern.rtc import _kernel
     nopf = [False]
 
-    def prefetch_runner(h, grid, block, dev, offset, wave, smem=0):
+    def prefetch_runner(h, grid, block, dev, offset, wave, capped=None):
+        hp, smem = capped or (h, 0)   # the capped launch's handle and shared memory (_kernel._rows_cap)
+
         def run(buf, stream):
             pdl = ewkern.pdl_enabled()
             _kernel._pack_into("q", buf, offset, wave if pdl and not nopf[0] else 0)
-            _kernel._C()._rtc_launch(h, grid, block, buf, dev, stream, pdl, smem if pdl else 0)
+            if pdl and smem:
+                _kernel._C()._rtc_launch(hp, grid, block, buf, dev, stream, pdl, smem)
+            else:
+                _kernel._C()._rtc_launch(h, grid, block, buf, dev, stream, pdl)
         return run
     _kernel._prefetch_runner = prefetch_runner
 
@@ -346,12 +352,15 @@ def rows(sizes, dtypes, variants, cols=4096):
                 ewkern.set_pdl(False)
             if v == "v8":
                 _kernel._ROWS_LANE_VECTORS = 8
+            cap = _kernel._ROWS_CAP
+            _kernel._ROWS_CAP = v == "cap" or (cap and v != "base")
             try:
                 return k(a, b, axis=1)
             finally:
                 nopf[0] = False
                 ewkern.set_pdl(True)
                 _kernel._ROWS_LANE_VECTORS = 4
+                _kernel._ROWS_CAP = cap
         return call
     tc = torch.compile(lambda a, b: ((a.float() - b.float()) ** 2).mean(-1).to(a.dtype), dynamic=False)
     for dtype in dtypes:
