@@ -1155,11 +1155,14 @@ def test_gpu_reduction_rows_capped_launch_in_eager_calls_and_a_graph(monkeypatch
     4096: 2 blocks an SM of the 132-SM GPUs, below the kernel's occupancy) runs with the dynamic
     shared memory that caps its blocks an SM (the path names it), eagerly and replayed from a CUDA
     graph over other inputs, with float64's results; with PDL off (its plan's uncapped launch) the
-    same bits;
-    _rtc_cap gives no cap at or past the kernel's occupancy."""
+    same bits; _rtc_cap gives no cap at or past the kernel's occupancy. (A kernel of its own: a
+    plan another test left would run the first call without the full path.)"""
     from ewkern.rtc import _kernel
     monkeypatch.setattr(_kernel, "_ROWS_CAP", True)
     monkeypatch.setattr(_kernel, "_caps", {})
+    mse_rows = ewkern.ReductionKernel("T a, T b", "float32 y", "((float)a - (float)b) * ((float)a - (float)b)",
+                                      "a + b", "y = sqrt(a / (_in_ind.size() / _out_ind.size()))", "0",
+                                      "mse_rows_capped", reduce_type="float")
     a, b = (torch.randn(256, 4096, device="cuda") for _ in range(2))
     want = ((a.double() - b.double()) ** 2).mean(1).sqrt()
     saved = ewkern.pdl_enabled()
