@@ -1116,45 +1116,40 @@ def _chained_plan(plans, nin, grad_of):
     n_out). plans: the two kernels' C plans (rtc._kernel.native_plan) for the call just run, or
     None in either place (no plan). Both renumbered into the node's numbering (0 the gradient,
     1 + k the op's argument k, then the reduction's result, then the gradients); n_in and n_out,
-    fixed by the signature the plan is kept for, written into the second kernel's template.
+    fixed by the signature the plan is kept for, stay as the first call wrote them into the second
+    kernel's template.
     None where a kernel has no plan or one that does not chain (hidden outputs, more than one
     reduced result)."""
     red, bwd = plans
     if red is None or bwd is None or len(red) != 6 or len(bwd) != 6 or len(red[3]) != 1:
         return None
 
-    def renumber(words, fix):
-        """pointer slots (offset, argument, bytes added) with each argument renumbered by fix"""
+    def renumber(words, at, fix):
+        """slots of three words (pointer slots: offset, argument, bytes added; scalar slots:
+        offset, kind, argument) with word `at`, the argument, renumbered by fix: None refuses the
+        plan, -1 drops the slot"""
         out = []
-        for off, k, x in struct.iter_unpack("<3q", words):
-            k2 = fix(k)
-            if k2 is None:
+        for slot in struct.iter_unpack("<3q", words):
+            k = fix(slot[at])
+            if k is None:
                 return None
-            out += [off, k2, x]
+            if k >= 0:
+                out += [*slot[:at], k, *slot[at + 1:]]
         return struct.pack(f"<{len(out)}q", *out)
     red_at = 1 + nin   # the reduction's result
     # the reduction kernel's arguments are the op's (k < nin), then its result
-    red_p = renumber(red[1], lambda k: 1 + k)
-    red_s = []   # scalar slots (offset, kind, argument): the op's scalars, numbered as the node's
-    for off, kind, k in struct.iter_unpack("<3q", red[2]):
-        if k >= nin:
-            return None
-        red_s += [off, kind, 1 + k]
-    # the backward kernel's: g, a, the op's arguments, n_in, n_out (scalars), then its results
+    red_p = renumber(red[1], 1, lambda k: 1 + k)
+    red_s = renumber(red[2], 2, lambda k: 1 + k if k < nin else None)
+    # the backward kernel's: g, a, the op's arguments, n_in, n_out (scalars: left as the call wrote
+    # them into the template), then its results
     nb = nin + 4
-    bwd_p = renumber(bwd[1], lambda k: 0 if k == 0 else red_at if k == 1 else 1 + (k - 2) if k < nin + 2
+    bwd_p = renumber(bwd[1], 1, lambda k: 0 if k == 0 else red_at if k == 1 else 1 + (k - 2) if k < nin + 2
                      else red_at + 1 + (k - nb) if k >= nb else None)
-    keep = []
-    for off, kind, k in struct.iter_unpack("<3q", bwd[2]):
-        if k in (nin + 2, nin + 3):   # n_in and n_out: left as the call wrote them into the template
-            continue
-        if not 2 <= k < nin + 2:
-            return None
-        keep += [off, kind, k - 1]
-    if None in (red_p, bwd_p):
+    bwd_s = renumber(bwd[2], 2, lambda k: k - 1 if 2 <= k < nin + 2 else -1 if k in (nin + 2, nin + 3) else None)
+    if None in (red_p, red_s, bwd_p, bwd_s):
         return None
-    stage = (red[0], red_p, struct.pack(f"<{len(red_s)}q", *red_s), red[3], red[4])
-    return (bwd[0], bwd_p, struct.pack(f"<{len(keep)}q", *keep), bwd[3], bwd[4], 0, grad_of, (stage,))
+    stage = (red[0], red_p, red_s, red[3], red[4])
+    return (bwd[0], bwd_p, bwd_s, bwd[3], bwd[4], 0, grad_of, (stage,))
 
 
 def _node_plan(ins, scalars, bk):
@@ -1219,10 +1214,8 @@ def _with_eager_path(op, function, kernel, scalars, ins, node=None, grad_native=
 
     def pick():
         fn = None
-        if node is not None:
-            _install_native()
-            if _native:
-                fn = _native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply, node[2], node[3])
+        if node is not None and _native_ready():
+            fn = _native.make_user(node[0], kernel, node[1], tuple(tensor_at), len(ins), py_apply, node[2], node[3])
         chosen.append(fn)
         return fn
 
@@ -1427,12 +1420,10 @@ def _reduction_op(kernel, name, scalars, args, ret, result_meta):
         key = (None if axis is None else tuple(axis), keepdims)
         fn = nodes.get(key)
         if fn is None:
-            _install_native()
-
             def fallback(*a):
                 return base_call(op, *a, axis, keepdims)
             fn = fallback
-            if _native:
+            if _native_ready():
                 stash: dict = {}
                 grads = _user_autograd(ins, scalars, lambda g, *a, need=None: backward_kernels(
                     g, a, axis, keepdims, need, stash), masked=True)[2]

@@ -1353,20 +1353,17 @@ class ReductionKernel:
         grid_rows = -(-(nout * nchunks) // per)
         capped = _rows_cap(image, entry, int(call.device[5:]), grid_rows, sms, wave // sms)
         smem = capped[1] if capped else 0
-        if nchunks == 1:   # one launch, nothing allocated: a warm call of this signature runs by a plan
-            run = _prefetch_runner(h_rows, grid_rows, _codegen.ROWS_BLOCK, int(call.device[5:]),
-                                   Params.prefetch.offset, wave, capped)
+        # the rows launch; with one chunk (nothing allocated) a warm call of this signature runs by
+        # a plan that keeps it
+        run = _prefetch_runner(h_rows, grid_rows, _codegen.ROWS_BLOCK, int(call.device[5:]), Params.prefetch.offset,
+                               wave, capped)
         keep = None
         if nchunks > 1:
             nbytes = nout * nchunks * _REDUCE_SIZES[rtype]
             keep = _C()._rtc_result(call.like, "float64", (-(-nbytes // 8),))
             (pa,), _ = _cuda_arrs([keep], ["partial"])
             P.partial = pa.ptr
-        if pdl and capped:
-            _C()._rtc_launch(capped[0], grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream,
-                             pdl, smem)
-        else:
-            _C()._rtc_launch(h_rows, grid_rows, _codegen.ROWS_BLOCK, bytes(P), int(call.device[5:]), call.stream, pdl)
+        run(bytearray(bytes(P)), call.stream)
         if nchunks > 1:
             P.G = G2 = min(_codegen.ROWS_BLOCK, _pow2ceil(-(-nchunks // 4)))
             P.prefetch = 0
