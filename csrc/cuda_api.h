@@ -112,7 +112,8 @@ int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **arg
 /* The dynamic shared memory (*smem, bytes; 0 where no cap applies: blocks not below the kernel's
  * own occupancy, or no size that holds it) with which a loaded kernel's launches at `block`
  * threads keep at most `blocks` blocks on an SM of the current device, the kernel's attributes set
- * for it (its largest dynamic size, the largest shared-memory carveout). 0 or a CUDA error. */
+ * for it (its largest dynamic size; the smallest shared-memory carveout of 64 KiB or more that
+ * holds the cap). 0 or a CUDA error. */
 int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem);
 /* Resident blocks per SM of a loaded kernel at `block` threads on the current device (the
  * occupancy API; 1 when it cannot say). */

@@ -1155,7 +1155,7 @@ def test_gpu_reduction_rows_capped_launch_in_eager_calls_and_a_graph(monkeypatch
     4096: 2 blocks an SM of the 132-SM GPUs, below the kernel's occupancy) runs with the dynamic
     shared memory that caps its blocks an SM (the path names it), eagerly and replayed from a CUDA
     graph over other inputs, with float64's results; with PDL off (its plan's uncapped launch) the
-    same bits; _rtc_cap gives no cap at or past the kernel's occupancy. (A kernel of its own: a
+    same bits; _rtc_cap gives no cap at or past the kernel's occupancy and one at every count below. (A kernel of its own: a
     plan another test left would run the first call without the full path.)"""
     from ewkern.rtc import _kernel
     monkeypatch.setattr(_kernel, "_ROWS_CAP", True)
@@ -1193,6 +1193,9 @@ def test_gpu_reduction_rows_capped_launch_in_eager_calls_and_a_graph(monkeypatch
     h = next(v[0][0] for v in mse_rows._compiled.values() if isinstance(v, tuple) and len(v) == 4)
     occ = ewkern._C._rtc_occupancy(h, 256, 0)
     assert ewkern._C._rtc_cap(h, 256, 0, occ) == 0 and ewkern._C._rtc_cap(h, 256, 0, occ + 3) == 0
+    # every count below the occupancy has a cap, within the small carveout (a block's share of 64 KiB)
+    caps = [ewkern._C._rtc_cap(h, 256, 0, k) for k in range(1, occ)]
+    assert all(0 < c < 65536 // k for k, c in enumerate(caps, 1)), (occ, caps)
 
 
 heavy_rows = ewkern.ReductionKernel("T a, T b, T c", "T y", "erf(a) * exp(b) * tanh(c)", "a + b", "y = a", "0",

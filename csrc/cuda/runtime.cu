@@ -486,12 +486,18 @@ int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **arg
     return (int)err;
 }
 
-/* ewcuda_kernel_cap (cuda_api.h). A block's shared memory, dynamic + static + the reservation, is
- * at most per_sm / blocks, so that `blocks` fit an SM under the largest carveout, and more than
- * per_sm / (blocks + 1), so that one more does not (rounded down to 1 KiB, then checked by the
- * occupancy API). The kernel may then take any dynamic size up to the device's opt-in limit (set
- * once, never lowered: a captured graph may hold an earlier launch) and prefers the largest
- * carveout, which the cap assumes. */
+/* ewcuda_kernel_cap (cuda_api.h). The cap is a shared-memory carveout (the part of an SM's
+ * unified L1/shared array given to shared memory) and a block size in it such that `blocks` blocks
+ * fit and one more does not: a block's shared memory, dynamic + static + the reservation, half way
+ * between pool / (blocks + 1) and pool / blocks (rounded down to 128 bytes), then checked by the
+ * occupancy API. The pool is the smallest of 64 KiB, doubled, up to the SM's whole shared memory,
+ * that holds the kernel's static memory: a small carveout leaves most of the L1 to the kernel. H200
+ * (mse over rows of 4096, 1-8 MiB float32/float16, scripts/speed_probe.py rows, a block's exact
+ * share of the pool): with the largest carveout single launches lost 0.01-0.065 of torch.compile
+ * against the uncapped kernel, with 64 KiB none (-0.013 to +0.013); with 8-32 KiB the caps of 4
+ * blocks an SM (8 MiB float32, 4 MiB float16) did not take, though the occupancy API gave 4.
+ * The kernel may take any dynamic size up to the device's opt-in limit (set once, never lowered:
+ * a captured graph may hold an earlier launch). */
 int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem)
 {
     *smem = 0;
@@ -512,16 +518,25 @@ int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem)
         (void)cudaGetLastError();
         return (int)err;
     }
-    if (blocks < 1 || blocks >= uncapped)
+    if (blocks < 1 || blocks >= uncapped || per_sm <= 0)
         return 0;
     const long long stat = (long long)fa.sharedSizeBytes;
-    const long long d = ((long long)(per_sm / blocks) - reserved - stat) / 1024 * 1024;
-    if (d + stat + reserved <= per_sm / (blocks + 1) || d + stat > optin)
+    long long pool = 64 * 1024, d = -1;
+    for (;;) {
+        if (pool > per_sm)
+            pool = per_sm;
+        d = (pool / blocks + pool / (blocks + 1)) / 2 / 128 * 128 - reserved - stat;
+        if (d > 0 || pool == per_sm)
+            break;
+        pool *= 2;
+    }
+    if (d <= 0 || d + stat > optin)
         return 0;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(optin - stat));
+    /* a percentage of the largest carveout: the driver rounds it up to a configuration */
     if (err == cudaSuccess)
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   (int)cudaSharedmemCarveoutMaxShared);
+                                   (int)(pool * 100 / per_sm));
     if (err == cudaSuccess)
         err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&got, kernel, block, (size_t)d);
     if (err != cudaSuccess) {

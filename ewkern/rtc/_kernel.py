@@ -896,7 +896,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 # largest shared-memory carveout) slowed the kernel's uncapped launches where they shared one
 # handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
 # 0.95 / 0.97 of torch.compile back-to-back once a small call had capped the handle).
-_ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "0") == "1"
+_ROWS_CAP = os.environ.get("EWKERN_RTC_ROWS_CAP", "1") != "0"
 _caps: dict = {}   # (image, entry, device, blocks an SM) -> (capped handle, dynamic shared memory)
 
 
