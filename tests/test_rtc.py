@@ -1151,7 +1151,7 @@ def test_gpu_reduction_rows_engine(dtype, rows, cols, start):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch is None, reason="torch not installed")
 def test_gpu_reduction_rows_capped_launch_in_eager_calls_and_a_graph(monkeypatch):
-    """With EWKERN_RTC_ROWS_CAP=1, a programmatic rows-engine launch of a small grid (256 rows of
+    """With the rows cap on (the default), a programmatic rows-engine launch of a small grid (256 rows of
     4096: 2 blocks an SM of the 132-SM GPUs, below the kernel's occupancy) runs with the dynamic
     shared memory that caps its blocks an SM (the path names it), eagerly and replayed from a CUDA
     graph over other inputs, with float64's results; with PDL off (its plan's uncapped launch) the

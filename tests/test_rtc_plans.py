@@ -2,8 +2,11 @@
 launch must be the full path's launch with the new pointers, and nothing else. Checked here without
 a GPU against a stand-in for ewkern's C module that records every launch (the GPU tests run the
 same calls for real)."""
+import os
 import re
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -305,13 +308,24 @@ def test_reduction_rows_entry_bound_kept_unless_it_spills(fake, local):
     assert (b"bounded" in launched) == (not local)
 
 
+@pytest.mark.parametrize("env, want", [(None, True), ("0", False), ("1", True)])
+def test_rows_cap_is_on_unless_turned_off(env, want):
+    """EWKERN_RTC_ROWS_CAP, read at import: the cap is on unless it is "0"."""
+    environ = {k: v for k, v in os.environ.items() if k != "EWKERN_RTC_ROWS_CAP"}
+    if env is not None:
+        environ["EWKERN_RTC_ROWS_CAP"] = env
+    got = subprocess.run([sys.executable, "-c", "from ewkern.rtc import _kernel; print(_kernel._ROWS_CAP)"],
+                         env=environ, capture_output=True, text=True, check=True).stdout.strip()
+    assert got == str(want)
+
+
 @pytest.mark.parametrize("pdl", [True, False])
 def test_rows_engine_caps_the_blocks_an_sm_holds_for_small_grids(fake, monkeypatch, pdl):
     """A programmatic rows-engine launch whose grid needs fewer blocks an SM than the kernel's
     occupancy (here 8 of 256) asks C for the dynamic shared memory that keeps it to ceil(grid /
     SMs) (256 rows: 2), launches with it and records it in its plan's program (both settings:
-    none for PDL off), where EWKERN_RTC_ROWS_CAP=1 asks for it (off by default); a grid that fills
-    the occupancy, a launch without PDL and the default take none."""
+    none for PDL off), where the cap is on (the default; EWKERN_RTC_ROWS_CAP=0 turns it off); a grid
+    that fills the occupancy, a launch without PDL and the setting off take none."""
     monkeypatch.setattr(ewkern, "pdl_enabled", lambda: pdl)
     monkeypatch.setattr(_kernel, "_ROWS_CAP", True)
     monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")

@@ -881,8 +881,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
     return run
 
 
-# EWKERN_RTC_ROWS_CAP=1 (read once; off by default until both GPUs have measured its final form,
-# BENCHMARKS.md's list for the H100): a programmatic launch of the rows engine whose
+# EWKERN_RTC_ROWS_CAP (read once; on unless "0"): a programmatic launch of the rows engine whose
 # grid needs fewer blocks an SM than the kernel's occupancy holds keeps to that many (ceil(grid /
 # SMs)) by dynamic shared memory (_rows_cap). Why (H200, scripts/rows_graph_probe.py, mse over
 # rows of 4096, float32 4 MiB, 256 blocks): in a back-to-back graph each kernel's early-launched
@@ -891,7 +890,9 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 # (0.84 of torch.compile); capped at 2, every SM held 2 and it took 3.21 us (1.14). In `fused`
 # (9419f11, one handle), float32 4 / 8 MiB back-to-back 0.94 / 0.92 -> 1.22 / 1.09 of torch.compile,
 # float16 2 / 4 MiB 1.06 / 1.08 -> 1.34 / 1.19, float16 8 MiB 1.07 -> 1.02; single launches within
-# 0.02 either way.
+# 0.02 either way. Within a 64 KiB carveout (0d16fbd, on by default) the same back-to-back gains
+# and single launches -0.024 to +0.012 (mean -0.003) of the uncapped ones; with the largest
+# carveout capped single launches had lost 0.01-0.065 (csrc/cuda/runtime.cu, ewcuda_kernel_cap).
 # The capped launches run a second handle of the same image: the attributes the cap sets (the
 # largest shared-memory carveout) slowed the kernel's uncapped launches where they shared one
 # handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
