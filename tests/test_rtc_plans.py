@@ -319,6 +319,29 @@ def test_rows_cap_is_on_unless_turned_off(env, want):
     assert got == str(want)
 
 
+def test_rows_cap_refused_by_cuda_runs_uncapped(fake, monkeypatch):
+    """A CUDA error from the cap's attribute calls leaves the launch uncapped (the cap is a speed
+    rule), asked once for that kernel and cap; the result's launch is the plain one."""
+    monkeypatch.setattr(ewkern, "pdl_enabled", lambda: True)
+    monkeypatch.setattr(_kernel, "_ROWS_CAP", True)
+    monkeypatch.setattr(fake, "_rtc_sig", lambda args, scalars: b"sig")
+    monkeypatch.setattr(_kernel, "_caps", {})
+    asked = []
+
+    def refuse(h, block, dev, blocks):
+        asked.append(blocks)
+        raise RuntimeError("a run-time kernel's residency cap: CUDA error cudaErrorInvalidValue (1)")
+    monkeypatch.setattr(fake, "_rtc_cap", refuse)
+    mse = ewkern.ReductionKernel("T a, T b", "T y", "(a - b) * (a - b)", "a + b", "y = a / _in_ind.size()", "0",
+                                 "fake_cap_refused")
+    small = (FakeArray(1 << 36, "float32", (256, 4096)), FakeArray(1 << 37, "float32", (256, 4096)))
+    for _ in range(2):
+        mse(*small, axis=1)
+        launch = fake.launches[-1]
+        assert launch[1] == 256 and launch[7] == 0 and launch[6]
+    assert asked == [2] and " smem" not in mse._last_path, mse._last_path
+
+
 @pytest.mark.parametrize("pdl", [True, False])
 def test_rows_engine_caps_the_blocks_an_sm_holds_for_small_grids(fake, monkeypatch, pdl):
     """A programmatic rows-engine launch whose grid needs fewer blocks an SM than the kernel's

@@ -905,7 +905,8 @@ def _rows_cap(image: bytes, entry: str, dev: int, grid: int, sms: int, occupancy
     """(kernel handle, dynamic shared memory) of a programmatic rows-engine launch of grid blocks
     (_ROWS_CAP): a handle of image's entry of its own, and enough memory that an SM holds at most
     ceil(grid / sms) of the blocks, where that is below occupancy; else None. Asked once per
-    kernel and cap (C's _rtc_cap sets that handle's attributes)."""
+    kernel and cap (C's _rtc_cap sets that handle's attributes); the cap is a speed rule, so a
+    kernel whose attributes CUDA refuses runs uncapped rather than failing the user's call."""
     blocks = -(-grid // sms)
     if not _ROWS_CAP or blocks >= occupancy:
         return None
@@ -913,7 +914,11 @@ def _rows_cap(image: bytes, entry: str, dev: int, grid: int, sms: int, occupancy
     got = _caps.get(key)
     if got is None:
         h = next((v[0] for k, v in _caps.items() if k[:3] == key[:3]), None) or _C()._rtc_load(image, entry, dev)
-        got = _caps[key] = (h, int(_C()._rtc_cap(h, _codegen.ROWS_BLOCK, dev, blocks)))
+        try:
+            smem = int(_C()._rtc_cap(h, _codegen.ROWS_BLOCK, dev, blocks))
+        except RuntimeError:   # a CUDA error from the attribute calls (cleared there): no cap
+            smem = 0
+        got = _caps[key] = (h, smem)
     return got if got[1] else None
 
 
