@@ -76,25 +76,27 @@ if [ "${GPU_CHECK_TESTS:-tests}" != none ]; then
         # device to themselves.
         echo "== tests $TESTS ($JOBS processes, then the serial ones)"
         # shellcheck disable=SC2086
-        python3 -m pytest -q -p no:cacheprovider -n "$JOBS" -m "not serial" $TESTS -x -rs --timeout=600 \
+        # --maxfail, not -x: one failure (on 6f2e01b a timing-sensitive test under the 8
+        # processes' load) stopped every process and left the rest of the suite and the serial
+        # tests unrun for that call; now a call reports up to 10 failures and runs the serial tests
+        # whatever the parallel part gave.
+        python3 -m pytest -q -p no:cacheprovider -n "$JOBS" -m "not serial" $TESTS --maxfail=10 -rs --timeout=600 \
             >"$OUTDIR/pytest.log" 2>&1
         rc=$?
         report "$OUTDIR/pytest.log" $rc
-        if [ $rc -eq 0 ] || [ $rc -eq 5 ]; then
-            # shellcheck disable=SC2086
-            python3 -m pytest -q -p no:cacheprovider -m serial $TESTS -x -rs --timeout=600 \
-                >"$OUTDIR/pytest-serial.log" 2>&1
-            rc2=$?
-            report "$OUTDIR/pytest-serial.log" $rc2
-            # 5: nothing collected (files without serial tests, or none at all)
-            [ $rc -eq 5 ] && rc=$rc2
-            [ $rc2 -ne 5 ] && [ $rc2 -ne 0 ] && rc=$rc2
-        fi
+        # shellcheck disable=SC2086
+        python3 -m pytest -q -p no:cacheprovider -m serial $TESTS --maxfail=10 -rs --timeout=600 \
+            >"$OUTDIR/pytest-serial.log" 2>&1
+        rc2=$?
+        report "$OUTDIR/pytest-serial.log" $rc2
+        # 5: nothing collected (files without serial tests, or none at all)
+        [ $rc -eq 5 ] && rc=$rc2
+        [ $rc2 -ne 5 ] && [ $rc2 -ne 0 ] && rc=$rc2
         [ $rc -eq 5 ] && rc=0
     else
         echo "== tests $TESTS"
         # shellcheck disable=SC2086
-        python3 -m pytest -q -p no:cacheprovider $TESTS -x -rs --timeout=600 >"$OUTDIR/pytest.log" 2>&1
+        python3 -m pytest -q -p no:cacheprovider $TESTS --maxfail=10 -rs --timeout=600 >"$OUTDIR/pytest.log" 2>&1
         rc=$?
         report "$OUTDIR/pytest.log" $rc
     fi
