@@ -46,9 +46,10 @@
         cp.async.bulk.prefetch.L2 of each input's
         row by lane 0 before the loads; launches of base's source: nopf (PDL without the first
         wave's L2 prefetch), pdloff (without PDL), v8 (up to 8 vectors a lane: half the lanes a
-        row); cap: with EWKERN_RTC_ROWS_CAP's cap, which base then runs without), against
-        torch.compile and CuPy's ReductionKernel
-        of the same source, both timing methods. SIZE is bytes per input.
+        row); cap: with the rows cap (the package's default), which every other variant runs
+        without; cv<P>: base's, the kernel's shared-memory carveout preference set to P%),
+        against torch.compile and CuPy's ReductionKernel of the same source, both timing methods.
+        SIZE is bytes per input.
     python scripts/speed_probe.py rmse-overhead
         host microseconds per call on tiny torch tensors: rmse with and without out=, its
         versions and axes, against ewkern.add(out=), the same way as `ewkern.bench overhead`.
@@ -282,6 +283,33 @@ _ROWS_BULK = """    if (_live && _lane == 0) {   /* probe: the whole row of each
     pdl_wait();"""
 
 
+def _carveout_on_load(pattern):
+    """Wrap the C module's _rtc_load so that an entry whose name matches `pattern` gets its preferred
+    shared-memory carveout set to the match's P% (cudaFuncSetAttribute, attribute 9, through the
+    CUDA runtime torch loaded) as it loads. The rows variant cv<P>: base's source and launches with
+    the kernel's carveout preference P (0: the most L1, 100: the most shared memory), uncapped.
+    Why: the capped launches lost 0.01-0.065 of torch.compile in single launches with the largest
+    carveout and none with 64 KiB (forty-eighth session), so a launch that needs the SM's L1/shared
+    split changed after the flush and sleep kernels may pay for it; does the uncapped kernel's
+    default (the driver's choice) cost its single launches anything?"""
+    import ctypes
+    import glob
+    from ewkern.rtc import _kernel
+    C = _kernel._C()
+    load = C._rtc_load
+    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*"))
+    rt = ctypes.CDLL(libs[0] if libs else "libcudart.so")
+
+    def wrapped(image, entry, dev):
+        h = load(image, entry, dev)
+        m = re.search(pattern, entry)
+        if m:
+            err = rt.cudaFuncSetAttribute(ctypes.c_void_p(h), 9, ctypes.c_int(int(m.group(1))))
+            print(f"  {entry}: carveout {m.group(1)}% (cudaFuncSetAttribute -> {err})", flush=True)
+        return h
+    C._rtc_load = wrapped
+
+
 def _rows_source_variants():
     """Wrap _codegen.reduction_rows_source so that a kernel named probe_mse_<variant> is generated
     with source changes. Why: in the rows entry's 4-vector loop ptxas issues the first two vectors'
@@ -311,8 +339,9 @@ def _rows_source_variants():
             anchor = "    pdl_wait();"
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
-        elif variant not in ("base", "nopf", "pdloff", "v8", "cap"):
-            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf, pdloff, v8 or cap")
+        elif variant not in ("base", "nopf", "pdloff", "v8", "cap") and not re.match(r"cv\d+$", variant):
+            raise ValueError(f"rows variant {variant!r}: base, lb0, lb4, lb5, lb6, bulk, nopf, pdloff, v8, cap "
+                             f"or cv<P>")
         return text, entries
     _codegen.reduction_rows_source = wrapped
 
@@ -353,7 +382,7 @@ def rows(sizes, dtypes, variants, cols=4096):
             if v == "v8":
                 _kernel._ROWS_LANE_VECTORS = 8
             cap = _kernel._ROWS_CAP
-            _kernel._ROWS_CAP = v == "cap" or (cap and v != "base")
+            _kernel._ROWS_CAP = v == "cap"   # the package's default is on: every other variant runs without
             try:
                 return k(a, b, axis=1)
             finally:
@@ -362,6 +391,8 @@ def rows(sizes, dtypes, variants, cols=4096):
                 _kernel._ROWS_LANE_VECTORS = 4
                 _kernel._ROWS_CAP = cap
         return call
+    if any(re.match(r"cv\d+$", v) for v in variants):
+        _carveout_on_load(r"probe_mse_cv(\d+)")
     tc = torch.compile(lambda a, b: ((a.float() - b.float()) ** 2).mean(-1).to(a.dtype), dynamic=False)
     for dtype in dtypes:
         tdt = frameworks._torch_dtype(dtype)

@@ -44,6 +44,8 @@ def test_rows_variants_change_the_rows_entry_only(rows_variants):
     assert bulk.count("cp.async.bulk.prefetch.L2.global") == 2             # one per input array
     rows_part = bulk[bulk.index("ewrtc_probe_mse_bulk_rows"):bulk.index("ewrtc_probe_mse_bulk_comb")]
     assert rows_part.index("cp.async.bulk") < rows_part.index("pdl_wait();")
+    cv, _ = _mse_rows(rows_variants, "cv100")   # a launch attribute only: base's source
+    assert cv.replace("probe_mse_cv100", "probe_mse_base") == base
     with pytest.raises(ValueError, match="rows variant"):
         _mse_rows(rows_variants, "nope")
 
