@@ -126,27 +126,10 @@ def _timeline(rec):
 
 
 def _carveout_on_load():
-    """Wrap the C module's _rtc_load so that a ts..c<P> variant's rows entry gets its preferred
-    shared-memory carveout set to P% (cudaFuncSetAttribute through the CUDA runtime torch loaded)
-    as it loads, before the host asks its occupancy: with 47 KiB a block that caps the blocks an SM
-    holds."""
-    import ctypes
-    import glob
-    from ewkern.rtc import _kernel
-    C = _kernel._C()
-    load = C._rtc_load
-    libs = glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia", "*", "lib", "libcudart.so*"))
-    rt = ctypes.CDLL(libs[0] if libs else "libcudart.so")
-
-    def wrapped(image, entry, dev):
-        h = load(image, entry, dev)
-        m = re.search(r"_ts\d+L?c(\d+)_rows$", entry)
-        if m:
-            err = rt.cudaFuncSetAttribute(ctypes.c_void_p(h), 9, ctypes.c_int(int(m.group(1))))
-            print(f"  {entry}: carveout {m.group(1)}% (cudaFuncSetAttribute -> {err}), "
-                  f"{C._rtc_occupancy(h, 256, dev)} blocks of 256 an SM", flush=True)
-        return h
-    C._rtc_load = wrapped
+    """speed_probe's _carveout_on_load for the ts..c<P> variants' rows entries: their preferred
+    shared-memory carveout set to P% as they load, before the host asks their occupancy: with
+    47 KiB a block that caps the blocks an SM holds."""
+    speed_probe._carveout_on_load(r"_ts\d+L?c(\d+)_rows$")
 
 
 def harness():

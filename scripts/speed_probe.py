@@ -305,7 +305,8 @@ def _carveout_on_load(pattern):
         m = re.search(pattern, entry)
         if m:
             err = rt.cudaFuncSetAttribute(ctypes.c_void_p(h), 9, ctypes.c_int(int(m.group(1))))
-            print(f"  {entry}: carveout {m.group(1)}% (cudaFuncSetAttribute -> {err})", flush=True)
+            print(f"  {entry}: carveout {m.group(1)}% (cudaFuncSetAttribute -> {err}), "
+                  f"{C._rtc_occupancy(h, 256, dev)} blocks of 256 an SM", flush=True)
         return h
     C._rtc_load = wrapped
 
