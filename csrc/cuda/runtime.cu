@@ -495,7 +495,8 @@ int ewcuda_launch_kernel(void *kernel, unsigned grid, unsigned block, void **arg
  * (mse over rows of 4096, 1-8 MiB float32/float16, scripts/speed_probe.py rows, a block's exact
  * share of the pool): with the largest carveout single launches lost 0.01-0.065 of torch.compile
  * against the uncapped kernel, with 64 KiB none (-0.013 to +0.013); with 8-32 KiB the caps of 4
- * blocks an SM (8 MiB float32, 4 MiB float16) did not take, though the occupancy API gave 4.
+ * blocks an SM (8 MiB float32, 4 MiB float16) did not take (refused by the check below, or a larger
+ * split chosen by the driver: not known).
  * The kernel may take any dynamic size up to the device's opt-in limit (set once, never lowered:
  * a captured graph may hold an earlier launch). */
 int ewcuda_kernel_cap(void *kernel, int block, int blocks, long long *smem)
