@@ -418,6 +418,9 @@ def rows(sizes, dtypes, variants, cols=4096):
                 print(f"rows {dtype} {size >> 20} MiB {method}: torch.compile {res['torch.compile'] * 1e6:.2f} us, "
                       f"cupy {res['cupy'] * 1e6:.2f} | " + " | ".join(
                           f"{v} {res[v] * 1e6:.2f} us ({best / res[v]:.3f})" for v in variants), flush=True)
+                if "cap" in variants and method == "b2b":   # what the cap got (0: none; the launch uncapped)
+                    print("  caps (blocks an SM, dynamic shared memory): "
+                          f"{sorted((key[3], got[1]) for key, got in _kernel._caps.items())}", flush=True)
 
 
 def rownorm(sizes, dtypes, plans, cols=4096):
