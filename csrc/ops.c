@@ -735,11 +735,49 @@ static ew_state *self_state(PyObject *self, int *opi)
     return ew_get_state(PyTuple_GET_ITEM(self, 0));
 }
 
+/* ewkern.fuse traces a function by calling it on stand-ins (ewkern/_fuse.py). An op given one
+ * fails to view it as an array with a TypeError; then, and only then, the call goes to the
+ * stand-in type's __ewkern_fuse__(name, args, kwargs), which adds the op to the traced expression.
+ * An ordinary call pays nothing; a TypeError with no stand-in among the arguments stays as it was. */
+static PyObject *fuse_handoff(const char *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (!PyErr_ExceptionMatches(PyExc_TypeError))
+        return NULL;
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    ew_saved_error e;
+    ew_error_save(&e);
+    PyObject *hook = NULL;
+    for (Py_ssize_t i = 0; i < nargs + nkw && hook == NULL; i++) {
+        hook = PyObject_GetAttrString((PyObject *)Py_TYPE(args[i]), "__ewkern_fuse__");
+        if (hook == NULL)
+            PyErr_Clear();
+    }
+    ew_error_restore(&e);
+    if (hook == NULL)
+        return NULL;
+    PyErr_Clear();
+    PyObject *pos = PyTuple_New(nargs), *kw = PyDict_New(), *r = NULL;
+    if (pos != NULL && kw != NULL) {
+        for (Py_ssize_t i = 0; i < nargs; i++)
+            PyTuple_SET_ITEM(pos, i, Py_NewRef(args[i]));
+        int ok = 0;
+        for (Py_ssize_t i = 0; i < nkw && ok == 0; i++)
+            ok = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]);
+        if (ok == 0)
+            r = PyObject_CallFunction(hook, "sOO", name, pos, kw);
+    }
+    Py_XDECREF(pos);
+    Py_XDECREF(kw);
+    Py_DECREF(hook);
+    return r;
+}
+
 static PyObject *op_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     int opi;
     ew_state *st = self_state(self, &opi);
-    return run_elementwise(st, opi, args, nargs, kwnames, NULL);
+    PyObject *r = run_elementwise(st, opi, args, nargs, kwnames, NULL);
+    return r != NULL ? r : fuse_handoff(ew_ops[opi].name, args, nargs, kwnames);
 }
 
 /* ---- rmse ------------------------------------------------------------------------------------------- */

@@ -38,6 +38,7 @@ from ._C import (  # noqa: F401  (the public surface)
 __version__ = "0.1.0"
 
 from .rtc import ElementwiseKernel, ReductionKernel, RowKernel  # noqa: E402  (run-time kernels, issue 21)
+from ._fuse import fuse  # noqa: E402  (cupy.fuse's counterpart: a Python function as one kernel)
 
 
 def ops() -> list[dict[str, Any]]:
@@ -82,7 +83,7 @@ __all__ = [
     "device_count", "synchronize", "device_info", "ops", "variants", "kernel_info", "build_info",
     "set_pdl", "pdl_enabled",
     "default_device", "current_stream", "stream", "rmse", "ElementwiseKernel", "ReductionKernel", "RowKernel",
-    "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
+    "fuse", "copy", "fill", "add", "sub", "mul", "div", "maximum", "minimum", "add_const", "mul_const", "axpby",
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu",
     "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward", "erf_backward", "exp_backward",
     "log_backward", "sqrt_backward", "rsqrt_backward", "abs_backward", "relu_backward", "mul_backward",

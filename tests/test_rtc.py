@@ -1404,3 +1404,20 @@ def test_cpu_dense_kernel_keeps_its_vector_loop_on_one_thread(tmp_path):
             body = dis.split(f"<{fn}>:", 1)[1].split("\n\n", 1)[0]
             ins = [ln.split("\t", 1)[-1].strip() for ln in body.splitlines() if "\t" in ln]
             assert any(packed.match(i) for i in ins), (dt, fn, "no packed float instruction")
+
+
+def test_cpu_float_result_of_an_integer_first_input():
+    """A float output allocated where the first input array holds integers (ewkern allocates float
+    dtypes only): made like the first float input, or apart in the first input's framework; the
+    warm calls (which allocate like the first input) give the same."""
+    half = ewkern.ElementwiseKernel("int32 x", "float64 y", "y = x * 0.5", "half_of_int")
+    scale = ewkern.ElementwiseKernel("int32 x, float32 z", "float32 y", "y = x * z", "int_times_float")
+    i = np.arange(-3, 5, dtype=np.int32)
+    z = np.linspace(0.5, 2.0, 8, dtype=np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(half(i), i * 0.5)
+        np.testing.assert_array_equal(scale(i, z), (i * z).astype(np.float32))
+    if torch is not None:
+        r = half(torch.from_numpy(i))
+        assert isinstance(r, torch.Tensor) and r.dtype == torch.float64
+        np.testing.assert_array_equal(r.numpy(), i * 0.5)

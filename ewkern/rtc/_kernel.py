@@ -185,8 +185,8 @@ def _alloc_cpu(like, dt: str, shape):
         if like is not None:
             try:
                 return _C()._rtc_result(like, dt, tuple(shape))
-            except ValueError:   # like is not C-contiguous: allocate apart, hand over in its framework
-                pass
+            except (ValueError, TypeError):   # like is not C-contiguous, or of a dtype ewkern cannot hold
+                pass                          # (an integer input): allocate apart, hand over in its framework
         if like is None or isinstance(like, np.ndarray):
             return _C()._rtc_result(np.empty(0, np.float32), dt, tuple(shape))
         from .. import empty
@@ -585,7 +585,12 @@ class _Call:
         out_dt = tuple(v.dtype for v in self.outs) + (None,) * (len(out_params) - len(self.outs))
         self.in_types, self.out_types, self.type_map = _decide_types_cached(kernel, in_params, out_params, in_dt,
                                                                             out_dt)
-        self.like = next((o for o, v in zip(args, self.ins) if isinstance(v, _Arr)), None)
+        # results are made like the first input array ewkern can hold (a float one), else the first
+        arrays = [(o, v.dtype) for o, v in zip(args, self.ins) if isinstance(v, _Arr)]
+        self.like: Any
+        self.like_dtype: str | None
+        self.like, self.like_dtype = next((a for a in arrays if a[1] in EWKERN_DTYPES), None) or \
+            (arrays[0] if arrays else (None, None))
 
     def alloc(self, dt: str, shape, name: str) -> tuple[Any, _Arr]:
         if self.device == "cpu":
@@ -594,6 +599,10 @@ class _Call:
         if dt not in EWKERN_DTYPES:
             raise TypeError(f"{self.kernel}: output {name} would be {dt}; on CUDA ewkern allocates "
                             f"{', '.join(EWKERN_DTYPES)} only (pass an output array)")
+        if self.like_dtype not in EWKERN_DTYPES:
+            raise TypeError(f"{self.kernel}: output {name}: on CUDA ewkern allocates a result like an input array "
+                            f"of {', '.join(EWKERN_DTYPES)}, and every input array here is {self.like_dtype} "
+                            "(pass an output array)")
         res = _C()._rtc_result(self.like, dt, tuple(shape))
         (a,), _ = _cuda_arrs([res], [name])
         return res, a
@@ -741,6 +750,8 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
     given = call.ins + call.outs[:ngiven]
     if not all(v.contiguous() for v in call.ins + call.outs if isinstance(v, _Arr)):
         return
+    if len(kern.out_params) > ngiven and call.like is not next((a for a in args[:nin] if not isinstance(a, _SCALARS)), None):
+        return   # results made like a later input (the first holds integers): the plans' allocation takes the first
     is_arr = tuple(not isinstance(o, _SCALARS) for o in args)
     sig = tuple((v.dtype, tuple(v.shape), call.device, v.ptr & 15) for v, a in zip(given, is_arr) if a)
     outs = tuple((dt, tuple(shape)) for dt, shape in zip(call.out_types[ngiven:], out_shapes))

@@ -1,0 +1,496 @@
+"""ewkern.fuse: a Python function of arrays made one kernel, as ``cupy.fuse`` does.
+
+The function is called once per argument signature (each array's dtype, each scalar's type) on
+stand-ins that record what is done to them: Python's operators, NumPy ufuncs (``np.exp(x)``,
+``np.maximum(x, y)``, SciPy's ``erf``), ``np.where`` and ewkern's own elementwise ops
+(``ewkern.gelu(x)``, ``ewkern.axpby(x, y, 2.0, 0.5)``). The record becomes one
+``ewkern.ElementwiseKernel``, compiled for the signature and kept, so that every later call is that
+kernel's call: one pass over the arrays on ewkern's fast paths (CUDA and the CPU alike), the
+inputs broadcast as NumPy does. Types follow NumPy's rules (NEP 50: a Python scalar takes the
+array's type), each operation computed in its result type (float16 and bfloat16 in float32,
+rounded once where stored, as in every ewkern kernel).
+
+What cannot be fused is refused with a TypeError that names it: branching on a value (``if x > 0``;
+write ``np.where``), reductions, arrays that are not arguments, ops outside the table below.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from .rtc._params import DTYPES
+
+__all__ = ["fuse", "Fusion"]
+
+_Fmt = Callable[..., str]   # C of an operation from its operands' C
+_LIMIT = 4000   # characters of one inlined expression; past it the body is one statement an operation
+
+
+def _ctype(dt: str) -> str:
+    return DTYPES[dt][1]   # the compute type: float for float16/bfloat16
+
+
+def _is_float(dt: str) -> bool:
+    return DTYPES[dt][3] == "f"
+
+
+_BF16: Any = None
+
+
+def _np_dtype(dt: str) -> Any:
+    """The NumPy dtype that stands for dt in type inference (bfloat16: ml_dtypes' where present)."""
+    global _BF16
+    if dt != "bfloat16":
+        return np.dtype(dt)
+    if _BF16 is None:
+        try:
+            import ml_dtypes
+            _BF16 = np.dtype(ml_dtypes.bfloat16)
+        except ImportError:
+            _BF16 = False
+    if _BF16 is False:
+        raise TypeError("ewkern.fuse: typing bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+    return _BF16
+
+
+def _dtype_name(dt: Any) -> str:
+    name = getattr(dt, "name", None) or str(dt)
+    return name[6:] if name.startswith("torch.") else name
+
+
+def _arg_dtype(obj: Any) -> str | None:
+    """An array argument's dtype name (NumPy, torch, CuPy, JAX, ewkern.Array), None for others."""
+    dt = getattr(obj, "dtype", None)
+    if dt is None or isinstance(obj, np.generic):
+        return None
+    name = _dtype_name(dt)
+    return name if name in DTYPES else None
+
+
+class _Trace:
+    """One tracing: the kernel's parameters (the call's arguments, then the constants met in the
+    body) and the nodes made."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.params: list[str] = []      # "dtype name" of each input parameter
+        self.consts: list[Any] = []      # values of the constant parameters, in order
+        self.nargs = 0
+
+    def const(self, value: Any, dt: str) -> "_Var":
+        """A constant of the body: a scalar parameter of the kernel in its compute type (its value
+        passed at each call: no literal to spell, and NumPy's rule for a Python scalar, the value
+        converted to the operation's type, is the parameter's own conversion)."""
+        name = f"_c{len(self.consts)}"
+        self.consts.append(value)
+        self.params.append(f"{dt} {name}")
+        return _Var(self, dt, name=name)
+
+
+class _Var:
+    """A traced value: its dtype and how it is computed (an input's name, or an operation on
+    other values). Stands in for an array inside the traced function."""
+
+    __slots__ = ("trace", "dtype", "name", "fmt", "args", "sample_value")
+    __array_priority__ = 1000
+
+    def __init__(self, trace: _Trace, dtype: str, name: str | None = None,
+                 fmt: _Fmt | None = None, args: tuple[Any, ...] = (), sample_value: Any = None) -> None:
+        self.trace, self.dtype, self.name, self.fmt, self.args = trace, dtype, name, fmt, args
+        self.sample_value = sample_value   # a weak Python scalar argument: its Python value's type
+
+    def sample(self) -> Any:
+        if self.sample_value is not None:
+            return self.sample_value
+        return np.ones((), _np_dtype(self.dtype))
+
+    # -- what cannot be traced ----------------------------------------------------------------
+    def __bool__(self) -> bool:
+        raise TypeError(f"{self.trace.name}: ewkern.fuse cannot branch on an array's values (a traced "
+                        "value has no truth value); write np.where(cond, a, b)")
+
+    def __iter__(self) -> Any:
+        raise TypeError(f"{self.trace.name}: ewkern.fuse cannot iterate over an array inside the function")
+
+    def __index__(self) -> int:
+        raise TypeError(f"{self.trace.name}: ewkern.fuse cannot use an array's value as an index or size")
+
+    __int__ = __float__ = __index__
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") and attr.endswith("__"):   # protocols probed with hasattr: not an array
+            raise AttributeError(attr)
+        raise TypeError(f"{self.trace.name}: ewkern.fuse does not trace the attribute {attr!r} of an array "
+                        "(operators, NumPy ufuncs, np.where and ewkern's elementwise ops only)")
+
+    # -- operators ------------------------------------------------------------------------------
+    def __add__(self, o: Any) -> "_Var": return _apply(self.trace, "add", self, o)
+    def __radd__(self, o: Any) -> "_Var": return _apply(self.trace, "add", o, self)
+    def __sub__(self, o: Any) -> "_Var": return _apply(self.trace, "subtract", self, o)
+    def __rsub__(self, o: Any) -> "_Var": return _apply(self.trace, "subtract", o, self)
+    def __mul__(self, o: Any) -> "_Var": return _apply(self.trace, "multiply", self, o)
+    def __rmul__(self, o: Any) -> "_Var": return _apply(self.trace, "multiply", o, self)
+    def __truediv__(self, o: Any) -> "_Var": return _apply(self.trace, "divide", self, o)
+    def __rtruediv__(self, o: Any) -> "_Var": return _apply(self.trace, "divide", o, self)
+    def __pow__(self, o: Any) -> "_Var": return _apply(self.trace, "power", self, o)
+    def __rpow__(self, o: Any) -> "_Var": return _apply(self.trace, "power", o, self)
+    def __neg__(self) -> "_Var": return _apply(self.trace, "negative", self)
+    def __pos__(self) -> "_Var": return _apply(self.trace, "positive", self)
+    def __abs__(self) -> "_Var": return _apply(self.trace, "absolute", self)
+    def __invert__(self) -> "_Var": return _apply(self.trace, "invert", self)
+    def __and__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_and", self, o)
+    def __rand__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_and", o, self)
+    def __or__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_or", self, o)
+    def __ror__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_or", o, self)
+    def __xor__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_xor", self, o)
+    def __rxor__(self, o: Any) -> "_Var": return _apply(self.trace, "bitwise_xor", o, self)
+    def __lt__(self, o: Any) -> "_Var": return _apply(self.trace, "less", self, o)
+    def __le__(self, o: Any) -> "_Var": return _apply(self.trace, "less_equal", self, o)
+    def __gt__(self, o: Any) -> "_Var": return _apply(self.trace, "greater", self, o)
+    def __ge__(self, o: Any) -> "_Var": return _apply(self.trace, "greater_equal", self, o)
+    def __eq__(self, o: Any) -> "_Var": return _apply(self.trace, "equal", self, o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> "_Var": return _apply(self.trace, "not_equal", self, o)  # type: ignore[override]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __floordiv__(self, o: Any) -> "_Var":
+        raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse '//' (floor_divide)")
+    __rfloordiv__ = __mod__ = __rmod__ = __floordiv__
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if method != "__call__" or kwargs:
+            what = f"{ufunc.__name__}.{method}" if method != "__call__" else f"{ufunc.__name__} with {sorted(kwargs)}"
+            raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse {what} (elementwise calls without "
+                            "keywords only; reductions and out= are not fused)")
+        return _apply(self.trace, ufunc.__name__, *inputs, ufunc=ufunc)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func is np.where and not kwargs and len(args) == 3:
+            return _apply(self.trace, "where", *args)
+        raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse numpy.{func.__name__} (elementwise only: "
+                        "np.where(cond, a, b) is the one array function it takes; reductions are not fused)")
+
+    @staticmethod
+    def __ewkern_fuse__(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An ewkern op called on a traced value (csrc/ops.c hands the call here)."""
+        trace = next(a.trace for a in list(args) + list(kwargs.values()) if isinstance(a, _Var))
+        if kwargs:
+            raise TypeError(f"{trace.name}: ewkern.fuse does not fuse ewkern.{op} with keyword arguments "
+                            f"({', '.join(sorted(kwargs))})")
+        if op not in _EWKERN_OPS:
+            raise TypeError(f"{trace.name}: ewkern.fuse does not fuse ewkern.{op} (it fuses "
+                            f"{', '.join(sorted(_EWKERN_OPS))})")
+        return _EWKERN_OPS[op](trace, *args)
+
+
+# ---- the operations: NumPy ufunc name -> how its C is written ----------------------------------
+
+def _bin(op: str) -> Callable[[str, str], str]:
+    return lambda a, b: f"({a} {op} {b})"
+
+
+def _call(fn: str) -> Callable[..., str]:
+    return lambda *xs: f"{fn}({', '.join(xs)})"
+
+
+_ARITH: dict[str, _Fmt] = {"add": _bin("+"), "subtract": _bin("-"), "multiply": _bin("*"),
+          "negative": lambda a: f"(-{a})", "positive": lambda a: f"(+{a})", "square": lambda a: f"({a} * {a})"}
+_FLOAT_ONLY: dict[str, _Fmt] = {"divide": _bin("/"), "true_divide": _bin("/"), "power": _call("pow"),
+               "reciprocal": lambda a: f"(1 / {a})", "absolute": _call("fabs"), "fabs": _call("fabs"),
+               "maximum": lambda a, b: f"(({a} > {b} || {a} != {a}) ? {a} : {b})",
+               "minimum": lambda a, b: f"(({a} < {b} || {a} != {a}) ? {a} : {b})",
+               "fmax": _call("fmax"), "fmin": _call("fmin"), "copysign": _call("copysign"),
+               "arctan2": _call("atan2"), "hypot": _call("hypot"),
+               "rsqrt": _call("rsqrt"), "sigmoid": lambda a: f"(1 / (1 + exp(-{a})))",
+               "silu": lambda a: f"({a} / (1 + exp(-{a})))",
+                  "relu": lambda a: f"(({a} > 0 || {a} != {a}) ? {a} : 0)"}
+for _fn in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "sin", "cos", "tan",
+            "sinh", "cosh", "tanh", "floor", "ceil", "trunc", "rint", "erf", "erfc"):
+    _FLOAT_ONLY[_fn] = _call(_fn)
+for _np_name, _c_name in (("arcsin", "asin"), ("arccos", "acos"), ("arctan", "atan"), ("arcsinh", "asinh"),
+                          ("arccosh", "acosh"), ("arctanh", "atanh")):
+    _FLOAT_ONLY[_np_name] = _call(_c_name)
+# x (1 + erf(x / sqrt 2)) / 2 as x erfc(-x / sqrt 2) / 2: no cancellation for x << 0; its
+# literals in the compute type (a double literal would take float math to double)
+_TYPED: dict[str, Callable[[str], _Fmt]] = {"gelu": lambda t: lambda a: (f"(0.5f * {a} * erfc(-0.70710678118654752f * {a}))" if t == "float"
+                                       else f"(0.5 * {a} * erfc(-0.70710678118654752440 * {a}))")}
+_ABS_INT = lambda a: f"({a} < 0 ? -{a} : {a})"  # noqa: E731
+_COMPARE = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
+# x - x is 0 for a finite x and NaN for an infinity or a NaN (no literal, no library call)
+_PREDICATE: dict[str, _Fmt] = {"isnan": lambda a: f"({a} != {a})", "isinf": lambda a: f"({a} == {a} && {a} - {a} != {a} - {a})",
+              "isfinite": lambda a: f"({a} - {a} == {a} - {a})", "signbit": _call("signbit")}
+_LOGICAL: dict[str, _Fmt] = {"logical_and": _bin("&&"), "logical_or": _bin("||"), "logical_xor": _bin("!="),
+            "logical_not": lambda a: f"(!{a})"}
+_BITS: dict[str, _Fmt] = {"bitwise_and": _bin("&"), "bitwise_or": _bin("|"), "bitwise_xor": _bin("^")}
+# ewkern ops without a NumPy ufunc: their type is the operands' float type
+_NO_UFUNC = ("rsqrt", "sigmoid", "silu", "gelu", "relu", "erf", "erfc")
+
+
+def _operand(trace: _Trace, x: Any) -> _Var:
+    if isinstance(x, _Var):
+        if x.trace is not trace:
+            raise TypeError(f"{trace.name}: a value traced by another ewkern.fuse function")
+        return x
+    if isinstance(x, np.generic):   # before float: np.float64 is one; a NumPy scalar is strongly typed
+        if x.dtype.name not in DTYPES:
+            raise TypeError(f"{trace.name}: a {x.dtype} scalar, which ewkern kernels do not hold")
+        return trace.const(x.item(), x.dtype.name)
+    if isinstance(x, (bool, int, float)):
+        # a constant of the body; its type is decided where it is used (NEP 50: weak)
+        return _Var(trace, "", sample_value=x, args=(x,))
+    raise TypeError(f"{trace.name}: ewkern.fuse takes arrays only as the function's arguments (got "
+                    f"{type(x).__name__} inside it; pass it as an argument)")
+
+
+def _result_dtype(trace: _Trace, name: str, ufunc: Any, ops: list[_Var]) -> str:
+    """NumPy's result type of the operation on these operands (a 0-d sample of each, weak Python
+    scalars as themselves)."""
+    samples = [v.sample() for v in ops]
+    with np.errstate(all="ignore"):
+        if name in _NO_UFUNC and ufunc is None:
+            res = _dtype_name(np.result_type(*samples))
+            if res not in DTYPES or not _is_float(res):
+                raise TypeError(f"{trace.name}: ewkern.{name} takes floating-point values, got {res}")
+            return res
+        fn = ufunc if ufunc is not None else (np.where if name == "where" else getattr(np, name))
+        try:
+            r = fn(*samples)
+        except TypeError as e:
+            raise TypeError(f"{trace.name}: {name} of {', '.join(v.dtype or type(v.sample_value).__name__ for v in ops)}: "
+                            f"{e}") from None
+    res = _dtype_name(np.asarray(r).dtype)
+    if res not in DTYPES:
+        raise TypeError(f"{trace.name}: {name} gives {res}, which ewkern kernels do not hold")
+    return res
+
+
+def _apply(trace: _Trace, name: str, *xs: Any, ufunc: Any = None) -> _Var:
+    ops = [_operand(trace, x) for x in xs]
+    if ufunc is not None and ufunc.nin != len(xs):   # pragma: no cover - NumPy checks the count first
+        raise TypeError(f"{trace.name}: {name} takes {ufunc.nin} arguments")
+    res = _result_dtype(trace, name, ufunc, ops)
+    if name in _COMPARE or name in _PREDICATE or name in _LOGICAL:
+        compute = _result_dtype(trace, "add", None, ops) if name in _COMPARE or name in _LOGICAL \
+            else ops[0].dtype or _dtype_name(np.result_type(ops[0].sample()))
+        if name in _LOGICAL:
+            compute = "bool"
+        fmt: _Fmt = (lambda a, b, o=_COMPARE[name]: f"({a} {o} {b})") if name in _COMPARE \
+            else _PREDICATE.get(name) or _LOGICAL[name]
+        if name in _PREDICATE and not _is_float(compute):
+            fmt = {"isnan": lambda a: "false", "isinf": lambda a: "false", "isfinite": lambda a: "true",
+                   "signbit": lambda a: f"({a} < 0)"}[name]
+        return _node(trace, res, fmt, ops, [compute] * len(ops))
+    if name == "where":
+        cond, a, b = ops
+        return _node(trace, res, lambda c, x, y: f"({c} ? {x} : {y})", ops, ["bool", res, res])
+    if name in _BITS or name == "invert":
+        if _is_float(res):
+            raise TypeError(f"{trace.name}: {name} of floating-point values")
+        bits: _Fmt = _BITS.get(name) or ((lambda a: f"(!{a})") if res == "bool" else (lambda a: f"(~{a})"))
+        return _node(trace, res, bits, ops, [res] * len(ops))
+    if name in _ARITH:
+        if res == "bool":
+            raise TypeError(f"{trace.name}: ewkern.fuse does not fuse {name} of booleans")
+        return _node(trace, res, _ARITH[name], ops, [res] * len(ops))
+    if name == "absolute" and not _is_float(res):
+        return _node(trace, res, _ABS_INT, ops, [res])
+    if name in _FLOAT_ONLY or name in _TYPED:
+        if not _is_float(res):
+            raise TypeError(f"{trace.name}: ewkern.fuse fuses {name} of floating-point values only (here {res})")
+        math = _TYPED[name](_ctype(res)) if name in _TYPED else _FLOAT_ONLY[name]
+        return _node(trace, res, math, ops, [res] * len(ops))
+    raise TypeError(f"{trace.name}: ewkern.fuse does not fuse {name}")
+
+
+def _node(trace: _Trace, dtype: str, fmt: _Fmt, ops: list[_Var], computes: list[str]) -> _Var:
+    """The operation fmt on ops, each taken in its compute dtype: a weak constant becomes a
+    parameter of that type; a value of another compute type is cast."""
+    args = []
+    for v, c in zip(ops, computes):
+        if v.dtype == "":                       # a weak constant: a parameter in the type it meets
+            v = trace.const(v.args[0], c)
+        args.append((v, _ctype(c)))
+    return _Var(trace, dtype, fmt=fmt, args=tuple(args))
+
+
+def _ewk_binary(np_name: str) -> Callable[..., _Var]:
+    return lambda trace, a, b: _apply(trace, np_name, a, b)
+
+
+def _ewk_unary(name: str) -> Callable[..., _Var]:
+    return lambda trace, a: _apply(trace, name, a)
+
+
+def _ewk_const(np_name: str) -> Callable[..., _Var]:
+    def op(trace: _Trace, a: Any, c: Any) -> _Var:
+        if not isinstance(c, (int, float)) or isinstance(c, bool):
+            raise TypeError(f"{trace.name}: the scalar of ewkern.add_const / mul_const must be a number")
+        return _apply(trace, np_name, a, float(c))
+    return op
+
+
+def _ewk_axpby(trace: _Trace, a: Any, b: Any, alpha: Any, beta: Any) -> _Var:
+    return _apply(trace, "add", _apply(trace, "multiply", float(alpha), a), _apply(trace, "multiply", float(beta), b))
+
+
+_EWKERN_OPS: dict[str, Callable[..., _Var]] = {
+    "copy": lambda trace, a: _apply(trace, "positive", a),
+    "add": _ewk_binary("add"), "sub": _ewk_binary("subtract"), "mul": _ewk_binary("multiply"),
+    "div": _ewk_binary("divide"), "maximum": _ewk_binary("maximum"), "minimum": _ewk_binary("minimum"),
+    "add_const": _ewk_const("add"), "mul_const": _ewk_const("multiply"), "axpby": _ewk_axpby,
+    "neg": _ewk_unary("negative"), "abs": _ewk_unary("absolute"),
+    **{k: _ewk_unary(k) for k in ("exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
+                                  "silu")},
+}
+
+
+# ---- the kernel's source ----------------------------------------------------------------------
+
+def _source(outs: list[_Var]) -> str:
+    """The body: `out0 = <expression>;` for each output, the expressions inlined, or past _LIMIT
+    characters one `const` statement an operation."""
+    memo: dict[int, str] = {}
+
+    def inline(v: _Var) -> str:
+        if v.name is not None:
+            return v.name
+        got = memo.get(id(v))
+        if got is None:
+            assert v.fmt is not None   # a value without a name is an operation
+            got = v.fmt(*[_cast(inline(a), a, c) for a, c in v.args])
+            if len(got) > _LIMIT:
+                raise OverflowError
+            memo[id(v)] = got
+        return got
+    try:
+        return " ".join(f"out{k} = {inline(v)};" for k, v in enumerate(outs))
+    except OverflowError:
+        pass
+    lines: list[str] = []
+    names: dict[int, str] = {}
+
+    def emit(v: _Var) -> str:
+        if v.name is not None:
+            return v.name
+        if id(v) not in names:
+            parts = [_cast(emit(a), a, c) for a, c in v.args]
+            assert v.fmt is not None
+            names[id(v)] = f"_t{len(names)}"
+            lines.append(f"const {_ctype(v.dtype)} {names[id(v)]} = {v.fmt(*parts)};")
+        return names[id(v)]
+    for k, v in enumerate(outs):
+        lines.append(f"out{k} = {emit(v)};")
+    return "\n".join(lines)
+
+
+def _cast(code: str, v: _Var, ctype: str) -> str:
+    return code if _ctype(v.dtype) == ctype else f"(({ctype}){code})"
+
+
+# ---- the decorator ----------------------------------------------------------------------------
+
+class Fusion:
+    """A function fused into one kernel per argument signature (``ewkern.fuse``). Call it as the
+    function; ``kernel(*args)`` gives the ``ewkern.ElementwiseKernel`` those arguments run (for
+    ``ewkern.torch.kernel_op``, whose derived backward needs a body of one expression)."""
+
+    def __init__(self, func: Callable[..., Any], kernel_name: str | None = None) -> None:
+        self.func = func
+        base = str(kernel_name or getattr(func, "__name__", "fused"))
+        self.name = re.sub(r"\W", "_", base) or "fused"
+        if self.name[0].isdigit():
+            self.name = "_" + self.name
+        self._kernels: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+        functools.update_wrapper(self, func)
+
+    def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        sig: list[tuple[str, Any]] = []
+        for k, a in enumerate(args):
+            if isinstance(a, np.generic):   # before float: np.float64 is one
+                if a.dtype.name not in DTYPES:
+                    raise TypeError(f"{self.name}: argument {k} is a {a.dtype} scalar, which ewkern kernels do not hold")
+                sig.append(("n", a.dtype.name))
+            elif isinstance(a, bool):
+                sig.append(("s", bool))
+            elif isinstance(a, (int, float)):
+                sig.append(("s", float if isinstance(a, float) else int))
+            else:
+                dt = _arg_dtype(a)
+                if dt is None:
+                    raise TypeError(f"{self.name}: argument {k} must be an array (NumPy, torch, CuPy, JAX, "
+                                    f"ewkern.Array) or a scalar, got {type(a).__name__}"
+                                    + (f" of dtype {getattr(a, 'dtype')}" if hasattr(a, "dtype") else ""))
+                sig.append(("a", dt))
+        return tuple(sig)
+
+    def _build(self, sig: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        from .rtc import ElementwiseKernel
+        if not any(kind == "a" for kind, _ in sig):
+            raise TypeError(f"{self.name}: ewkern.fuse needs at least one array argument")
+        trace = _Trace(self.name)
+        stand_ins = []
+        for k, (kind, what) in enumerate(sig):
+            name = f"in{k}"
+            if kind == "s":   # a Python scalar argument: typed where used (NEP 50), passed as float64/int64/bool
+                dt = {bool: "bool", int: "int64", float: "float64"}[what]
+                trace.params.append(f"{dt} {name}")
+                stand_ins.append(_Var(trace, dt, name=name, sample_value=what(1)))
+            else:
+                trace.params.append(f"{what} {name}")
+                stand_ins.append(_Var(trace, what, name=name))
+        trace.nargs = len(sig)
+        got = self.func(*stand_ins)
+        outs = list(got) if isinstance(got, tuple) else [got]
+        if not outs or not all(isinstance(v, _Var) for v in outs):
+            raise TypeError(f"{self.name}: an ewkern.fuse function must return a traced value or a tuple of "
+                            f"them, got {type(got).__name__}"
+                            + (f" holding {', '.join(type(v).__name__ for v in outs)}" if isinstance(got, tuple) else ""))
+        body = _source(outs)
+        out_params = ", ".join(f"{v.dtype} out{k}" for k, v in enumerate(outs))
+        kernel = ElementwiseKernel(", ".join(trace.params), out_params, body, f"fuse_{self.name}")
+        return kernel, tuple(trace.consts)
+
+    def kernel(self, *args: Any) -> Any:
+        """The ewkern.ElementwiseKernel that these arguments run (compiled on first use; its
+        inputs are the arguments, then the body's constants, which ``__call__`` passes itself)."""
+        return self._entry(args)[0]
+
+    def _entry(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        sig = self._signature(args)
+        got = self._kernels.get(sig)
+        if got is None:
+            got = self._kernels[sig] = self._build(sig)
+        return got
+
+    def __call__(self, *args: Any) -> Any:
+        kernel, consts = self._entry(args)
+        return kernel(*args, *consts)
+
+    def __repr__(self) -> str:
+        return f"<ewkern.fuse of {getattr(self.func, '__qualname__', self.name)}>"
+
+
+def fuse(*args: Any, kernel_name: str | None = None) -> Any:
+    """Fuse a function of arrays into one kernel, as ``cupy.fuse`` does: ``@ewkern.fuse`` or
+    ``@ewkern.fuse(kernel_name="name")``.
+
+    ::
+
+        @ewkern.fuse
+        def swish_gate(a, b):
+            return a * ewkern.sigmoid(b)        # or a / (1 + np.exp(-b))
+
+        y = swish_gate(x, g)   # one kernel; NumPy in, NumPy out; torch in, torch out
+
+    Inside, arrays (the arguments) take Python's arithmetic and comparison operators, NumPy ufuncs
+    (``np.exp``, ``np.maximum``, ...; SciPy's ``erf``/``erfc``), ``np.where`` and ewkern's
+    elementwise ops; Python scalars take NumPy's weak typing. Each argument signature (array
+    dtypes, scalar types) is traced once and compiled to an ``ewkern.ElementwiseKernel``; arrays
+    broadcast as NumPy's do. See ``Fusion.kernel`` for the kernel itself."""
+    if args and callable(args[0]) and len(args) == 1:
+        return Fusion(args[0], kernel_name)
+    if args:
+        raise TypeError("ewkern.fuse: use @ewkern.fuse or @ewkern.fuse(kernel_name=...)")
+    return lambda func: Fusion(func, kernel_name)

@@ -1,0 +1,264 @@
+"""ewkern.fuse (ewkern/_fuse.py): a Python function of arrays traced once per argument signature
+into one ElementwiseKernel, as cupy.fuse does. Results against float64 NumPy references on awkward
+sizes and broadcasts, NumPy's type rules (NEP 50), ewkern's own ops inside (csrc/ops.c hands a call
+on a traced value to it), the refusals, and the kernel as a torch op with a derived backward."""
+import numpy as np
+import pytest
+
+import ewkern
+from conftest import gpu
+from reference import EPS, REF, TINY, np_dtype
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+FLOATS = ["float32", "float16", "bfloat16", "float64"]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EWKERN_CACHE_DIR", str(tmp_path / "kernels"))
+
+
+def rand(shape, dtype, seed, lo=-3.0, hi=3.0):
+    x = np.random.default_rng(seed).uniform(lo, hi, shape)
+    return x.astype(np_dtype(dtype))
+
+
+def assert_close(out, ref, dtype, ulps):
+    """|out - ref| <= ulps eps (|ref| + 1): each operation rounds once in its compute type (16-bit
+    in float32, rounded where stored)."""
+    out = np.asarray(out).astype(np.float64)
+    bound = ulps * EPS[dtype] * (np.abs(ref) + 1.0) + TINY[dtype]
+    bad = np.abs(out - ref) > bound
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off: worst {np.max(np.abs(out - ref) / bound):.2f} bounds"
+
+
+@ewkern.fuse
+def fma(a, b, c):
+    return a * b + c
+
+
+@ewkern.fuse(kernel_name="gated")
+def swish_gate(a, b):
+    return a / (1 + np.exp(-b))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [0, 1, 7, 1001, 4099])
+def test_fma_matches_float64(dtype, n):
+    a, b, c = (rand(n, dtype, s) for s in (1, 2, 3))
+    r = fma(a, b, c)
+    assert r.dtype == np_dtype(dtype) and r.shape == (n,)
+    f = [x.astype(np.float64) for x in (a, b, c)]
+    assert_close(r, f[0] * f[1] + f[2], dtype, 2 if dtype == "float64" else 1)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_broadcast_row_against_matrix_and_a_misaligned_view(dtype):
+    a = rand((33, 17), dtype, 4)
+    row = rand(17, dtype, 5)
+    big = rand(34 * 17 + 1, dtype, 6)
+    view = big[1:].reshape(34, 17)[1:]                  # a start off every vector boundary
+    r = swish_gate(view, row)
+    f = view.astype(np.float64), row.astype(np.float64)
+    assert r.shape == (33, 17)
+    assert_close(r, f[0] / (1 + np.exp(-f[1])), dtype, 4 if dtype == "float64" else 2)
+    r2 = fma(a, row, 0.25)
+    assert_close(r2, a.astype(np.float64) * f[1] + 0.25, dtype, 2)
+
+
+# ewkern's elementwise ops on traced values, each against its own float64 reference
+UNARY = ["copy", "neg", "abs", "exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu", "silu"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("op", UNARY)
+def test_ewkern_unary_ops_inside(op, dtype):
+    positive = op in ("log", "sqrt", "rsqrt")
+    x = rand(513, dtype, 7, 0.01 if positive else -6.0, 6.0)
+    if op == "gelu":   # the far negative tail, where x (1 + erf) cancels
+        x = np.concatenate([x, np.linspace(-12, -4, 64).astype(np_dtype(dtype))])
+    fn = ewkern.fuse(lambda a: getattr(ewkern, op)(a) * 1)
+    r = fn(x)
+    ref = REF[op](x.astype(np.float64))
+    ulps = {"exp": 4, "log": 4, "erf": 4, "tanh": 4, "sigmoid": 6, "silu": 8, "rsqrt": 3, "sqrt": 2}.get(op, 1)
+    if op == "gelu":
+        ulps = 8 + 2 * float(np.max(x.astype(np.float64) ** 2))
+    assert_close(r, ref, dtype, ulps)
+    if op == "gelu":   # relative accuracy in the tail: gelu(-8) is about -5e-15, not 0
+        tail = x.astype(np.float64) < -4
+        got, want = np.asarray(r, np.float64)[tail], ref[tail]
+        if dtype == "float64":
+            assert np.all(np.abs(got - want) <= 1e-10 * np.abs(want))
+
+
+@pytest.mark.parametrize("op,args,ref", [
+    ("add", 2, lambda a, b: a + b), ("sub", 2, lambda a, b: a - b), ("mul", 2, lambda a, b: a * b),
+    ("div", 2, lambda a, b: a / b), ("maximum", 2, np.maximum), ("minimum", 2, np.minimum),
+])
+def test_ewkern_binary_ops_inside(op, args, ref):
+    a, b = rand(300, "float32", 8), rand(300, "float32", 9, 0.5, 3.0)
+    a[::7] = np.nan   # maximum and minimum carry NaN from either side
+    r = ewkern.fuse(lambda x, y: getattr(ewkern, op)(x, y))(a, b)
+    want = ref(a.astype(np.float64), b.astype(np.float64))
+    assert np.array_equal(np.isnan(r), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert_close(np.asarray(r)[ok], want[ok], "float32", 1)
+
+
+def test_ewkern_scalar_ops_inside():
+    a, b = rand(100, "float64", 10), rand(100, "float64", 11)
+    r = ewkern.fuse(lambda x, y: ewkern.axpby(ewkern.add_const(x, 0.5), ewkern.mul_const(y, 3.0), 2.0, -1.5))(a, b)
+    assert_close(r, 2.0 * (a + 0.5) - 1.5 * (3.0 * b), "float64", 4)
+
+
+def test_numpy_type_rules():
+    """NEP 50: a Python scalar takes the array's type; a NumPy scalar is strongly typed; integers
+    divide into float64; comparisons give bool."""
+    h = rand(10, "float16", 12)
+    i = np.arange(1, 11, dtype=np.int32)
+    assert fma(h, 2.5, 1).dtype == np.float16
+    assert fma(h, np.float64(2.5), 1).dtype == np.float64
+    assert fma(h, rand(10, "float32", 13), 1).dtype == np.float32
+    half = ewkern.fuse(lambda x: x / 2)(i)
+    assert half.dtype == np.float64 and np.array_equal(half, i / 2)
+    cmp = ewkern.fuse(lambda x, y: (x < y, np.isnan(y), x == 3))(i, np.where(i > 5, np.nan, 1.0))
+    assert [c.dtype for c in cmp] == [np.bool_] * 3
+    assert np.array_equal(cmp[0], i < np.where(i > 5, np.nan, 1.0)) and np.array_equal(cmp[1], i > 5)
+    assert np.array_equal(cmp[2], i == 3)
+
+
+def test_where_and_several_outputs():
+    a, b = rand(257, "float32", 14), rand(257, "float32", 15)
+
+    @ewkern.fuse
+    def split(x, y, s):
+        t = x * y
+        return np.where(x > 0, t, s * t), np.maximum(x, y), -t
+
+    r = split(a, b, 0.125)
+    f = a.astype(np.float64), b.astype(np.float64)
+    assert isinstance(r, tuple) and len(r) == 3
+    assert_close(r[0], np.where(f[0] > 0, f[0] * f[1], 0.125 * (f[0] * f[1])), "float32", 2)
+    assert np.array_equal(r[1], np.maximum(a, b))
+    assert_close(r[2], -(f[0] * f[1]), "float32", 1)
+
+
+def test_traced_once_per_signature_and_the_scalars_passed_each_call():
+    calls = []
+
+    @ewkern.fuse
+    def scaled(x, s):
+        calls.append(1)
+        return x * s + 1.5
+
+    a = rand(64, "float32", 16)
+    r1, r2 = scaled(a, 2.0), scaled(a, -3.0)
+    assert len(calls) == 1
+    assert_close(r1, a.astype(np.float64) * 2 + 1.5, "float32", 1)
+    assert_close(r2, a.astype(np.float64) * -3 + 1.5, "float32", 1)
+    scaled(a.astype(np.float64), 2.0)
+    scaled(a, 2)                     # an int scalar: another signature
+    assert len(calls) == 3
+    k = scaled.kernel(a, 2.0)
+    assert isinstance(k, ewkern.ElementwiseKernel) and k is scaled.kernel(a, 5.0)
+
+
+def test_a_long_expression_is_written_one_statement_an_operation():
+    """A value used twice at each of 24 steps: inlined it would double 24 times; past the limit the
+    body is one `const` statement an operation, with the same result."""
+    @ewkern.fuse
+    def chain(x):
+        for _ in range(24):
+            x = x * x * 0.5 + x * 0.25
+        return x
+
+    a = rand(100, "float64", 17, 0.1, 0.9)
+    want = a.copy()
+    for _ in range(24):
+        want = want * want * 0.5 + want * 0.25
+    r = chain(a)
+    assert "const double _t" in chain.kernel(a).operation
+    assert_close(r, want, "float64", 64)
+
+
+def test_refusals_name_what_cannot_be_fused():
+    a = rand(8, "float32", 18)
+    outside = rand(8, "float32", 19)
+    cases = [
+        (lambda x: x if x > 0 else -x, "np.where"),
+        (lambda x: np.sum(x), "reductions"),
+        (lambda x: x + outside, "as the function's arguments"),
+        (lambda x: 3.0, "must return a traced value"),
+        (lambda x: x // 2, "floor_divide"),
+        (lambda x: np.gcd(x, x), "gcd"),
+        (lambda x: x.shape, "attribute 'shape'"),
+        (lambda x: ewkern.exp(x, out=x), "keyword"),
+        (lambda x: ewkern.gelu_backward(x, x), "gelu_backward"),
+        (lambda x: np.sin(x) & x, "bitwise_and of float32"),
+    ]
+    for k, (fn, words) in enumerate(cases):
+        with pytest.raises(TypeError, match=words):
+            ewkern.fuse(fn, kernel_name=f"bad{k}")(a)
+    with pytest.raises(TypeError, match="at least one array"):
+        fma(1.0, 2.0, 3.0)
+    with pytest.raises(TypeError, match="argument 1 must be an array"):
+        fma(a, [1.0], a)
+    with pytest.raises(TypeError, match="@ewkern.fuse"):
+        ewkern.fuse(1, 2)
+
+
+def test_ewkern_ops_keep_their_own_type_errors():
+    """The hand-off in csrc/ops.c is looked for only after a TypeError and only on arguments that
+    define __ewkern_fuse__: other errors reach the caller as they were."""
+    with pytest.raises(TypeError, match="expected an array that supports DLPack"):
+        ewkern.exp(object())
+    with pytest.raises(TypeError, match="expected an array that supports DLPack"):
+        ewkern.add(np.ones(3, np.float32), "x")
+    with pytest.raises(ValueError):
+        ewkern.add(np.ones(3, np.float32), np.ones(4, np.float32))
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_torch_in_torch_out_and_the_kernel_as_an_op_with_a_derived_backward():
+    import ewkern.torch as ewt
+    x = torch.randn(3, 65, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(65, dtype=torch.float64, requires_grad=True)
+
+    @ewkern.fuse
+    def gelu_mul(a, b):
+        return ewkern.gelu(a) * b
+
+    y = gelu_mul(x.detach(), w.detach())
+    want = torch.nn.functional.gelu(x) * w
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float64
+    torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-14)
+    op = ewt.kernel_op(gelu_mul.kernel(x, w))
+    op(x, w).sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    want.sum().backward()
+    torch.testing.assert_close(gx, x.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gw, w.grad, rtol=1e-10, atol=1e-12)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gpu_fused_on_torch_cuda_tensors(dtype):
+    """On CUDA the fused kernel is an ElementwiseKernel's launch: torch tensors in and out on
+    torch's stream, an odd size and a misaligned start; `x + y` fused gives ewkern.add's bits."""
+    tdt = getattr(torch, dtype)
+    n = (1 << 20) + 3
+    a, b, c = (torch.randn(n + 1, device="cuda").to(tdt)[1:] for _ in range(3))
+    r = fma(a, b, c)
+    assert r.device.type == "cuda" and r.dtype == tdt
+    want = (a.double() * b.double() + c.double())
+    torch.testing.assert_close(r.double(), want, rtol=EPS[dtype] * 2, atol=EPS[dtype] * 2)
+    plus = ewkern.fuse(lambda x, y: x + y)
+    x, y = torch.randn(n, device="cuda").to(tdt), torch.randn(n, device="cuda").to(tdt)
+    assert torch.equal(plus(x, y), ewkern.add(x, y))
