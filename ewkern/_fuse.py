@@ -26,7 +26,6 @@ from .rtc._params import DTYPES
 __all__ = ["fuse", "Fusion"]
 
 _Fmt = Callable[..., str]   # C of an operation from its operands' C
-_LIMIT = 4000   # characters of one inlined expression; past it the body is one statement an operation
 
 
 def _ctype(dt: str) -> str:
@@ -283,7 +282,6 @@ def _apply(trace: _Trace, name: str, *xs: Any, ufunc: Any = None) -> _Var:
                    "signbit": lambda a: f"({a} < 0)"}[name]
         return _node(trace, res, fmt, ops, [compute] * len(ops))
     if name == "where":
-        cond, a, b = ops
         return _node(trace, res, lambda c, x, y: f"({c} ? {x} : {y})", ops, ["bool", res, res])
     if name in _BITS or name == "invert":
         if _is_float(res):
@@ -349,25 +347,27 @@ _EWKERN_OPS: dict[str, Callable[..., _Var]] = {
 # ---- the kernel's source ----------------------------------------------------------------------
 
 def _source(outs: list[_Var]) -> str:
-    """The body: `out0 = <expression>;` for each output, the expressions inlined, or past _LIMIT
-    characters one `const` statement an operation."""
-    memo: dict[int, str] = {}
+    """The body: `out0 = <expression>;` for each output where no operation's value is used twice
+    (the form ewkern.torch derives a backward of), else one `const` statement an operation, so
+    that a value used twice is computed once (and an expression that reuses its values does not
+    grow with each reuse)."""
+    uses: dict[int, int] = {}
 
-    def inline(v: _Var) -> str:
-        if v.name is not None:
-            return v.name
-        got = memo.get(id(v))
-        if got is None:
+    def count(v: _Var) -> None:
+        if v.name is None:
+            uses[id(v)] = uses.get(id(v), 0) + 1
+            if uses[id(v)] == 1:
+                for a, _ in v.args:
+                    count(a)
+    for v in outs:
+        count(v)
+    if max(uses.values(), default=0) <= 1:
+        def inline(v: _Var) -> str:
+            if v.name is not None:
+                return v.name
             assert v.fmt is not None   # a value without a name is an operation
-            got = v.fmt(*[_cast(inline(a), a, c) for a, c in v.args])
-            if len(got) > _LIMIT:
-                raise OverflowError
-            memo[id(v)] = got
-        return got
-    try:
+            return v.fmt(*[_cast(inline(a), a, c) for a, c in v.args])
         return " ".join(f"out{k} = {inline(v)};" for k, v in enumerate(outs))
-    except OverflowError:
-        pass
     lines: list[str] = []
     names: dict[int, str] = {}
 

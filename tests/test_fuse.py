@@ -167,9 +167,10 @@ def test_traced_once_per_signature_and_the_scalars_passed_each_call():
     assert isinstance(k, ewkern.ElementwiseKernel) and k is scaled.kernel(a, 5.0)
 
 
-def test_a_long_expression_is_written_one_statement_an_operation():
-    """A value used twice at each of 24 steps: inlined it would double 24 times; past the limit the
-    body is one `const` statement an operation, with the same result."""
+def test_a_value_used_twice_is_computed_once():
+    """A value used twice at each of 24 steps (inlined, the expression would double 24 times): the
+    body is one `const` statement an operation, with the same result; a tree of operations stays
+    one expression (the form a backward is derived from)."""
     @ewkern.fuse
     def chain(x):
         for _ in range(24):
@@ -181,8 +182,10 @@ def test_a_long_expression_is_written_one_statement_an_operation():
     for _ in range(24):
         want = want * want * 0.5 + want * 0.25
     r = chain(a)
-    assert "const double _t" in chain.kernel(a).operation
+    body = chain.kernel(a).operation
+    assert body.count("const double _t") == 24 * 4 and body.endswith(f"out0 = _t{24 * 4 - 1};"), body[-200:]
     assert_close(r, want, "float64", 64)
+    assert fma.kernel(a, a, a).operation == "out0 = ((in0 * in1) + in2);"
 
 
 def test_refusals_name_what_cannot_be_fused():
