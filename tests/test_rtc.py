@@ -1421,3 +1421,50 @@ def test_cpu_float_result_of_an_integer_first_input():
         r = half(torch.from_numpy(i))
         assert isinstance(r, torch.Tensor) and r.dtype == torch.float64
         np.testing.assert_array_equal(r.numpy(), i * 0.5)
+
+
+SCALED_RMS = ("T x, float32 s", "T y", "x * x", "a + b", "y = sqrt(a / (_in_ind.size() / _out_ind.size())) * s", "0")
+
+
+@pytest.mark.parametrize("axis,keepdims", [(1, False), (None, False), (0, True)])
+def test_cpu_reduction_post_map_sees_the_scalar_parameters(axis, keepdims):
+    """As in CuPy, whose POST_MAP runs inside the kernel whose parameters the scalars are, a
+    ReductionKernel's post_map_expr may use its scalar inputs (it could not: 's' was not declared)."""
+    k = ewkern.ReductionKernel(*SCALED_RMS, "scaled_rms")
+    x = np.random.default_rng(20).standard_normal((5, 97)).astype(np.float32)
+    got = k(x, 2.5, axis=axis, keepdims=keepdims)
+    want = np.sqrt((x.astype(np.float64) ** 2).mean(axis=axis, keepdims=keepdims)) * 2.5
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-6)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_cuda_reduction_sources_with_a_scalar_in_post_map_compile(aligned):
+    """The CUDA sources of both reduction engines (the rows engine's rows and combine entries, the
+    general one) declare the scalar inputs where post_map_expr runs: NVRTC compiles them."""
+    _nvrtc()
+    lay = _layout("contig", 1, [("T x", "float32", "array", 0), ("float32 s", "float32", "scalar", 0)])
+    out = _layout("strided", 1, [("T y_out", "float32", "array", 0)])
+    tdefs = _codegen.typedefs((("T", "float32"),), [], [], [], [])
+    post = "y_out = sqrt(a) * s"
+    src, entries = _codegen.reduction_rows_source("rows_s", lay, out, 4, "x * x", "a + b", post, "0", "float", "",
+                                                  tdefs, False, aligned, 0)
+    ptx, _, _ = _build.compile_cuda("rows_s", src, (9, 0), ptx_only=True)
+    assert all((".entry " + e).encode() in ptx for e in entries)
+    src, entry = _codegen.reduction_source("cuda", "gen_s", lay, out, True, "x * x", "a + b", post, "0", "float", "",
+                                           tdefs)
+    ptx, _, _ = _build.compile_cuda("gen_s", src, (9, 0), ptx_only=True)
+    assert (".entry " + entry).encode() in ptx
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+@pytest.mark.parametrize("shape,axis", [((256, 4096), 1), ((3, 1 << 20), None), ((64, 100), 0)])
+def test_gpu_reduction_post_map_sees_the_scalar_parameters(shape, axis):
+    """The same on CUDA: the rows engine (one chunk a row; chunks and a combine launch for
+    axis=None) and the general kernel (axis 0)."""
+    k = ewkern.ReductionKernel(*SCALED_RMS, "scaled_rms_gpu")
+    x = torch.randn(*shape, device="cuda")
+    got = k(x, 2.5, axis=axis)
+    want = (x.double() ** 2).mean(dim=axis).sqrt() * 2.5 if axis is not None else (x.double() ** 2).mean().sqrt() * 2.5
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)

@@ -652,12 +652,16 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
         src.add("    }")
 
 
-def _post_map(src: Source, indent: str, name: str, out_layout: Layout, post_map_expr: str, acc: str,
-              index: str = "o") -> None:
-    """A reduction's finish for the output at `index`: the outputs' locals (out_layout), _in_ind
-    and _out_ind, a = acc, the user's post_map_expr, the stores."""
+def _post_map(src: Source, indent: str, name: str, in_layout: Layout, out_layout: Layout, post_map_expr: str,
+              acc: str, index: str = "o") -> None:
+    """A reduction's finish for the output at `index`: the scalar inputs (as CuPy's post_map_expr
+    sees them: its kernel's parameters), the outputs' locals (out_layout), _in_ind and _out_ind,
+    a = acc, the user's post_map_expr, the stores."""
     outs = [a for a in out_layout.args if a[2] == "array"]
     src.add(f"{indent}{{")
+    for p, dt, kind, _ in in_layout.args:
+        if kind == "scalar":
+            src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = PP.in.s_{p.name}; (void){p.name};")
     src.add(f"{indent}    const ewrtc_out &P = PP.out;")
     _offsets(src, out_layout, index, outs)
     stores = _loads(src, out_layout)
@@ -708,7 +712,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         src.add("            ); }")
 
     def post(src, acc):
-        _post_map(src, "        ", name, out_layout, post_map_expr, acc)
+        _post_map(src, "        ", name, in_layout, out_layout, post_map_expr, acc)
 
     if backend == "cpu":
         src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
@@ -872,7 +876,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         value_store(src)
 
     def post(src):
-        _post_map(src, "    ", name, out_layout, post_map_expr, "_acc", "_o")
+        _post_map(src, "    ", name, in_layout, out_layout, post_map_expr, "_acc", "_o")
 
     def header(src, entry, g=None, blocks=0):
         """g: the lanes per group fixed at compile time (None: PP.G at run time, a power of two:
