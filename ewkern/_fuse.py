@@ -10,8 +10,14 @@ inputs broadcast as NumPy does. Types follow NumPy's rules (NEP 50: a Python sca
 array's type), each operation computed in its result type (float16 and bfloat16 in float32,
 rounded once where stored, as in every ewkern kernel).
 
+One ``np.sum`` or ``np.mean`` (``axis=``, ``keepdims=``, or the ``.sum()``/``.mean()`` methods) makes
+it a ``ewkern.ReductionKernel`` instead: what is reduced is the map, what the function then does
+with the result (and scalars) the post map, so ``np.sqrt(np.mean((a - b) * (a - b), axis=1))`` is
+one pass of the rows engine.
+
 What cannot be fused is refused with a TypeError that names it: branching on a value (``if x > 0``;
-write ``np.where``), reductions, arrays that are not arguments, ops outside the table below.
+write ``np.where``), a second reduction or arrays used after one, arrays that are not arguments,
+ops outside the table below.
 """
 from __future__ import annotations
 
@@ -77,7 +83,29 @@ class _Trace:
         self.name = name
         self.params: list[str] = []      # "dtype name" of each input parameter
         self.consts: list[Any] = []      # values of the constant parameters, in order
-        self.nargs = 0
+        self.arrays: set[str] = set()    # the names of the array arguments
+        # the one reduction: (its input, axis, keepdims, its result's stand-in), or None
+        self.reduction: tuple[Any, Any, bool, "_Var"] | None = None
+
+    def reduce(self, kind: str, x: Any, axis: Any = None, keepdims: bool = False) -> "_Var":
+        """np.sum / np.mean of a traced value: the kernel becomes a ReductionKernel whose map is
+        x's expression and whose post map is what the function does with the result (that and
+        scalars only)."""
+        if self.reduction is not None:
+            raise TypeError(f"{self.name}: ewkern.fuse fuses one reduction a function")
+        v = _operand(self, x)
+        if v.dtype == "" or not _is_float(v.dtype):
+            raise TypeError(f"{self.name}: ewkern.fuse reduces floating-point arrays only (np.{kind} of "
+                            f"{v.dtype or type(v.sample_value).__name__})")
+        if axis is not None and not isinstance(axis, int) and not (
+                isinstance(axis, tuple) and all(isinstance(k, int) for k in axis)):
+            raise TypeError(f"{self.name}: np.{kind}'s axis must be None, an int or a tuple of ints")
+        res = _dtype_name(getattr(np, kind)(v.sample()).dtype)
+        # a: the reduced sum in the reduction's type; the mean divides by the elements an output
+        name = "a" if kind == "sum" else "(a / (_in_ind.size() / _out_ind.size()))"
+        red = _Var(self, res, name=name)
+        self.reduction = (v, axis, bool(keepdims), red)
+        return red
 
     def const(self, value: Any, dt: str) -> "_Var":
         """A constant of the body: a scalar parameter of the kernel in its compute type (its value
@@ -168,8 +196,18 @@ class _Var:
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func is np.where and not kwargs and len(args) == 3:
             return _apply(self.trace, "where", *args)
-        raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse numpy.{func.__name__} (elementwise only: "
-                        "np.where(cond, a, b) is the one array function it takes; reductions are not fused)")
+        if func in (np.sum, np.mean) and len(args) <= 2 and set(kwargs) <= {"axis", "keepdims"}:
+            return self.trace.reduce(func.__name__, *args, **kwargs)
+        raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse numpy.{func.__name__}"
+                        f"{' with ' + ', '.join(sorted(set(kwargs) - {'axis', 'keepdims'})) if kwargs else ''} "
+                        "(elementwise ops, np.where(cond, a, b), and one np.sum or np.mean with axis= and "
+                        "keepdims=)")
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "_Var":
+        return self.trace.reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "_Var":
+        return self.trace.reduce("mean", self, axis, keepdims)
 
     @staticmethod
     def __ewkern_fuse__(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -362,12 +400,7 @@ def _source(outs: list[_Var]) -> str:
     for v in outs:
         count(v)
     if max(uses.values(), default=0) <= 1:
-        def inline(v: _Var) -> str:
-            if v.name is not None:
-                return v.name
-            assert v.fmt is not None   # a value without a name is an operation
-            return v.fmt(*[_cast(inline(a), a, c) for a, c in v.args])
-        return " ".join(f"out{k} = {inline(v)};" for k, v in enumerate(outs))
+        return " ".join(f"out{k} = {_inline(v)};" for k, v in enumerate(outs))
     lines: list[str] = []
     names: dict[int, str] = {}
 
@@ -383,6 +416,21 @@ def _source(outs: list[_Var]) -> str:
     for k, v in enumerate(outs):
         lines.append(f"out{k} = {emit(v)};")
     return "\n".join(lines)
+
+
+def _inline(v: _Var) -> str:
+    """v's C as one expression (a value used twice written twice)."""
+    if v.name is not None:
+        return v.name
+    assert v.fmt is not None   # a value without a name is an operation
+    return v.fmt(*[_cast(_inline(a), a, c) for a, c in v.args])
+
+
+def _leaves(v: _Var) -> list[_Var]:
+    """The named values (arguments, constants, a reduction's result) v is computed from."""
+    if v.name is not None:
+        return [v]
+    return [leaf for a, _ in v.args for leaf in _leaves(a)]
 
 
 def _cast(code: str, v: _Var, ctype: str) -> str:
@@ -402,7 +450,7 @@ class Fusion:
         self.name = re.sub(r"\W", "_", base) or "fused"
         if self.name[0].isdigit():
             self.name = "_" + self.name
-        self._kernels: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+        self._kernels: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         functools.update_wrapper(self, func)
 
     def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -425,7 +473,7 @@ class Fusion:
                 sig.append(("a", dt))
         return tuple(sig)
 
-    def _build(self, sig: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    def _build(self, sig: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         from .rtc import ElementwiseKernel
         if not any(kind == "a" for kind, _ in sig):
             raise TypeError(f"{self.name}: ewkern.fuse needs at least one array argument")
@@ -440,24 +488,42 @@ class Fusion:
             else:
                 trace.params.append(f"{what} {name}")
                 stand_ins.append(_Var(trace, what, name=name))
-        trace.nargs = len(sig)
+                if kind == "a":
+                    trace.arrays.add(name)
         got = self.func(*stand_ins)
         outs = list(got) if isinstance(got, tuple) else [got]
         if not outs or not all(isinstance(v, _Var) for v in outs):
             raise TypeError(f"{self.name}: an ewkern.fuse function must return a traced value or a tuple of "
                             f"them, got {type(got).__name__}"
                             + (f" holding {', '.join(type(v).__name__ for v in outs)}" if isinstance(got, tuple) else ""))
-        body = _source(outs)
         out_params = ", ".join(f"{v.dtype} out{k}" for k, v in enumerate(outs))
-        kernel = ElementwiseKernel(", ".join(trace.params), out_params, body, f"fuse_{self.name}")
-        return kernel, tuple(trace.consts)
+        if trace.reduction is None:
+            return (ElementwiseKernel(", ".join(trace.params), out_params, _source(outs), f"fuse_{self.name}"),
+                    tuple(trace.consts), {})
+        from .rtc import ReductionKernel
+        x, axis, keepdims, red = trace.reduction
+        if len(outs) != 1:
+            raise TypeError(f"{self.name}: an ewkern.fuse function with a reduction returns one value")
+        after = _leaves(outs[0])
+        if not any(v is red for v in after):   # by identity: == on a traced value traces
+            raise TypeError(f"{self.name}: the reduction's result must be what the function returns (or what it "
+                            "computes from it)")
+        late = sorted(v.name for v in after if v.name in trace.arrays)
+        if late:
+            raise TypeError(f"{self.name}: after the reduction only its result and scalars can be used (not the "
+                            f"array{'s' if len(late) > 1 else ''} {', '.join(late)})")
+        # the map in the reduction's type; the post map assigns the output
+        return (ReductionKernel(", ".join(trace.params), out_params, _inline(x), "a + b",
+                                f"out0 = {_inline(outs[0])}", "0", f"fuse_{self.name}", reduce_type=_ctype(x.dtype)),
+                tuple(trace.consts), {"axis": axis, "keepdims": keepdims})
 
     def kernel(self, *args: Any) -> Any:
-        """The ewkern.ElementwiseKernel that these arguments run (compiled on first use; its
-        inputs are the arguments, then the body's constants, which ``__call__`` passes itself)."""
+        """The ewkern.ElementwiseKernel (ReductionKernel, for a function with np.sum or np.mean)
+        that these arguments run (compiled on first use; its inputs are the arguments, then the
+        body's constants, which ``__call__`` passes itself)."""
         return self._entry(args)[0]
 
-    def _entry(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    def _entry(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         sig = self._signature(args)
         got = self._kernels.get(sig)
         if got is None:
@@ -465,8 +531,8 @@ class Fusion:
         return got
 
     def __call__(self, *args: Any) -> Any:
-        kernel, consts = self._entry(args)
-        return kernel(*args, *consts)
+        kernel, consts, kw = self._entry(args)
+        return kernel(*args, *consts, **kw)
 
     def __repr__(self) -> str:
         return f"<ewkern.fuse of {getattr(self.func, '__qualname__', self.name)}>"
@@ -486,9 +552,10 @@ def fuse(*args: Any, kernel_name: str | None = None) -> Any:
 
     Inside, arrays (the arguments) take Python's arithmetic and comparison operators, NumPy ufuncs
     (``np.exp``, ``np.maximum``, ...; SciPy's ``erf``/``erfc``), ``np.where`` and ewkern's
-    elementwise ops; Python scalars take NumPy's weak typing. Each argument signature (array
-    dtypes, scalar types) is traced once and compiled to an ``ewkern.ElementwiseKernel``; arrays
-    broadcast as NumPy's do. See ``Fusion.kernel`` for the kernel itself."""
+    elementwise ops, and one ``np.sum`` / ``np.mean`` (then the kernel is a ReductionKernel);
+    Python scalars take NumPy's weak typing. Each argument signature (array dtypes, scalar types)
+    is traced once and compiled; arrays broadcast as NumPy's do. See ``Fusion.kernel`` for the
+    kernel itself."""
     if args and callable(args[0]) and len(args) == 1:
         return Fusion(args[0], kernel_name)
     if args:

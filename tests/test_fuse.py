@@ -1,5 +1,5 @@
 """ewkern.fuse (ewkern/_fuse.py): a Python function of arrays traced once per argument signature
-into one ElementwiseKernel, as cupy.fuse does. Results against float64 NumPy references on awkward
+into one ElementwiseKernel (a ReductionKernel with one np.sum or np.mean), as cupy.fuse does. Results against float64 NumPy references on awkward
 sizes and broadcasts, NumPy's type rules (NEP 50), ewkern's own ops inside (csrc/ops.c hands a call
 on a traced value to it), the refusals, and the kernel as a torch op with a derived backward."""
 import numpy as np
@@ -188,12 +188,48 @@ def test_a_value_used_twice_is_computed_once():
     assert fma.kernel(a, a, a).operation == "out0 = ((in0 * in1) + in2);"
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_a_reduction_runs_as_one_reduction_kernel(dtype):
+    """One np.sum or np.mean (axis=, keepdims=, or the .sum()/.mean() methods): its input's
+    expression is the map, what follows (with scalars) the post map, as a ReductionKernel: the
+    mean over rows of (a - b)^2 under a square root is rmse's form."""
+    @ewkern.fuse
+    def rms_rows(a, b):
+        d = a - b
+        return np.sqrt(np.mean(d * d, axis=1))
+
+    @ewkern.fuse
+    def scaled_colsum(a, s):
+        return (a * a).sum(axis=0, keepdims=True) * s
+
+    x, y = rand((9, 1001), dtype, 21), rand((9, 1001), dtype, 22)
+    f = x.astype(np.float64), y.astype(np.float64)
+    r = rms_rows(x, y)
+    assert isinstance(rms_rows.kernel(x, y), ewkern.ReductionKernel) and r.dtype == np_dtype(dtype) and r.shape == (9,)
+    # a sum of n terms in the reduction's type (float for 16-bit and float32): about sqrt(n) ulps
+    ulps = 4 + 2 * 1001 ** 0.5
+    assert_close(r, np.sqrt(((f[0] - f[1]) ** 2).mean(axis=1)), dtype, ulps)
+    c = scaled_colsum(x, 0.5)
+    assert c.shape == (1, 1001)
+    assert_close(c, (f[0] ** 2).sum(axis=0, keepdims=True) * 0.5, dtype, 4)
+    m = ewkern.fuse(lambda a: a.mean())(x)
+    assert np.asarray(m).shape == ()
+    # the mean of values of both signs: the bound scales with their size, not the mean's
+    assert abs(float(m) - f[0].mean()) <= ulps * EPS[dtype if dtype == "float64" else "float32"] * np.abs(f[0]).mean() \
+        + (EPS[dtype] * abs(f[0].mean()) if dtype in ("float16", "bfloat16") else 0)
+
+
 def test_refusals_name_what_cannot_be_fused():
     a = rand(8, "float32", 18)
     outside = rand(8, "float32", 19)
     cases = [
         (lambda x: x if x > 0 else -x, "np.where"),
-        (lambda x: np.sum(x), "reductions"),
+        (lambda x: np.cumsum(x), "numpy.cumsum"),
+        (lambda x: np.sum(x, dtype=np.float64), "numpy.sum with dtype"),
+        (lambda x: np.sum(x) + np.mean(x), "one reduction"),
+        (lambda x: np.sum(x, axis=0) + x, "not the array in0"),
+        (lambda x: (np.sum(x), x * 2)[1], "reduction's result must be what the function returns"),
+        (lambda x: (np.sum(x), np.sum(x) * 2)[1], "one reduction"),
         (lambda x: x + outside, "as the function's arguments"),
         (lambda x: 3.0, "must return a traced value"),
         (lambda x: x // 2, "floor_divide"),
@@ -246,6 +282,18 @@ def test_torch_in_torch_out_and_the_kernel_as_an_op_with_a_derived_backward():
     want.sum().backward()
     torch.testing.assert_close(gx, x.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(gw, w.grad, rtol=1e-10, atol=1e-12)
+    # a fused reduction as an op: its sum's backward derived too (ReductionKernel's rule)
+    rms = ewkern.fuse(lambda a, b: np.sqrt(np.mean((a - b) * (a - b), axis=1)))
+    y = torch.randn(3, 65, dtype=torch.float64)
+    x.grad = None
+    r = ewt.kernel_op(rms.kernel(x.detach(), y))(x, y, axis=1)
+    r.sum().backward()
+    gx = x.grad.clone()
+    x.grad = None
+    want = ((x - y) ** 2).mean(1).sqrt()
+    want.sum().backward()
+    torch.testing.assert_close(r.detach(), want.detach(), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(gx, x.grad, rtol=1e-10, atol=1e-12)
 
 
 @gpu
@@ -254,7 +302,8 @@ def test_torch_in_torch_out_and_the_kernel_as_an_op_with_a_derived_backward():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_gpu_fused_on_torch_cuda_tensors(dtype):
     """On CUDA the fused kernel is an ElementwiseKernel's launch: torch tensors in and out on
-    torch's stream, an odd size and a misaligned start; `x + y` fused gives ewkern.add's bits."""
+    torch's stream, an odd size and a misaligned start; `x + y` fused gives ewkern.add's bits; a
+    mean over rows runs as a ReductionKernel."""
     tdt = getattr(torch, dtype)
     n = (1 << 20) + 3
     a, b, c = (torch.randn(n + 1, device="cuda").to(tdt)[1:] for _ in range(3))
@@ -265,3 +314,8 @@ def test_gpu_fused_on_torch_cuda_tensors(dtype):
     plus = ewkern.fuse(lambda x, y: x + y)
     x, y = torch.randn(n, device="cuda").to(tdt), torch.randn(n, device="cuda").to(tdt)
     assert torch.equal(plus(x, y), ewkern.add(x, y))
+    # a reduction: the rows engine's mean over rows of (a - b)^2, square-rooted
+    rms = ewkern.fuse(lambda p, q: np.sqrt(np.mean((p - q) * (p - q), axis=1)))
+    p, q = (torch.randn(256, 4096, device="cuda").to(tdt) for _ in range(2))
+    torch.testing.assert_close(rms(p, q).double(), ((p.double() - q.double()) ** 2).mean(1).sqrt(),
+                               rtol=EPS[dtype] * 4, atol=EPS[dtype])
