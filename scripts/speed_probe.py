@@ -288,7 +288,7 @@ def _carveout_on_load(pattern):
     shared-memory carveout set to the match's P% (cudaFuncSetAttribute, attribute 9, through the
     CUDA runtime torch loaded) as it loads. The rows variant cv<P>: base's source and launches with
     the kernel's carveout preference P (0: the most L1, 100: the most shared memory), uncapped.
-    Why: the capped launches lost 0.01-0.065 of torch.compile in single launches with the largest
+    Why: the capped launches lost 0.019 of torch.compile on average in single launches with the largest
     carveout and none with 64 KiB (forty-eighth session), so a launch that needs the SM's L1/shared
     split changed after the flush and sleep kernels may pay for it; does the uncapped kernel's
     default (the driver's choice) cost its single launches anything?"""

@@ -903,7 +903,7 @@ def _prefetch_runner(h: int, grid: int, block: int, dev: int, prefetch_offset: i
 # float16 2 / 4 MiB 1.06 / 1.08 -> 1.34 / 1.19, float16 8 MiB 1.07 -> 1.02; single launches within
 # 0.02 either way. Within a 64 KiB carveout (0d16fbd, on by default) the same back-to-back gains
 # and single launches -0.024 to +0.012 (mean -0.003) of the uncapped ones; with the largest
-# carveout capped single launches had lost 0.01-0.065 (csrc/cuda/runtime.cu, ewcuda_kernel_cap).
+# carveout capped single launches had moved -0.065 to +0.014, mean -0.019 (ewcuda_kernel_cap).
 # The capped launches run a second handle of the same image: the attributes the cap sets (the
 # largest shared-memory carveout) slowed the kernel's uncapped launches where they shared one
 # handle (H200, 9419f11: mse rows float32 16 / 256 MiB, grids past the cap's range, 1.06 / 1.00 ->
