@@ -351,12 +351,9 @@ def _node(trace: _Trace, dtype: str, fmt: _Fmt, ops: list[_Var], computes: list[
     return _Var(trace, dtype, fmt=fmt, args=tuple(args))
 
 
-def _ewk_binary(np_name: str) -> Callable[..., _Var]:
-    return lambda trace, a, b: _apply(trace, np_name, a, b)
-
-
-def _ewk_unary(name: str) -> Callable[..., _Var]:
-    return lambda trace, a: _apply(trace, name, a)
+def _ewk(np_name: str) -> Callable[..., _Var]:
+    """an ewkern op that is the NumPy ufunc np_name (or an op of _NO_UFUNC) on its arrays"""
+    return lambda trace, *xs: _apply(trace, np_name, *xs)
 
 
 def _ewk_const(np_name: str) -> Callable[..., _Var]:
@@ -372,12 +369,12 @@ def _ewk_axpby(trace: _Trace, a: Any, b: Any, alpha: Any, beta: Any) -> _Var:
 
 
 _EWKERN_OPS: dict[str, Callable[..., _Var]] = {
-    "copy": lambda trace, a: _apply(trace, "positive", a),
-    "add": _ewk_binary("add"), "sub": _ewk_binary("subtract"), "mul": _ewk_binary("multiply"),
-    "div": _ewk_binary("divide"), "maximum": _ewk_binary("maximum"), "minimum": _ewk_binary("minimum"),
+    "copy": _ewk("positive"),
+    "add": _ewk("add"), "sub": _ewk("subtract"), "mul": _ewk("multiply"),
+    "div": _ewk("divide"), "maximum": _ewk("maximum"), "minimum": _ewk("minimum"),
     "add_const": _ewk_const("add"), "mul_const": _ewk_const("multiply"), "axpby": _ewk_axpby,
-    "neg": _ewk_unary("negative"), "abs": _ewk_unary("absolute"),
-    **{k: _ewk_unary(k) for k in ("exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
+    "neg": _ewk("negative"), "abs": _ewk("absolute"),
+    **{k: _ewk(k) for k in ("exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "relu", "gelu",
                                   "silu")},
 }
 
@@ -408,29 +405,42 @@ def _source(outs: list[_Var]) -> str:
         if v.name is not None:
             return v.name
         if id(v) not in names:
-            parts = [_cast(emit(a), a, c) for a, c in v.args]
-            assert v.fmt is not None
+            code = _format(v, emit)
             names[id(v)] = f"_t{len(names)}"
-            lines.append(f"const {_ctype(v.dtype)} {names[id(v)]} = {v.fmt(*parts)};")
+            lines.append(f"const {_ctype(v.dtype)} {names[id(v)]} = {code};")
         return names[id(v)]
     for k, v in enumerate(outs):
         lines.append(f"out{k} = {emit(v)};")
     return "\n".join(lines)
 
 
+def _format(v: _Var, code: Callable[[_Var], str]) -> str:
+    """The operation v in C, its operands written by code and cast to their compute types."""
+    assert v.fmt is not None   # a value without a name is an operation
+    return v.fmt(*[_cast(code(a), a, c) for a, c in v.args])
+
+
 def _inline(v: _Var) -> str:
     """v's C as one expression (a value used twice written twice)."""
-    if v.name is not None:
-        return v.name
-    assert v.fmt is not None   # a value without a name is an operation
-    return v.fmt(*[_cast(_inline(a), a, c) for a, c in v.args])
+    return v.name if v.name is not None else _format(v, _inline)
 
 
 def _leaves(v: _Var) -> list[_Var]:
-    """The named values (arguments, constants, a reduction's result) v is computed from."""
-    if v.name is not None:
-        return [v]
-    return [leaf for a, _ in v.args for leaf in _leaves(a)]
+    """The named values (arguments, constants, a reduction's result) v is computed from, each
+    operation visited once."""
+    seen: set[int] = set()
+    out: list[_Var] = []
+
+    def walk(x: _Var) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if x.name is not None:
+            out.append(x)
+        for a, _ in x.args:
+            walk(a)
+    walk(v)
+    return out
 
 
 def _cast(code: str, v: _Var, ctype: str) -> str:

@@ -1467,8 +1467,10 @@ def _refuse_transforms(name, tensors):
 
 
 def _native_ready() -> bool:
-    """Whether the C++ nodes are available (built or loaded now, once)."""
-    _install_native()
+    """Whether the C++ nodes are available (built or loaded now, once; a call's check after that
+    takes no lock: the no-grad eager calls ask it every time)."""
+    if _native is None:
+        _install_native()
     return bool(_native)
 
 
