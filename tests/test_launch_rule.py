@@ -47,7 +47,8 @@ def test_plain_ops_by_waves():
     # ... unless the memory moves >= 30 GB/s an SM (wide): 4 there too, and no prefetch
     assert (vpt(n, pdl=True, wide=True), plan(n, pdl=True, wide=True)[2]) == (4, 0)
     assert vpt(3 * WAVE1, pdl=True, wide=True) == 1
-    assert plan(3 * WAVE1, pdl=True, wide=True)[2] > 0   # 1 a thread keeps its prefetch
+    assert plan(3 * WAVE1, pdl=True, wide=True)[2] == 0   # 1 a thread past half a wave: no prefetch there
+    assert plan(3 * WAVE1, pdl=True)[2] > 0               # ... but elsewhere the first wave prefetches
     # where the 4-vector kernel holds half the blocks (a binary op's 54 registers), 3.9 waves of the
     # 1-vector kernel are 1.95 of its waves: 4 on a wide programmatic launch only
     n2 = int(3.9 * WAVE1)
@@ -112,6 +113,37 @@ def test_grid_covers_every_vector_and_leaves_the_edge_threads_free(nvec, nedge):
 
 def test_pdl_prefetch_is_the_first_wave():
     assert plan(10 * WAVE1, pdl=True)[2] == WAVE1 // BLOCK
+
+
+@pytest.mark.parametrize("nvec", [1, WAVE1 // 4, WAVE1 // 2, WAVE1 // 2 + BLOCK, WAVE1, 10 * WAVE1])
+def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
+    """A programmatic launch on a device whose memory moves >= 30 GB/s an SM (wide: the H200)
+    prefetches its first vectors only where the whole grid is at most half a wave (a cold launch of
+    about a wave or more paid for it there); other devices prefetch the first wave at any size; a
+    launch without PDL never."""
+    v, grid, prefetch = plan(nvec, pdl=True, wide=True)
+    assert v == 1
+    assert prefetch == (WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0), (nvec, grid, prefetch)
+    assert plan(nvec, pdl=True)[2] == WAVE1 // BLOCK
+    assert plan(nvec, wide=True)[2] == 0
+
+
+_PREFETCH = """
+import ewkern
+W = 132 * 2048
+print(*(ewkern._C._auto_plan(n, 0, 256, W, 4 * W, True, True, False, 0, 0, 32, True)[2] for n in (W // 4, W)))
+"""
+
+
+@pytest.mark.parametrize("knob,expect", [("wave", "1056 1056"), ("none", "0 0"), ("all", "2147483647 2147483647"),
+                                         ("", "1056 0")])
+def test_prefetch_knob_replaces_the_rule(knob, expect):
+    """EWKERN_PDL_PREFETCH=wave|none|all (read once a process) sets which blocks prefetch on a wide
+    programmatic launch at a quarter wave and at one wave; unset (or anything else), the rule."""
+    env = dict(os.environ, EWKERN_PDL_PREFETCH=knob)
+    r = subprocess.run([sys.executable, "-c", _PREFETCH], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == expect.split()
 
 
 def test_bad_arguments_raise():

@@ -67,8 +67,8 @@ static OpArgs<T> op_args(const ew_args *a)
  * 30 GB/s an SM (wide_sm; then without the prefetch, and also where the grid is two waves of the
  * 4-vector kernel, the second at least 85% full; not for div: wide_launch), else 1; W > 4: 1 (many
  * waves). A grid much below one wave leaves SMs with a block more than others (measured slower).
- * Under PDL each thread prefetches its first vector before the wait, and there 1 vector per thread
- * beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
+ * Under PDL each thread of the first wave prefetches its first vector before the wait (on a wide
+ * device only where the grid is at most half a wave), and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
  * at 16 MiB (3.9 waves) ran at 0.98 of torch's with 1 and the prefetch, 1.00-1.04 with 4 and none,
  * back-to-back 1.09-1.15 -> 1.02-1.08; a plain launch there (behind a foreign kernel in a graph)
  * keeps 1: 4 lost 3-5% after torch.mul.
@@ -92,17 +92,20 @@ static int forced_vpt()
 }
 
 /* EWKERN_PDL_PREFETCH=none|wave|all (read once): which blocks of a PDL launch prefetch their first
- * vector's lines before the wait; a knob for measuring the rule in run_fast, not for users. */
-enum PrefetchRule { PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
+ * vector's lines before the wait (none, the first wave, all) in place of the rule (PREFETCH_RULE,
+ * auto_plan's end); a knob for measuring the rule in run_fast, not for users. */
+enum PrefetchRule { PREFETCH_RULE, PREFETCH_NONE, PREFETCH_WAVE, PREFETCH_ALL };
 static PrefetchRule prefetch_rule()
 {
     static const PrefetchRule r = [] {
         const char *e = getenv("EWKERN_PDL_PREFETCH");
         if (e && !strcmp(e, "none"))
             return PREFETCH_NONE;
+        if (e && !strcmp(e, "wave"))
+            return PREFETCH_WAVE;
         if (e && !strcmp(e, "all"))
             return PREFETCH_ALL;
-        return PREFETCH_WAVE;
+        return PREFETCH_RULE;
     }();
     return r;
 }
@@ -321,10 +324,19 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
     int prefetch = 0;
     if (pdl && !lean) {
         /* only blocks that can be resident before the previous kernel ends have a wait to hide a
-         * prefetch behind: the first wave (later blocks would issue it and load at once) */
+         * prefetch behind: the first wave (later blocks would issue it and load at once). On a wide
+         * device (wide_sm) only a grid of at most half a wave prefetches: there a cold launch of
+         * about a wave or more paid for the prefetch (H200, d256524, `peers` add, sub, mul, relu,
+         * copy, exp, neg, axpby x 4 dtypes, single launch against torch, three runs of the first
+         * wave's prefetch / two without: 4 MiB median 0.978-0.986 / 0.998-1.001, 18-20 / 6-7 of 32
+         * cells below 0.99; 16 MiB 11-13 / 2 below; 1 MiB (a quarter wave) 6-9 / 5-10, medians
+         * 1.003-1.005 / 1.002-1.003), while back-to-back kept a lead either way (1 / 4 / 16 MiB
+         * medians 1.50 / 1.24 / 1.09 with it, 1.42 / 1.18 / 1.05 without). The H100 was not
+         * measured: it keeps the first wave. */
         const PrefetchRule r = prefetch_rule();
         const int64_t wave_blocks = wave1 / block;
-        prefetch = r == PREFETCH_NONE ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
+        const bool none = r == PREFETCH_NONE || (r == PREFETCH_RULE && wide && 2 * grid > wave_blocks);
+        prefetch = none ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
     }
     return AutoPlan{vpt, grid, prefetch};
 }
