@@ -117,14 +117,16 @@ def test_pdl_prefetch_is_the_first_wave():
 
 @pytest.mark.parametrize("nvec", [1, WAVE1 // 4, WAVE1 // 2, WAVE1 // 2 + BLOCK, WAVE1, 10 * WAVE1])
 def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
-    """A programmatic launch on a device whose memory moves >= 30 GB/s an SM (wide: the H200)
-    prefetches its first vectors only where the whole grid is at most half a wave (a cold launch of
-    about a wave or more paid for it there); other devices prefetch the first wave at any size; a
-    launch without PDL never."""
+    """A light op's programmatic launch on a device whose memory moves >= 30 GB/s an SM (wide: the
+    H200) prefetches its first vectors only where the whole grid is at most half a wave (a cold
+    launch of about a wave or more paid for it there); heavy ops (16-bit libm-class, float64 math)
+    and other devices prefetch the first wave at any size; a launch without PDL never."""
     v, grid, prefetch = plan(nvec, pdl=True, wide=True)
     assert v == 1
     assert prefetch == (WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0), (nvec, grid, prefetch)
     assert plan(nvec, pdl=True)[2] == WAVE1 // BLOCK
+    assert plan(nvec, pdl=True, wide=True, heavy16=1)[2] == WAVE1 // BLOCK
+    assert plan(nvec, pdl=True, wide=True, heavy64=H64_POLY)[2] == WAVE1 // BLOCK
     assert plan(nvec, wide=True)[2] == 0
 
 

@@ -68,7 +68,7 @@ static OpArgs<T> op_args(const ew_args *a)
  * 4-vector kernel, the second at least 85% full; not for div: wide_launch), else 1; W > 4: 1 (many
  * waves). A grid much below one wave leaves SMs with a block more than others (measured slower).
  * Under PDL each thread of the first wave prefetches its first vector before the wait (on a wide
- * device only where the grid is at most half a wave), and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
+ * device a light op only where the grid is at most half a wave), and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
  * at 16 MiB (3.9 waves) ran at 0.98 of torch's with 1 and the prefetch, 1.00-1.04 with 4 and none,
  * back-to-back 1.09-1.15 -> 1.02-1.08; a plain launch there (behind a foreign kernel in a graph)
  * keeps 1: 4 lost 3-5% after torch.mul.
@@ -325,17 +325,20 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
     if (pdl && !lean) {
         /* only blocks that can be resident before the previous kernel ends have a wait to hide a
          * prefetch behind: the first wave (later blocks would issue it and load at once). On a wide
-         * device (wide_sm) only a grid of at most half a wave prefetches: there a cold launch of
-         * about a wave or more paid for the prefetch (H200, d256524, `peers` add, sub, mul, relu,
-         * copy, exp, neg, axpby x 4 dtypes, single launch against torch, three runs of the first
-         * wave's prefetch / two without: 4 MiB median 0.978-0.986 / 0.998-1.001, 18-20 / 6-7 of 32
-         * cells below 0.99; 16 MiB 11-13 / 2 below; 1 MiB (a quarter wave) 6-9 / 5-10, medians
-         * 1.003-1.005 / 1.002-1.003), while back-to-back kept a lead either way (1 / 4 / 16 MiB
-         * medians 1.50 / 1.24 / 1.09 with it, 1.42 / 1.18 / 1.05 without). The H100 was not
-         * measured: it keeps the first wave. */
+         * device (wide_sm) a light op (neither heavy16 nor heavy64 math) prefetches only where its
+         * grid is at most half a wave: there a cold launch of about a wave or more paid for the
+         * prefetch. H200, `peers` single launch and back-to-back against torch, d256524 (the first
+         * wave at any size) and 23f4206 (none past half a wave), the light ops' 77 cells a size:
+         * single 4 MiB 33 -> 14 below 0.99, 16 MiB 17 -> 6, 64 MiB 8 -> 4 (the PDL-off series, the
+         * same kernels in both runs, within 0.2%); back-to-back medians 1.29 -> 1.20, 1.08 -> 1.05,
+         * 1.04 -> 1.02, none below. The heavy ops gained nothing single (16-bit erf, sigmoid, gelu,
+         * silu at 4 / 16 MiB: medians 1.056 / 1.004 -> 1.053 / 1.002; float64 math 1.093 / 1.028
+         * -> 1.066 / 1.020) and lost back-to-back (16-bit silu at 16 MiB 1.03 -> 0.98): they keep
+         * the first wave. The H100 was not measured: it keeps the first wave. */
         const PrefetchRule r = prefetch_rule();
         const int64_t wave_blocks = wave1 / block;
-        const bool none = r == PREFETCH_NONE || (r == PREFETCH_RULE && wide && 2 * grid > wave_blocks);
+        const bool light = !heavy16 && !heavy64;
+        const bool none = r == PREFETCH_NONE || (r == PREFETCH_RULE && wide && light && 2 * grid > wave_blocks);
         prefetch = none ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
     }
     return AutoPlan{vpt, grid, prefetch};
