@@ -10,10 +10,14 @@ inputs broadcast as NumPy does. Types follow NumPy's rules (NEP 50: a Python sca
 array's type), each operation computed in its result type (float16 and bfloat16 in float32,
 rounded once where stored, as in every ewkern kernel).
 
-One ``np.sum`` or ``np.mean`` (``axis=``, ``keepdims=``, or the ``.sum()``/``.mean()`` methods) makes
-it a ``ewkern.ReductionKernel`` instead: what is reduced is the map, what the function then does
-with the result (and scalars) the post map, so ``np.sqrt(np.mean((a - b) * (a - b), axis=1))`` is
-one pass of the rows engine.
+One reduction, ``np.sum``, ``np.mean``, ``np.max`` (``np.amax``), ``np.min`` (``np.amin``) or
+``np.prod`` (``axis=``, ``keepdims=``, or the methods ``.sum()`` ... ``.prod()``), makes it a
+``ewkern.ReductionKernel`` instead: what is reduced is the map, what the function then does with
+the result (and scalars) the post map, so ``np.sqrt(np.mean((a - b) * (a - b), axis=1))`` is one
+pass of the rows engine. The result has NumPy's type (the sum or product of int8 is int64), and the
+reduction is computed in it (16-bit floats in float32). max and min carry a NaN as NumPy's do (the
+reduce expression is np.maximum's: ``(a > b || a != a) ? a : b``) and, as NumPy's, raise ValueError
+over an empty axis.
 
 What cannot be fused is refused with a TypeError that names it: branching on a value (``if x > 0``;
 write ``np.where``), a second reduction or arrays used after one, arrays that are not arguments,
@@ -84,27 +88,32 @@ class _Trace:
         self.params: list[str] = []      # "dtype name" of each input parameter
         self.consts: list[Any] = []      # values of the constant parameters, in order
         self.arrays: set[str] = set()    # the names of the array arguments
-        # the one reduction: (its input, axis, keepdims, its result's stand-in), or None
-        self.reduction: tuple[Any, Any, bool, "_Var"] | None = None
+        # the one reduction: (its kind, its input, axis, keepdims, its result's stand-in), or None
+        self.reduction: tuple[str, Any, Any, bool, "_Var"] | None = None
 
-    def reduce(self, kind: str, x: Any, axis: Any = None, keepdims: bool = False) -> "_Var":
-        """np.sum / np.mean of a traced value: the kernel becomes a ReductionKernel whose map is
-        x's expression and whose post map is what the function does with the result (that and
-        scalars only)."""
+    def reduce(self, kind: str, x: Any, *args: Any, **kwargs: Any) -> "_Var":
+        """np.<kind> (a key of _REDUCE) of a traced value, args and kwargs as NumPy's after the
+        array: the kernel becomes a ReductionKernel whose map is x's expression and whose post map
+        is what the function does with the result (that and scalars only)."""
+        extra = sorted(set(kwargs) - {"axis", "keepdims"}) + ["arguments after axis"] * (len(args) > 1)
+        if extra:
+            raise TypeError(f"{self.name}: ewkern.fuse does not fuse numpy.{kind} with {', '.join(extra)} "
+                            f"({_REDUCTIONS_HELP})")
         if self.reduction is not None:
-            raise TypeError(f"{self.name}: ewkern.fuse fuses one reduction a function")
+            raise TypeError(f"{self.name}: ewkern.fuse fuses one reduction a function ({_REDUCTIONS_HELP})")
+        axis, keepdims = kwargs.get("axis", args[0] if args else None), bool(kwargs.get("keepdims", False))
         v = _operand(self, x)
-        if v.dtype == "" or not _is_float(v.dtype):
-            raise TypeError(f"{self.name}: ewkern.fuse reduces floating-point arrays only (np.{kind} of "
-                            f"{v.dtype or type(v.sample_value).__name__})")
+        if v.dtype == "":
+            raise TypeError(f"{self.name}: ewkern.fuse reduces arrays (np.{kind} of a Python "
+                            f"{type(v.sample_value).__name__})")
         if axis is not None and not isinstance(axis, int) and not (
                 isinstance(axis, tuple) and all(isinstance(k, int) for k in axis)):
             raise TypeError(f"{self.name}: np.{kind}'s axis must be None, an int or a tuple of ints")
         res = _dtype_name(getattr(np, kind)(v.sample()).dtype)
-        # a: the reduced sum in the reduction's type; the mean divides by the elements an output
-        name = "a" if kind == "sum" else "(a / (_in_ind.size() / _out_ind.size()))"
+        # a: the reduced value in the result's compute type; the mean divides by the elements an output
+        name = "(a / (_in_ind.size() / _out_ind.size()))" if kind == "mean" else "a"
         red = _Var(self, res, name=name)
-        self.reduction = (v, axis, bool(keepdims), red)
+        self.reduction = (kind, v, axis, keepdims, red)
         return red
 
     def const(self, value: Any, dt: str) -> "_Var":
@@ -196,18 +205,18 @@ class _Var:
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if func is np.where and not kwargs and len(args) == 3:
             return _apply(self.trace, "where", *args)
-        if func in (np.sum, np.mean) and len(args) <= 2 and set(kwargs) <= {"axis", "keepdims"}:
-            return self.trace.reduce(func.__name__, *args, **kwargs)
+        if func in _NP_REDUCTIONS:
+            return self.trace.reduce(_NP_REDUCTIONS[func], *args, **kwargs)
         raise TypeError(f"{self.trace.name}: ewkern.fuse does not fuse numpy.{func.__name__}"
-                        f"{' with ' + ', '.join(sorted(set(kwargs) - {'axis', 'keepdims'})) if kwargs else ''} "
-                        "(elementwise ops, np.where(cond, a, b), and one np.sum or np.mean with axis= and "
-                        "keepdims=)")
+                        f"{' with ' + ', '.join(sorted(kwargs)) if kwargs else ''} "
+                        f"(elementwise ops, np.where(cond, a, b), and {_REDUCTIONS_HELP})")
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> "_Var":
-        return self.trace.reduce("sum", self, axis, keepdims)
-
-    def mean(self, axis: Any = None, keepdims: bool = False) -> "_Var":
-        return self.trace.reduce("mean", self, axis, keepdims)
+    # the methods: NumPy's arguments after the array (axis=, keepdims=: what reduce takes)
+    def sum(self, *args: Any, **kwargs: Any) -> "_Var": return self.trace.reduce("sum", self, *args, **kwargs)
+    def mean(self, *args: Any, **kwargs: Any) -> "_Var": return self.trace.reduce("mean", self, *args, **kwargs)
+    def max(self, *args: Any, **kwargs: Any) -> "_Var": return self.trace.reduce("max", self, *args, **kwargs)
+    def min(self, *args: Any, **kwargs: Any) -> "_Var": return self.trace.reduce("min", self, *args, **kwargs)
+    def prod(self, *args: Any, **kwargs: Any) -> "_Var": return self.trace.reduce("prod", self, *args, **kwargs)
 
     @staticmethod
     def __ewkern_fuse__(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -263,6 +272,29 @@ _LOGICAL: dict[str, _Fmt] = {"logical_and": _bin("&&"), "logical_or": _bin("||")
 _BITS: dict[str, _Fmt] = {"bitwise_and": _bin("&"), "bitwise_or": _bin("|"), "bitwise_xor": _bin("^")}
 # ewkern ops without a NumPy ufunc: their type is the operands' float type
 _NO_UFUNC = ("rsqrt", "sigmoid", "silu", "gelu", "relu", "erf", "erfc")
+
+
+def _extremes(dt: str) -> tuple[str, str]:
+    """dt's lowest and highest values in C++ (the identities of max and min): -inf and inf, or the
+    integer's own, spelt so that gcc and NVRTC read them (-2^63 as -2^63 + 1 - 1; the kernel casts
+    the identity to its type)."""
+    if _is_float(dt):
+        return "-INFINITY", "INFINITY"
+    lo, hi = (0, 1) if dt == "bool" else (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+    return f"({lo + 1}LL - 1)" if lo < 0 else f"{lo}ULL", f"{hi}ULL"
+
+
+# the reductions: kind -> (reduce expression of a and b, identity) for the reduction's dtype; max and
+# min are np.maximum's and np.minimum's C (a NaN from either side is kept; for integers and bool
+# `a != a` is false)
+_REDUCE: dict[str, Callable[[str], tuple[str, str]]] = {
+    "sum": lambda dt: ("a + b", "0"), "mean": lambda dt: ("a + b", "0"), "prod": lambda dt: ("a * b", "1"),
+    "max": lambda dt: (_FLOAT_ONLY["maximum"]("a", "b"), _extremes(dt)[0]),
+    "min": lambda dt: (_FLOAT_ONLY["minimum"]("a", "b"), _extremes(dt)[1])}
+_NP_REDUCTIONS = {np.sum: "sum", np.mean: "mean", np.max: "max", np.amax: "max", np.min: "min", np.amin: "min",
+                  np.prod: "prod"}
+_REDUCTIONS_HELP = ("one reduction: np.sum, np.mean, np.max (amax), np.min (amin) or np.prod, or the method, "
+                    "with axis= and keepdims= only")
 
 
 def _operand(trace: _Trace, x: Any) -> _Var:
@@ -449,6 +481,11 @@ def _cast(code: str, v: _Var, ctype: str) -> str:
 
 # ---- the decorator ----------------------------------------------------------------------------
 
+# a signature's kernel, the body's constants, the kernel's keywords (axis, keepdims) and, for max and
+# min, the reduction's name (NumPy's ValueError over an empty axis is checked before the call)
+_Entry = tuple[Any, tuple[Any, ...], dict[str, Any], str]
+
+
 class Fusion:
     """A function fused into one kernel per argument signature (``ewkern.fuse``). Call it as the
     function; ``kernel(*args)`` gives the ``ewkern.ElementwiseKernel`` those arguments run (for
@@ -460,7 +497,7 @@ class Fusion:
         self.name = re.sub(r"\W", "_", base) or "fused"
         if self.name[0].isdigit():
             self.name = "_" + self.name
-        self._kernels: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+        self._kernels: dict[tuple[Any, ...], _Entry] = {}
         functools.update_wrapper(self, func)
 
     def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -483,7 +520,7 @@ class Fusion:
                 sig.append(("a", dt))
         return tuple(sig)
 
-    def _build(self, sig: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    def _build(self, sig: tuple[Any, ...]) -> _Entry:
         from .rtc import ElementwiseKernel
         if not any(kind == "a" for kind, _ in sig):
             raise TypeError(f"{self.name}: ewkern.fuse needs at least one array argument")
@@ -509,9 +546,9 @@ class Fusion:
         out_params = ", ".join(f"{v.dtype} out{k}" for k, v in enumerate(outs))
         if trace.reduction is None:
             return (ElementwiseKernel(", ".join(trace.params), out_params, _source(outs), f"fuse_{self.name}"),
-                    tuple(trace.consts), {})
+                    tuple(trace.consts), {}, "")
         from .rtc import ReductionKernel
-        x, axis, keepdims, red = trace.reduction
+        kind, x, axis, keepdims, red = trace.reduction
         if len(outs) != 1:
             raise TypeError(f"{self.name}: an ewkern.fuse function with a reduction returns one value")
         after = _leaves(outs[0])
@@ -522,18 +559,22 @@ class Fusion:
         if late:
             raise TypeError(f"{self.name}: after the reduction only its result and scalars can be used (not the "
                             f"array{'s' if len(late) > 1 else ''} {', '.join(late)})")
-        # the map in the reduction's type; the post map assigns the output
-        return (ReductionKernel(", ".join(trace.params), out_params, _inline(x), "a + b",
-                                f"out0 = {_inline(outs[0])}", "0", f"fuse_{self.name}", reduce_type=_ctype(x.dtype)),
-                tuple(trace.consts), {"axis": axis, "keepdims": keepdims})
+        # the map in the reduction's type (its result's compute type); the post map assigns the output
+        reduce_expr, identity = _REDUCE[kind](red.dtype)
+        return (ReductionKernel(", ".join(trace.params), out_params, _inline(x), reduce_expr,
+                                f"out0 = {_inline(outs[0])}", identity, f"fuse_{self.name}",
+                                reduce_type=_ctype(red.dtype)),
+                tuple(trace.consts), {"axis": axis, "keepdims": keepdims}, kind if kind in ("max", "min") else "")
 
     def kernel(self, *args: Any) -> Any:
-        """The ewkern.ElementwiseKernel (ReductionKernel, for a function with np.sum or np.mean)
-        that these arguments run (compiled on first use; its inputs are the arguments, then the
-        body's constants, which ``__call__`` passes itself)."""
+        """The ewkern.ElementwiseKernel (ReductionKernel, for a function with a reduction) that
+        these arguments run (compiled on first use; its inputs are the arguments, then the body's
+        constants, which ``__call__`` passes itself; called itself, a max or min over an empty axis
+        gives its identity, -inf or the type's lowest value for max, where ``__call__`` raises
+        NumPy's ValueError)."""
         return self._entry(args)[0]
 
-    def _entry(self, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    def _entry(self, args: tuple[Any, ...]) -> _Entry:
         sig = self._signature(args)
         got = self._kernels.get(sig)
         if got is None:
@@ -541,7 +582,15 @@ class Fusion:
         return got
 
     def __call__(self, *args: Any) -> Any:
-        kernel, consts, kw = self._entry(args)
+        kernel, consts, kw, no_identity = self._entry(args)
+        if no_identity and any(0 in getattr(a, "shape", ()) for a in args):
+            # max or min over an empty axis: NumPy's ValueError (the kernel would give its identity,
+            # -inf or the lowest integer for max: it cannot raise), decided by NumPy on a zero-size array
+            try:
+                getattr(np, no_identity)(np.empty(np.broadcast_shapes(*(tuple(getattr(a, "shape", ())) for a in args)),
+                                                  bool), axis=kw["axis"])
+            except ValueError as e:
+                raise ValueError(f"{self.name}: {e}") from None
         return kernel(*args, *consts, **kw)
 
     def __repr__(self) -> str:
@@ -562,7 +611,8 @@ def fuse(*args: Any, kernel_name: str | None = None) -> Any:
 
     Inside, arrays (the arguments) take Python's arithmetic and comparison operators, NumPy ufuncs
     (``np.exp``, ``np.maximum``, ...; SciPy's ``erf``/``erfc``), ``np.where`` and ewkern's
-    elementwise ops, and one ``np.sum`` / ``np.mean`` (then the kernel is a ReductionKernel);
+    elementwise ops, and one ``np.sum`` / ``np.mean`` / ``np.max`` / ``np.min`` / ``np.prod`` (or
+    the method, with ``axis=`` and ``keepdims=``; then the kernel is a ReductionKernel);
     Python scalars take NumPy's weak typing. Each argument signature (array dtypes, scalar types)
     is traced once and compiled; arrays broadcast as NumPy's do. See ``Fusion.kernel`` for the
     kernel itself."""

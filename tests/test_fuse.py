@@ -1,13 +1,17 @@
 """ewkern.fuse (ewkern/_fuse.py): a Python function of arrays traced once per argument signature
-into one ElementwiseKernel (a ReductionKernel with one np.sum or np.mean), as cupy.fuse does. Results against float64 NumPy references on awkward
-sizes and broadcasts, NumPy's type rules (NEP 50), ewkern's own ops inside (csrc/ops.c hands a call
-on a traced value to it), the refusals, and the kernel as a torch op with a derived backward."""
+into one ElementwiseKernel (a ReductionKernel with one np.sum, mean, max, min or prod), as
+cupy.fuse does. Results against float64 NumPy references on awkward sizes and broadcasts, NumPy's
+type rules (NEP 50), ewkern's own ops inside (csrc/ops.c hands a call on a traced value to it), the
+refusals, the reductions' CUDA sources through NVRTC, and the kernel as a torch op with a derived
+backward."""
 import numpy as np
 import pytest
 
 import ewkern
 from conftest import gpu
 from reference import EPS, REF, TINY, np_dtype
+from ewkern.rtc import _build, _codegen
+from ewkern.rtc._params import DTYPES
 
 try:
     import torch
@@ -15,6 +19,7 @@ except ImportError:  # pragma: no cover
     torch = None
 
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
+INTS = ["bool", "int8", "uint8", "int32", "int64", "uint64"]
 
 
 @pytest.fixture(autouse=True)
@@ -219,14 +224,150 @@ def test_a_reduction_runs_as_one_reduction_kernel(dtype):
         + (EPS[dtype] * abs(f[0].mean()) if dtype in ("float16", "bfloat16") else 0)
 
 
+# (shape, axis, keepdims): one element, odd sizes, the last, first and a middle axis
+REDUCED = [((1,), None, False), ((9, 33), -1, False), ((9, 33), 0, True), ((5, 3, 7), 1, True)]
+SPELLED = {"max": (np.max, np.amax, "max"), "min": (np.min, np.amin, "min"), "prod": (np.prod, np.prod, "prod")}
+
+
+def reduction(kind, k, axis, keepdims):
+    """np.<kind> spelt the k-th way of three (the function, its a-name, the method)"""
+    how = SPELLED[kind][k % 3]
+    if isinstance(how, str):
+        return lambda x: getattr(x, how)(axis=axis, keepdims=keepdims)
+    return lambda x: how(x, axis=axis, keepdims=keepdims)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("kind", ["max", "min", "prod"])
+def test_max_min_prod_match_float64(dtype, kind):
+    """np.max (np.amax, .max()), min and prod, a product as the map and a scale as the post map,
+    in NumPy's shapes and type. max over negative values and min over positive ones (an identity
+    of 0 would show) are exact: rounding commutes with them, so the one rounding to the dtype is
+    NumPy's. The product of values near +-1: a rounding a multiplication in the reduction's type
+    (float for 16-bit), then the store's."""
+    lo, hi = {"max": (-3.0, -0.25), "min": (0.25, 3.0), "prod": (0.9, 1.1)}[kind]
+    for k, (shape, axis, keepdims) in enumerate(REDUCED):
+        a, b = rand(shape, dtype, 30 + k, lo, hi), rand(shape, dtype, 40 + k, *((0.9, 1.1) if kind == "prod" else (0.25, 3.0)))
+        if kind == "prod":
+            a[np.random.default_rng(50 + k).random(shape) < 0.5] *= -1
+        red = reduction(kind, k, axis, keepdims)
+        fn = ewkern.fuse(lambda x, y: red(x * y) * 2, kernel_name=f"{kind}{k}")
+        r = fn(a, b)
+        want = getattr(np, kind)(a.astype(np.float64) * b.astype(np.float64), axis=axis, keepdims=keepdims) * 2
+        assert isinstance(fn.kernel(a, b), ewkern.ReductionKernel)
+        assert r.dtype == np_dtype(dtype) and np.shape(r) == want.shape, (shape, axis, keepdims)
+        if kind == "prod":
+            n = a.size // want.size
+            assert_close(r, want, dtype, 1 if dtype in ("float16", "bfloat16") else 2 * n + 2)
+        else:
+            assert np.array_equal(np.asarray(r).astype(np.float64), want.astype(np_dtype(dtype)).astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_and_min_carry_nan_as_numpy(dtype):
+    """A NaN in what is reduced is the result, as NumPy's max and min give it (fmax's would drop
+    it): first, in the middle and last of a row, in a row of -inf; along the rows, across them and
+    over all; a row of inf (min's identity) and one of -inf (max's) give themselves."""
+    a = rand((6, 9), dtype, 51)
+    a[0, 0] = a[1, 4] = a[2, 8] = np.nan
+    a[3], a[4] = -np.inf, np.inf
+    a[3, 5] = np.nan
+    f = a.astype(np.float64)
+    rows = ewkern.fuse(lambda x: np.max(x, axis=1))(a)
+    np.testing.assert_array_equal(np.asarray(rows, np.float64), f.max(axis=1))
+    cols = ewkern.fuse(lambda x: x.min(axis=0, keepdims=True))(a)
+    np.testing.assert_array_equal(np.asarray(cols, np.float64), f.min(axis=0, keepdims=True))
+    assert np.isnan(cols).sum() == 4
+    every = ewkern.fuse(lambda x: np.amin(x))
+    assert np.isnan(float(every(a))) and float(every(a[4:5])) == np.inf
+    assert np.asarray(ewkern.fuse(lambda x: np.max(x, axis=1))(a[3:5]), np.float64)[1] == np.inf
+
+
+@pytest.mark.parametrize("dtype", INTS)
+def test_integer_and_bool_reductions_in_numpy_types(dtype):
+    """Exact, in NumPy's result types: max and min from the type's lowest and highest values (a
+    row of each extreme gives it back); prod and sum in int64 (uint64) as NumPy's (int8's 3^5
+    does not wrap at 127); mean in float64."""
+    rng = np.random.default_rng(60)
+    lo, hi = (0, 1) if dtype == "bool" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    ext = rng.integers(lo, hi, (5, 7), dtype=np.dtype(dtype), endpoint=True)
+    ext[0], ext[1] = lo, hi
+    if dtype == "bool":
+        small = rng.random((5, 7)) < 0.8
+        small[:, 0] = True
+    else:
+        small = rng.integers(1, 3, (5, 7), dtype=np.dtype(dtype), endpoint=True)
+        small[:, 0] = 3
+        if np.iinfo(dtype).min < 0:
+            small[rng.random((5, 7)) < 0.4] *= -1
+    cases = [(lambda x: np.max(x, axis=1, keepdims=True), ext, lambda x: x.max(axis=1, keepdims=True)),
+             (lambda x: x.min(axis=-1), ext, lambda x: x.min(axis=-1)),
+             (lambda x: np.prod(x, axis=0), small, lambda x: x.prod(axis=0)),
+             (lambda x: x.sum(), small, lambda x: x.sum()),
+             (lambda x: np.mean(x, axis=1), small, lambda x: x.mean(axis=1))]
+    for k, (fn, x, ref) in enumerate(cases):
+        r, want = ewkern.fuse(fn, kernel_name=f"int{k}")(x), ref(x)
+        assert np.asarray(r).dtype == want.dtype and np.shape(r) == want.shape, k
+        assert np.array_equal(r, want), (k, r, want)
+
+
+def test_max_and_min_over_an_empty_axis_raise_as_numpy():
+    """NumPy's ValueError where max or min reduce no element into an output (the kernel called
+    itself gives its identity); an empty result is no error; prod and sum give 1 and 0."""
+    top = ewkern.fuse(lambda x: np.max(x, axis=0))
+    e = np.zeros((0, 3), np.float32)
+    with pytest.raises(ValueError, match="zero-size array to reduction operation maximum"):
+        top(e)
+    with pytest.raises(ValueError, match="zero-size array to reduction operation minimum"):
+        ewkern.fuse(lambda x, y: (x * y).min(keepdims=True))(np.zeros((2, 0), np.int32), 3)
+    assert top(np.zeros((3, 0), np.float32)).shape == (0,)
+    assert np.all(top.kernel(e)(e, axis=0) == -np.inf)
+    p = ewkern.fuse(lambda x: np.prod(x, axis=0))(e)
+    assert p.dtype == np.float32 and np.array_equal(p, np.ones(3))
+    assert np.array_equal(ewkern.fuse(lambda x: x.sum(axis=0))(np.zeros((0, 3), np.int8)), np.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + INTS + ["int16", "uint16", "uint32"])
+def test_cuda_sources_of_the_reductions_compile(dtype):
+    """No GPU needed: the CUDA sources of both reduction engines (the rows engine for inputs dense
+    with the reduced axes last, the general kernel for others) with each fused reduction's map,
+    reduce expression, identity and type compile under NVRTC (INFINITY, the integers' extremes
+    as spelt, 1-byte and bool reduce types)."""
+    try:
+        _build.nvrtc()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    x = np.ones((3, 5), np_dtype(dtype))
+    for kind in ("max", "min", "prod", "sum", "mean"):
+        k = ewkern.fuse(lambda a, s: getattr(np, kind)(a, axis=1) * s, kernel_name=f"cu_{kind}").kernel(x, 2)
+        ins = [(p, p.dtype, "array" if p.name == "in0" else "scalar", 0) for p in k.in_params]
+        out = _codegen.Layout("strided", 1, [(p, p.dtype, "array", 0) for p in k.out_params])
+        tdefs = _codegen.typedefs((), k.in_params, [p.dtype for p in k.in_params], k.out_params,
+                                  [p.dtype for p in k.out_params])
+        parts = (k.map_expr, k.reduce_expr, k.post_map_expr, k.identity, k.reduce_type, "", tdefs)
+        rows, entries = _codegen.reduction_rows_source(k.name, _codegen.Layout("contig", 1, ins), out,
+                                                       16 // DTYPES[dtype][2], *parts)
+        other, entry = _codegen.reduction_source("cuda", k.name, _codegen.Layout("strided", 2, ins), out, True, *parts)
+        for src, names in ((rows, entries), (other, [entry])):
+            ptx, _, _ = _build.compile_cuda(k.name, src, (9, 0), ptx_only=True)
+            assert all((".entry " + e).encode() in ptx for e in names), (kind, names)
+
+
 def test_refusals_name_what_cannot_be_fused():
     a = rand(8, "float32", 18)
     outside = rand(8, "float32", 19)
     cases = [
         (lambda x: x if x > 0 else -x, "np.where"),
-        (lambda x: np.cumsum(x), "numpy.cumsum"),
+        (lambda x: np.cumsum(x), "numpy.cumsum .*np.max .*np.prod"),
         (lambda x: np.sum(x, dtype=np.float64), "numpy.sum with dtype"),
         (lambda x: np.sum(x) + np.mean(x), "one reduction"),
+        (lambda x: np.max(x) + x.prod(), "one reduction: np.sum, np.mean, np.max"),
+        (lambda x: np.max(x, initial=0.0), "numpy.max with initial .*axis= and keepdims= only"),
+        (lambda x: x.min(where=x > 0), "numpy.min with where"),
+        (lambda x: np.amax(x, out=x), "numpy.max with out"),
+        (lambda x: x.prod(0, np.float64), "numpy.prod with arguments after axis"),
+        (lambda x: np.prod(x, axis=0.5), "axis must be None, an int or a tuple"),
+        (lambda x: np.max(x, axis=0) * x, "not the array in0"),
         (lambda x: np.sum(x, axis=0) + x, "not the array in0"),
         (lambda x: (np.sum(x), x * 2)[1], "reduction's result must be what the function returns"),
         (lambda x: (np.sum(x), np.sum(x) * 2)[1], "one reduction"),
