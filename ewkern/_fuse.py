@@ -65,9 +65,17 @@ def _np_dtype(dt: str) -> Any:
     return _BF16
 
 
+_DT_NAMES: dict[Any, str] = {}
+
+
 def _dtype_name(dt: Any) -> str:
-    name = getattr(dt, "name", None) or str(dt)
-    return name[6:] if name.startswith("torch.") else name
+    """A dtype's name (NumPy, torch, CuPy, JAX), remembered per dtype: NumPy's dtype.name is Python
+    code of about 4 us, which every call's signature would pay for each array."""
+    name = _DT_NAMES.get(dt)
+    if name is None:
+        name = getattr(dt, "name", None) or str(dt)
+        name = _DT_NAMES[dt] = name[6:] if name.startswith("torch.") else name
+    return name
 
 
 def _arg_dtype(obj: Any) -> str | None:
@@ -498,6 +506,9 @@ class Fusion:
         if self.name[0].isdigit():
             self.name = "_" + self.name
         self._kernels: dict[tuple[Any, ...], _Entry] = {}
+        # the same entries by each argument's (type, dtype): what a signature is a function of, found
+        # without _signature's checks on every call after the first of a signature
+        self._by_types: dict[tuple[Any, ...], _Entry] = {}
         functools.update_wrapper(self, func)
 
     def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -575,10 +586,18 @@ class Fusion:
         return self._entry(args)[0]
 
     def _entry(self, args: tuple[Any, ...]) -> _Entry:
-        sig = self._signature(args)
-        got = self._kernels.get(sig)
+        key = tuple([(type(a), getattr(a, "dtype", None)) for a in args])
+        try:
+            got = self._by_types.get(key)
+        except TypeError:   # a dtype that does not hash
+            key, got = (), None
         if got is None:
-            got = self._kernels[sig] = self._build(sig)
+            sig = self._signature(args)
+            got = self._kernels.get(sig)
+            if got is None:
+                got = self._kernels[sig] = self._build(sig)
+            if key:
+                self._by_types[key] = got
         return got
 
     def __call__(self, *args: Any) -> Any:

@@ -39,7 +39,7 @@ def test_fused_cpu_quick_checks_and_times_every_way(tmp_path):
     cols = set(rows[0])
     assert {"series", "impl", "op", "dtype", "in_dtypes", "out_dtype", "shape", "n", "size_bytes", "bytes_read",
             "bytes_written", "bytes", "time_s", "gbs", "launch", "method", "check_elements",
-            "check_max_err_over_tol", "vs_best", "best_way", "vs_numpy", "vs_ewkern_add"} <= cols
+            "check_max_err_over_tol", "vs_best", "best_way", "vs_numpy", "vs_ewkern_add", "vs_ewkern_fuse"} <= cols
     # every expression in both dtypes (mixed: b bfloat16) ran through ewkern, checked first
     ours = {(r["op"], r["dtype"]): r for r in rows if r["series"] == "ewkern"}
     want = {(e, d) for e in f1_fused.EXPRS if e != "mixed" for d in ("float32", "bfloat16")} | {("mixed", "bfloat16")}
@@ -51,6 +51,12 @@ def test_fused_cpu_quick_checks_and_times_every_way(tmp_path):
     numpy_ops = {r["op"] for r in rows if r["series"] == "numpy"}
     assert numpy_ops >= set(f1_fused.EXPRS) - {"gelu_mul"}
     assert {r["op"] for r in rows if r["series"] == "ewkern.add"} == {"add"}
+    # ewkern.fuse, checked like the others: every expression but rmsnorm, which it cannot fuse (the
+    # array used after its row's reduction) and says so
+    assert {r["op"] for r in rows if r["series"] == "ewkern.fuse"} == set(f1_fused.EXPRS) - {"rmsnorm"}
+    assert {s["what"] for s in exp["skipped"] if "ewkern.fuse cannot fuse rmsnorm" in s["reason"]} == {
+        "rmsnorm float32 64 KiB ewkern.fuse", "rmsnorm bfloat16 64 KiB ewkern.fuse"}
+    assert all(r["vs_ewkern_fuse"] for r in rows if r["series"] == "ewkern" and r["op"] != "rmsnorm")
     for r in rows:
         if r["series"] == "ewkern" and r["op"] != "gelu_mul":
             assert r["best_way"] == "numpy" and float(r["vs_best"]) > 0

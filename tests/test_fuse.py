@@ -460,3 +460,19 @@ def test_gpu_fused_on_torch_cuda_tensors(dtype):
     p, q = (torch.randn(256, 4096, device="cuda").to(tdt) for _ in range(2))
     torch.testing.assert_close(rms(p, q).double(), ((p.double() - q.double()) ** 2).mean(1).sqrt(),
                                rtol=EPS[dtype] * 4, atol=EPS[dtype])
+
+
+def test_a_call_finds_its_signature_by_argument_types():
+    """After the first call of a signature the kernel is found by each argument's (type, dtype):
+    the same kernels as the full signature's (a weak int, a bool, a strong NumPy scalar and another
+    array dtype each their own), and a refused argument is refused on every call, not remembered."""
+    f = ewkern.fuse(lambda x, s: x * s)
+    x = np.arange(1, 6, dtype=np.float32)
+    for _ in range(2):
+        np.testing.assert_array_equal(f(x, 3), x * 3)
+        assert f(x, 3).dtype == np.float32 and f(x, True).dtype == np.float32
+        assert f(x, np.float64(2.5)).dtype == np.float64 and f(x.astype(np.float64), 3).dtype == np.float64
+        with pytest.raises(TypeError, match="must be an array"):
+            f(x, "3")
+    assert len(f._kernels) == len(f._by_types) == 4
+    assert set(map(id, f._by_types.values())) == set(map(id, f._kernels.values()))

@@ -31,6 +31,11 @@ e4628a5, as Triton's kernels divide); CuPy compiles the same source with IEEE di
                   default mode: ``out.copy_(expr)`` inside the compiled function, which Inductor
                   fuses into the expression's one kernel (its stores go to out)
   ewkern.add      ewkern.add(x, y, out=z), for the add control only
+  ewkern.fuse     the expression as a Python function under ``ewkern.fuse`` (cupy.fuse's counterpart:
+                  traced once into one ElementwiseKernel, or a ReductionKernel for mse_rows, the same
+                  kernel forms as the ewkern way's), called as a fuse user calls it: on the inputs,
+                  its result allocated each call as cupy.fuse's and torch eager's are; not rmsnorm,
+                  whose array is used after its row's reduction (one kernel only as a RowKernel)
 
 timed as the peers are (frameworks.time_calls) in two methods:
   back-to-back    K calls captured into one CUDA graph, inputs rotated through >= 4x the L2
@@ -90,20 +95,23 @@ ARGS = [("--fused-exprs", dict(type=_list_arg, metavar="EXPRS",
                                help="bytes per input array, e.g. 1MiB,64MiB (default GPU 1MiB,16MiB,256MiB,1GiB, "
                                     "quick 64MiB; CPU 1MiB,16MiB, quick 1MiB)")),
         ("--fused-ways", dict(type=_list_arg, metavar="WAYS",
-                              help="ewkern, cupy, torch eager, torch.compile, ewkern.add, numpy (default GPU: all "
-                                   "but numpy; CPU: ewkern, numpy, ewkern.add)")),
+                              help="ewkern, ewkern 2k, cupy, torch eager, torch.compile, ewkern.add, numpy, "
+                                   "ewkern.fuse (default GPU: all but numpy; CPU: ewkern, ewkern 2k, numpy, "
+                                   "ewkern.add, ewkern.fuse)")),
         ("--fused-methods", dict(type=_list_arg, metavar="METHODS",
                                  help="back-to-back, single (default both; CPU: back-to-back)")),
         ("--fused-in-turns", dict(action="store_true",
                                   help="time the ways on torch's stream (ewkern, ewkern 2k, torch eager, "
-                                       "torch.compile, ewkern.add) in turns, each sample taking every way once; "
+                                       "torch.compile, ewkern.add, ewkern.fuse) in turns, each sample taking every "
+                                       "way once; "
                                        "CuPy (its own stream) alone as before"))]
 
 COLS = 4096          # the row length of rmsnorm and mse_rows
 RMS_EPS = 1e-6
-WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add", "numpy")
-GPU_WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add")
-CPU_WAYS = ("ewkern", "ewkern 2k", "numpy", "ewkern.add")
+WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add", "numpy", "ewkern.fuse")
+GPU_WAYS = ("ewkern", "ewkern 2k", "cupy", "torch eager", "torch.compile", "ewkern.add", "ewkern.fuse")
+CPU_WAYS = ("ewkern", "ewkern 2k", "numpy", "ewkern.add", "ewkern.fuse")
+OURS = ("ewkern", "ewkern 2k", "ewkern.add", "ewkern.fuse")     # ewkern's ways: a failure is an error
 BEST_OF = ("cupy", "torch.compile")     # the issue's target: >= 0.99 of the better of these
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 HALF = ("float16", "bfloat16")
@@ -198,6 +206,24 @@ def _torch_fn(torch, name):
             "mse_rows": lambda a, b: ((a - b) ** 2).mean(-1),
             "mixed": lambda a, b, c: a * b + c,
             "add": lambda x, y: x + y}[name]
+
+
+def _fuse_fn(name):
+    """The expression as an ewkern.fuse user writes it (the ElementwiseKernel's formula: gelu by
+    erf, sigmoid as a division; Python scalars weak, so 16-bit inputs stay 16-bit outside the
+    kernel's float arithmetic). Skip for rmsnorm: its array is used after its row's reduction."""
+    import numpy as np
+    import ewkern
+    if name == "rmsnorm":
+        raise Skip("ewkern.fuse cannot fuse rmsnorm: x is used after its row's reduction (ewkern.RowKernel "
+                   "is its one-kernel form, the ewkern way)")
+    body = {"fma": lambda a, b, c: a * b + c,
+            "gelu_mul": lambda a, b: 0.5 * a * (1.0 + ewkern.erf(a * 0.70710678)) * b,
+            "swish_gate": lambda a, b: a / (1 + np.exp(-b)),
+            "mse_rows": lambda a, b: np.mean((a - b) * (a - b), axis=1),
+            "mixed": lambda a, b, c: a * b + c,
+            "add": lambda x, y: x + y}[name]
+    return ewkern.fuse(kernel_name=f"fused_{name}_fuse")(body)
 
 
 def _numpy_fn(name, dtype):
@@ -477,7 +503,7 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
     dev = ctx.device
     gpu = ctx.is_gpu
     name = cell.expr.name
-    if way in ("ewkern", "ewkern 2k", "ewkern.add"):
+    if way in OURS:
         fw = impl = "torch" if gpu else "numpy"     # on a GPU: torch tensors, timed through torch's graphs
         why = None
     elif way == "cupy":
@@ -510,6 +536,12 @@ def _way(ctx, way, cell: Cell, kernels: _Kernels, shared=None):
 
         def bind(ins, out, tmp):
             return lambda: ewkern.add(ins[0], ins[1], out=out)
+    elif way == "ewkern.fuse":
+        fn = _fuse_fn(name)
+        writes = False
+
+        def bind(ins, out, tmp):
+            return lambda: fn(*ins)
     elif way == "numpy":
         fn = _numpy_fn(name, cell.dtype)
         writes = False
@@ -552,7 +584,7 @@ def _prepare(ctx, xr, way, cell, kernels, shared=None):
     shared: as _way takes it."""
     from . import frameworks
     what = f"{cell.label()} {way}"
-    ours = way in ("ewkern", "ewkern 2k", "ewkern.add")
+    ours = way in OURS
     try:
         fw, impl, make_set = _way(ctx, way, cell, kernels, shared)
         ins, call = make_set()
