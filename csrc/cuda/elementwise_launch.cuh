@@ -68,7 +68,8 @@ static OpArgs<T> op_args(const ew_args *a)
  * 4-vector kernel, the second at least 85% full; not for div: wide_launch), else 1; W > 4: 1 (many
  * waves). A grid much below one wave leaves SMs with a block more than others (measured slower).
  * Under PDL each thread of the first wave prefetches its first vector before the wait (on a wide
- * device a light op only where the grid is at most half a wave), and there 1 vector per thread beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
+ * device a light op only where the grid is at most half a wave), and there 1 vector per thread
+ * beat 4 on the H100 (copy 16 MiB: 2815 against 2665 GB/s back-to-back). On the H200 a cold launch
  * at 16 MiB (3.9 waves) ran at 0.98 of torch's with 1 and the prefetch, 1.00-1.04 with 4 and none,
  * back-to-back 1.09-1.15 -> 1.02-1.08; a plain launch there (behind a foreign kernel in a graph)
  * keeps 1: 4 lost 3-5% after torch.mul.
