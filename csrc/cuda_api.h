@@ -131,10 +131,11 @@ void ewcuda_auto_plan(long long nvec, long long nedge, int block, long long wave
  * op; heavy16: 0, 1 for ewkern's 16-bit libm-class ops, 2 for a run-time kernel's; heavy64: the
  * float64 class, H64_*; heavy16_from: heavy16_waves's threshold; wide: a programmatic launch on a
  * device whose memory moves >= 30 GB/s an SM, wide_sm; max_vpt as ewcuda_auto_plan's, 4 for the
- * built-in ops): the tests' view of the rule. */
+ * built-in ops; heavy_math: libm-class math neither heavy16 nor heavy64 names, for the prefetch
+ * rule, as the backward ops' float64 gradients give it): the tests' view of the rule. */
 void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
                            int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide,
-                           int max_vpt, int *vpt, long long *grid, int *prefetch);
+                           int max_vpt, int heavy_math, int *vpt, long long *grid, int *prefetch);
 /* The default path's store policy for a launch on device that moves `bytes` (inputs read + outputs
  * written) and writes `out_bytes` of them: 1 write-back stores, 0 streaming stores
  * (elementwise_launch.cuh, store_wb). */

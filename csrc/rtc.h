@@ -85,7 +85,8 @@ int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, 
      "(True: outputs of at least 1/32 of the device's L2, or more bytes moved than it holds) or streaming " \
      "(False), by the default path's store rule (EWKERN_AUTO_STORES=cs|wb forces one)."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
-     "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, /)" \
+     "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, " \
+     "heavy_math=False, /)" \
      "\n--\n\n(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \
      "(the built-in ops' launchers ask it with the device's waves; wide: a programmatic launch on a GPU " \
      "whose memory moves >= 30 GB/s an SM): for tests."},

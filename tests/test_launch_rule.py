@@ -20,9 +20,9 @@ H64_NONE, H64_EXP, H64_POLY, H64_GELU, H64_SILU = range(5)
 
 
 def plan(nvec, *, fill=False, heavy16=0, heavy64=H64_NONE, heavy16_from=32, pdl=False, i32=True, nedge=0,
-         wave4=WAVE4, wide=False):
+         wave4=WAVE4, wide=False, heavy_math=False):
     return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from,
-                                wide)
+                                wide, heavy_math)
 
 
 @pytest.fixture(autouse=True)
@@ -119,14 +119,18 @@ def test_pdl_prefetch_is_the_first_wave():
 def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
     """A light op's programmatic launch on a device whose memory moves >= 30 GB/s an SM (wide: the
     H200) prefetches its first vectors only where the whole grid is at most half a wave (a cold
-    launch of about a wave or more paid for it there); heavy ops (16-bit libm-class, float64 math)
-    and other devices prefetch the first wave at any size; a launch without PDL never."""
+    launch of about a wave or more paid for it there); heavy ops (16-bit libm-class, float64 math, the
+    backward ops' float64 gradients of libm-class math) and other devices prefetch the first wave at
+    any size; a launch without PDL never."""
     v, grid, prefetch = plan(nvec, pdl=True, wide=True)
     assert v == 1
     assert prefetch == (WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0), (nvec, grid, prefetch)
     assert plan(nvec, pdl=True)[2] == WAVE1 // BLOCK
     assert plan(nvec, pdl=True, wide=True, heavy16=1)[2] == WAVE1 // BLOCK
     assert plan(nvec, pdl=True, wide=True, heavy64=H64_POLY)[2] == WAVE1 // BLOCK
+    # the backward ops' float64 gradients of gelu, silu and erf: heavy for this rule alone (their
+    # vectors a thread by the plain rule)
+    assert plan(nvec, pdl=True, wide=True, heavy_math=True) == (v, grid, WAVE1 // BLOCK)
     assert plan(nvec, wide=True)[2] == 0
 
 

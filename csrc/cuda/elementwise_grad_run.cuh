@@ -80,12 +80,14 @@ static int run_grad(const ew_args *a)
     const bool i32 = w.n + w.nvec + 8 * int64_t(block) < int64_t(INT_MAX);
     /* as run_fast: the decision first, so that a programmatic launch on a wide device takes 4 vectors
      * a thread without the prefetch at 2-4 waves (wide_launch; not div, whose 4-vector backward
-     * kernel also spills), and a plain one the plain form */
+     * kernel also spills), and a plain one the plain form; the float64 gradients of gelu, silu and
+     * erf count as heavy math for the prefetch rule (heavy_math), as the forward's float64 math does */
     const PdlDecision d = pdl_decide(s, pdl);
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
-    }, 0, 32, wide_launch<Op>(dev, d));
+    }, 0, 32, wide_launch<Op>(dev, d), 4,
+                                    sizeof(T) == 8 && (Heavy<Op>::value || Heavy<typename MathOf<Op, T>::type>::value));
     p.prefetch = plan.prefetch;
     /* the store rule, as run_fast's: the gradients are what the next backward kernel reads (the plain
      * form by its instance, plain_n_kernel) */

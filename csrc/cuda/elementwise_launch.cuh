@@ -207,7 +207,9 @@ static int64_t heavy16_waves(int dev)
  * 1 takes 2 vectors a thread (heavy16_waves); wide: the launch is a programmatic dependent on a device
  * whose memory moves at least 30 GB/s an SM (wide_sm: 4 vectors a thread, no prefetch, at 2-4 waves
  * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
- * which were not measured with it); max_vpt: the most vectors a thread the caller's kernel takes
+ * which were not measured with it); heavy_math: libm-class math that neither heavy16 nor heavy64
+ * names (the backward ops' float64 gradients of gelu, silu and erf), for the prefetch rule only
+ * (heavy math keeps the first wave's prefetch); max_vpt: the most vectors a thread the caller's kernel takes
  * without spilling (1, 2 or 4; a run-time kernel's forms by their resource report: a bfloat16
  * `o = a * b + c` at 4 vectors a thread spilled 788 bytes under __launch_bounds__(1024) and 404
  * under __maxnreg__(64) while its vectors were held as 16-bit values, and ran 2.3-2.4x slower than
@@ -215,7 +217,7 @@ static int64_t heavy16_waves(int dev)
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false,
-                          int max_vpt = 4)
+                          int max_vpt = 4, bool heavy_math = false)
 {
     int vpt = 1;
     bool lean = false; /* under PDL, no prefetch */
@@ -338,7 +340,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * the first wave. The H100 was not measured: it keeps the first wave. */
         const PrefetchRule r = prefetch_rule();
         const int64_t wave_blocks = wave1 / block;
-        const bool light = !heavy16 && !heavy64;
+        const bool light = !heavy16 && !heavy64 && !heavy_math;
         const bool none = r == PREFETCH_NONE || (r == PREFETCH_RULE && wide && light && 2 * grid > wave_blocks);
         prefetch = none ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
     }
