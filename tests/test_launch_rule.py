@@ -134,6 +134,15 @@ def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
     assert plan(nvec, wide=True)[2] == 0
 
 
+def _knob_output(var, value, code):
+    """What code prints, split, in a fresh process with var=value in its environment (the knobs
+    are read once a process); the process must succeed."""
+    env = dict(os.environ, **{var: value})
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
 _PREFETCH = """
 import ewkern
 W = 132 * 2048
@@ -146,10 +155,7 @@ print(*(ewkern._C._auto_plan(n, 0, 256, W, 4 * W, True, True, False, 0, 0, 32, T
 def test_prefetch_knob_replaces_the_rule(knob, expect):
     """EWKERN_PDL_PREFETCH=wave|none|all (read once a process) sets which blocks prefetch on a wide
     programmatic launch at a quarter wave and at one wave; unset (or anything else), the rule."""
-    env = dict(os.environ, EWKERN_PDL_PREFETCH=knob)
-    r = subprocess.run([sys.executable, "-c", _PREFETCH], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == expect.split()
+    assert _knob_output("EWKERN_PDL_PREFETCH", knob, _PREFETCH) == expect.split()
 
 
 def test_bad_arguments_raise():
@@ -168,10 +174,7 @@ print(int(ewkern._C._rtc_store_wb(0, 1)), int(ewkern._C._rtc_store_wb(0, 1 << 40
 @pytest.mark.parametrize("knob,expect", [("wb", "1 1"), ("cs", "0 0")])
 def test_store_rule_knob_forces_one_policy(knob, expect):
     """EWKERN_AUTO_STORES=wb|cs (read once a process) sets the store policy at every size."""
-    env = dict(os.environ, EWKERN_AUTO_STORES=knob)
-    r = subprocess.run([sys.executable, "-c", _STORES], env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == expect.split()
+    assert _knob_output("EWKERN_AUTO_STORES", knob, _STORES) == expect.split()
 
 
 @pytest.mark.parametrize("args", [(-1,), (8, -1), (8, 9)])

@@ -86,8 +86,7 @@ static int run_grad(const ew_args *a)
     const AutoPlan plan = auto_plan(w.nvec, w.nedge, block, wave1, i32, pdl, false,
                                     Heavy<typename MathOf<Op, T>::type>::value && sizeof(T) == 2, [&] {
         return wave_blocks(occ4, (const void *)fast_n_kernel<Op, T, int, 4>(), block, dev) * block * 4;
-    }, 0, 32, wide_launch<Op>(dev, d), 4,
-                                    sizeof(T) == 8 && (Heavy<Op>::value || Heavy<typename MathOf<Op, T>::type>::value));
+    }, 0, 32, wide_launch<Op>(dev, d), 4, sizeof(T) == 8 && Heavy<Op>::value);
     p.prefetch = plan.prefetch;
     /* the store rule, as run_fast's: the gradients are what the next backward kernel reads (the plain
      * form by its instance, plain_n_kernel) */
