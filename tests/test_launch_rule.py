@@ -20,9 +20,9 @@ H64_NONE, H64_EXP, H64_POLY, H64_GELU, H64_SILU = range(5)
 
 
 def plan(nvec, *, fill=False, heavy16=0, heavy64=H64_NONE, heavy16_from=32, pdl=False, i32=True, nedge=0,
-         wave4=WAVE4, wide=False, heavy_math=False):
+         wave4=WAVE4, wide=False, heavy_math=False, wide_prefetch=False):
     return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from,
-                                wide, heavy_math)
+                                wide, heavy_math, wide_prefetch)
 
 
 @pytest.fixture(autouse=True)
@@ -132,6 +132,15 @@ def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
     # vectors a thread by the plain rule)
     assert plan(nvec, pdl=True, wide=True, heavy_math=True) == (v, grid, WAVE1 // BLOCK)
     assert plan(nvec, wide=True)[2] == 0
+    # the run-time kernels: the prefetch rule's wide case alone (wide_prefetch), their 16-bit math
+    # (heavy16 2) light, their float64 math (heavy64) heavy; the vectors a thread as without it
+    expect = WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0
+    for h16 in (0, 2):
+        base = plan(nvec, pdl=True, heavy16=h16)
+        assert base[2] == WAVE1 // BLOCK
+        assert plan(nvec, pdl=True, heavy16=h16, wide_prefetch=True) == (base[0], base[1], expect), h16
+    assert plan(nvec, pdl=True, heavy64=H64_EXP, wide_prefetch=True)[2] == WAVE1 // BLOCK
+    assert plan(nvec, wide_prefetch=True)[2] == 0
 
 
 def _knob_output(var, value, code):

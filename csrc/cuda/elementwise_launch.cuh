@@ -209,7 +209,9 @@ static int64_t heavy16_waves(int dev)
  * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
  * which were not measured with it); heavy_math: libm-class math that neither heavy16 nor heavy64
  * names (the backward ops' float64 gradients of gelu, silu and erf), for the prefetch rule only
- * (heavy math keeps the first wave's prefetch); max_vpt: the most vectors a thread the caller's kernel takes
+ * (heavy math keeps the first wave's prefetch); wide_prefetch: `wide` for the prefetch rule alone (a
+ * programmatic launch on a wide_sm device: the run-time kernels, which keep the narrow vector rule);
+ * max_vpt: the most vectors a thread the caller's kernel takes
  * without spilling (1, 2 or 4; a run-time kernel's forms by their resource report: a bfloat16
  * `o = a * b + c` at 4 vectors a thread spilled 788 bytes under __launch_bounds__(1024) and 404
  * under __maxnreg__(64) while its vectors were held as 16-bit values, and ran 2.3-2.4x slower than
@@ -217,7 +219,7 @@ static int64_t heavy16_waves(int dev)
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false,
-                          int max_vpt = 4, bool heavy_math = false)
+                          int max_vpt = 4, bool heavy_math = false, bool wide_prefetch = false)
 {
     int vpt = 1;
     bool lean = false; /* under PDL, no prefetch */
@@ -337,11 +339,18 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * 1.04 -> 1.02, none below. The heavy ops gained nothing single (16-bit erf, sigmoid, gelu,
          * silu at 4 / 16 MiB: medians 1.056 / 1.004 -> 1.053 / 1.002; float64 math 1.093 / 1.028
          * -> 1.066 / 1.020) and lost back-to-back (16-bit silu at 16 MiB 1.03 -> 0.98): they keep
-         * the first wave. The H100 was not measured: it keeps the first wave. */
+         * the first wave. The H100 was not measured: it keeps the first wave. The run-time kernels
+         * (wide_prefetch; their 16-bit math, heavy16 == 2, counts as light): H200, `fused` 4 and 16
+         * MiB, ewkern / the better of CuPy and torch.compile, first wave -> none (one run each):
+         * single launch 0.92-0.98 -> 0.97-1.03 for fma, add, swish_gate, mixed, float32 gelu_mul
+         * (each of 26 cells' time 1-9% lower), 16-bit gelu_mul 1.06-1.11 either way; back-to-back
+         * 4 MiB 1.07-1.43 -> 1.12-1.37, 16 MiB 1.03-1.15 -> 1.03-1.15 (16-bit gelu_mul 1.03 ->
+         * 1.09, add, swish_gate, mixed 3-5% slower, all >= 1.03). */
         const PrefetchRule r = prefetch_rule();
         const int64_t wave_blocks = wave1 / block;
-        const bool light = !heavy16 && !heavy64 && !heavy_math;
-        const bool none = r == PREFETCH_NONE || (r == PREFETCH_RULE && wide && light && 2 * grid > wave_blocks);
+        const bool light = heavy16 != 1 && !heavy64 && !heavy_math;
+        const bool none = r == PREFETCH_NONE ||
+                          (r == PREFETCH_RULE && (wide || wide_prefetch) && light && 2 * grid > wave_blocks);
         prefetch = none ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
     }
     return AutoPlan{vpt, grid, prefetch};

@@ -349,7 +349,9 @@ def _gpu_kernel(kernel: str, source: str, entry: str, device: str, parts, option
 # run): at 16 MiB it gained about 1% single launch in float32 and lost 5-8% back-to-back, and
 # bfloat16 lost 1.3-2.4x (its 4-vector forms spilled then, held as 16-bit values); at 64 MiB within
 # 0.006. Again with bfloat16 held as 32-bit words (_codegen's ewrtc::Held; 1386ee4, H200): bfloat16
-# as float32, 5% slower back-to-back and 0.6-1.3% faster single launch at 16 MiB.
+# as float32, 5% slower back-to-back and 0.6-1.3% faster single launch at 16 MiB. The rule's other
+# half on such a device, no first-wave prefetch past half a wave, applies to run-time kernels
+# whatever RTC_WIDE (the C plan asks the device; float64 math keeps the prefetch).
 RTC_WIDE = False
 WIDE_SM_GBS = 30.0
 
