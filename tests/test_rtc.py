@@ -916,6 +916,12 @@ def test_nvrtc_compiles_vector_broadcast_kinds():
                                 ("T o_out", "float16", "array", 0)])
     src, entries = _codegen.vector_source("bk", lay, "o_out = x * r + c * s", "", "", "", "typedef float T;", set())
     assert "ewrtc::hold(_u_c + _v % _cvec)" in src and "_v / _cvec" in src
+    # every read of an input comes after PDL's wait (before it, only L2 prefetches): the previous
+    # kernel may be writing any of them
+    run = src[src.index("void ewrtc_bk_run"):]
+    wait = run.index("pdl_wait();")
+    for read in ("ewrtc::ld(", "ewrtc::hold("):
+        assert run.index(read) > wait, read
     ptx, _, _ = _build.compile_cuda("bk", src, (9, 0), ptx_only=True)
     assert all(f".entry {e}" in ptx.decode(errors="replace") for e in entries)
 

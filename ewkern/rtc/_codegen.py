@@ -1279,10 +1279,13 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("    const Idx _n = Idx(P.nfast), _head = Idx(P.head), _nvec = _n / Idx(E);")
     if cols or rows:
         src.add("    const Idx _cvec = Idx(P.ccols / E);   /* vectors per row (the host checks ccols % E == 0) */")
-    for p, dt, kind, _ in ones:
-        src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name});")
     src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
     prefetch_then_wait(src, "(long long)blockIdx.x < P.prefetch && _base < _nvec", ins, "_base", "threadIdx.x == 0")
+    # after the wait: the previous kernel may be writing it (a ReductionKernel op's backward reads
+    # the reduction's one-element result so; read before the wait, the C++ node's back-to-back
+    # launches read it unwritten now and then: NaN gradients on the H200 under load)
+    for p, dt, kind, _ in ones:
+        src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name});")
     for p, dt, kind, rnd in layout.args:
         C = DTYPES[dt][1]
         S = DTYPES[dt][0]
