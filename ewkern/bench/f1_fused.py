@@ -210,8 +210,10 @@ def _torch_fn(torch, name):
 
 def _fuse_fn(name):
     """The expression as an ewkern.fuse user writes it (the ElementwiseKernel's formula: gelu by
-    erf, sigmoid as a division; Python scalars weak, so 16-bit inputs stay 16-bit outside the
-    kernel's float arithmetic). Skip for rmsnorm: its array is used after its row's reduction."""
+    erf, sigmoid as a division; Python scalars weak, so float16 inputs stay float16 outside the
+    kernel's float arithmetic, but bfloat16 times a Python float is float32 by NumPy's rules with
+    ml_dtypes, which ewkern.fuse follows: gelu_mul's bfloat16 result is float32). Skip for
+    rmsnorm: its array is used after its row's reduction."""
     import numpy as np
     import ewkern
     if name == "rmsnorm":
