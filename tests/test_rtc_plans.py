@@ -510,6 +510,10 @@ def test_many_rows_take_the_lean_two_pass_form(fake, monkeypatch, dtype, rows, c
     G, vpl = want
     assert entries[h].endswith("_t2" if vpl < 0 else "_r4")
     assert k._last_path.startswith(f"rows G={G} VPL={vpl} ")
+    # the store rule (the stand-in's: write-back past its 60 MiB L2) for the register forms; the
+    # lean form streams (it reads its rows again from the L2)
+    rows_launch = fake.launches[-2 if colsum else -1]
+    assert struct.unpack_from("<q", rows_launch[3], len(rows_launch[3]) - 8)[0] == (0 if vpl < 0 else 1)
     if not colsum:
         assert block == max(256, G) and grid == -(-rows // (block // G))
 
