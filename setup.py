@@ -129,6 +129,11 @@ class BuildExt(build_ext):
             gencode += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
         top = max(archs, key=int)
         gencode += ["-gencode", f"arch=compute_{top},code=compute_{top}"]
+        if int(top) < 90:
+            # also PTX with PDL's wait (pdl_device.cuh compiles it for compute 9.0 and up): ewkern
+            # launches programmatically on any device of compute capability 9 or more, which would
+            # otherwise JIT compute_<top>'s kernels, built without the wait
+            gencode += ["-gencode", "arch=compute_90,code=compute_90"]
         threads = os.environ.get("EWKERN_NVCC_THREADS", "2")
         extra = os.environ.get("EWKERN_NVCC_FLAGS", "").split()
 
