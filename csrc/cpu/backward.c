@@ -95,6 +95,8 @@ EW_BW_DEFINE_GAUSS(float, , expf, erfcf)
 EW_BW_DEFINE_GAUSS(double, , exp, erfc)
 /* the saturated forms (elementwise.c, "saturated lanes"): float only */
 EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
+/* e^-|a| without a libm call (the AVX2 and AVX-512 forms of silu's gradient; cpu_math.h) */
+EW_BW_DEFINE_GAUSS(float, _fit, ew_exp_neg_fit_float, erfcf)
 
 /* ---- per-op arithmetic: G, A, B the loaded arrays (grad, then the saved ones), S0/S1 the
  * scalars, all of compute type T; O1 (and O2) the gradients. */
@@ -134,7 +136,7 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
  * chunk's least and greatest saved input, as elementwise.c's math ops): gelu's erfc and e^(-a^2/2)
  * underflow past |a| of 14.5, erf's e^(-a^2) past 10.2, silu's e^(-|a|) past 104 */
 #define EWBSAT_gelu_backward 2   /* 2: the FMA forms by the fit (EWBX_), the baseline as 1 */
-#define EWBSAT_silu_backward 1
+#define EWBSAT_silu_backward 2
 #define EWBSAT_sigmoid_backward 0
 #define EWBSAT_tanh_backward 0
 #define EWBSAT_erf_backward 1
@@ -155,6 +157,7 @@ EW_BW_DEFINE_GAUSS(float, _sat, ew_exp_sat_float, ew_erfc_sat_float)
 #define EWBF_gelu_backward(T)   O1 = ew_bw_gelu_sat_float(G, A)
 /* the forms without a libm call that the AVX2 and AVX-512 forms run (EWBSAT_<op> 2; cpu_math.h) */
 #define EWBX_gelu_backward(T)   O1 = G * ew_gelu_grad_fit_float(A)
+#define EWBX_silu_backward(T)   O1 = ew_bw_silu_fit_float(G, A)
 #define EWBF_erf_backward(T)    O1 = G * (ew_bw_gauss_sat_float(A, 1.0f) * (float)EW_BW_2_SQRTPI)
 #define EWBF_silu_backward(T)   O1 = ew_bw_silu_sat_float(G, A)
 

@@ -179,6 +179,39 @@ static inline float ew_exp2_p64_float(float w)   /* 2^(w + 64); 0 where w < -190
     const float sc = ew_bits_float((ew_float_bits(r) - 0x4B400000u + 191u) << 23);   /* 2^(n + 64) */
     return lo ? 0.0f : p * sc;
 }
+/* e^x for x <= 0 without a libm call (the AVX2 and AVX-512 forms of float sigmoid and silu and of
+ * silu's gradient): x = n ln 2 + r with n = round(x / ln 2) and r by two FMAs with ln 2 split in a
+ * 16-bit head and a tail (n ln2_hi exact for |n| < 2^8), |r| <= ln 2 / 2; e^r by Cephes' degree-7
+ * polynomial (1 + r + r^2 P(r), P of degree 5), then 2^(n + 64) put in the bits and 2^-64 taken back
+ * in the last product, so that results down to the subnormals round once; 0 below -104 (e^x rounds
+ * to 0 below -103.97), a NaN stays NaN. libmvec's expf kept these loops' math from overlapping
+ * their loads: with the inputs from memory a step took the loads' time plus the math's, where tanh
+ * and gelu's fit (no call) took about the larger (CPU_NOTES.md). */
+static inline float ew_exp_neg_fit_float(float x)
+{
+    const int lo = x < -104.0f;
+    const float xc = lo ? -104.0f : x;
+    const float nr = fmaf(xc, 1.44269504088896341f, 0x1.8p23f);   /* round(x / ln 2) in nr's low bits */
+    const float n = nr - 0x1.8p23f;
+    float r = fmaf(n, -0.693145751953125f, xc);
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p * r, r, r + 1.0f);
+    const float sc = ew_bits_float((ew_float_bits(nr) - 0x4B400000u + 191u) << 23);   /* 2^(n + 64) */
+    return lo ? 0.0f : (p * sc) * 0x1p-64f;
+}
+/* sigmoid(a) from e = e^-|a| as elementwise.c's ew_sigmoid_float, e by the fit above */
+static inline float ew_sigmoid_fit_float(float a)
+{
+    const float e = ew_exp_neg_fit_float(-fabsf(a));
+    const float r = 1.0f / (1.0f + e), er = e * r;
+    return a >= 0 ? r : er;
+}
 /* the fit's t, s and Q(s) for z = |a| / sqrt 2 (clamped to 16: a NaN gives 16, its NaN comes back
  * through a in the results) */
 static inline float ew_erfc_fit_q_float(float a, float *t_out, float *s_out)

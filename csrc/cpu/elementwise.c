@@ -305,8 +305,8 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 /* which (op, compute type) pairs scan; the lanes each one's saturated form changes */
 #define EWSAT_exp_float 1
 #define EWSAT_log_float 1
-#define EWSAT_sigmoid_float 1
-#define EWSAT_silu_float 1
+#define EWSAT_sigmoid_float 2
+#define EWSAT_silu_float 2
 #define EWSAT_gelu_float 2   /* 2: the FMA forms compute by the fit (EWFF_), the baseline as 1 */
 #define EWSAT_exp_double 0
 #define EWSAT_log_double 0
@@ -335,6 +335,8 @@ enum { EW_KIND_COPY, EW_KIND_FILL, EW_KIND_ARITH, EW_KIND_MATH, EW_KIND_ABS, EW_
 #define EWFS_gelu    (0.5f * A * ew_erfc_sat_float(-A * (float)EW_SQRT1_2))
 /* the forms without a libm call that the AVX2 and AVX-512 forms run (EWSAT_<op>_<T> 2; cpu_math.h) */
 #define EWFF_gelu    ew_gelu_fit_float(A)
+#define EWFF_sigmoid ew_sigmoid_fit_float(A)
+#define EWFF_silu    (A * ew_sigmoid_fit_float(A))
 
 /* ---- math ops: block functions, one per ISA ---------------------------------------------
  * ew_math_<op>_<T>(a, out, m) computes out[i] = op(a[i]) for i < m (out == a allowed) with the
