@@ -343,7 +343,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
          * (wide_prefetch; their 16-bit math, heavy16 == 2, counts as light): H200, `fused` 4 and 16
          * MiB, ewkern / the better of CuPy and torch.compile, first wave -> none (one run each):
          * single launch 0.92-0.98 -> 0.97-1.03 for fma, add, swish_gate, mixed, float32 gelu_mul
-         * (each of 26 cells' time 1-9% lower), 16-bit gelu_mul 1.06-1.11 either way; back-to-back
+         * (each of those 24 cells' time 2-9% lower), 16-bit gelu_mul 1.06-1.11 either way; back-to-back
          * 4 MiB 1.07-1.43 -> 1.12-1.37, 16 MiB 1.03-1.15 -> 1.03-1.15 (16-bit gelu_mul 1.03 ->
          * 1.09, add, swish_gate, mixed 3-5% slower, all >= 1.03). */
         const PrefetchRule r = prefetch_rule();
