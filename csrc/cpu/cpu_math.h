@@ -143,12 +143,16 @@ static inline float ew_log_sat_float(float x)
     const float r = logf(ew_bits_float((ew_float_bits(x) & m) | (0x3f800000u & ~m)));
     return ok ? r : x == 0.0f ? -INFINITY : x == INFINITY ? x : (x - x) / (x - x);
 }
-static inline float ew_sigmoid_sat_float(float a)
-{
-    const float e = ew_exp_sat_float(-fabsf(a));
-    const float r = 1.0f / (1.0f + e), er = e * r;
-    return a >= 0 ? r : er;
-}
+/* sigmoid(a) from e = e^-|a| by EXP, as elementwise.c's ew_sigmoid_float: 1 / (1 + e) for a >= 0,
+ * e / (1 + e) below (both arms before the ?:, so the loop stays branch-free) */
+#define EW_DEFINE_SIGMOID_FLOAT(name, EXP)                                                   \
+    static inline float name(float a)                                                        \
+    {                                                                                        \
+        const float e = EXP(-fabsf(a));                                                      \
+        const float r = 1.0f / (1.0f + e), er = e * r;                                       \
+        return a >= 0 ? r : er;                                                              \
+    }
+EW_DEFINE_SIGMOID_FLOAT(ew_sigmoid_sat_float, ew_exp_sat_float)
 
 /* float gelu and its derivative without a libm call (the AVX2 and AVX-512 forms of elementwise.c's
  * gelu and backward.c's gelu_backward; the baseline form, without FMA, keeps libmvec's erfcf and
@@ -205,13 +209,8 @@ static inline float ew_exp_neg_fit_float(float x)
     const float sc = ew_bits_float((ew_float_bits(nr) - 0x4B400000u + 191u) << 23);   /* 2^(n + 64) */
     return lo ? 0.0f : (p * sc) * 0x1p-64f;
 }
-/* sigmoid(a) from e = e^-|a| as elementwise.c's ew_sigmoid_float, e by the fit above */
-static inline float ew_sigmoid_fit_float(float a)
-{
-    const float e = ew_exp_neg_fit_float(-fabsf(a));
-    const float r = 1.0f / (1.0f + e), er = e * r;
-    return a >= 0 ? r : er;
-}
+/* sigmoid with e^-|a| by the fit above */
+EW_DEFINE_SIGMOID_FLOAT(ew_sigmoid_fit_float, ew_exp_neg_fit_float)
 /* the fit's t, s and Q(s) for z = |a| / sqrt 2 (clamped to 16: a NaN gives 16, its NaN comes back
  * through a in the results) */
 static inline float ew_erfc_fit_q_float(float a, float *t_out, float *s_out)

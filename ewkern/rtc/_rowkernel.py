@@ -60,7 +60,6 @@ _COLSUM_TILES_KNOB = int(os.environ.get("EWKERN_RTC_COLSUM_TILES", "0") or 0)
 _LEAN_WAVES = 24
 _LEAN_MIN_G, _LEAN_MAX_G = 128, 512      # measured at 128 (rows of 1024 float32), 256 and 512 lanes a row
 _LEAN_SM_GBS = WIDE_SM_GBS
-_FORCE_WB = os.environ.get("EWKERN_AUTO_STORES") == "wb"     # the store rule's knob forcing write-back
 # a grid of fewer blocks than SMs runs one group a block where a group is at least this many lanes
 _SPLIT_MIN_G = 64
 # rows fewer than SMs: lanes a row at least (while a lane keeps 2 vectors or more; _cuda_run)
@@ -517,8 +516,9 @@ class RowKernel:
         # room. H200, rmsnorm over rows of 4096 at 1 GiB back-to-back (the lean form's plan the
         # same in both builds, the store the one difference in its source): 6fcfb9d (streaming)
         # 497.6 / 501.3 us float32 / float16, 3cb4b08 (the rule: write-back past the L2) 502.3-505.2
-        # / 508.6-511.1, two rounds in turns; this form not yet timed on a GPU
-        P.wb = int(_C()._rtc_store_wb(dev, moved, out_bytes)) if vpl > 0 or _FORCE_WB else 0
+        # / 508.6-511.1, two rounds in turns; this form not yet timed on a GPU. Its answer is the
+        # rule's for a launch that moves nothing: streaming unless the knob forces write-back
+        P.wb = int(_C()._rtc_store_wb(dev, moved if vpl > 0 else 0, out_bytes if vpl > 0 else 0))
         self._last_path = f"rows G={G} VPL={vpl} E={E}" + (f" tiles={P.tiles} block={block}" if self._colsum else "")
         nparts = grid if combine else grid * (block // G)
         finish = [_CudaColumnSum(hs[len(_codegen.ROW_FORMS) + j], dev, nparts, cols)
