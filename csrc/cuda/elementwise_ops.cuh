@@ -90,20 +90,15 @@ template <> struct TinyExp<double> {
 template <class C>
 EW_DEV C silu_of(C x)
 {
-    if constexpr (sizeof(C) == 8) {
-        /* float64: the same two forms from one exponential, chosen by selects. As a branch, ptxas
-         * made a second copy of libdevice's exp for the tiny form and kept both paths' values live:
-         * 144 SASS instructions and 42 branches an element at 4 vectors a thread, 58 registers (4
-         * blocks of 256 an SM), where sigmoid takes 88. */
-        const bool tiny = x < TinyExp<C>::limit();
-        const C e = m_exp(tiny ? x + TinyExp<C>::hi() : -m_abs(x));
-        const C s = m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
-        return tiny ? (x * (e * TinyExp<C>::elo())) * TinyExp<C>::scale() : x * s;
-    } else {
-        if (x < TinyExp<C>::limit())
-            return (x * (m_exp(x + TinyExp<C>::hi()) * TinyExp<C>::elo())) * TinyExp<C>::scale();
-        return x * sigmoid_of(x);
-    }
+    /* The two forms from one exponential, chosen by selects. As a branch, in float64 ptxas made a
+     * second copy of libdevice's exp for the tiny form and kept both paths' values live (144 SASS
+     * instructions and 42 branches an element at 4 vectors a thread, 58 registers: 4 blocks of 256
+     * an SM, where sigmoid takes 88); in float32 each element's chain sat in a branch region of its
+     * own, so a thread's 4 elements ran one after another instead of interleaved. */
+    const bool tiny = x < TinyExp<C>::limit();
+    const C e = m_exp(tiny ? x + TinyExp<C>::hi() : -m_abs(x));
+    const C s = m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
+    return tiny ? (x * (e * TinyExp<C>::elo())) * TinyExp<C>::scale() : x * s;
 }
 
 /* x/2 * (1 + erf(x / sqrt 2)) = x/2 * erfc(u), u = -x / sqrt 2: erfc for every x, so that there
