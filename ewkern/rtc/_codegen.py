@@ -601,7 +601,7 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
         for p, dt, kind, _ in tiled:
             src.add(f"            float _f_{p.name}[{size}];")
             if not p.is_output or p.name in read:
-                at_h = f"(const ewrtc::half_bits *)P.p_{p.name} + {base[kind]} + _j0"
+                at_h = f"_h_{p.name} + _j0"
                 src.add(f"            ewrtc::h2f_v({at_h}, _f_{p.name});" if fixed
                         else f"            ewrtc::h2f_n({at_h}, _f_{p.name}, {count});")
         src.add("#pragma omp simd")
@@ -630,7 +630,7 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
         src.add("            }")
         for p, dt, kind, _ in tiled:
             if p.is_output:
-                at_h = f"(ewrtc::half_bits *)P.p_{p.name} + {base[kind]} + _j0"
+                at_h = f"_h_{p.name} + _j0"
                 src.add(f"            ewrtc::f2h_v(_f_{p.name}, {at_h});" if fixed
                         else f"            ewrtc::f2h_n(_f_{p.name}, {at_h}, {count});")
 
@@ -638,6 +638,12 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
         src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
     src.add(f"    for (long long _t0 = 0; _t0 < {n}; _t0 += {T}) {{")
     src.add(f"        const long long _tn = {n} - _t0 < {T} ? {n} - _t0 : {T};")
+    # the tile's start in each tiled array, in a local: P's address reaches the OpenMP region, so
+    # through P.p_<name> gcc reloaded each pointer from the stack after every 16-bit store (3 loads
+    # a chunk of 8 in `z = x + y`: 0.93 of ewkern.add float16 on the CI host)
+    for p, dt, kind, _ in tiled:
+        q = "" if p.is_output else "const "
+        src.add(f"        {q}ewrtc::half_bits *const _h_{p.name} = ({q}ewrtc::half_bits *)P.p_{p.name} + {base[kind]};")
     src.add("        long long _j0 = 0;")
     src.add("#if EWRTC_HV")
     src.add("        for (; _j0 + EWRTC_HV <= _tn; _j0 += EWRTC_HV) {")
