@@ -32,8 +32,15 @@ EW_DEV float m_abs(float x) { return fabsf(x); }
 EW_DEV double m_abs(double x) { return fabs(x); }
 EW_DEV float m_rsqrt(float x) { return rsqrtf(x); }   /* 2 ulp (CUDA math), a few instructions */
 EW_DEV double m_rsqrt(double x) { return rsqrt(x); }  /* 1 ulp */
-/* a / b for b in [1, 2]: __fdividef is within 2 ulp there and has no slow path */
-EW_DEV float m_div_1to2(float a, float b) { return __fdividef(a, b); }
+/* a / b for b in [1, 2]: a times the SFU's reciprocal (within 2 ulp there, no slow path). The same
+ * bits as __fdividef, which is this product for such b, but without its guard for |b| < 2^-126
+ * (an FSETP and two predicated FMULs an element that cannot apply to a b in [1, 2]) */
+EW_DEV float m_div_1to2(float a, float b)
+{
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    return a * r;
+}
 /* double: the reciprocal seed (rcp.approx.ftz.f64, MUFU.RCP64H), one e + e^2 step and one residual
  * step, within 1 ulp for a in [0, 1] (subnormal a included) and no slow path; a / b is IEEE division
  * with a CALL to its slow path, which also made ptxas rebuild each polynomial constant of the
