@@ -100,8 +100,9 @@ EW_DEV C silu_of(C x)
     /* The two forms from one exponential, chosen by selects. As a branch, in float64 ptxas made a
      * second copy of libdevice's exp for the tiny form and kept both paths' values live (144 SASS
      * instructions and 42 branches an element at 4 vectors a thread, 58 registers: 4 blocks of 256
-     * an SM, where sigmoid takes 88); in float32 each element's chain sat in a branch region of its
-     * own, so a thread's 4 elements ran one after another instead of interleaved. */
+     * an SM, where sigmoid takes 88); in float32 and 16-bit each element's chain sat in a branch
+     * region of its own (no cell of the H100 moved either way: ELEMENTWISE_NOTES.md, "silu without
+     * a branch"). */
     const bool tiny = x < TinyExp<C>::limit();
     const C e = m_exp(tiny ? x + TinyExp<C>::hi() : -m_abs(x));
     const C s = m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
