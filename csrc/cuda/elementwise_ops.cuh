@@ -67,12 +67,16 @@ template <> struct Rsqrt2<double> {
 };
 
 /* 1 / (1 + e^-x) without overflow: e = e^-|x| <= 1, numerator 1 (x >= 0) or e (x < 0), and
- * the denominator in [1, 2]. */
+ * the denominator in [1, 2]. sigmoid_from_e takes e already formed (silu's one exponential). */
+template <class C>
+EW_DEV C sigmoid_from_e(C x, C e)
+{
+    return m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
+}
 template <class C>
 EW_DEV C sigmoid_of(C x)
 {
-    const C e = m_exp(-m_abs(x));
-    return m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
+    return sigmoid_from_e(x, m_exp(-m_abs(x)));
 }
 
 /* e^x for x below `limit()`, where e^x itself would be subnormal or nearly so:
@@ -105,7 +109,7 @@ EW_DEV C silu_of(C x)
      * a branch"). */
     const bool tiny = x < TinyExp<C>::limit();
     const C e = m_exp(tiny ? x + TinyExp<C>::hi() : -m_abs(x));
-    const C s = m_div_1to2(x >= C(0) ? C(1) : e, C(1) + e);
+    const C s = sigmoid_from_e(x, e);   /* e^-|x| where not tiny; unused where tiny */
     return tiny ? (x * (e * TinyExp<C>::elo())) * TinyExp<C>::scale() : x * s;
 }
 
