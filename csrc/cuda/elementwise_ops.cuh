@@ -449,6 +449,22 @@ struct Op_sqrt_sfu {
     enum { NIN = 1, KIND = KIND_COMPUTE };
     EW_DEV float operator()(float a, float, float, float) const { return sqrt_approx(a); }
 };
+/* sigmoid and silu for float16/bfloat16 results: e = e^-|x| on the SFU (ex2.approx without .ftz,
+ * as silu_backward's 16-bit form), in place of libm's expf and silu's tiny form. Errors, relative,
+ * before the one rounding to 16 bits: 2^-17 (|x| log2 e rounded, |x| < 128), 2^-22 (ex2.approx),
+ * 2^-23 (the reciprocal), far under half a 16-bit ulp (2^-11 or 2^-8). The tiny form is not needed
+ * here: where e^x is a subnormal float (x < -87.3) it keeps 23 - (-x log2 e - 126) bits, at least 16
+ * where x e^x is a normal bfloat16 and more than a bfloat16 subnormal holds below that (float16's
+ * range ends near x = -17). */
+EW_DEV float exp_neg_abs_sfu(float x) { return ex2_approx(-fabsf(x) * kLog2e); }
+struct Op_sigmoid_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return sigmoid_from_e(a, exp_neg_abs_sfu(a)); }
+};
+struct Op_silu_sfu {
+    enum { NIN = 1, KIND = KIND_COMPUTE };
+    EW_DEV float operator()(float a, float, float, float) const { return a * sigmoid_from_e(a, exp_neg_abs_sfu(a)); }
+};
 /* The arithmetic an op runs for element type T: Op itself except where a cheaper form keeps
  * the op's accuracy bound for that type. */
 template <class Op, class T> struct MathOf { typedef Op type; };
@@ -460,6 +476,10 @@ template <> struct MathOf<Op_tanh, half_t> { typedef Op_tanh_sfu type; };
 template <> struct MathOf<Op_tanh, bf16_t> { typedef Op_tanh_sfu type; };
 template <> struct MathOf<Op_sqrt, half_t> { typedef Op_sqrt_sfu type; };
 template <> struct MathOf<Op_sqrt, bf16_t> { typedef Op_sqrt_sfu type; };
+template <> struct MathOf<Op_sigmoid, half_t> { typedef Op_sigmoid_sfu type; };
+template <> struct MathOf<Op_sigmoid, bf16_t> { typedef Op_sigmoid_sfu type; };
+template <> struct MathOf<Op_silu, half_t> { typedef Op_silu_sfu type; };
+template <> struct MathOf<Op_silu, bf16_t> { typedef Op_silu_sfu type; };
 template <> struct MathOf<Op_gelu, float> { typedef Op_gelu_f32 type; };
 template <> struct MathOf<Op_gelu, half_t> { typedef Op_gelu_h16 type; };
 template <> struct MathOf<Op_gelu, bf16_t> { typedef Op_gelu_h16 type; };
@@ -477,6 +497,8 @@ template <> struct Heavy<Op_gelu> { enum { value = 1 }; };
 template <> struct Heavy<Op_gelu_h16> { enum { value = 1 }; };
 template <> struct Heavy<Op_gelu_f64> { enum { value = 1 }; };
 template <> struct Heavy<Op_silu> { enum { value = 1 }; };
+template <> struct Heavy<Op_sigmoid_sfu> { enum { value = 1 }; };
+template <> struct Heavy<Op_silu_sfu> { enum { value = 1 }; };
 /* float64 math by how auto's plan treats it (asked of MathOf<Op, double>; see auto_plan):
  * H64_EXP (exp and sigmoid: 1 vector per thread at any size), H64_POLY (erf, log, tanh: 1 up to
  * 4 waves, 2 beyond), H64_GELU (4 past 4 waves, and from 2 where the 4-vector grid's last wave is
