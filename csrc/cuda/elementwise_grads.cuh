@@ -150,7 +150,7 @@ struct Grad_silu_h16 {
     EW_DEV void operator()(const float (&x)[2], float (&y)[1], float, float) const
     {
         const float g = x[0], a = x[1];
-        const float e = ex2_approx(-fabsf(a) * kLog2e);
+        const float e = exp_neg_abs_sfu(a);
         const float r = rcp_approx_ftz(1.0f + e);
         const float s = a >= 0.0f ? r : e * r, t = a >= 0.0f ? e * r : r;
         y[0] = g * (s * fmaf(a, t, 1.0f));
