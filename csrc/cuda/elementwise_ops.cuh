@@ -468,8 +468,8 @@ struct Op_silu_sfu {
 /* erf for float16/bfloat16 results (libdevice's erff: about 22 SASS instructions an element, which
  * kept 16-bit erf's single launches at 0.98-0.99 of torch): for |x| >= 2^-7,
  *     erf(x) = sign(x) (1 - 2^(-|x| S(|x|))),   S of degree 4,
- * fitted (minimax on |x| in (0, 3] of erf's relative error; |x| S(|x|) >= 14 beyond, so 1 - 2^-14
- * and above round to 1 in both types) with ex2.approx.ftz; below 2^-7, where 1 - 2^(...) would
+ * fitted by scripts/erf16_fit.py (minimax on |x| in (0, 3] of erf's relative error; |x| S(|x|) >= 14
+ * beyond, so 1 - 2^-14 and above round to 1 in both types) with ex2.approx.ftz; below 2^-7, where 1 - 2^(...) would
  * cancel, x 2/sqrt(pi) (erf's next term, x^3/3 of that, is under 2^-15 relative there). 10
  * instructions an element. Emulated in float32 on every 16-bit input, with ex2.approx's 2^-22 either
  * way: within 0.54 ulp (float16) and 0.51 (bfloat16) of erf; NaN gives NaN (every compare false),
