@@ -524,6 +524,13 @@ static PyObject *array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
         }
     }
     int need_copy = copy == Py_True || target.type != self->device.type || target.id != self->device.id;
+    if (self->readonly && !versioned && !need_copy) {
+        /* the legacy capsule has no read-only flag: its consumer would take the memory as
+         * writable (NumPy refuses the same way) */
+        PyErr_SetString(PyExc_BufferError, "__dlpack__: a read-only array is exported only as a versioned "
+                        "capsule (max_version >= (1, 0)), or as a copy (copy=True)");
+        return NULL;
+    }
     if (need_copy && copy == Py_False) {
         PyErr_SetString(PyExc_BufferError, "__dlpack__: the requested device needs a copy, but copy=False");
         return NULL;
@@ -700,8 +707,9 @@ PyType_Spec ew_array_spec = {
 
 static int parse_shape(PyObject *obj, int *ndim, int64_t *shape)
 {
-    PyObject *seq = PyLong_Check(obj) ? PyTuple_Pack(1, obj)
-                                      : PySequence_Tuple(obj);
+    /* an int, or any integer with __index__ (numpy.int64 included), or a sequence of them */
+    PyObject *seq = PyLong_Check(obj) || (PyIndex_Check(obj) && !PySequence_Check(obj)) ? PyTuple_Pack(1, obj)
+                                                                                         : PySequence_Tuple(obj);
     if (seq == NULL) {
         PyErr_Format(PyExc_TypeError, "shape must be an int or a sequence of ints, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
@@ -713,12 +721,20 @@ static int parse_shape(PyObject *obj, int *ndim, int64_t *shape)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyTuple_GET_ITEM(seq, i);
-        long long v = PyLong_Check(x) ? PyLong_AsLongLong(x) : -2;
-        if (v == -2 && !PyErr_Occurred())
+        PyObject *x = PyTuple_GET_ITEM(seq, i), *ix = NULL;
+        int overflow = 0;
+        long long v = -1;
+        if (!PyIndex_Check(x) || (ix = PyNumber_Index(x)) == NULL) {
+            PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "shape entries must be ints, got %.200s", Py_TYPE(x)->tp_name);
-        else if (v < 0 && !PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "negative dimension %lld in shape", v);
+        } else if ((v = PyLong_AsLongLongAndOverflow(ix, &overflow)) == -1 && PyErr_Occurred()) {
+            /* raised as it is */
+        } else if (overflow > 0) {
+            PyErr_Format(PyExc_ValueError, "dimension %R in shape is too large", ix);
+        } else if (overflow < 0 || v < 0) {
+            PyErr_Format(PyExc_ValueError, "negative dimension %R in shape", ix);
+        }
+        Py_XDECREF(ix);
         if (PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;

@@ -271,6 +271,12 @@ static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const cha
     if (dev == NULL)
         return -1;
     int dtype_code = 0, dev_id = 0;
+    if (!PyTuple_Check(dev)) {   /* PyArg_ParseTuple takes only a tuple (a SystemError otherwise) */
+        PyErr_Format(PyExc_TypeError, "%s: __dlpack_device__() must return a (device_type, device_id) tuple, "
+                     "got %.200s", what, Py_TYPE(dev)->tp_name);
+        Py_DECREF(dev);
+        return -1;
+    }
     if (!PyArg_ParseTuple(dev, "ii;__dlpack_device__() must return (device_type, device_id)",
                           &dtype_code, &dev_id)) {
         Py_DECREF(dev);
@@ -508,6 +514,15 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         Py_DECREF(src);
         if (np == NULL)
             return NULL;
+        /* numbers only: None, objects and strings would become object or string arrays, complex
+         * values would lose their imaginary part in the cast */
+        if (!PyArray_ISBOOL((PyArrayObject *)np) && !PyArray_ISINTEGER((PyArrayObject *)np) &&
+            !PyArray_ISFLOAT((PyArrayObject *)np)) {
+            PyErr_Format(PyExc_TypeError, "asarray: expected an array, a real number or a sequence of real numbers, "
+                         "got %.200s (as NumPy dtype %S)", Py_TYPE(obj)->tp_name, PyArray_DESCR((PyArrayObject *)np));
+            Py_DECREF(np);
+            return NULL;
+        }
         if (dtype_obj == Py_None && !PyArray_ISFLOAT((PyArrayObject *)np)) {
             PyObject *f = PyArray_Cast((PyArrayObject *)np, NPY_FLOAT64);
             Py_SETREF(np, f);

@@ -222,20 +222,34 @@ static int check_pair(const char *fname, const ew_view *ref, const char *refname
     return 0;
 }
 
-static int check_out(const char *fname, const ew_view *out, const ew_view *ins, int nin)
+/* the bytes of a and b overlap (neither empty) */
+static int views_overlap(const ew_view *a, const ew_view *b)
+{
+    const char *a0 = (const char *)a->data, *a1 = a0 + a->size * ew_dtype_size(a->dtype);
+    const char *b0 = (const char *)b->data, *b1 = b0 + b->size * ew_dtype_size(b->dtype);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
+/* out= must be writable and either apart from every input or, where exact_ok (an elementwise
+ * op: each element read before its own result is written), exactly one of them: the same start
+ * and the same bytes. An out= that only starts where an input starts is a partial overlap (an
+ * rmse result over part of its input). */
+static int check_out(const char *fname, const ew_view *out, const ew_view *ins, int nin, int exact_ok)
 {
     if (out->readonly) {
         PyErr_Format(PyExc_ValueError, "%s(): out is read-only", fname);
         return -1;
     }
-    char *o0 = (char *)out->data, *o1 = o0 + out->size * ew_dtype_size(out->dtype);
     for (int i = 0; i < nin; i++) {
-        char *i0 = (char *)ins[i].data, *i1 = i0 + ins[i].size * ew_dtype_size(ins[i].dtype);
-        if (i0 != o0 && i0 < o1 && o0 < i1 && out->size > 0) {
-            PyErr_Format(PyExc_ValueError, "%s(): out partially overlaps an input; it may be the same "
-                         "array as an input, or separate memory", fname);
-            return -1;
-        }
+        if (!views_overlap(out, &ins[i]))
+            continue;
+        if (exact_ok && ins[i].data == out->data &&
+            ins[i].size * ew_dtype_size(ins[i].dtype) == out->size * ew_dtype_size(out->dtype))
+            continue;
+        PyErr_Format(PyExc_ValueError, exact_ok ? "%s(): out partially overlaps an input; it may be the same "
+                                                  "array as an input, or separate memory"
+                                                : "%s(): out overlaps an input; give it separate memory", fname);
+        return -1;
     }
     return 0;
 }
@@ -690,10 +704,11 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
                 goto fail;
         } else if (check_pair(cs.fname, &v[0], cs.names[0], &v[nv - 1], oname, 1, 1) < 0)
             goto fail;
-        if (check_out(cs.fname, &v[nv - 1], v, nin) < 0)
+        if (check_out(cs.fname, &v[nv - 1], v, nin, 1) < 0)
             goto fail;
-        if (o == 1 && out_view[0] >= 0 && v[out_view[0]].data == v[nv - 1].data && v[nv - 1].size > 0) {
-            PyErr_Format(PyExc_ValueError, "%s(): the two gradients' out= arrays are the same memory", cs.fname);
+        if (o == 1 && out_view[0] >= 0 && views_overlap(&v[out_view[0]], &v[nv - 1])) {
+            PyErr_Format(PyExc_ValueError, "%s(): the two gradients' out= arrays overlap; give each its own memory",
+                         cs.fname);
             goto fail;
         }
     }
@@ -916,7 +931,7 @@ static PyObject *run_rmse(ew_state *st, PyObject *const *args, Py_ssize_t nargs,
         memcpy(want.shape, out_shape, sizeof(int64_t) * out_ndim);
         want.dtype = out_dt;
         want.device = v[0].device;
-        if (check_pair("rmse", &want, "the result", &v[2], "out", 1, 1) < 0 || check_out("rmse", &v[2], v, 2) < 0 ||
+        if (check_pair("rmse", &want, "the result", &v[2], "out", 1, 1) < 0 || check_out("rmse", &v[2], v, 2, 0) < 0 ||
             refuse_grad(st, "rmse", &v[2], rmse_spec.names + 3, 1) < 0)
             goto fail;
         result = out_obj;
@@ -1014,11 +1029,11 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
             goto fail;
         out_view[o] = nv++;
         if (check_pair("rmse_backward", &v[0], "a", &v[nv - 1], names[4 + o], 1, 1) < 0 ||
-            check_out("rmse_backward", &v[nv - 1], v, 4) < 0)
+            check_out("rmse_backward", &v[nv - 1], v, 4, 1) < 0)
             goto fail;
     }
-    if (out_view[0] >= 0 && out_view[1] >= 0 && v[out_view[0]].data == v[out_view[1]].data && v[0].size > 0) {
-        PyErr_SetString(PyExc_ValueError, "rmse_backward(): the two gradients' out= arrays are the same memory");
+    if (out_view[0] >= 0 && out_view[1] >= 0 && views_overlap(&v[out_view[0]], &v[out_view[1]])) {
+        PyErr_SetString(PyExc_ValueError, "rmse_backward(): the two gradients' out= arrays overlap; give each its own memory");
         goto fail;
     }
     if (refuse_grad(st, "rmse_backward", v, names, nv) < 0)

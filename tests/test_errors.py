@@ -142,3 +142,85 @@ def test_overflowing_shape_rejected(shape):
         ewkern.empty(shape, device="cpu")
     with pytest.raises(ValueError, match=r"more than 2\^56 bytes"):
         ewkern.zeros(shape, device="cpu")
+
+
+def test_out_that_starts_where_an_input_starts_is_no_alias():
+    """rmse's result is a batch of values: an out= that starts at an input's first byte but
+    covers only part of it is a partial overlap (its early rows would be overwritten before they
+    are read), not the exact alias an elementwise op may take."""
+    a = np.random.default_rng(0).random((4096, 64), dtype=np.float32)
+    b = np.random.default_rng(1).random((4096, 64), dtype=np.float32)
+    keep = a.copy()
+    with pytest.raises(ValueError, match="out overlaps an input"):
+        ewkern.rmse(a, b, out=a.reshape(-1)[:4096])
+    assert np.array_equal(a, keep)
+    r = ewkern.rmse(a, b)
+    buf = np.zeros(a.size, np.float32)
+    grad = buf[:4096]
+    grad[:] = 1.0
+    with pytest.raises(ValueError, match="partially overlaps"):   # a gradient over grad's bytes and more
+        ewkern.rmse_backward(grad, a, b, r, out=(buf.reshape(a.shape), None))
+    assert (grad == 1).all() and (buf[4096:] == 0).all()
+
+
+def test_two_gradients_may_not_overlap():
+    x = np.arange(1, 9, dtype=np.float32)
+    y = np.full(8, 10, np.float32)
+    g = np.ones(8, np.float32)
+    buf = np.full(12, 7.0, np.float32)
+    with pytest.raises(ValueError, match="two gradients' out= arrays overlap"):
+        ewkern.mul_backward(g, x, y, out=(buf[:8], buf[4:12]))
+    assert (buf == 7).all()
+    a = np.random.default_rng(2).random((4, 4), dtype=np.float32)
+    b = np.random.default_rng(3).random((4, 4), dtype=np.float32)
+    r = ewkern.rmse(a, b)
+    big = np.full(20, 7.0, np.float32)
+    with pytest.raises(ValueError, match="two gradients' out= arrays overlap"):
+        ewkern.rmse_backward(np.ones(4, np.float32), a, b, r,
+                             out=(big[:16].reshape(4, 4), big[4:20].reshape(4, 4)))
+    assert (big == 7).all()
+
+
+def test_read_only_array_leaves_only_as_a_versioned_capsule():
+    """The legacy capsule has no read-only flag: exporting a read-only array through it would hand
+    out its memory as writable (NumPy raises BufferError the same way)."""
+    ro = np.full(4, 7.0, np.float32)
+    ro.flags.writeable = False
+    arr = ewkern.asarray(ro)
+    with pytest.raises(BufferError, match="read-only"):
+        arr.__dlpack__()
+    assert ewkern.from_dlpack(arr.__dlpack__(max_version=(1, 0))).numpy().tolist() == [7.0] * 4
+    with pytest.raises(ValueError, match="read-only"):
+        ewkern.fill(ewkern.from_dlpack(arr.__dlpack__(max_version=(1, 0))), 1.0)
+    assert ewkern.from_dlpack(arr.__dlpack__(copy=True)).numpy().tolist() == [7.0] * 4
+    assert ro.tolist() == [7.0] * 4
+
+
+def test_shape_entries():
+    assert ewkern.empty((np.int64(3), 2)).shape == (3, 2)
+    assert ewkern.zeros(np.int32(5)).shape == (5,)
+    for bad in [(3, -2), (3, -1), -2]:
+        with pytest.raises(ValueError, match="negative dimension"):
+            ewkern.empty(bad)
+    with pytest.raises(ValueError, match="too large"):
+        ewkern.empty((3, 2 ** 70))
+    with pytest.raises(TypeError, match="shape entries must be ints, got float"):
+        ewkern.empty((3, 2.0))
+
+
+def test_malformed_dlpack_device_is_a_type_error():
+    class W:
+        def __dlpack__(self, **kw):
+            return np.zeros(2, np.float32).__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return "cpu"
+
+    with pytest.raises(TypeError, match=r"__dlpack_device__\(\) must return a \(device_type, device_id\) tuple"):
+        ewkern.from_dlpack(W())
+
+
+@pytest.mark.parametrize("bad", [None, object(), [1j, 2], "abc", {"a": 1}])
+def test_asarray_takes_real_numbers_only(bad):
+    with pytest.raises(TypeError, match="expected an array, a real number or a sequence of real numbers"):
+        ewkern.asarray(bad)
