@@ -83,13 +83,53 @@ class CompileError(RuntimeError):
     messages and the line of the user's code they point at."""
 
 
+def unbalanced(code: str) -> tuple[str, int] | None:
+    """The first bracket of C++ code closed without its opening, else the last left open, as
+    (bracket, line), outside comments and string and character literals; None when they pair."""
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[tuple[str, int]] = []
+    line, i, n = 1, 0, len(code)
+    while i < n:
+        c = code[i]
+        if code.startswith("//", i):
+            i = code.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if code.startswith("/*", i):
+            j = code.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            line += code.count("\n", i, j)
+            i = j
+            continue
+        if c in "\"'":
+            j = i + 1
+            while j < n and code[j] not in (c, "\n"):
+                j += 2 if code[j] == "\\" else 1
+            i = j + 1 if j < n and code[j] == c else j
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "([{":
+            stack.append((c, line))
+        elif c in ")]}":
+            if not stack or stack[-1][0] != pairs[c]:
+                return c, line
+            stack.pop()
+        i += 1
+    return stack[-1] if stack else None
+
+
 def explain(kernel: str, log: str, parts: dict[str, str], backend: str) -> str:
-    """The compile error message: the log, and each user line it points at."""
+    """The compile error message: the log, and each user line it points at (line count + 1 of a
+    part: the line that closes an expression, Source.user's close, shown as its last line). Where
+    no diagnostic points into the user's code (an unclosed '{' is reported at the end of the
+    generated function), a part whose brackets do not pair is named instead."""
     shown = []
-    for m in re.finditer(r'(\S+): (operation|preamble|loop_prep|after_loop|map_expr|reduce_expr|post_map_expr)"?'
-                         r'[:(](\d+)', log):
+    for m in re.finditer(r'(\S+): (\w+)"?[:(](\d+)', log):
         what, line = m.group(2), int(m.group(3))
         code = parts[what].split("\n") if what in parts else []
+        if line == len(code) + 1:
+            line -= 1
         if 1 <= line <= len(code):
             entry = f"  {what}, line {line}: {code[line - 1].strip()}"
             if entry not in shown:
@@ -97,6 +137,15 @@ def explain(kernel: str, log: str, parts: dict[str, str], backend: str) -> str:
     msg = f"kernel {kernel!r} failed to compile ({backend})"
     if shown:
         msg += "; the error is in:\n" + "\n".join(shown)
+    else:
+        for what, code in parts.items():
+            bad = unbalanced(code or "")
+            if bad is not None:
+                text = code.split("\n")[bad[1] - 1].strip()
+                how = "an unclosed" if bad[0] in "([{" else "an unmatched"
+                shown.append(f"  {what}, line {bad[1]}: {text}  ({how} {bad[0]!r})")
+        if shown:
+            msg += "; the brackets do not pair in:\n" + "\n".join(shown)
     log = log.strip()
     if len(log) > 4000:
         log = log[:4000] + "\n..."

@@ -348,11 +348,21 @@ class Source:
     def add(self, text: str) -> None:
         self.lines.extend(text.split("\n"))
 
-    def user(self, code: str, kernel: str, what: str, end: str = "") -> None:
-        """code under `#line 1 "<kernel>: <what>"`, then `end` (CuPy puts ';' after a statement)."""
+    def user(self, code: str, kernel: str, what: str, end: str = "", close: str = "") -> None:
+        """code under `#line 1 "<kernel>: <what>"`, then `end` (CuPy puts ';' after a statement);
+        close: what ends an expression (its ')'), on a line of its own (past a trailing // comment)
+        that is still the user's (line count + 1: _build.explain shows the last line), so that an
+        expression cut short (`x *`) is reported in the user's code."""
         self.lines.append(f'#line 1 "{kernel}: {what}"')
         self.lines.extend((code + end).split("\n"))
+        if close:
+            self.lines.append(close)
         self.lines.append(f'#line {len(self.lines) + 2} "{self.filename}"')
+
+    def init(self, indent: str, acc: str, identity: str, kernel: str, what: str = "identity") -> None:
+        """`type_reduce acc = (type_reduce)(identity);` with identity under its own #line."""
+        self.add(f"{indent}type_reduce {acc} = (type_reduce)(")
+        self.user(identity, kernel, what, close=");")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -709,13 +719,12 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         _offsets(src, in_layout, "o * PP.red_size + r", arrays)
         _loads(src, in_layout, "ld1" if backend == "cpu" else "ld")
         src.add("            type_reduce _m = (type_reduce)(")
-        src.user(map_expr, name, "map_expr")
-        src.add("            );")
+        src.user(map_expr, name, "map_expr", close=");")
         if first_flag:
             src.add(f"            if ({first_flag}) {{ {acc} = _m; {first_flag} = false; continue; }}")
         src.add(f"            {{ const type_reduce a = {acc}, b = _m; {acc} = (type_reduce)(")
-        src.user(reduce_expr, name, "reduce_expr")
-        src.add("            ); }")
+        src.user(reduce_expr, name, "reduce_expr", close=");")
+        src.add("            }")
 
     def post(src, acc):
         _post_map(src, "        ", name, in_layout, out_layout, post_map_expr, acc)
@@ -730,7 +739,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
             if identity is None:
                 src.add("        type_reduce _acc = type_reduce(); bool _first = true;")
             else:
-                src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+                src.init("        ", "_acc", identity, name)
             src.add("        for (long long r = 0; r < PP.red_size; ++r) {")
             map_step(src, "_acc", "_first" if identity is None else None)
             src.add("        }")
@@ -749,7 +758,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     src.add("#endif")
     src.add(f"    __shared__ type_reduce _sh[{block}];")
     src.add("    for (long long o = blockIdx.x; o < PP.out.size; o += gridDim.x) {")
-    src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+    src.init("        ", "_acc", identity, name)
     src.add(f"        for (long long r = threadIdx.x; r < PP.red_size; r += {block}) {{")
     map_step(src, "_acc", None)
     src.add("        }")
@@ -759,8 +768,7 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     src.add("            if ((int)threadIdx.x < _w) {")
     src.add("                const type_reduce a = _sh[threadIdx.x], b = _sh[threadIdx.x + _w];")
     src.add("                _sh[threadIdx.x] = (type_reduce)(")
-    src.user(reduce_expr, name, "reduce_expr")
-    src.add("                );")
+    src.user(reduce_expr, name, "reduce_expr", close=");")
     src.add("            }")
     src.add("            __syncthreads();")
     src.add("        }")
@@ -859,8 +867,8 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
 
     def combine(src, indent, acc, lo, hi):
         src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
-        src.user(reduce_expr, name, "reduce_expr")
-        src.add(f"{indent}); }}")
+        src.user(reduce_expr, name, "reduce_expr", close=");")
+        src.add(f"{indent}}}")
 
     def map_into(src, indent, acc, loads):
         """loads: (param, dtype) -> C++ expression of its element"""
@@ -870,8 +878,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
             if kind == "array":
                 src.add(f"{indent}    const {C} {p.name} = {loads(p, dt)};")
         src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
-        src.user(map_expr, name, "map_expr")
-        src.add(f"{indent}    );")
+        src.user(map_expr, name, "map_expr", close=");")
         combine(src, indent + "    ", acc, acc, "_m")
         src.add(f"{indent}}}")
 
@@ -975,7 +982,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
                     f"PP.in.p_{p.name} + _o * PP.R);")
         prefetch_then_wait(src, "(long long)blockIdx.x < PP.prefetch && _live && _lane < _nv", arrays, "_lane",
                            "_lane == 0")
-        src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+        src.init("    ", "_acc", identity, name)
         src.add("    if (_live) {")
         vector_loops(src, "int", "0", "_nv", True, _ROWS_TAIL_STEP)
         src.add("    }")
@@ -997,7 +1004,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
             src.add("    }")
         src.add("    pdl_wait();")
         src.add("    pdl_launch_dependents();")
-        src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+        src.init("    ", "_acc", identity, name)
         src.add("    if (_live) {")
         src.add("        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
         src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
@@ -1030,7 +1037,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     src.add("    const bool _live = _o < PP.nout;")
     src.add("    pdl_wait();")
     src.add("    pdl_launch_dependents();")
-    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+    src.init("    ", "_acc", identity, name)
     src.add("    if (_live)")
     src.add("        for (long long _c = _lane; _c < PP.nchunks; _c += _G)")
     combine(src, "            ", "_acc", "_acc", "((const type_reduce *)PP.partial)[_o * PP.nchunks + _c]")
@@ -1229,7 +1236,7 @@ def _element(src: Source, indent: str, name: str, operation: str, args, read_out
     for p, dt, kind, _ in args:
         C = DTYPES[dt][1]
         if p.is_output and p.name not in read_outputs:
-            src.add(f"{indent}{C} {p.name} = {C}();")
+            src.add(f"{indent}{C} {p.name} = ({C})0;")   # not `C()`: `long long()` does not parse
         else:
             src.add(f"{indent}{'' if p.is_output else 'const '}{C} {p.name} = {load(p, dt, kind)};")
     src.add(f"{indent}{{")
@@ -1489,8 +1496,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     def combine(indent, acc, lo, hi, expr=reduce_expr, what="reduce_expr"):
         src.add(f"{indent}{{ const type_reduce a = {lo}, b = {hi}; {acc} = (type_reduce)(")
-        src.user(expr, name, what)
-        src.add(f"{indent}); }}")
+        src.user(expr, name, what, close=");")
+        src.add(f"{indent}}}")
 
     # the inputs map_expr may read (the preamble's macros included): only these are loaded for the
     # reduction, and on CUDA only these are held in registers until the apply
@@ -1511,8 +1518,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             if p.name in in_map:
                 src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = {value(p, dt, kind)};")
         src.add(f"{indent}    const type_reduce _m = (type_reduce)(")
-        src.user(expr, name, "map_expr" if stage == 1 else "map2_expr")
-        src.add(f"{indent}    );")
+        src.user(expr, name, "map_expr" if stage == 1 else "map2_expr", close=");")
         if stage == 1:
             combine(indent + "    ", acc, acc, "_m")
         else:
@@ -1520,8 +1526,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         if fused:
             src.add(f"{indent}    {{")
             src.add(f"{indent}        const type_reduce _m2 = (type_reduce)(")
-            src.user(stage2[0], name, "map2_expr")
-            src.add(f"{indent}        );")
+            src.user(stage2[0], name, "map2_expr", close=");")
             combine(indent + "        ", "_acc2", "_acc2", "_m2", stage2[1], "reduce2_expr")
             src.add(f"{indent}    }}")
         src.add(f"{indent}}}")
@@ -1533,7 +1538,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         for p, dt, kind, _ in ins:
             src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = {value(p, dt, kind)};")
         for p, dt, kind, _ in outs:
-            init = value(p, dt, kind) if p.name in read_outputs else f"{DTYPES[dt][1]}()"
+            # a C-style cast: `long long()` or `unsigned char()` (a type of two words) does not parse
+            init = value(p, dt, kind) if p.name in read_outputs else f"({DTYPES[dt][1]})0"
             src.add(f"{indent}    {DTYPES[dt][1]} {p.name} = {init};")
         src.add(f"{indent}    const type_reduce a = _acc;")
         if stage2:
@@ -1611,9 +1617,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     def rows_body() -> None:   # the CPU form's loop over the rows
         src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
-        src.add(f"        type_reduce _acc = (type_reduce)({identity});")
+        src.init("        ", "_acc", identity, name)
         if stage2:
-            src.add(f"        type_reduce _acc2 = (type_reduce)({stage2[2]});")
+            src.init("        ", "_acc2", stage2[2], name, "identity2")
         everything = {p.name for p, dt, kind, _ in ins}
         for k, phase in enumerate(("map", "map2", "apply") if stage2 and not fuse2 else ("map", "apply")):
             if k == 1:   # after the first reduction
@@ -1709,10 +1715,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         if kind in ("brow", "bone"):
             at = "_ew_r" if kind == "brow" else "0"
             src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
-                    f" + ({at})) : {DTYPES[dt][1]}();")
-    src.add(f"    type_reduce _acc = (type_reduce)({identity});")
+                    f" + ({at})) : ({DTYPES[dt][1]})0;")
+    src.init("    ", "_acc", identity, name)
     if stage2 is not None:   # with _acc, as the CPU form declares it, folded or not
-        src.add(f"    type_reduce _acc2 = (type_reduce)({stage2[2]});")
+        src.init("    ", "_acc2", stage2[2], name, "identity2")
 
     def reg_value(p, dt, kind):
         if kind == "bcol":

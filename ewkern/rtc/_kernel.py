@@ -160,14 +160,28 @@ def _round_bf16(x: float) -> float:
 
 
 def _scalar_value(x, dt: str, kernel: str, name: str):
-    """x converted to parameter type dt (CuPy casts scalars to their parameter's type), as the
-    compute-type value the kernel receives."""
+    """x converted to parameter type dt (CuPy converts scalars to their parameter's type), as the
+    compute-type value the kernel receives; OverflowError or ValueError naming the kernel and the
+    parameter where it does not fit an integer type."""
     if isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"{kernel}: {name} is complex; run-time kernels take real scalars")
-    if dt == "bfloat16":
-        return _round_bf16(float(x))
-    with np.errstate(all="ignore"):
-        v = np.array(x).astype(DTYPES[dt][4])
+    info = DTYPES[dt]
+    try:
+        if dt == "bfloat16":
+            return _round_bf16(float(x))
+        if info[3] in "iu":
+            # NumPy's assignment, as CuPy's CScalar (PyArray_Pack; NEP 50): a value out of the
+            # type's range (an int, or a float after truncation) or a NaN or infinity raises rather
+            # than wrapping as a cast would
+            v = np.empty((), info[4])
+            v[()] = x
+            return v.item()
+        with np.errstate(all="ignore"):
+            v = np.array(x).astype(info[4])
+    except (OverflowError, ValueError) as e:
+        r = repr(x)
+        r = r if len(r) <= 40 else r[:37] + "..."
+        raise type(e)(f"{kernel}: scalar {name} = {r} does not fit the parameter's type {dt} ({e})") from None
     if dt == "float16":
         return float(v.astype(np.float32))
     return v.item()
@@ -700,8 +714,13 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None, c_tried: bo
             new = [_alloc_cpu(like, dt, shape) for dt, shape in plan.outs]
         else:
             new = [C._rtc_result(like, dt, shape) for dt, shape in plan.outs]
-        nviews, _ = C._rtc_views(tuple(new), _VIEW_NAMES[:len(new)])
-        ptrs += [v[0] for v in nviews]
+        if plan.device == "cpu" and any(dt not in EWKERN_DTYPES for dt, _ in plan.outs):
+            # a bool or integer result (a NumPy array, or torch's) is not ewkern's: _rtc_views
+            # refuses its dtype
+            ptrs += [_cpu_arr(r, kern.name, "result").ptr for r in new]
+        else:
+            nviews, _ = C._rtc_views(tuple(new), _VIEW_NAMES[:len(new)])
+            ptrs += [v[0] for v in nviews]
         results: Any = list(args[nin:]) + new
     else:
         results = args[nin:]
@@ -1000,7 +1019,8 @@ class ElementwiseKernel:
     Args:
         in_params: input parameters, ``'T x, raw T y, float32 alpha'``: ``[raw] TYPE NAME`` with
             TYPE a one-letter placeholder or a dtype name as NumPy spells it (``float32``,
-            ``float16``, ``float64``, ``int32``, ``bool``..., and ``bfloat16``).
+            ``float16``, ``float64``, ``int32``, ``bool``..., and ``bfloat16``); NAME not ``i``
+            (the loop index: a ValueError, as CuPy).
         out_params: output parameters, the same syntax.
         operation: the body, C++ (CUDA C++ on the GPU) run once per element index ``i``. Each
             non-raw parameter is a local of its element's compute type (``float`` for float16 and
@@ -1022,7 +1042,9 @@ class ElementwiseKernel:
     Calling it: ``kernel(*inputs, *outputs, size=None, block_size=None)``. Inputs are arrays or
     scalars; outputs are optional (allocated otherwise, in the first array input's framework and
     device: NumPy in, NumPy out; torch in, torch out). Non-raw arrays broadcast as NumPy
-    broadcasts; a placeholder is bound by the arrays passed for it (scalars are converted to it);
+    broadcasts; a placeholder is bound by the arrays passed for it (scalars are converted to it,
+    as NumPy 2 assigns them: an integer out of the type's range, or a NaN or infinity for an
+    integer type, raises OverflowError or ValueError);
     ``size`` sets the loop size when every array is raw. Returns the output, or a tuple of them.
 
     Where it runs: CUDA arrays run a kernel compiled by NVRTC for the device's architecture
@@ -1052,6 +1074,8 @@ class ElementwiseKernel:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"{name}: parameter name(s) {sorted(dup)} appear among both inputs and outputs")
+        if "i" in names:   # CuPy's one reserved name: it would hide the loop index
+            raise ValueError(f"{name}: can not use 'i' as a parameter name (it is the loop index)")
         self.nin, self.nout = len(self.in_params), len(self.out_params)
         self.nargs = self.nin + self.nout
         self.operation = operation
@@ -1253,8 +1277,11 @@ class ReductionKernel:
             (``type_reduce``; default the first output's compute type). preamble, options: as for
             ElementwiseKernel. reduce_dims: accepted for CuPy compatibility.
 
-    Calling it: ``kernel(*inputs, *outputs, out=None, axis=None, keepdims=False)``. Inputs
-    broadcast together; ``axis`` (None: all) is reduced; the outputs have the remaining shape.
+    Calling it: ``kernel(*inputs, *outputs, out=None, axis=None, keepdims=False, stream=None)``.
+    Inputs broadcast together; ``axis`` (None: all) is reduced; the outputs have the remaining
+    shape. ``stream``: an ``ewkern.Stream`` runs the call as inside ``with ewkern.stream(stream):``
+    (torch inputs still launch on torch's current stream); None, ewkern's current stream; a CuPy
+    stream or anything else is a TypeError.
     The order of combination is fixed: on the CPU each output reduces its elements in row-major
     order; on CUDA, when the inputs are dense with the reduced axes last, a group of lanes per
     row (and per chunk of a long row, then a combine launch) takes 16-byte vectors in turn and
@@ -1341,7 +1368,7 @@ class ReductionKernel:
         if kern is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
-                     "post_map_expr": self.post_map_expr, "preamble": self.preamble}
+                     "post_map_expr": self.post_map_expr, "identity": self.identity or "", "preamble": self.preamble}
             dev = int(call.device.split(":")[1])
             # The rows entry asks ptxas for 4 resident blocks of 256 (64 registers a thread at most):
             # without that bound it fitted 16-bit (a - b)^2 into 32 registers by issuing only 4 of
@@ -1396,6 +1423,13 @@ class ReductionKernel:
 
     def __call__(self, *args: Any, out: Any = None, axis: Any = None, keepdims: bool = False,
                  stream: Any = None) -> Any:
+        if stream is not None:
+            from .. import Stream, stream as _stream_block
+            if not isinstance(stream, Stream):
+                raise TypeError(f"{self.name}: stream= takes an ewkern.Stream or None, got {type(stream).__name__} "
+                                "(CuPy streams are not supported)")
+            with _stream_block(stream):
+                return self(*args, out=out, axis=axis, keepdims=keepdims)
         fargs = args if out is None else args + (out,)   # out= as the positional output
         extra = None
         if not isinstance(axis, bool) and (out is None or len(args) == self.nin):
@@ -1512,7 +1546,7 @@ class ReductionKernel:
         if compiled is None:
             tdefs = _typedefs(call, self.in_params, self.out_params)
             parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr,
-                     "post_map_expr": self.post_map_expr, "preamble": self.preamble}
+                     "post_map_expr": self.post_map_expr, "identity": self.identity or "", "preamble": self.preamble}
             src, entry = _codegen.reduction_source(backend, name, in_layout, out_layout, True, self.map_expr,
                                                    self.reduce_expr, self.post_map_expr, self.identity, rtype,
                                                    self.preamble, tdefs)

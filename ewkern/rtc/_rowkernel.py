@@ -211,6 +211,8 @@ class RowKernel:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"{name}: parameter name(s) {dup} appear more than once")
+        if "i" in names:   # as ElementwiseKernel (CuPy's rule): the element's index is in scope as i
+            raise ValueError(f"{name}: can not use 'i' as a parameter name (it is the element's index)")
         self.nin, self.nout = len(self.in_params), len(self.out_params)
         self.nargs = self.nin + self.nout
         self.map_expr, self.reduce_expr, self.operation = map_expr, reduce_expr, operation
@@ -249,7 +251,7 @@ class RowKernel:
 
     def _parts(self) -> dict[str, str]:
         parts = {"map_expr": self.map_expr, "reduce_expr": self.reduce_expr, "operation": self.operation,
-                 "preamble": self.preamble}
+                 "identity": self.identity, "preamble": self.preamble}
         if self._stage2:
             parts.update(map2_expr=self._stage2[0], reduce2_expr=self._stage2[1])
         if self._consts:
