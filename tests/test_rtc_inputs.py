@@ -1,4 +1,4 @@
-"""Run-time kernels, defects from a review: warm calls that allocate bool or integer results, Python
+"""Run-time kernels on awkward input: warm calls that allocate bool or integer results, Python
 scalars out of their parameter's range, the reserved parameter name `i`, ReductionKernel's stream=,
 RowKernel and the vector forms on integer dtypes (two-word C++ types), and compile errors in a
 reduction's map_expr / reduce_expr / identity and an unclosed '{'. The CPU backend on NumPy arrays;
