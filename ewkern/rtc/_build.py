@@ -138,10 +138,10 @@ def explain(kernel: str, log: str, parts: dict[str, str], backend: str) -> str:
     if shown:
         msg += "; the error is in:\n" + "\n".join(shown)
     else:
-        for what, code in parts.items():
-            bad = unbalanced(code or "")
+        for what, src in parts.items():
+            bad = unbalanced(src or "")
             if bad is not None:
-                text = code.split("\n")[bad[1] - 1].strip()
+                text = src.split("\n")[bad[1] - 1].strip()
                 how = "an unclosed" if bad[0] in "([{" else "an unmatched"
                 shown.append(f"  {what}, line {bad[1]}: {text}  ({how} {bad[0]!r})")
         if shown:
