@@ -369,6 +369,13 @@ void ew_view_release(ew_view *v)
     ew_release_managed(mt, mtv);
 }
 
+int ew_views_overlap(const ew_view *a, const ew_view *b)
+{
+    const uintptr_t a0 = (uintptr_t)a->data, a1 = a0 + (uintptr_t)a->size * (uintptr_t)ew_dtype_size(a->dtype);
+    const uintptr_t b0 = (uintptr_t)b->data, b1 = b0 + (uintptr_t)b->size * (uintptr_t)ew_dtype_size(b->dtype);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 PyObject *ew_from_dlpack(ew_state *st, PyObject *obj)
 {
     ew_view v;

@@ -36,6 +36,8 @@ typedef struct ew_view {
 int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *what, void *stream,
                         int have_stream);
 void ew_view_release(ew_view *v);
+/* Whether the bytes of a and b overlap (an empty view overlaps nothing). */
+int ew_views_overlap(const ew_view *a, const ew_view *b);
 /* Turn a view into an owning Array (steals the view's managed tensor). */
 PyObject *ew_array_from_view(ew_state *st, ew_view *v, PyObject *base);
 /* Exchange API of obj's type, or NULL (no exception) when it has none. */

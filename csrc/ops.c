@@ -222,14 +222,6 @@ static int check_pair(const char *fname, const ew_view *ref, const char *refname
     return 0;
 }
 
-/* the bytes of a and b overlap (neither empty) */
-static int views_overlap(const ew_view *a, const ew_view *b)
-{
-    const char *a0 = (const char *)a->data, *a1 = a0 + a->size * ew_dtype_size(a->dtype);
-    const char *b0 = (const char *)b->data, *b1 = b0 + b->size * ew_dtype_size(b->dtype);
-    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
 /* out= must be writable and either apart from every input or, where exact_ok (an elementwise
  * op: each element read before its own result is written), exactly one of them: the same start
  * and the same bytes. An out= that only starts where an input starts is a partial overlap (an
@@ -241,7 +233,7 @@ static int check_out(const char *fname, const ew_view *out, const ew_view *ins, 
         return -1;
     }
     for (int i = 0; i < nin; i++) {
-        if (!views_overlap(out, &ins[i]))
+        if (!ew_views_overlap(out, &ins[i]))
             continue;
         if (exact_ok && ins[i].data == out->data &&
             ins[i].size * ew_dtype_size(ins[i].dtype) == out->size * ew_dtype_size(out->dtype))
@@ -706,7 +698,7 @@ static PyObject *run_elementwise(ew_state *st, int opi, PyObject *const *args, P
             goto fail;
         if (check_out(cs.fname, &v[nv - 1], v, nin, 1) < 0)
             goto fail;
-        if (o == 1 && out_view[0] >= 0 && views_overlap(&v[out_view[0]], &v[nv - 1])) {
+        if (o == 1 && out_view[0] >= 0 && ew_views_overlap(&v[out_view[0]], &v[nv - 1])) {
             PyErr_Format(PyExc_ValueError, "%s(): the two gradients' out= arrays overlap; give each its own memory",
                          cs.fname);
             goto fail;
@@ -1032,7 +1024,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
             check_out("rmse_backward", &v[nv - 1], v, 4, 1) < 0)
             goto fail;
     }
-    if (out_view[0] >= 0 && out_view[1] >= 0 && views_overlap(&v[out_view[0]], &v[out_view[1]])) {
+    if (out_view[0] >= 0 && out_view[1] >= 0 && ew_views_overlap(&v[out_view[0]], &v[out_view[1]])) {
         PyErr_SetString(PyExc_ValueError, "rmse_backward(): the two gradients' out= arrays overlap; give each its own memory");
         goto fail;
     }

@@ -291,14 +291,12 @@ PyObject *ew_rtc_sig(PyObject *module, PyObject *args)
 static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o)
 {
     const ew_view *w = &a->v[o];
-    const uintptr_t ob = (uintptr_t)w->data, oe = ob + (uintptr_t)w->size * (uintptr_t)ew_dtype_size(w->dtype);
     for (Py_ssize_t i = 0; i < nin && i < a->n; i++) {
         if (!a->is_arr[i])
             continue;
         const ew_view *v = &a->v[i];
-        const uintptr_t vb = (uintptr_t)v->data, ve = vb + (uintptr_t)v->size * (uintptr_t)ew_dtype_size(v->dtype);
-        if (vb < oe && ob < ve) {
-            int same = vb == ob && v->dtype == w->dtype && v->ndim == w->ndim;
+        if (ew_views_overlap(v, w)) {
+            int same = v->data == w->data && v->dtype == w->dtype && v->ndim == w->ndim;
             for (int d = 0; same && d < v->ndim; d++)
                 same = v->shape[d] == w->shape[d];
             if (!same)
