@@ -46,6 +46,9 @@
  *                                     writes `out_bytes` of them (default 0) stores write-back
  *                                     (True) or streaming (False), by the default path's store
  *                                     rule (ewcuda_store_wb).
+ *   _rtc_fpe_guard(address)           the CPU backend's guard for integer division (below): the
+ *                                     executable segment of the library holding address joins
+ *                                     the guarded code; True where the guard works (Linux x86_64).
  */
 #include "rtc.h"
 
@@ -819,5 +822,212 @@ PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args)
 PyObject *ew_auto_plan(PyObject *module, PyObject *args)
 {
     return ew_rtc_load(module, args);
+}
+#endif
+
+/* ---- the CPU backend's integer division guard ---------------------------------------------------
+ * A run-time kernel compiled for the CPU divides integers with the x86 div/idiv instructions, which
+ * raise #DE (SIGFPE) on a zero divisor and on MIN / -1: the signal would end the interpreter. Where a
+ * library of such kernels is loaded (_build.build_cpu calls _rtc_fpe_guard with an address in it),
+ * its executable segment joins a list, and a SIGFPE handler (installed once, chaining to the
+ * handler before it) finishes a faulting div/idiv inside a listed segment as NumPy's integer
+ * division does: x / 0 and x % 0 give 0, MIN / -1 gives MIN (wrapping) and MIN % -1 gives 0; the
+ * thread goes on after the instruction. A fault anywhere else goes to the previous handler (or the
+ * default action, as before). CUDA kernels are unaffected: the GPU gives its own results. */
+#if defined(__linux__) && defined(__x86_64__)
+#include <link.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <ucontext.h>
+
+enum { FPE_RANGES = 4096 };
+static uintptr_t fpe_lo[FPE_RANGES], fpe_hi[FPE_RANGES];
+static atomic_int fpe_n;                /* published after a range's bounds are written */
+static struct sigaction fpe_old;
+static int fpe_installed;
+
+/* the x86-64 register number (ModRM/SIB with REX) -> its index in the signal's saved registers */
+static const int FPE_GREG[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
+                                 REG_R8,  REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
+
+static int fpe_guarded(uintptr_t pc)
+{
+    const int n = atomic_load_explicit(&fpe_n, memory_order_acquire);
+    for (int k = 0; k < n; k++)
+        if (pc >= fpe_lo[k] && pc < fpe_hi[k])
+            return 1;
+    return 0;
+}
+
+/* Decode the div/idiv at the saved RIP (legacy prefixes, REX, opcode F6/F7 with ModRM reg 6 or 7,
+ * SIB, displacement, RIP-relative), read its divisor, write the quotient and remainder NumPy gives
+ * and step past it. 0 where the instruction is not one. */
+static int fpe_finish(ucontext_t *uc)
+{
+    greg_t *g = uc->uc_mcontext.gregs;
+    const uint8_t *p = (const uint8_t *)(uintptr_t)g[REG_RIP];
+    int i = 0, size = 4, rex = 0;
+    for (;; i++) {
+        const uint8_t b = p[i];
+        if (b == 0x66)
+            size = 2;
+        else if (!(b == 0x67 || b == 0x2e || b == 0x3e || b == 0x26 || b == 0x36 || b == 0xf2 || b == 0xf3))
+            break;
+        if (i > 14)
+            return 0;
+    }
+    if ((p[i] & 0xf0) == 0x40)
+        rex = p[i++];
+    const uint8_t op = p[i++];
+    if (op != 0xf6 && op != 0xf7)
+        return 0;
+    size = op == 0xf6 ? 1 : (rex & 8) ? 8 : size;
+    const uint8_t modrm = p[i++];
+    const int mod = modrm >> 6, reg = (modrm >> 3) & 7, rm = modrm & 7;
+    if (reg != 6 && reg != 7)
+        return 0;
+    const int is_signed = reg == 7;
+    uint64_t raw = 0;
+    if (mod == 3) {
+        const int r = rm | ((rex & 1) << 3);
+        raw = (size == 1 && !rex && r >= 4) ? ((uint64_t)g[FPE_GREG[r - 4]] >> 8) : (uint64_t)g[FPE_GREG[r]];
+    } else {
+        uintptr_t addr = 0;
+        if (rm == 4) {
+            const uint8_t sib = p[i++];
+            const int idx = ((sib >> 3) & 7) | ((rex & 2) << 2), base = (sib & 7) | ((rex & 1) << 3);
+            if (idx != 4)
+                addr += (uintptr_t)g[FPE_GREG[idx]] << (sib >> 6);
+            if ((sib & 7) == 5 && mod == 0) {
+                int32_t d;
+                memcpy(&d, p + i, 4);
+                i += 4;
+                addr += (uintptr_t)(intptr_t)d;
+            } else {
+                addr += (uintptr_t)g[FPE_GREG[base]];
+            }
+        } else if (rm == 5 && mod == 0) {   /* RIP-relative: from the next instruction (no immediate follows) */
+            int32_t d;
+            memcpy(&d, p + i, 4);
+            i += 4;
+            addr = (uintptr_t)(p + i) + (uintptr_t)(intptr_t)d;
+        } else {
+            addr = (uintptr_t)g[FPE_GREG[rm | ((rex & 1) << 3)]];
+        }
+        if (mod == 1) {
+            addr += (uintptr_t)(intptr_t)(int8_t)p[i];
+            i += 1;
+        } else if (mod == 2) {
+            int32_t d;
+            memcpy(&d, p + i, 4);
+            i += 4;
+            addr += (uintptr_t)(intptr_t)d;
+        }
+        memcpy(&raw, (const void *)addr, (size_t)size);   /* the operand the instruction had read */
+    }
+    const int bits = 8 * size;
+    const uint64_t mask = size == 8 ? ~0ULL : (1ULL << bits) - 1;
+    raw &= mask;
+    /* x / 0 (either kind): quotient and remainder 0; signed MIN / -1: quotient MIN, remainder 0 */
+    const int overflow = is_signed && raw == mask;
+    const uint64_t rax = (uint64_t)g[REG_RAX];
+    const uint64_t q = overflow ? rax & mask : 0;   /* the dividend's low half (AL, AX, EAX, RAX): MIN */
+    if (size == 1) {
+        g[REG_RAX] = (greg_t)((rax & ~0xffffULL) | (q & 0xff));            /* AL = q, AH = 0 */
+    } else if (size == 2) {
+        g[REG_RAX] = (greg_t)((rax & ~0xffffULL) | q);
+        g[REG_RDX] = (greg_t)((uint64_t)g[REG_RDX] & ~0xffffULL);
+    } else {
+        g[REG_RAX] = (greg_t)q;     /* a 32-bit result clears the upper half, as the instruction would */
+        g[REG_RDX] = 0;
+    }
+    g[REG_RIP] += i;
+    return 1;
+}
+
+static void fpe_handler(int sig, siginfo_t *si, void *ctx)
+{
+    ucontext_t *uc = (ucontext_t *)ctx;
+    if ((si->si_code == FPE_INTDIV || si->si_code == FPE_INTOVF) &&
+        fpe_guarded((uintptr_t)uc->uc_mcontext.gregs[REG_RIP]) && fpe_finish(uc))
+        return;
+    if (fpe_old.sa_flags & SA_SIGINFO) {
+        if (fpe_old.sa_sigaction) {
+            fpe_old.sa_sigaction(sig, si, ctx);
+            return;
+        }
+    } else if (fpe_old.sa_handler != SIG_DFL && fpe_old.sa_handler != SIG_IGN) {
+        fpe_old.sa_handler(sig);
+        return;
+    }
+    /* the default action, as before: a fault's instruction faults again on return, and a signal
+     * sent by kill() is raised again (blocked until the handler returns) */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGFPE, &dfl, NULL);
+    if (si->si_code <= 0)
+        raise(sig);
+}
+
+struct fpe_find { uintptr_t addr, lo, hi; };
+
+static int fpe_segment(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    struct fpe_find *f = data;
+    for (int k = 0; k < info->dlpi_phnum; k++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[k];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+            continue;
+        const uintptr_t lo = (uintptr_t)info->dlpi_addr + (uintptr_t)ph->p_vaddr, hi = lo + (uintptr_t)ph->p_memsz;
+        if (f->addr >= lo && f->addr < hi) {
+            f->lo = lo;
+            f->hi = hi;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+PyObject *ew_rtc_fpe_guard(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    const unsigned long long a = PyLong_AsUnsignedLongLong(arg);
+    if (a == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    struct fpe_find f = {(uintptr_t)a, 0, 0};
+    if (!dl_iterate_phdr(fpe_segment, &f)) {
+        PyErr_Format(PyExc_ValueError, "_rtc_fpe_guard: 0x%llx is in no loaded library's code", a);
+        return NULL;
+    }
+    if (fpe_guarded(f.addr))
+        Py_RETURN_TRUE;
+    /* the GIL orders the callers: a range is written, then published */
+    const int n = atomic_load_explicit(&fpe_n, memory_order_relaxed);
+    if (n >= FPE_RANGES)
+        Py_RETURN_FALSE;
+    fpe_lo[n] = f.lo;
+    fpe_hi[n] = f.hi;
+    atomic_store_explicit(&fpe_n, n + 1, memory_order_release);
+    if (!fpe_installed) {
+        struct sigaction act;
+        memset(&act, 0, sizeof act);
+        act.sa_sigaction = fpe_handler;
+        act.sa_flags = SA_SIGINFO;
+        sigemptyset(&act.sa_mask);
+        if (sigaction(SIGFPE, &act, &fpe_old) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        fpe_installed = 1;
+    }
+    Py_RETURN_TRUE;
+}
+#else
+PyObject *ew_rtc_fpe_guard(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    (void)arg;
+    Py_RETURN_FALSE;
 }
 #endif

@@ -25,6 +25,7 @@ PyObject *ew_rtc_cap(PyObject *module, PyObject *args);
 PyObject *ew_rtc_plan(PyObject *module, PyObject *args);
 PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args);
 PyObject *ew_auto_plan(PyObject *module, PyObject *args);
+PyObject *ew_rtc_fpe_guard(PyObject *module, PyObject *arg);
 PyObject *ew_rtc_sig(PyObject *module, PyObject *args);
 PyObject *ew_rtc_fast(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
@@ -84,6 +85,10 @@ int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, 
      "moves `bytes` (inputs read + outputs written) and writes `out_bytes` of them stores write-back " \
      "(True: outputs of at least 1/32 of the device's L2, or more bytes moved than it holds) or streaming " \
      "(False), by the default path's store rule (EWKERN_AUTO_STORES=cs|wb forces one)."}, \
+    {"_rtc_fpe_guard", (PyCFunction)ew_rtc_fpe_guard, METH_O, \
+     "_rtc_fpe_guard(address, /)\n--\n\nGuard the integer division of the CPU kernels in the library whose code " \
+     "holds address: a div/idiv there that faults (a zero divisor, MIN / -1) gives NumPy's result (0; MIN) " \
+     "instead of ending the process. True where the guard works (Linux x86_64), else False."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
      "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, " \
      "heavy_math=False, wide_prefetch=False, /)" \

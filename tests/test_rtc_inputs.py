@@ -4,6 +4,7 @@ RowKernel and the vector forms on integer dtypes (two-word C++ types), and compi
 reduction's map_expr / reduce_expr / identity and an unclosed '{'. The CPU backend on NumPy arrays;
 the CUDA sources through NVRTC to PTX (no GPU needed; skipped without NVRTC)."""
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -244,3 +245,83 @@ def test_nvrtc_reports_the_reductions_parts():
         parts = {"map_expr": m, "reduce_expr": r, "post_map_expr": "y_out = a", "identity": ident}
         with pytest.raises(ewkern.rtc.CompileError, match=rf"(?s)'rvnv'.*the error is in:\n  {where}\n"):
             _build.compile_cuda("rvnv", src, (9, 0), parts=parts, ptx_only=True)
+
+
+# ---- integer division by zero in a CPU kernel ------------------------------------------------------
+
+_FPE_CHILD = r"""
+import sys, numpy as np, ewkern
+dt = np.dtype(sys.argv[1])
+x, y = np.load(sys.argv[4]), np.load(sys.argv[5])
+q = ewkern.ElementwiseKernel("T x, T y", "T q, T r", "q = x / y; r = x % y", "ew_fpe_" + dt.name)(x, y)
+s = ewkern.ElementwiseKernel("T x, raw T y", "T q", "q = x / y[0]", "ew_fpe_raw_" + dt.name)(x, y[1:2])
+red = ewkern.ReductionKernel("T x, T y", "T z", "x / y", "a + b", "z = a", "0", "ew_fpe_red_" + dt.name)(x, y)
+np.save(sys.argv[2], np.stack([q[0], q[1], s]))
+np.save(sys.argv[3], np.array([red], dtype=dt))
+"""
+
+
+def _wrap(v, bits, signed):
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
+
+
+def _c_div(x, y, bits, signed):
+    """C's x / y and x % y (truncating) wrapped to the type's width, and NumPy's 0 for a zero divisor."""
+    if y == 0:
+        return 0, 0
+    q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+    return _wrap(q, bits, signed), _wrap(x - q * y, bits, signed)
+
+
+@pytest.mark.skipif(not (os.uname().sysname == "Linux" and os.uname().machine == "x86_64"),
+                    reason="the guard is Linux x86_64's")
+@pytest.mark.parametrize("dt", INTS)
+def test_integer_division_by_zero_on_the_cpu_gives_numpys_zero(dt, tmp_path):
+    """A CPU kernel's x / 0 and x % 0 (and MIN / -1) raised SIGFPE in the div instruction and ended
+    the interpreter; now they give NumPy's results (0; MIN / -1 wraps to MIN, MIN % -1 is 0), in an
+    elementwise kernel, with a raw scalar divisor and in a reduction's map. In a child process, so
+    that a regression is a failed test, not a crashed run."""
+    import subprocess
+    import sys
+    d = np.dtype(dt)
+    info = np.iinfo(d)
+    bits, signed = 8 * d.itemsize, info.min < 0
+    x = np.array([_wrap(v, bits, signed) for v in [7, -7, 9, 0, 5, info.min, info.min, info.max, 3, -3, 1, 100] * 3],
+                 dtype=d)
+    y = np.array([_wrap(v, bits, signed) for v in [2, 0, 0, 0, -2, -1, 1, 0, 3, 7, -1, 9] * 3], dtype=d)
+    files = [tmp_path / f for f in ("q.npy", "r.npy", "x.npy", "y.npy")]
+    np.save(files[2], x)
+    np.save(files[3], y)
+    r = subprocess.run([sys.executable, "-c", _FPE_CHILD, dt, *map(str, files)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONFAULTHANDLER": ""})
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    got, red = np.load(files[0]), np.load(files[1])
+    # (8- and 16-bit values divide as int after C's promotion, then narrow: MIN / -1 wraps alike)
+    ref = [_c_div(int(a), int(b), bits, signed) for a, b in zip(x, y)]
+    assert got.dtype == d and red.dtype == d
+    np.testing.assert_array_equal(got[0], np.array([q for q, _ in ref], dtype=d))
+    np.testing.assert_array_equal(got[1], np.array([rr for _, rr in ref], dtype=d))
+    np.testing.assert_array_equal(got[2], np.zeros(len(x), dtype=d))          # a raw divisor of 0
+    np.testing.assert_array_equal(red, np.array([_wrap(sum(q for q, _ in ref), bits, signed)], dtype=d))
+
+
+@pytest.mark.skipif(not (os.uname().sysname == "Linux" and os.uname().machine == "x86_64"),
+                    reason="the guard is Linux x86_64's")
+def test_the_division_guard_chains_to_the_handler_before_it():
+    """SIGFPE outside the guarded kernels still reaches the handler that was there before (here
+    Python's own, set by signal.signal), and without one still ends the process."""
+    import subprocess
+    import sys
+    load = ("import numpy as np, ewkern\n"
+            "k = ewkern.ElementwiseKernel('T x, T y', 'T z', 'z = x / y', 'ew_fpe_chain')\n"
+            "k(np.arange(4, dtype=np.int32), np.zeros(4, dtype=np.int32))\n")
+    caught = ("import os, signal\nseen = []\nsignal.signal(signal.SIGFPE, lambda s, f: seen.append(s))\n" + load +
+              "os.kill(os.getpid(), signal.SIGFPE)\nprint('seen', seen)\n")
+    r = subprocess.run([sys.executable, "-c", caught], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "seen [8]" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+    dies = ("import os, signal\n" + load +
+            "print('loaded', flush=True)\nos.kill(os.getpid(), signal.SIGFPE)\nprint('alive')\n")
+    r = subprocess.run([sys.executable, "-c", dies], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONFAULTHANDLER": ""})
+    assert r.returncode == -8 and "loaded" in r.stdout and "alive" not in r.stdout, (r.returncode, r.stdout)

@@ -288,6 +288,12 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
                 lib = ctypes.CDLL(so)
             finally:
                 os.unlink(so)
+            # its integer division: x / 0, x % 0 and MIN / -1 give NumPy's results (0; MIN) where the
+            # div instruction's fault would end the process (_rtc_fpe_guard, csrc/rtc.c)
+            from .. import _C
+            addr = ctypes.cast(getattr(lib, entry), ctypes.c_void_p).value
+            if addr:
+                _C._rtc_fpe_guard(addr)
             _loaded[key] = lib
     fn = getattr(lib, entry)
     fn.restype = None
