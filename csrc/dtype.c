@@ -26,10 +26,21 @@ int ew_dtype_from_dl(DLDataType dl, ew_dtype *out)
     else if (dl.lanes == 1 && dl.code == kDLBfloat && dl.bits == 16) *out = EW_BFLOAT16;
     else if (dl.lanes == 1 && dl.code == kDLFloat && dl.bits == 64) *out = EW_FLOAT64;
     else {
-        PyErr_Format(PyExc_TypeError,
-                     "unsupported dtype (DLPack code %d, %d bits, %d lanes): ewkern supports "
-                     "float32, float16, bfloat16 and float64",
-                     (int)dl.code, (int)dl.bits, (int)dl.lanes);
+        /* named as the frameworks name it (a torch int32 tensor arrives as DLPack code 0, 32 bits) */
+        static const char *const kinds[] = {"int", "uint", "float", NULL, "bfloat", "complex", "bool"};
+        const char *kind = dl.code < sizeof kinds / sizeof *kinds ? kinds[dl.code] : NULL;
+        char lanes[32] = "";
+        if (dl.lanes != 1)
+            snprintf(lanes, sizeof lanes, " x %d lanes", (int)dl.lanes);
+        if (kind != NULL && dl.code == kDLBool && dl.bits == 8)
+            PyErr_Format(PyExc_TypeError, "unsupported dtype bool%s: ewkern supports float32, float16, bfloat16 and "
+                         "float64", lanes);
+        else if (kind != NULL)
+            PyErr_Format(PyExc_TypeError, "unsupported dtype %s%d%s: ewkern supports float32, float16, bfloat16 and "
+                         "float64", kind, (int)dl.bits, lanes);
+        else
+            PyErr_Format(PyExc_TypeError, "unsupported dtype (DLPack code %d, %d bits%s): ewkern supports float32, "
+                         "float16, bfloat16 and float64", (int)dl.code, (int)dl.bits, lanes);
         return -1;
     }
     return 0;

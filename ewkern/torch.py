@@ -32,7 +32,9 @@ not (``ewkern.torch`` is loaded on first use).
 from __future__ import annotations
 
 import math
+import operator
 import os
+import re
 import struct
 import threading
 import warnings
@@ -630,16 +632,19 @@ def _elementwise_functorch(name, nin):
         setup_backward(ctx, inputs, output)
         pick = {"a": inputs[0], "b": inputs[1] if nin > 1 else None, "y": output}
         ctx.save_for_forward(*(pick[k] for k in saves))
+        ctx.dtype = output.dtype
 
     def jvp(ctx, *tangents):
         # an elementwise op's derivative is diagonal: the tangent of the result is the sum over the
         # inputs of (input's tangent) x (its partial derivative), which is the input's gradient
-        # formula with the tangent in the incoming gradient's place
+        # formula with the tangent in the incoming gradient's place (a tangent of another dtype
+        # than its primal's, which torch's forward AD allows, in the primal's, as torch's ops promote)
         saved, out = ctx.saved_tensors, None
         for k in range(nin):
             if tangents[k] is None:
                 continue
-            d = composed(tangents[k], saved, ctx.scalars, tuple(j == k for j in range(nin)))[k]
+            t = tangents[k] if tangents[k].dtype == ctx.dtype else tangents[k].to(ctx.dtype)
+            d = composed(t, saved, ctx.scalars, tuple(j == k for j in range(nin)))[k]
             out = d if out is None else add(out, d)
         return out
     return _functorch_function(name, op, setup_context, backward, jvp)
@@ -784,19 +789,58 @@ def _eager(tensors):
     """Plain tensors on cpu/cuda outside torch.compile, FakeTensorMode and every other dispatch
     mode, functorch transforms and forward-mode AD: the C function (and an autograd.Function
     around it) is the op. Otherwise the custom op, so modes, subclasses and compilers see
-    torch.ops.ewkern.<op> (under a transform or in a dual_level: _FUNCTORCH's Function around it)."""
+    torch.ops.ewkern.<op> (under a transform or in a dual_level: _FUNCTORCH's Function around it).
+    A tensor with the negative bit (torch._neg_view, the imaginary part of a real tensor's conj())
+    goes to the custom op too: torch's DLPack export hands over its memory without the bit, and
+    the dispatcher resolves it before a custom op runs."""
     if (torch.compiler.is_compiling() or _dispatch_depth() or _functorch_active()
             or _forward_ad._current_level >= 0):
         return False
     for t in tensors:
-        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu):
+        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu) or t.is_neg() or t.layout is not _strided:
             return False
     return True
 
 
+def _tensors(name, tensors):
+    """The custom op's schema takes tensors: anything else is a TypeError naming the op (the
+    dispatcher's own is a RuntimeError)."""
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ewkern.torch.{name}(): expected torch tensors, got {type(t).__name__}"
+                            + (" (add_const and mul_const take a number)" if isinstance(t, (int, float)) else ""))
+
+
+def _scalars(name, scalars):
+    """A tensor given for a scalar argument (c, alpha, beta) is refused: eager calls would read its
+    value and drop its gradient, and the custom op's schema (float) refuses it under torch.compile."""
+    for c in scalars:
+        if isinstance(c, torch.Tensor):
+            raise TypeError(f"ewkern.torch.{name}(): a scalar argument must be a Python number, got a Tensor (its "
+                            "gradient would be lost; use the tensor ops, e.g. ewkern.torch.mul, for a tensor factor)")
+
+
+def _dual_among(tensors):
+    """Whether, inside a forward_ad.dual_level (torch.func.jvp's too), a tensor carries a tangent."""
+    return _forward_ad._current_level >= 0 and any(isinstance(t, torch.Tensor) and
+                                                   _forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def _refuse_forward_ad_out(name, tensors):
+    """out= has no forward-mode derivative, as torch's own out= functions: inside a dual level (and
+    torch.func.jvp) a dual tensor among the inputs or out is refused, where the result would have
+    been written without its tangent."""
+    if _dual_among(tensors):
+        raise NotImplementedError(f"ewkern.torch.{name}(): out= does not support forward-mode AD (dual tensors, "
+                                  "torch.func.jvp), as torch's own out= functions; call it without out=")
+
+
 def _run(name, tensors, scalars, out):
+    if scalars:
+        _scalars(name, scalars)
     if out is None:
         if not _eager(tensors):
+            _tensors(name, tensors)
             if (name in _FUNCTORCH and (_functorch_active() or _forward_ad._current_level >= 0)
                     and not torch.compiler.is_compiling()):
                 return _FUNCTORCH[name].apply(*tensors, *scalars)
@@ -806,10 +850,12 @@ def _run(name, tensors, scalars, out):
                 if t.requires_grad:
                     return _APPLY[name](*tensors, *scalars)
         return _as_tensor(getattr(_C, name)(*(t.contiguous() for t in tensors), *scalars))
+    _tensors(name, (*tensors, out))
     if torch.is_grad_enabled():
         for t in (*tensors, out):
             if t.requires_grad:
                 raise RuntimeError(_OUT_GRAD.format(name))
+    _refuse_forward_ad_out(name, (*tensors, out))
     _MUTATING[name](*tensors, *scalars, out)
     return out
 
@@ -832,6 +878,7 @@ def _named(fn, name, sig):
 
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
+_strided = torch.strided
 
 
 # The Python faces: outside torch.compile (whose tracer must see _run's custom op) with out=None,
@@ -843,7 +890,8 @@ def _unary(name):
 
     def eager(a):
         if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
-                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu)):
+                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu) and not a.is_neg()
+                and a.layout is _strided):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a)
             return _as_tensor(fn(a.contiguous()))
@@ -863,7 +911,8 @@ def _binary(name):
     def eager(a, b):
         if (type(a) is _Tensor and type(b) is _Tensor and not _dispatch_depth() and not _functorch_active()
                 and _forward_ad._current_level < 0
-                and (a.is_cuda or a.is_cpu) and (b.is_cuda or b.is_cpu)):
+                and (a.is_cuda or a.is_cpu) and (b.is_cuda or b.is_cpu) and not (a.is_neg() or b.is_neg())
+                and a.layout is _strided and b.layout is _strided):
             if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
                 return _APPLY[name](a, b)
             return _as_tensor(fn(a.contiguous(), b.contiguous()))
@@ -882,7 +931,9 @@ def _with_const(name):
 
     def eager(a, c):
         if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
-                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu)):
+                and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu) and not a.is_neg()
+                and a.layout is _strided
+                and not isinstance(c, _Tensor)):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a, c)
             return _as_tensor(fn(a.contiguous(), c))
@@ -905,8 +956,27 @@ def fill(out, value):
     mutating custom op torch.ops.ewkern.fill; not differentiable)."""
     if torch.is_grad_enabled() and out.requires_grad:
         raise RuntimeError(_OUT_GRAD.format("fill"))
+    _scalars("fill", (value,))
+    _refuse_forward_ad_out("fill", (out,))
     _MUTATING["fill"](out, value)
     return out
+
+
+def _axes(axis):
+    """axis= as the list the ops take: None, one integer (an int, a NumPy integer: any __index__),
+    or a sequence of them."""
+    if axis is None:
+        return axis
+    if isinstance(axis, int):
+        return [axis]
+    try:
+        return [operator.index(axis)]
+    except TypeError:
+        pass
+    try:
+        return [operator.index(x) for x in axis]
+    except TypeError:
+        raise TypeError(f"axis: an integer or a sequence of integers, got {type(axis).__name__}") from None
 
 
 def rmse(a, b, axis=None, out=None):
@@ -917,7 +987,7 @@ def rmse(a, b, axis=None, out=None):
     calls torch.ops.ewkern.rmse_out, which is not). axis: an int or a sequence of ints, one
     contiguous run of axes; None reduces every axis but the first (a 1-D input is one batch).
     The result has the other axes and dtype float32 (float64 for float64 inputs)."""
-    axis = [axis] if isinstance(axis, int) else (None if axis is None else list(axis))
+    axis = _axes(axis)
     if out is None and not _is_compiling():
         return _EAGER["rmse"](a, b, axis)
     return _run("rmse", (a, b), (axis,), out)
@@ -1449,8 +1519,7 @@ def _refuse_transforms(name, tensors):
     torch.func grad or jvp transform tracks (torch's custom op would raise that its
     autograd.Function lacks setup_context). vmap alone, and tensors a transform does not track,
     run."""
-    if _forward_ad._current_level >= 0 and any(isinstance(t, torch.Tensor) and
-                                               _forward_ad.unpack_dual(t).tangent is not None for t in tensors):
+    if _dual_among(tensors):
         raise NotImplementedError(f"torch.ops.ewkern_user.{name}: forward-mode AD (dual tensors) is not supported "
                                   "for user kernels; reverse mode (backward, torch.autograd.grad) is")
     if not _functorch_active():
@@ -1488,7 +1557,7 @@ def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
             if len(args) > nin:
                 axis, keepdims = (*args[nin:], keepdims)[:2]
                 args = args[:nin]
-            axis = None if axis is None else ([axis] if isinstance(axis, int) else list(axis))
+            axis = _axes(axis)
             if len(args) == nin:
                 tensors = [args[k] for k in tensor_at]
                 if _eager(tensors):
@@ -1505,12 +1574,49 @@ def _reduction_eager(op, impl, tensor_at, nin, grad_call=None):
     return op
 
 
+# torch.ops.ewkern_user.<name> -> (what kernel_op made it from, the op): torch.library replaces an op
+# registered again under its name, so a second kernel of the same name would have run in place of
+# the first wherever the name is looked up (torch.compile's graphs)
+_USER_OPS: dict[str, tuple] = {}
+
+
+def _user_op_key(kernel, scalars):
+    code = tuple((k, str(getattr(kernel, k, None))) for k in (
+        "operation", "preamble", "loop_prep", "after_loop", "map_expr", "reduce_expr", "post_map_expr", "identity",
+        "reduce_type", "options", "reduce_dims", "_stage2", "_consts", "_colsum"))
+    return (type(kernel).__name__, tuple(kernel.in_params), tuple(kernel.out_params), code, tuple(scalars))
+
+
+def _user_op_name(kernel, scalars, name):
+    """(the op's name, the kernel's key, the op already made for it under that name or None):
+    kernel_op of the same kernel (code, parameters, scalars) again gives the op it made; another
+    kernel of the same default name gets the name with a digest of its code appended; an explicit
+    name= that another kernel's op holds is a ValueError."""
+    import hashlib
+    key = _user_op_key(kernel, scalars)
+    base = name or kernel.name
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", base):
+        raise ValueError(f"kernel_op: the op's name {base!r} is not an identifier")
+    for cand in (base, f"{base}_{hashlib.sha256(repr(key).encode()).hexdigest()[:10]}"):
+        held = _USER_OPS.get(cand)
+        if held is None:
+            return cand, key, None
+        if held[0] == key:
+            return cand, key, held[1]
+        if name is not None:
+            raise ValueError(f"kernel_op: torch.ops.ewkern_user.{name} already runs another kernel (an op's name "
+                             "names one kernel: torch.compile looks it up by name); give this one another name=")
+    raise ValueError(f"kernel_op: no free name for kernel {kernel.name!r}")
+
+
 def kernel_op(kernel, scalars=(), name=None):
     """kernel_op(kernel, scalars=(), name=None)
 
     A user's ``ewkern.ElementwiseKernel``, ``ewkern.RowKernel`` or ``ewkern.ReductionKernel`` as a
-    torch custom op ``torch.ops.ewkern_user.<name>`` (default: the kernel's name), for
-    torch.compile (fullgraph) and autograd. Every input is a
+    torch custom op ``torch.ops.ewkern_user.<name>`` (default: the kernel's name; where another
+    kernel's op holds that name, the name and a digest of the code, as ``<name>_1a2b3c4d5e``), for
+    torch.compile (fullgraph) and autograd. kernel_op of the same kernel again returns the same op;
+    an explicit ``name`` that another kernel's op holds is a ValueError. Every input is a
     Tensor except the ones named in ``scalars`` (floats); the outputs are allocated (one Tensor, or
     a tuple). The fake kernel gives the outputs' broadcast shape and dtype by the kernel's own
     type rules.
@@ -1556,12 +1662,21 @@ def kernel_op(kernel, scalars=(), name=None):
     derived backward from C++ by those plans, without Python (on the H200's host a training step
     of rmsnorm [64, 4096] took 101 us this way, 137 with the backward in Python, 123 in torch)."""
     from .rtc import ElementwiseKernel, ReductionKernel, RowKernel
-    from .rtc._params import decide_types
     if not isinstance(kernel, (ElementwiseKernel, RowKernel, ReductionKernel)):
         raise TypeError("kernel_op takes an ewkern.ElementwiseKernel, RowKernel or ReductionKernel, got "
                         f"{type(kernel).__name__}")
-    name = name or kernel.name
     scalars = tuple(scalars)
+    name, key, made = _user_op_name(kernel, scalars, name)
+    if made is not None:
+        return made
+    op = _kernel_op(kernel, scalars, name)
+    _USER_OPS[name] = (key, op)
+    return op
+
+
+def _kernel_op(kernel, scalars, name):
+    from .rtc import ReductionKernel, RowKernel
+    from .rtc._params import decide_types
     ins, outs = kernel.in_params, kernel.out_params
     unknown = set(scalars) - {p.name for p in ins}
     if unknown:

@@ -595,3 +595,26 @@ def test_reduction_backward_source_refuses_what_it_cannot_derive(map_expr, reduc
     with pytest.raises(ValueError, match=match):
         reduction_backward_source("k", map_expr, reduce_expr, identity, post, parse_params("T x", False, "k"),
                                   parse_params("T z", True, "k"))
+
+
+def test_kernel_ops_of_one_name_stay_apart():
+    """torch.library replaces an op registered again under its name, so two kernels of one name made
+    ops by kernel_op ran the second's code in the first's compiled graphs. Now the second takes
+    the name with a digest of its code, kernel_op of the same kernel returns the op it made, and an
+    explicit name= that another kernel's op holds is a ValueError."""
+    k2 = ewkern.ElementwiseKernel("T x", "T y", "y = x * 2", "kop_same_name")
+    k3 = ewkern.ElementwiseKernel("T x", "T y", "y = x * 3", "kop_same_name")
+    op2, op3 = ewt.kernel_op(k2), ewt.kernel_op(k3)
+    assert op2 is not op3 and op2._name == "kop_same_name" and op3._name.startswith("kop_same_name_")
+    assert ewt.kernel_op(k2) is op2
+    assert ewt.kernel_op(ewkern.ElementwiseKernel("T x", "T y", "y = x * 3", "kop_same_name")) is op3
+    x = torch.arange(1.0, 4.0)
+    for op, m in ((op2, 2), (op3, 3)):
+        torch.testing.assert_close(op(x), x * m)
+        torch.testing.assert_close(torch.compile(op, fullgraph=True, backend="aot_eager")(x), x * m)
+    torch.testing.assert_close(torch.ops.ewkern_user.kop_same_name(x), x * 2)
+    with pytest.raises(ValueError, match="kop_same_name already runs another kernel"):
+        ewt.kernel_op(k3, name="kop_same_name")
+    with pytest.raises(ValueError, match="not an identifier"):
+        ewt.kernel_op(k3, name="bad name")
+    assert ewt.kernel_op(k3, name="kop_same_name_3")._name == "kop_same_name_3"

@@ -597,3 +597,86 @@ def test_opcheck_backward_ops(device):
     torch.library.opcheck(torch.ops.ewkern.rmse_backward.default, (torch.rand_like(r), a, b, r))
     torch.library.opcheck(torch.ops.ewkern.rmse_backward.default, (torch.rand(4, device=dev), a, b,
                                                                    ewkern.rmse(a, b, (0, 1)), [0, 1]))
+
+
+def test_out_refuses_forward_mode_ad_as_torch_does():
+    """out= has no forward-mode derivative: a dual tensor (a dual_level, torch.func.jvp) among the
+    inputs or out is a NotImplementedError, as with torch.exp(out=), where the result was written
+    without its tangent (a jvp of zeros)."""
+    import torch.autograd.forward_ad as fwAD
+    x, t = torch.randn(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    with fwAD.dual_level():
+        d = fwAD.make_dual(x, t)
+        with pytest.raises(NotImplementedError, match="out= does not support forward-mode AD"):
+            ewt.exp(d, out=torch.empty(3, dtype=torch.float64))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            ewt.exp(x, out=fwAD.make_dual(torch.empty(3, dtype=torch.float64), t))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            ewt.rmse(d.reshape(1, 3), d.reshape(1, 3), out=torch.empty(1, dtype=torch.float64))
+        with pytest.raises(NotImplementedError, match="forward-mode AD"):
+            ewt.fill(fwAD.make_dual(torch.empty(3, dtype=torch.float64), t), 1.0)
+        o = torch.empty(3, dtype=torch.float64)
+        assert ewt.exp(x, out=o) is o          # no dual tensor: out= as ever
+    with pytest.raises(NotImplementedError, match="forward-mode AD"):
+        torch.func.jvp(lambda a: ewt.exp(a, out=torch.empty(3, dtype=torch.float64)), (x,), (t,))
+    _, tangent = torch.func.jvp(ewt.exp, (x,), (t,))
+    torch.testing.assert_close(tangent, torch.exp(x))
+
+
+def test_a_tensor_for_a_scalar_argument_is_refused():
+    """c, alpha, beta and fill's value are numbers: a tensor (whose gradient the eager call dropped,
+    and which torch.compile's schema refused) is a TypeError in every path; NumPy scalars and ints
+    are numbers."""
+    import numpy as np
+    a = torch.randn(4, requires_grad=True)
+    for c in (torch.tensor(2.0), torch.tensor(2.0, requires_grad=True)):
+        with pytest.raises(TypeError, match="scalar argument must be a Python number"):
+            ewt.mul_const(a, c)
+        with pytest.raises(TypeError, match="scalar argument must be a Python number"):
+            ewt.add_const(a.detach(), c)
+        with pytest.raises(TypeError, match="scalar argument must be a Python number"):
+            ewt.axpby(a, a, c, 1.0)
+        with pytest.raises(TypeError, match="scalar argument must be a Python number"):
+            ewt.fill(torch.empty(3), c)
+    for c in (2, 2.0, np.float32(2.0), np.float64(2.0)):
+        torch.testing.assert_close(ewt.mul_const(a, c), a.detach() * 2)
+
+
+def test_rmse_axis_takes_numpy_integers():
+    import numpy as np
+    a, b = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    for ax in (np.int64(2), [np.int64(2)], (np.int32(2),)):
+        torch.testing.assert_close(ewt.rmse(a, b, axis=ax), ewt.rmse(a, b, axis=2))
+    with pytest.raises(TypeError, match="axis: an integer or a sequence of integers"):
+        ewt.rmse(a, b, axis="2")
+
+
+def test_non_tensors_and_other_layouts_are_refused_clearly():
+    """A number where an op takes a tensor is a TypeError naming the op (the dispatcher's was a
+    RuntimeError); a sparse tensor goes to the custom op, which has no sparse kernel
+    (NotImplementedError), not into the strided kernels; a torch integer tensor's dtype is named."""
+    a = torch.randn(4)
+    with pytest.raises(TypeError, match=r"ewkern.torch.add\(\): expected torch tensors, got float \(add_const"):
+        ewt.add(a, 2.0)
+    with pytest.raises(TypeError, match=r"ewkern.torch.mul\(\): expected torch tensors, got list"):
+        ewt.mul(a, [1.0, 2.0, 3.0, 4.0], out=torch.empty(4))
+    with pytest.raises(NotImplementedError):
+        ewt.exp(a.to_sparse())
+    with pytest.raises(TypeError, match="unsupported dtype int32"):
+        ewt.exp(torch.arange(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="unsupported dtype bool"):
+        ewkern.exp(torch.ones(4, dtype=torch.bool))
+
+
+def test_jvp_takes_a_tangent_of_another_dtype():
+    """torch's forward AD lets a tangent's dtype differ from its primal's (torch's own ops promote);
+    the elementwise ops' jvp took it into a dtype mismatch inside the formula."""
+    x = torch.rand(5, dtype=torch.float64) + 0.5
+    t = torch.linspace(-1, 1, 5, dtype=torch.float32)
+    for op, ref in ((ewt.exp, torch.exp), (ewt.gelu, torch.nn.functional.gelu), (ewt.log, torch.log)):
+        _, got = torch.func.jvp(op, (x,), (t,))
+        _, want = torch.func.jvp(ref, (x,), (t.double(),))
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want)
+    _, got = torch.func.jvp(ewt.mul, (x, x), (t, t.double()))
+    torch.testing.assert_close(got, 2 * x * t.double())

@@ -314,6 +314,75 @@ def test_what_the_native_path_does_not_take_goes_to_the_python_path():
     torch.testing.assert_close(gs.as_subclass(torch.Tensor), 1 - torch.tanh(a.detach()) ** 2)
 
 
+@pytest.mark.parametrize("path", ["c++", "python"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensors_with_the_negative_bit_are_read_with_their_sign(device, path):
+    """A tensor with the negative bit (torch._neg_view; the imaginary part of a real view's conj())
+    holds -t in memory, and torch's DLPack export drops the bit: both eager paths hand such
+    tensors to the custom op, which the dispatcher resolves, so results, out= and gradients keep
+    the sign; ewkern's ops, rmse and a user kernel's op alike."""
+    native()
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.rand(6, 50, generator=gen, dtype=torch.float64) * 4 - 1.5).to(device)
+    y = (torch.rand(6, 50, generator=gen, dtype=torch.float64) + 0.5).to(device)
+    n = torch._neg_view(x)
+    assert n.is_neg()
+    with python_path() if path == "python" else contextlib.nullcontext():
+        for op in ("exp", "gelu", "abs", "neg", "relu", "tanh"):
+            ref = getattr(torch, op)(-x) if op != "gelu" else torch.nn.functional.gelu(-x)
+            torch.testing.assert_close(getattr(ewt, op)(n), ref, msg=op)
+        torch.testing.assert_close(ewt.sub(y, n), y + x)
+        torch.testing.assert_close(ewt.mul(n, y), -x * y)
+        torch.testing.assert_close(ewt.add_const(n, 2.0), 2.0 - x)
+        torch.testing.assert_close(ewt.rmse(n, y), torch.sqrt(((-x - y) ** 2).mean(1)))
+        out = torch.empty_like(x)
+        assert ewt.exp(n, out=out) is out
+        torch.testing.assert_close(out, torch.exp(-x))
+        xr = x.clone().requires_grad_()
+        (gx,) = torch.autograd.grad(ewt.mul(torch._neg_view(xr), y).sum(), xr)
+        torch.testing.assert_close(gx, -y)
+        (gx,) = torch.autograd.grad(ewt.exp(torch._neg_view(xr)).sum(), xr)
+        torch.testing.assert_close(gx, -torch.exp(-x))
+        op = user_rmsnorm()
+        w = torch.ones(50, dtype=torch.float64, device=device)
+        torch.testing.assert_close(op(n, w, 1e-5), op(-x, w, 1e-5))
+    # ewkern's own functions take torch tensors through torch's export, which drops the bit (as
+    # NumPy's from_dlpack does): what the README says
+    torch.testing.assert_close(torch.from_dlpack(__import__("ewkern").copy(n)), x)
+
+
+@pytest.mark.parametrize("path", ["c++", "python"])
+def test_a_pack_hook_that_raises_raises_its_own_exception(path):
+    """A saved-tensor pack hook's exception reaches the caller as itself (it came back as a
+    SystemError from the C++ nodes, and as an empty RuntimeError from a user op's node), so
+    non-reentrant torch.utils.checkpoint, which stops its recomputation by raising from a hook, works
+    with ewkern's ops and user ops: the same gradients as without it."""
+    native()
+    from torch.utils.checkpoint import checkpoint
+
+    class Stop(Exception):
+        pass
+
+    def pack(t):
+        raise Stop("from the pack hook")
+    op = user_rmsnorm()
+    x = torch.rand(6, 50, dtype=torch.float64, requires_grad=True)
+    y = torch.rand(6, 50, dtype=torch.float64)
+    w = torch.rand(50, dtype=torch.float64) + 0.5
+    big = torch.rand(1 << 17, dtype=torch.float64, requires_grad=True)   # the forward without the GIL
+    calls = [lambda: ewt.exp(x), lambda: ewt.mul(x, y), lambda: ewt.rmse(x, y), lambda: ewt.gelu(big),
+             lambda: op(x, w, 1e-5)]
+    with python_path() if path == "python" else contextlib.nullcontext():
+        for f in calls:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with pytest.raises(Stop, match="from the pack hook"):
+                    f()
+        for f in (lambda a: ewt.exp(a).sum(), lambda a: ewt.mul(a, y).sum(), lambda a: op(a, w, 1e-5).sum()):
+            (want,) = torch.autograd.grad(f(x), x)
+            (got,) = torch.autograd.grad(checkpoint(f, x, use_reentrant=False), x)
+            torch.testing.assert_close(got, want)
+
+
 def test_init_and_make_refuse_what_they_cannot_use():
     """init takes ewkern's capsule only (and changes nothing otherwise); make knows its ops."""
     mod = native()

@@ -35,6 +35,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Exceptions.h>
 
 #include <algorithm>
 #include <atomic>
@@ -486,13 +487,15 @@ Tensor rmse_record(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
 // ---- the Python side ----------------------------------------------------------------------------
 
 // Whether t is a tensor the native path takes: torch.Tensor itself, strided, on the cpu or (with
-// CUDA kernels) a GPU, not one of functorch's wrappers, without a forward-mode gradient.
+// CUDA kernels) a GPU, not one of functorch's wrappers, without a forward-mode gradient, and
+// without the negative bit (torch._neg_view, x.conj().imag of a real view: its memory holds -t,
+// and the kernels read memory; the fallback resolves the bit).
 bool plain(PyObject *obj)
 {
     if (!THPVariable_CheckExact(obj))
         return false;
     const Tensor &t = THPVariable_Unpack(obj);
-    if (!t.defined() || t.layout() != at::kStrided)
+    if (!t.defined() || t.layout() != at::kStrided || t.is_neg())
         return false;
     if (!(t.is_cpu() || (t.is_cuda() && HAVE_CUDA)))
         return false;
@@ -503,25 +506,47 @@ bool plain(PyObject *obj)
     return !t._fw_grad(0).defined();    // a dual tensor (forward-mode AD): the Python path has the jvp
 }
 
+// A C++ exception caught here as the Python error (with the GIL held): torch's python_error, which
+// Python code called from torch's C++ throws (a saved-tensor hook's exception, torch.utils.checkpoint's
+// early stop), restored as it was raised, its error still set or persisted into it; a c10::Error or
+// any other as a RuntimeError with its message. The op's caller then sees the hook's own exception,
+// not a SystemError (a NULL result with an error set) or an empty RuntimeError.
+void set_python_error(const std::exception &e)
+{
+    if (auto *pe = dynamic_cast<const python_error *>(&e)) {
+        const_cast<python_error *>(pe)->restore();
+        if (PyErr_Occurred())
+            return;
+    }
+    if (PyErr_Occurred())   /* a C++ exception thrown over a Python error: the Python one stands */
+        return;
+    auto *ce = dynamic_cast<const c10::Error *>(&e);
+    PyErr_SetString(PyExc_RuntimeError, ce ? ce->what_without_backtrace() : e.what());
+}
+
 // The node's forward, go(), as a Python result: a large CPU loop (or a launch into a full CUDA
-// queue) runs without the GIL, as ewkern._C's calls do; a C++ error becomes a RuntimeError.
+// queue) runs without the GIL, as ewkern._C's calls do; a C++ error as set_python_error's.
 template <class Go>
 PyObject *run(int64_t numel, Go go)
 {
     Tensor y;
-    std::string err;
+    std::exception_ptr failed;
     PyThreadState *ts = numel > (1 << 16) ? PyEval_SaveThread() : nullptr;
     try {
         y = go();
-    } catch (const c10::Error &e) {
-        err = e.what_without_backtrace();
-    } catch (const std::exception &e) {
-        err = e.what();
+    } catch (...) {
+        failed = std::current_exception();
     }
     if (ts)
         PyEval_RestoreThread(ts);
-    if (!err.empty()) {
-        PyErr_SetString(PyExc_RuntimeError, err.c_str());
+    if (failed) {
+        try {
+            std::rethrow_exception(failed);
+        } catch (const std::exception &e) {
+            set_python_error(e);
+        } catch (...) {
+            PyErr_SetString(PyExc_RuntimeError, "ewkern.torch: an unknown C++ exception in an op's forward");
+        }
         return nullptr;
     }
     return THPVariable_Wrap(y);
@@ -1009,7 +1034,7 @@ PyObject *user_forward(UserOp &op, PyObject *const *args, Py_ssize_t nargs, cons
             try {
                 return THPVariable_Wrap(run_user_plan(op, *found.second, tensors[0], std::move(ptrs), scalars, 0)[0]);
             } catch (const std::exception &e) {
-                PyErr_SetString(PyExc_RuntimeError, e.what());
+                set_python_error(e);
                 return nullptr;
             }
         }
@@ -1077,7 +1102,7 @@ PyObject *call_user(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         torch::autograd::set_history(out, node);
     } catch (const std::exception &e) {
         Py_DECREF(y);
-        PyErr_SetString(PyExc_RuntimeError, e.what());
+        set_python_error(e);
         return nullptr;
     }
     return y;
