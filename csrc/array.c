@@ -359,6 +359,22 @@ static PyObject *array_array(ArrayObject *self, PyObject *args, PyObject *kwds)
     PyObject *arr = to_numpy(self, copy == Py_True);
     if (arr == NULL || dtype == Py_None)
         return arr;
+    PyArray_Descr *want = NULL;
+    if (!PyArray_DescrConverter(dtype, &want)) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    int same = PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)arr), want);
+    Py_DECREF(want);
+    if (same)
+        return arr;
+    if (copy == Py_False) {
+        /* NumPy 2's protocol: copy=False promises a view, which another dtype cannot be */
+        PyErr_Format(PyExc_ValueError, "__array__: dtype %R needs a copy of this %S array (copy=False given)", dtype,
+                     PyArray_DESCR((PyArrayObject *)arr));
+        Py_DECREF(arr);
+        return NULL;
+    }
     PyObject *res = PyObject_CallMethod(arr, "astype", "O", dtype);
     Py_DECREF(arr);
     return res;
@@ -509,6 +525,11 @@ static PyObject *array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwds)
     ew_device target = self->device;
     if (dl_device != Py_None) {
         int t, id;
+        if (!PyTuple_Check(dl_device)) {
+            PyErr_Format(PyExc_TypeError, "__dlpack__: dl_device must be a (device_type, device_id) tuple, got "
+                         "%.200s", Py_TYPE(dl_device)->tp_name);
+            return NULL;
+        }
         if (!PyArg_ParseTuple(dl_device, "ii;__dlpack__: dl_device must be a (device_type, device_id) "
                               "tuple", &t, &id))
             return NULL;

@@ -254,10 +254,45 @@ static PyObject *call_dlpack(ew_state *st, PyObject *obj, PyObject *stream_arg)
     return cap;
 }
 
+/* torch's DLPack export (its exchange API and __dlpack__ alike) hands over a tensor with the
+ * negative bit (torch._neg_view, the imaginary part of a real tensor's conj(): -x held as x)
+ * without the bit, so its memory would be read, or written, with the wrong sign: refused, naming
+ * the fix. Asked only of types that have is_neg (looked up once a type: a dict lookup a call). */
+static int refuse_neg_bit(ew_state *st, PyObject *obj, const char *what)
+{
+    PyObject *tp = (PyObject *)Py_TYPE(obj);
+    PyObject *has = PyDict_GetItemWithError(st->neg_cache, tp);   /* borrowed */
+    if (has == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        has = PyObject_HasAttr(tp, st->str_is_neg) ? Py_True : Py_False;
+        if (PyDict_SetItem(st->neg_cache, tp, has) < 0)
+            return -1;
+    }
+    if (has != Py_True)
+        return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(obj, st->str_is_neg);
+    if (r == NULL)
+        return -1;
+    int neg = r == Py_True;
+    Py_DECREF(r);
+    if (neg) {
+        PyErr_Format(PyExc_ValueError, "%s: a torch tensor with the negative bit (torch._neg_view, the imaginary part "
+                     "of a real tensor's conj()) holds -x in memory and torch's DLPack export drops the bit; pass "
+                     "t.resolve_neg() (ewkern.torch's functions resolve it themselves)", what);
+        return -1;
+    }
+    return 0;
+}
+
 static int view_from_protocol(ew_state *st, PyObject *obj, ew_view *v, const char *what, void *stream,
                               int have_stream)
 {
     PyObject *devmeth = PyObject_GetAttr(obj, st->str_dlpack_device);
+    if (devmeth != NULL && refuse_neg_bit(st, obj, what) < 0) {
+        Py_DECREF(devmeth);
+        return -1;
+    }
     if (devmeth == NULL) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
@@ -334,6 +369,8 @@ int ew_view_from_object(ew_state *st, PyObject *obj, ew_view *v, const char *wha
         return view_from_numpy(st, v, (PyArrayObject *)obj, what);
     const DLPackExchangeAPI *api = ew_exchange_api(st, Py_TYPE(obj));
     if (api) {
+        if (refuse_neg_bit(st, obj, what) < 0)
+            return -1;
         v->kind = EW_KIND_API;
         v->api = api;
         if (api->dltensor_from_py_object_no_sync) {
@@ -513,6 +550,14 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         return NULL;
     PyObject *src = obj;
     Py_INCREF(src);
+    /* a NumPy array of integers or bools with dtype= given: cast on the host (the copy dtype= asks
+     * for anyway; ewkern's arrays hold floating types only, so its view import refuses it without) */
+    if (dtype_obj != Py_None && PyArray_Check(obj) &&
+        (PyArray_ISBOOL((PyArrayObject *)obj) || PyArray_ISINTEGER((PyArrayObject *)obj))) {
+        Py_SETREF(src, (PyObject *)PyArray_Cast((PyArrayObject *)obj, NPY_FLOAT64));
+        if (src == NULL)
+            return NULL;
+    }
     int is_array_like = Py_IS_TYPE(obj, st->Array_Type) || PyArray_Check(obj) ||
                         PyObject_HasAttr(obj, st->str_dlpack);
     if (!is_array_like) {
@@ -530,7 +575,8 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
             Py_DECREF(np);
             return NULL;
         }
-        if (dtype_obj == Py_None && !PyArray_ISFLOAT((PyArrayObject *)np)) {
+        if (!PyArray_ISFLOAT((PyArrayObject *)np)) {
+            /* float64 holds every int of |x| <= 2^53 exactly: a dtype= given rounds from there once */
             PyObject *f = PyArray_Cast((PyArrayObject *)np, NPY_FLOAT64);
             Py_SETREF(np, f);
             if (np == NULL)
@@ -561,7 +607,10 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         /* dtype conversion happens on the host through NumPy */
         PyObject *host = NULL;
         if (v.device.type == EW_CPU && v.kind != EW_KIND_API && v.kind != EW_KIND_DLPACK)
-            host = PyArray_CheckExact(src) ? (Py_INCREF(src), src) : PyObject_CallMethod(src, "numpy", NULL);
+            /* a subclass (np.ma, np.memmap, a user's) as its base ndarray: astype keeps the subclass */
+            host = PyArray_CheckExact(src) ? (Py_INCREF(src), src)
+                   : PyArray_Check(src) ? PyArray_View((PyArrayObject *)src, NULL, &PyArray_Type)
+                   : PyObject_CallMethod(src, "numpy", NULL);
         else {
             PyObject *tmp = ew_array_from_view(st, &v, v.kind == EW_KIND_DLPACK ? NULL : src);
             host = tmp ? PyObject_CallMethod(tmp, "numpy", NULL) : NULL;
@@ -574,7 +623,8 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
         if (conv == NULL)
             goto done;
         PyObject *devstr = ew_device_str(dev);
-        res = devstr ? PyObject_CallMethod(module, "asarray", "ONO", conv, Py_None, devstr) : NULL;
+        res = devstr ? PyObject_CallMethod(module, "asarray", "OOO", conv, Py_None, devstr) : NULL;
+        Py_XDECREF(devstr);
         Py_DECREF(conv);
         goto done;
     }

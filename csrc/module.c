@@ -95,7 +95,8 @@ static PyMethodDef module_methods[] = {
     {"asarray", (PyCFunction)(void (*)(void))ew_asarray, METH_VARARGS | METH_KEYWORDS,
      "asarray(obj, dtype=None, device=None)\n--\n\nAn Array from a NumPy array, a Python sequence or any "
      "DLPack producer: zero-copy when dtype and device already match, else a copy (dtype conversion goes "
-     "through NumPy on the host). Integer and bool data become float64 unless dtype is given."},
+     "through NumPy on the host). A sequence of ints or bools becomes float64 unless dtype is given; an "
+     "integer or bool array (NumPy's, a framework's) is a TypeError without dtype, converted with it (NumPy's)."},
     {"from_dlpack", (PyCFunction)m_from_dlpack, METH_O,
      "from_dlpack(obj)\n--\n\nA zero-copy Array viewing any DLPack producer (or a DLPack capsule)."},
     {"cuda_available", (PyCFunction)m_cuda_available, METH_NOARGS,
@@ -149,11 +150,12 @@ static int module_exec(PyObject *m)
         return -1;
     st->current_stream = Py_None;
     Py_INCREF(Py_None);
-    if ((st->api_cache = PyDict_New()) == NULL)
+    if ((st->api_cache = PyDict_New()) == NULL || (st->neg_cache = PyDict_New()) == NULL)
         return -1;
     if ((st->str_dlpack = PyUnicode_InternFromString("__dlpack__")) == NULL ||
         (st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) == NULL ||
         (st->str_api = PyUnicode_InternFromString("__dlpack_c_exchange_api__")) == NULL ||
+        (st->str_is_neg = PyUnicode_InternFromString("is_neg")) == NULL ||
         (st->str_requires_grad = PyUnicode_InternFromString("requires_grad")) == NULL ||
         (st->dlpack_kwnames = Py_BuildValue("(ss)", "stream", "max_version")) == NULL)
         return -1;
@@ -190,11 +192,13 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->Stream_Type);
     Py_VISIT(st->Plan_Type);
     Py_VISIT(st->api_cache);
+    Py_VISIT(st->neg_cache);
     Py_VISIT(st->bf16_descr);
     Py_VISIT(st->current_stream);
     Py_VISIT(st->str_dlpack);
     Py_VISIT(st->str_dlpack_device);
     Py_VISIT(st->str_api);
+    Py_VISIT(st->str_is_neg);
     Py_VISIT(st->str_requires_grad);
     Py_VISIT(st->dlpack_kwnames);
     return 0;
@@ -209,11 +213,13 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->Stream_Type);
     Py_CLEAR(st->Plan_Type);
     Py_CLEAR(st->api_cache);
+    Py_CLEAR(st->neg_cache);
     Py_CLEAR(st->bf16_descr);
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
     Py_CLEAR(st->str_api);
+    Py_CLEAR(st->str_is_neg);
     Py_CLEAR(st->str_requires_grad);
     Py_CLEAR(st->dlpack_kwnames);
     return 0;

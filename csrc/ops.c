@@ -11,6 +11,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include "ops.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "device.h"
@@ -801,7 +802,8 @@ static int rmse_split(const ew_view *v, PyObject *axis, int64_t *outer, int64_t 
         for (int i = nd == 1 ? 0 : 1; i < nd; i++)
             reduce[i] = 1;
     } else {
-        PyObject *seq = PyLong_Check(axis) ? PyTuple_Pack(1, axis) : PySequence_Tuple(axis);
+        /* an int or any integer with __index__ (numpy.int64 included), or a sequence of them */
+        PyObject *seq = PyIndex_Check(axis) ? PyTuple_Pack(1, axis) : PySequence_Tuple(axis);
         if (seq == NULL) {
             PyErr_Format(PyExc_TypeError, "rmse(): axis must be None, an int or a tuple of ints, got %.200s",
                          Py_TYPE(axis)->tp_name);
@@ -809,16 +811,27 @@ static int rmse_split(const ew_view *v, PyObject *axis, int64_t *outer, int64_t 
         }
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(seq); j++) {
             PyObject *item = PyTuple_GET_ITEM(seq, j);
-            long ax = PyLong_Check(item) ? PyLong_AsLong(item) : (PyErr_SetString(PyExc_TypeError,
-                      "rmse(): axis entries must be ints"), -1L);
-            if (PyErr_Occurred()) {
+            if (!PyIndex_Check(item)) {
+                PyErr_Format(PyExc_TypeError, "rmse(): axis entries must be ints, got %.200s", Py_TYPE(item)->tp_name);
                 Py_DECREF(seq);
                 return -1;
             }
+            PyObject *idx = PyNumber_Index(item);
+            /* out of a long's range is out of bounds as any other (a ValueError, as NumPy's AxisError) */
+            long ax = idx ? PyLong_AsLong(idx) : -1L;
+            Py_XDECREF(idx);
+            if (ax == -1 && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                    Py_DECREF(seq);
+                    return -1;
+                }
+                PyErr_Clear();
+                ax = LONG_MAX;
+            }
             if (ax < -nd || ax >= nd) {
+                PyErr_Format(PyExc_ValueError, "rmse(): axis %R is out of bounds for an array of %d dimensions",
+                             item, nd);
                 Py_DECREF(seq);
-                PyErr_Format(PyExc_ValueError, "rmse(): axis %ld is out of bounds for an array of %d dimensions",
-                             ax, nd);
                 return -1;
             }
             if (ax < 0)
@@ -982,6 +995,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
         if (!mask[k])
             out_objs[k] = NULL;
     static const char *const names[6] = {"a", "b", "grad", "r", "out[0]", "out[1]"};
+    const char *view_names[6] = {"a", "b", "grad", "r", NULL, NULL};   /* out[1] alone sits in slot 4 */
     ew_view v[6];
     int nv = 0, out_view[2] = {-1, -1};
     PyObject *result = NULL;
@@ -1019,6 +1033,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
             continue;
         if (ew_view_from_object(st, out_objs[o], &v[nv], names[4 + o], stream, 1) < 0)
             goto fail;
+        view_names[nv] = names[4 + o];
         out_view[o] = nv++;
         if (check_pair("rmse_backward", &v[0], "a", &v[nv - 1], names[4 + o], 1, 1) < 0 ||
             check_out("rmse_backward", &v[nv - 1], v, 4, 1) < 0)
@@ -1028,7 +1043,7 @@ static PyObject *run_rmse_backward(ew_state *st, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "rmse_backward(): the two gradients' out= arrays overlap; give each its own memory");
         goto fail;
     }
-    if (refuse_grad(st, "rmse_backward", v, names, nv) < 0)
+    if (refuse_grad(st, "rmse_backward", v, view_names, nv) < 0)
         goto fail;
     k = strcmp(lo.variant, "auto") == 0 ? ew_auto_kernel(EW_OP_RMSE_BACKWARD, v[0].dtype, v[0].device.type)
                                         : ew_find_kernel("rmse_backward", lo.variant, v[0].dtype, v[0].device.type);

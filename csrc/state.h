@@ -40,9 +40,10 @@ typedef struct ew_state {
     PyTypeObject *Stream_Type;
     PyTypeObject *Plan_Type;
     PyObject *api_cache;        /* dict: type -> capsule with a DLPackExchangeAPI, or None */
+    PyObject *neg_cache;        /* dict: type -> whether it has is_neg (torch's negative bit) */
     PyObject *bf16_descr;       /* numpy dtype of ml_dtypes.bfloat16, or NULL (not looked up yet) */
     PyObject *current_stream;   /* ewkern.Stream set by `with ewkern.stream(s)`, or None */
-    PyObject *str_dlpack, *str_dlpack_device, *str_api; /* interned attribute names */
+    PyObject *str_dlpack, *str_dlpack_device, *str_api, *str_is_neg; /* interned attribute names */
     PyObject *str_requires_grad;
     PyObject *dlpack_kwnames;   /* ("stream", "max_version") */
     int bf16_lookup_failed;

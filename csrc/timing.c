@@ -182,10 +182,17 @@ PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t narg
     int graph = vals[5] && vals[5] != Py_None ? PyObject_IsTrue(vals[5]) : num[0] > 1;
     if (blocking < 0 || graph < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(args[0], "time_plans(): plans must be a sequence of Plan objects");
+    /* a tuple of its own (a list's items would be borrowed across the GIL's release below: a
+     * thread that empties the list frees the Plans, their inputs and outputs mid-run) */
+    if (!PySequence_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "time_plans(): plans must be a sequence of Plan objects, got %.200s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Tuple(args[0]);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t np = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t np = PyTuple_GET_SIZE(seq);
     PyObject *result = NULL;
     double *times = NULL;
     ew_view fv;
@@ -195,7 +202,7 @@ PyObject *ew_time_plans(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_ValueError, "time_plans(): plans must hold at least one Plan");
         goto done;
     }
-    PlanObject **plans = (PlanObject **)PySequence_Fast_ITEMS(seq);
+    PlanObject **plans = (PlanObject **)&PyTuple_GET_ITEM(seq, 0);
     for (Py_ssize_t i = 0; i < np; i++) {
         if (!Py_IS_TYPE((PyObject *)plans[i], st->Plan_Type)) {
             PyErr_Format(PyExc_TypeError, "time_plans(): plans[%zd] is a %.200s, not a Plan from ewkern._C.prepare",

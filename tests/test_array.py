@@ -65,6 +65,35 @@ def test_asarray_sequences_and_dtype_conversion():
     assert d.dtype == "bfloat16" and d.numpy().astype(np.float64).tolist() == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_asarray_with_dtype_converts_what_it_takes_without(dtype):
+    """dtype= makes a converted copy of anything asarray takes: integer and bool sequences and
+    NumPy arrays (an integer array was refused as an int64 array) and NumPy subclasses (masked
+    arrays, memmaps, a user's), which have no .numpy()."""
+    want = np.array([1, -2, 3, 40000], np.float64).astype(np_dtype(dtype)).astype(np.float64)
+    for src in ([1, -2, 3, 40000], np.array([1, -2, 3, 40000], np.int64), np.array([1, -2, 3, 40000], np.int32),
+                np.array([1.0, -2.0, 3.0, 40000.0]).view(type("Sub", (np.ndarray,), {})),
+                np.ma.array([1.0, -2.0, 3.0, 40000.0])):
+        a = ewkern.asarray(src, dtype=dtype, device="cpu")
+        assert a.dtype == dtype, type(src)
+        np.testing.assert_array_equal(a.numpy().astype(np.float64), want, err_msg=str(type(src)))
+    b = ewkern.asarray(np.array([True, False]), dtype=dtype, device="cpu")
+    assert b.numpy().astype(np.float64).tolist() == [1.0, 0.0]
+    with pytest.raises(TypeError, match="unsupported dtype int64"):
+        ewkern.asarray(np.arange(3))   # without dtype=: ewkern holds floating types only, said so
+
+
+def test_array_protocol_copy_false_refuses_another_dtype():
+    """NumPy 2's __array__(dtype, copy=False) promises a view: another dtype is a ValueError, the
+    same dtype a view of the array's memory (asked by np.asarray(x, dtype, copy=False))."""
+    x = ewkern.asarray(np.arange(1.0, 4.0, dtype=np.float32))
+    with pytest.raises(ValueError, match="copy=False"):
+        np.asarray(x, dtype=np.float64, copy=False)
+    v = np.asarray(x, dtype=np.float32, copy=False)
+    assert np.shares_memory(v, x.numpy())
+    assert np.asarray(x, dtype=np.float64).dtype == np.float64
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ewkern.cuda_available(), reason="no CUDA GPU")
 def test_asarray_between_devices():

@@ -141,6 +141,9 @@ def test_dlpack_copy_and_device_arguments(device):
             a.__dlpack__(stream=0)
     with pytest.raises(BufferError):
         a.__dlpack__(dl_device=(7, 0))
+    for bad in ([1, 0], 1, "cpu"):   # a SystemError from the argument parser before
+        with pytest.raises(TypeError, match=r"dl_device must be a \(device_type, device_id\) tuple"):
+            a.__dlpack__(dl_device=bad)
 
 
 @pytest.mark.gpu

@@ -441,7 +441,9 @@ def test_after_torch_ops_default_to_a_subset_unless_ops_are_named():
 @pytest.mark.parametrize("args, message", [
     (["--peers-ops", "add", "--peers-after-torch-ops", "gelu"], "--peers-after-torch-ops: gelu not among the ops"),
     (["--peers-methods", "back-to-back,after-torch"], "--peers-methods takes back-to-back, single, after_torch, "
-                                                      "chain; got after-torch")])
+                                                      "chain; got after-torch"),
+    (["--peers-dtypes", "float32,int8"], "--peers-dtypes: int8 not known; it takes float32, float16, bfloat16, float64"),
+    (["--peers-ops", "add,gelu_backward,nope"], "--peers-ops: gelu_backward, nope not known; it takes copy")])
 def test_bad_peers_options_are_refused_before_running(args, message, tmp_path, capsys):
     code = bench.main(["peers", "--device", "cpu", *args, "--out", str(tmp_path / "o")])
     assert code == 2

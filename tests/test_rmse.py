@@ -356,6 +356,15 @@ def test_errors():
         ewkern.rmse(a, a, axis=(1, -1))
     with pytest.raises(TypeError, match="axis"):
         ewkern.rmse(a, a, axis="x")
+    with pytest.raises(TypeError, match="axis entries must be ints, got float"):
+        ewkern.rmse(a, a, axis=(1.0,))
+    with pytest.raises(ValueError, match="axis 1180591620717411303424 is out of bounds"):   # not OverflowError
+        ewkern.rmse(a, a, axis=2 ** 70)
+    # NumPy's integers, alone or in a sequence, are axes as ints are (as NumPy takes them)
+    for ax in (np.int64(1), (np.int32(-1),), [np.intp(1)]):
+        np.testing.assert_array_equal(ewkern.rmse(a, a + 1, axis=ax), np.ones(4, np.float32))
+        np.testing.assert_array_equal(ewkern.rmse_backward(np.ones(4, np.float32), a, a + 1,
+                                                           np.ones(4, np.float32), axis=ax)[0], np.full_like(a, -1 / 8))
     with pytest.raises(ValueError, match="unknown variant"):
         ewkern.rmse(a, a, variant="fastest")
     if HAS_CUDA:

@@ -143,3 +143,29 @@ def test_results_are_right_with_threads():
         t.join()
     for i in range(4):
         assert (outs[i] == 2.0 * (i + 1)).all()
+
+
+def test_time_plans_keeps_its_plans_while_another_thread_drops_them():
+    """time_plans runs the plans with the GIL released: it holds them in a tuple of its own, so a
+    thread that empties the list it was given meanwhile frees nothing in use (the list's borrowed
+    items were read after the Plans, their inputs and outputs had been freed: a crash, 3 runs of
+    3). In a child process, which a crash would end."""
+    import subprocess
+    code = """if True:
+        import gc, threading, time
+        import numpy as np, ewkern
+        from ewkern import _C
+        plans = [_C.prepare(ewkern.exp, np.ones(1 << 20, np.float32)) for _ in range(4)]
+        def drop():
+            time.sleep(0.02)
+            plans.clear()
+            gc.collect()
+        t = threading.Thread(target=drop)
+        t.start()
+        times = _C.time_plans(plans, samples=400, warmup=0)
+        t.join()
+        assert not plans
+        print("ok", len(times))
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stdout, r.stderr[-2000:])

@@ -404,6 +404,13 @@ def test_plain_api_out_that_requires_grad():
         ewkern.fill(leaf, 1.0)
     with pytest.raises(RuntimeError, match=r"rmse\(\): out requires grad"):
         ewkern.rmse(a.view(1, 5), b.view(1, 5), out=torch.zeros(1, requires_grad=True))
+    # the gradient named is the one given: out[1] alone was called out[0]
+    r = torch.ones(1)
+    for o, name in ((0, r"out\[0\]"), (1, r"out\[1\]")):
+        outs = [None, None]
+        outs[o] = torch.zeros(1, 5, requires_grad=True)
+        with pytest.raises(RuntimeError, match=rf"rmse_backward\(\): {name} requires grad"):
+            ewkern.rmse_backward(r, a.view(1, 5), b.view(1, 5), r, out=tuple(outs))
     assert bool((leaf == 0).all())
     with torch.no_grad():
         assert ewkern.add(a, b, out=leaf) is leaf

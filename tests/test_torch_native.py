@@ -347,8 +347,17 @@ def test_tensors_with_the_negative_bit_are_read_with_their_sign(device, path):
         w = torch.ones(50, dtype=torch.float64, device=device)
         torch.testing.assert_close(op(n, w, 1e-5), op(-x, w, 1e-5))
     # ewkern's own functions take torch tensors through torch's export, which drops the bit (as
-    # NumPy's from_dlpack does): what the README says
-    torch.testing.assert_close(torch.from_dlpack(__import__("ewkern").copy(n)), x)
+    # NumPy's from_dlpack does): they refuse such a tensor, read or written, and name the fix
+    import ewkern
+    with pytest.raises(ValueError, match=r"a: a torch tensor with the negative bit .*t\.resolve_neg\(\)"):
+        ewkern.copy(n)
+    target = torch.zeros_like(x)
+    with pytest.raises(ValueError, match="negative bit"):
+        ewkern.exp(x, out=torch._neg_view(target))
+    assert not target.any()
+    with pytest.raises(ValueError, match="negative bit"):
+        ewkern.rmse(y, n)
+    torch.testing.assert_close(torch.from_dlpack(ewkern.copy(n.resolve_neg())), -x)
 
 
 @pytest.mark.parametrize("path", ["c++", "python"])

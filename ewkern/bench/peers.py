@@ -126,6 +126,9 @@ CPU_RMSE_FULL = [((16, 1 << 18), False), ((1024, 4096), False), ((8, 1 << 20), F
                  ((1 << 18, 16), True)]
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
 def _all_ops():
     from .timing import ew
     return [r["name"] for r in ew().ops() if r.get("family", "elementwise") == "elementwise"]
@@ -135,7 +138,14 @@ def _params(ctx):
     sizes = ctx.pick("peers_sizes", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 2 << 30],
                      gpu_quick=[4 << 20, 64 << 20, 1 << 30], cpu_full=[4 << 20, 64 << 20], cpu_quick=[4 << 20])
     ops = ctx.opt("peers_ops") or _all_ops()
-    dtypes = ctx.opt("peers_dtypes") or ["float32", "float16", "bfloat16", "float64"]
+    dtypes = ctx.opt("peers_dtypes") or list(DTYPES)
+    # named ones checked before anything runs: a name not known failed after the reference copy
+    # and the baselines (a dtype) or left every cell out and passed (an op)
+    for flag, named, known in (("--peers-ops", ops, _all_ops()), ("--peers-dtypes", dtypes, DTYPES)):
+        bad = [x for x in named if x not in known]
+        if bad:
+            from .timing import BenchError
+            raise BenchError(f"{flag}: {', '.join(bad)} not known; it takes {', '.join(known)}")
     shapes = ctx.pick("peers_rmse_shapes", gpu_full=GPU_RMSE, gpu_quick=GPU_RMSE, cpu_full=CPU_RMSE_FULL,
                       cpu_quick=CPU_RMSE_QUICK)
     ref = ctx.opt("peers_ref_size") or ((1 << 30) if ctx.is_gpu else (64 << 20 if not ctx.quick else 16 << 20))
