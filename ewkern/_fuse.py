@@ -270,6 +270,32 @@ for _np_name, _c_name in (("arcsin", "asin"), ("arccos", "acos"), ("arctan", "at
 # literals in the compute type (a double literal would take float math to double)
 _TYPED: dict[str, Callable[[str], _Fmt]] = {"gelu": lambda t: lambda a: (f"(0.5f * {a} * erfc(-0.70710678118654752f * {a}))" if t == "float"
                                        else f"(0.5 * {a} * erfc(-0.70710678118654752440 * {a}))")}
+
+
+def _int_fmt(name: str, dt: str) -> _Fmt:
+    """The C of integer operation `name` with result dtype dt, wrapped to dt as NumPy's is: C
+    computes a narrow integer in int (uint8 200 * 2 is 400 there, 144 in NumPy), so the result is
+    cast back to its own type; add, subtract, multiply, negative and abs are computed in the
+    unsigned type of at least int's width, where they wrap (in a signed type an overflow, int32's
+    or int64's, is undefined behaviour; uint16 * uint16 overflows int), and converted back."""
+    T = _ctype(dt)
+    U = "unsigned long long" if DTYPES[dt][2] == 8 else "unsigned int"
+
+    def wrap(e: str) -> str:
+        return f"(({T})({e}))"
+    ops = {"add": "+", "subtract": "-", "multiply": "*"}
+    if name in ops:
+        return lambda a, b: wrap(f"({U}){a} {ops[name]} ({U}){b}")
+    if name == "square":
+        return lambda a: wrap(f"({U}){a} * ({U}){a}")
+    if name == "negative":
+        return lambda a: wrap(f"0u - ({U}){a}")
+    if name == "absolute":   # NumPy's abs of the lowest value is itself (wraps)
+        return lambda a: wrap(f"{a} < 0 ? 0u - ({U}){a} : ({U}){a}")
+    fmt = _ARITH.get(name) or _BITS.get(name) or (lambda a: f"(~{a})")
+    return lambda *xs: wrap(fmt(*xs))
+
+
 _ABS_INT = lambda a: f"({a} < 0 ? -{a} : {a})"  # noqa: E731
 _COMPARE = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
 # x - x is 0 for a finite x and NaN for an infinity or a NaN (no literal, no library call)
@@ -295,8 +321,15 @@ def _extremes(dt: str) -> tuple[str, str]:
 # the reductions: kind -> (reduce expression of a and b, identity) for the reduction's dtype; max and
 # min are np.maximum's and np.minimum's C (a NaN from either side is kept; for integers and bool
 # `a != a` is false)
+def _wrapping(op: str) -> Callable[[str], str]:
+    """A reduction's a <op> b in dtype dt: an integer's wraps as NumPy's (_int_fmt)."""
+    name = {"+": "add", "*": "multiply"}[op]
+    return lambda dt: f"a {op} b" if _is_float(dt) or dt == "bool" else _int_fmt(name, dt)("a", "b")
+
+
 _REDUCE: dict[str, Callable[[str], tuple[str, str]]] = {
-    "sum": lambda dt: ("a + b", "0"), "mean": lambda dt: ("a + b", "0"), "prod": lambda dt: ("a * b", "1"),
+    "sum": lambda dt: (_wrapping("+")(dt), "0"), "mean": lambda dt: ("a + b", "0"),
+    "prod": lambda dt: (_wrapping("*")(dt), "1"),
     "max": lambda dt: (_FLOAT_ONLY["maximum"]("a", "b"), _extremes(dt)[0]),
     "min": lambda dt: (_FLOAT_ONLY["minimum"]("a", "b"), _extremes(dt)[1])}
 _NP_REDUCTIONS = {np.sum: "sum", np.mean: "mean", np.max: "max", np.amax: "max", np.min: "min", np.amin: "min",
@@ -365,13 +398,15 @@ def _apply(trace: _Trace, name: str, *xs: Any, ufunc: Any = None) -> _Var:
         if _is_float(res):
             raise TypeError(f"{trace.name}: {name} of floating-point values")
         bits: _Fmt = _BITS.get(name) or ((lambda a: f"(!{a})") if res == "bool" else (lambda a: f"(~{a})"))
+        if res != "bool":   # C computes ~ and the others in int: back to the type
+            bits = _int_fmt(name, res)
         return _node(trace, res, bits, ops, [res] * len(ops))
     if name in _ARITH:
         if res == "bool":
             raise TypeError(f"{trace.name}: ewkern.fuse does not fuse {name} of booleans")
-        return _node(trace, res, _ARITH[name], ops, [res] * len(ops))
+        return _node(trace, res, _ARITH[name] if _is_float(res) else _int_fmt(name, res), ops, [res] * len(ops))
     if name == "absolute" and not _is_float(res):
-        return _node(trace, res, _ABS_INT, ops, [res])
+        return _node(trace, res, _int_fmt(name, res) if res != "bool" else _ABS_INT, ops, [res])
     if name in _FLOAT_ONLY or name in _TYPED:
         if not _is_float(res):
             raise TypeError(f"{trace.name}: ewkern.fuse fuses {name} of floating-point values only (here {res})")

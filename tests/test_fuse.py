@@ -476,3 +476,48 @@ def test_a_call_finds_its_signature_by_argument_types():
             f(x, "3")
     assert len(f._kernels) == len(f._by_types) == 4
     assert set(map(id, f._by_types.values())) == set(map(id, f._kernels.values()))
+
+
+_INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+_INT_FUNCS = {
+    "mul_div": lambda a, b: (a * 2) / 2,
+    "sum_compare": lambda a, b: (a + b) > 3,
+    "sub_mul": lambda a, b: (a - b) * b + a,
+    "neg_square_abs": lambda a, b: np.abs(-a + np.square(b)),
+    "invert_bits": lambda a, b: ~a + (a ^ b),
+    "sum_of_product": lambda a, b: np.sum(a * 3),
+    "rows_sum": lambda a, b: np.sum(a * b, axis=1) * 3,
+    "rows_prod": lambda a, b: np.prod(a + 1, axis=1),
+}
+
+
+@pytest.mark.parametrize("dt", _INT_DTYPES)
+def test_integer_intermediates_wrap_as_numpy(dt):
+    """Every integer operation's value wraps to its NumPy type (C computes narrow integers in
+    int, so uint8 200 * 2 was 400 there), including a reduction's map, its sum or product and
+    its post map; signed add, subtract and multiply wrap too (computed unsigned: no signed
+    overflow), with each type's extremes among the values."""
+    info = np.iinfo(dt)
+    rng = np.random.default_rng(7)
+    a = rng.integers(info.min, info.max, (4, 6), dtype=dt, endpoint=True)
+    b = rng.integers(info.min, info.max, (4, 6), dtype=dt, endpoint=True)
+    a[0, :3] = [info.min, info.max, 0]
+    with np.errstate(all="ignore"):
+        for n, f in _INT_FUNCS.items():
+            want = np.asarray(f(a, b))
+            got = np.asarray(ewkern.fuse(f, kernel_name=f"wrap_{n}")(a, b))
+            assert got.dtype == want.dtype, n
+            np.testing.assert_array_equal(got, want, err_msg=n)
+
+
+def test_uint8_repro_values():
+    a = np.array([200, 100, 255], np.uint8)
+    np.testing.assert_array_equal(ewkern.fuse(lambda a: (a * 2) / 2)(a), [72, 100, 127])
+    np.testing.assert_array_equal(ewkern.fuse(lambda a, b: (a + b) > 250)(a, a), [False, False, True])
+    assert int(ewkern.fuse(lambda a: np.sum(a * 2))(a)) == 598
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64", "float16"])
+def test_signbit_fuses_on_the_cpu(dt):
+    x = np.array([-0.0, 0.0, -1.5, 2.0, -np.inf, np.nan], dt)
+    np.testing.assert_array_equal(ewkern.fuse(lambda a: np.signbit(a))(x), np.signbit(x))

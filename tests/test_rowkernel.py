@@ -555,8 +555,8 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     tdefs = _codegen.typedefs((("T", dtype),), ins, [dtype, dtype, "float32"], outs, [dtype, dtype])
     src, entries = _codegen.row_source("cuda", "csk", lay, E, "x * x", "a + b", _CS_OP, "0",
                                        "double" if dtype == "float64" else "float", "", tdefs, set(), None, g)
-    assert "for (long long _t = 0; _t < PP.tiles; ++_t)" in src and "_pa_gw[_k] += gw" in src
-    assert "(_u_gw + _v" not in src and "stv(_u_y + _v, _w_y, PP.wb)" in src
+    assert "for (long long _t = 0; _t < _ewrtc_PP.tiles; ++_t)" in src and "_pa_gw[_k] += gw" in src
+    assert "(_u_gw + _v" not in src and "stv(_u_y + _v, _w_y, _ewrtc_PP.wb)" in src
     # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory, a lane's vector
     # loaded, added to and stored again: both zero it first
     assert "ewrtc::ld_part(_cs_gw + _v * E, _pa_gw);" in src and "ewrtc::st_part(_cs_gw + _v * E, _pa_gw);" in src
@@ -613,3 +613,16 @@ def test_column_sum_warm_calls_run_by_plan(full_calls):
     r = k(x2, w, 0.5, np.empty((50, 32)), gw_out)
     assert r[1] is gw_out and full_calls[0] == n
     np.testing.assert_allclose(gw_out, _colsum_ref(x2, w, 0.5)[1], rtol=0, atol=1e-13 * 50)
+
+
+def test_strided_output_read_by_the_operation_starts_as_the_callers_values():
+    """An operation that reads its output (`y = y + ...`) into a non-dense output: the CPU's
+    dense stand-in for it starts as the output's values (not uninitialised memory) and is
+    written back."""
+    k = ewkern.RowKernel("T x", "T y", map_expr="x", reduce_expr="a + b", identity="0",
+                         operation="y = y + x / a", name="acc_row_strided")
+    x = np.arange(1, 13, dtype=np.float64).reshape(3, 4)
+    want = 100 + x / x.sum(1, keepdims=True)
+    yt = np.full((4, 3), 100.0).T
+    k(x, yt)
+    np.testing.assert_allclose(yt, want, rtol=1e-15)

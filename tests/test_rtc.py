@@ -876,7 +876,7 @@ def test_rows_engine_forms_fit_their_occupancy(dtype, tmp_path):
                                                               "a + b", "y_out = a", "0", "float", "",
                                                               _codegen.typedefs((("T", dtype),), [], [], [], []),
                                                               full, aligned, bound)
-                assert ("const int _G = 256," in src) == full and ("_task / PP.nchunks" in src) == (not aligned)
+                assert ("const int _G = 256," in src) == full and ("_task / _ewrtc_PP.nchunks" in src) == (not aligned)
                 assert (f"__launch_bounds__(256, {bound}) ewrtc_msew_rows" in src) == (bound > 0)
                 assert "__launch_bounds__(256) ewrtc_msew_comb" in src
                 ptx, _, _ = _build.compile_cuda("msew", src, (9, 0), ptx_only=True)
@@ -1430,7 +1430,7 @@ def test_cpu_float16_tiles_take_their_pointers_once_a_tile():
             body = lines[k:end]
             assert any("h2f_v(_h_x + _j0" in ln for ln in body) and any("f2h_v(_f_z_out, _h_z_out + _j0)" in ln for ln in body)
             assert not [ln for ln in body if "P.p_" in ln], (mode, op, body)
-            assert any(ln.strip().startswith("ewrtc::half_bits *const _h_z_out = (ewrtc::half_bits *)P.p_z_out")
+            assert any(ln.strip().startswith("ewrtc::half_bits *const _h_z_out = (ewrtc::half_bits *)_ewrtc_P.p_z_out")
                        for ln in lines[k - 6:k]), (mode, op)
 
 
@@ -1496,3 +1496,144 @@ def test_gpu_reduction_post_map_sees_the_scalar_parameters(shape, axis):
     got = k(x, 2.5, axis=axis)
     want = (x.double() ** 2).mean(dim=axis).sqrt() * 2.5 if axis is not None else (x.double() ** 2).mean().sqrt() * 2.5
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+# ---- the review's defects: overlap, raw writes, scalars, link errors, names, axes -------------
+
+def test_reduction_out_overlapping_an_input_reads_a_copy():
+    """out= overlapping the input (a row of it) gives NumPy's result: the input is read from a
+    copy, as ElementwiseKernel's and NumPy's ufuncs are; serial (4 x 4) and threaded (1000 x
+    1000) CPU loops, and a warm call after a plan of the same signature exists."""
+    s = ewkern.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "ovl_sum")
+    x = np.arange(16.0).reshape(4, 4)
+    want = x.sum(axis=1)
+    s(x, axis=1, out=x[-1, :])
+    np.testing.assert_array_equal(x[-1], want)
+    x = np.arange(1e6).reshape(1000, 1000) % 7
+    want = x.sum(axis=1)
+    s(x, axis=1, out=np.empty(1000))   # a plan for this signature (dtypes, shapes, alignment)
+    s(x, axis=1, out=x[0, :])
+    np.testing.assert_array_equal(x[0], want)
+
+
+def test_raw_input_written_through_a_strided_view_is_kept():
+    """A raw parameter is writable (CuPy's are): writes into a non-contiguous raw input, which
+    the CPU runs on a contiguous copy, are copied back; a raw input only read is not."""
+    k = ewkern.ElementwiseKernel("T x, raw T y", "", "y[i] = x * 2", "scatter_raw")
+    x = np.arange(5.0)
+    base = np.zeros(10)
+    k(x, base[::2])
+    np.testing.assert_array_equal(base, [0, 0, 2, 0, 4, 0, 6, 0, 8, 0])
+    inc = ewkern.ElementwiseKernel("raw T y", "T z", "z = y[i]; y[i] += 1", "inc_raw")
+    base = np.zeros((4, 4))
+    np.testing.assert_array_equal(inc(base[:, 1], np.empty(4)), 0)
+    np.testing.assert_array_equal(base[:, 1], 1)
+    assert not _codegen.may_write_raw("z = y[_ind.size() - i - 1] + y.size()", "y")
+    assert _codegen.may_write_raw("y[i] = 1", "y") and _codegen.may_write_raw("f(y)", "y")
+
+
+def test_raw_input_same_view_as_output_is_not_run_in_place():
+    """A raw input may be read at any index, so the very same array as an output is read from a
+    copy (only non-raw parameters, element i reading element i, may run in place), on the full
+    path and on a warm call whose signature has a plan."""
+    rev = ewkern.ElementwiseKernel("raw T x", "T y", "y = x[_ind.size() - i - 1]", "rev_raw")
+    x = np.arange(8.0)
+    rev(x, np.empty(8))
+    rev(x, np.empty(8))   # plans for the signature
+    rev(x, x)
+    np.testing.assert_array_equal(x, np.arange(8.0)[::-1])
+
+
+@pytest.mark.parametrize("bad", [np.str_("2"), np.bytes_(b"2"), np.datetime64(2, "s"), np.timedelta64(2, "s"), "2",
+                                 b"2", None])
+def test_non_numeric_scalars_are_refused(bad):
+    """Only numbers are scalars (bool, int, float, NumPy's bool and numbers): a NumPy string,
+    bytes, datetime or timedelta, a str or None is a TypeError naming the kernel and parameter,
+    cold and after a plan for a float scalar exists."""
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x + y", "add_scalar")
+    a = np.arange(4.0)
+    k(a, 2.0)
+    k(a, 2.0)
+    with pytest.raises(TypeError, match="add_scalar: y"):
+        k(a, bad)
+    np.testing.assert_array_equal(k(a, np.float32(2)), a + 2)
+
+
+def test_block_size_is_checked_on_the_cpu_too():
+    k = ewkern.ElementwiseKernel("T x", "T z", "z = x", "bs_check")
+    a = np.arange(4.0)
+    with pytest.raises(TypeError, match="bs_check: block_size"):
+        k(a, block_size="x")
+    with pytest.raises(ValueError, match="bs_check: block_size"):
+        k(a, block_size=0)
+    np.testing.assert_array_equal(k(a, block_size=128), a)
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_torch_sparse_input_is_a_type_error():
+    k = ewkern.ElementwiseKernel("T x", "T z", "z = x", "sparse_in")
+    s = ewkern.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "sparse_sum")
+    for f in (k, s):
+        with pytest.raises(TypeError, match="x is a torch tensor of layout torch.sparse_coo"):
+            f(torch.eye(3).to_sparse())
+
+
+@pytest.mark.parametrize("body,preamble,symbol", [("z = undefined_fn(x)", "float undefined_fn(float);",
+                                                   "undefined_fn(float)"),
+                                                  ("z = ewk_c_fn(x)", 'extern "C" float ewk_c_fn(float);', "ewk_c_fn")])
+def test_cpu_kernel_that_does_not_link_is_a_compile_error_and_not_cached(cache_dir, body, preamble, symbol):
+    """A body that compiles but calls a function defined nowhere is CompileError naming the
+    kernel and the symbol (not an OSError naming a deleted temporary file), and nothing is
+    written to the disk cache (a later run compiles again rather than loading a broken library)."""
+    k = ewkern.ElementwiseKernel("T x", "T z", body, "no_link", preamble=preamble)
+    for _ in range(2):
+        with pytest.raises(ewkern.rtc.CompileError, match=r"'no_link' failed to link.*undefined symbol '%s'"
+                           % re.escape(symbol)):
+            k(np.ones(3, np.float32))
+    assert not list(cache_dir.glob("*.so")) if cache_dir.exists() else True
+
+
+@pytest.mark.parametrize("dt", ["float64", "float32", "float16"])
+def test_cpu_max_min_of_mixed_float_types_drop_nan_as_cuda(dt):
+    """max(x, 0.0) with a float x (float and double: CUDA's max(float, double) is fmax) gives
+    the other operand for a NaN, as max(double, double) does, on both backends."""
+    x = np.array([np.nan, -1, 2], dt)
+    k = ewkern.ElementwiseKernel("T x", "T z, T w", "z = max(x, 0.0); w = min(x, 0.0)", "relu_lit")
+    z, w = k(x)
+    np.testing.assert_array_equal(z, [0, 0, 2])
+    np.testing.assert_array_equal(w, [0, -1, 0])
+    ki = ewkern.ElementwiseKernel("T x", "T z", "z = max(x, 2)", "imax")   # integers: < as before
+    np.testing.assert_array_equal(ki(np.array([1, 3, -5], np.int32)), [2, 3, 2])
+
+
+@pytest.mark.parametrize("pname", ["P", "PP", "P_", "off_x", "row_x", "tile_x", "o", "r"])
+def test_parameter_names_that_were_generated_locals(pname):
+    """Names the generated code once used for its own locals (the argument struct P, per-array
+    byte offsets off_<name>, a reduction's loop indices o and r) are ordinary parameter names:
+    elementwise (contiguous, strided, broadcast rows), reduction and as a scalar in post_map."""
+    x = np.arange(12.0).reshape(3, 4)
+    k = ewkern.ElementwiseKernel(f"T x, T {pname}", "T z", f"z = x + 2 * {pname}", "names_ek")
+    np.testing.assert_array_equal(k(x, x), 3 * x)
+    np.testing.assert_array_equal(k(x.T, x.T), 3 * x.T)
+    np.testing.assert_array_equal(k(x, x[0]), x + 2 * x[0])
+    r = ewkern.ReductionKernel(f"T x, T {pname}", "T y", "x", "a + b", f"y = a * {pname}", "0", "names_rk")
+    np.testing.assert_array_equal(r(x, 2.0, axis=1), x.sum(1) * 2)
+    r2 = ewkern.ReductionKernel(f"T x, T {pname}", "T y", f"x * {pname}", "a + b", "y = a", "0", "names_rk2")
+    np.testing.assert_array_equal(r2(x.T, x.T, axis=0), (x * x).sum(1))
+
+
+@pytest.mark.parametrize("pname", ["_c", "_r", "_o", "_acc", "_ewrtc_x"])
+def test_parameter_names_reserved_for_generated_code_are_refused(pname):
+    with pytest.raises(ValueError, match=f"bad_name: parameter name '{pname}' is reserved"):
+        ewkern.ElementwiseKernel(f"T x, T {pname}", "T z", "z = x", "bad_name")
+
+
+@pytest.mark.parametrize("axis", [0, -1, (0,), 1])
+def test_reduction_axis_of_a_0d_input_is_out_of_bounds(axis):
+    """A 0-d input has no axis: every axis is a ValueError (NumPy's AxisError is one), not only
+    -1; axis=None and axis=() reduce nothing."""
+    s = ewkern.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "rsum0d")
+    z = np.array(5.0)
+    with pytest.raises(ValueError, match="rsum0d: axis .* out of bounds"):
+        s(z, axis=axis)
+    assert float(s(z)) == 5.0 and float(s(z, axis=())) == 5.0

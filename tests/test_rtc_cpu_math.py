@@ -100,3 +100,54 @@ def test_baseline_and_vector_builds_agree_within_bounds(monkeypatch):
     scale = np.abs(a64) + 2 * np.abs(a64 / (1 + np.exp(-b64))) + 1   # the terms' size: cancellation
     for y in (fast, slow):
         assert (np.abs(y - exact) / (EPS["float32"] * scale)).max() <= 16
+
+
+def _kernel(expr, n=1, name="cuda_math"):
+    ins = ", ".join(f"T x{j}" for j in range(n))
+    return ewkern.ElementwiseKernel(ins, "T z", f"z = {expr}", name)
+
+
+def test_cuda_inverse_error_functions_on_the_cpu():
+    """CUDA's erfinv, erfcinv, normcdf and normcdfinv exist on the CPU: erf(erfinv(y)) = y and
+    erfc(erfcinv(z)) = z to rounding (math.erf / math.erfc), the ends and outside the domain as
+    CUDA's; normcdf and normcdfinv against statistics.NormalDist."""
+    import statistics
+    y = np.concatenate([np.linspace(-0.999999, 0.999999, 2001), [0.5, -0.5, 1e-300, -1e-10, 1 - 2.0**-53]])
+    back = np.array([math.erf(v) for v in _kernel("erfinv(x0)")(y)])
+    np.testing.assert_allclose(back, y, rtol=4e-16, atol=0)
+    np.testing.assert_array_equal(_kernel("erfinv(x0)")(np.array([1.0, -1.0, 0.0])), [np.inf, -np.inf, 0.0])
+    assert np.isnan(_kernel("erfinv(x0)")(np.array([1.5, np.nan]))).all()
+    z = np.concatenate([np.geomspace(1e-300, 1, 2000), np.linspace(0, 2, 1001)[1:-1]])
+    c = _kernel("erfcinv(x0)")(z)
+    np.testing.assert_allclose([math.erfc(v) for v in c], z, rtol=1e-12)
+    np.testing.assert_array_equal(_kernel("erfcinv(x0)")(np.array([0.0, 2.0])), [np.inf, -np.inf])
+    nd = statistics.NormalDist()
+    p = np.linspace(1e-9, 1 - 1e-9, 999)
+    np.testing.assert_allclose(_kernel("normcdfinv(x0)")(p), [nd.inv_cdf(v) for v in p], rtol=1e-12, atol=1e-15)
+    x = np.linspace(-7, 7, 1001)
+    np.testing.assert_allclose(_kernel("normcdf(x0)")(x), [nd.cdf(v) for v in x], rtol=1e-14, atol=1e-16)
+    f = np.linspace(-0.9, 0.9, 101).astype(np.float32)
+    np.testing.assert_allclose(_kernel("erfinvf(x0)", name="erfinvf")(f),
+                               _kernel("erfinv(x0)")(f.astype(np.float64)).astype(np.float32), rtol=1e-7)
+
+
+def test_cuda_intrinsics_and_functions_on_the_cpu():
+    """CUDA's fast intrinsics (__expf, __logf, __sinf, __cosf, __powf, __fdividef, __saturatef)
+    and its functions the C++ library lacks (sinpi, cospi, rcbrt, rsqrt, norm3d, exp10,
+    signbit) are there on the CPU with their values (the intrinsics as the exact functions)."""
+    xf = np.linspace(-3, 3, 101).astype(np.float32)
+    cases = [("__expf(x0)", np.exp(xf)), ("__logf(x0 + 4)", np.log(xf + 4)), ("__sinf(x0)", np.sin(xf)),
+             ("__cosf(x0)", np.cos(xf)), ("__powf(x0 + 4, 1.5f)", (xf + 4) ** 1.5), ("__fdividef(x0, 3.0f)", xf / 3),
+             ("__saturatef(x0)", np.clip(xf, 0, 1)), ("rcbrt(x0 + 4)", 1 / np.cbrt(xf + 4)),
+             ("rsqrt(x0 + 4)", 1 / np.sqrt(xf + 4)), ("norm3d(x0, 2 * x0, 3.0f)", np.sqrt(5 * xf * xf + 9)),
+             ("exp10f(x0)", 10.0 ** xf), ("sinpif(x0)", np.sin(np.pi * xf.astype(np.float64)))]
+    for expr, want in cases:
+        np.testing.assert_allclose(_kernel(expr, name="intrinsic")(xf), want, rtol=4e-7, atol=1e-7, err_msg=expr)
+    assert _kernel("__saturatef(x0)", name="sat")(np.array([np.nan], np.float32))[0] == 0
+    x = np.concatenate([np.linspace(-5, 5, 10001), np.arange(-6, 6.5, 0.5)])
+    np.testing.assert_allclose(_kernel("sinpi(x0)")(x), np.sin(np.pi * x), rtol=0, atol=4e-15)
+    np.testing.assert_allclose(_kernel("cospi(x0)")(x), np.cos(np.pi * x), rtol=0, atol=4e-15)
+    np.testing.assert_array_equal(_kernel("sinpi(x0)")(np.arange(-3.0, 4)), 0)
+    np.testing.assert_array_equal(_kernel("cospi(x0)")(np.arange(-3.0, 4) + 0.5), 0)
+    sb = ewkern.ElementwiseKernel("T x", "bool z", "z = signbit(x)", "sb")
+    np.testing.assert_array_equal(sb(np.array([-0.0, 1.0, -2.0])), [True, False, True])

@@ -618,3 +618,25 @@ def test_kernel_ops_of_one_name_stay_apart():
     with pytest.raises(ValueError, match="not an identifier"):
         ewt.kernel_op(k3, name="bad name")
     assert ewt.kernel_op(k3, name="kop_same_name_3")._name == "kop_same_name_3"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_user_kernels_refuse_tensors_with_the_negative_bit(device):
+    """A torch tensor with the negative bit holds -x in memory and torch's DLPack export drops the
+    bit: a user kernel refuses it as an input or an output (it read x and wrote -z), cold and warm,
+    and runs on the resolved tensor."""
+    k = ewkern.ElementwiseKernel("T x", "T z", "z = x * 2", "twice_negbit")
+    s = ewkern.ReductionKernel("T x", "T y", "x", "a + b", "y = a", "0", "sum_negbit")
+    t = torch.tensor([1.0, 2.0, 3.0], device=device)
+    n = torch._neg_view(t)
+    for _ in range(2):   # the second call of a signature takes the warm path
+        torch.testing.assert_close(k(t), t * 2)
+        with pytest.raises(ValueError, match=r"twice_negbit: x is a torch tensor with the negative bit"):
+            k(n)
+        target = torch.zeros(3, device=device)
+        with pytest.raises(ValueError, match="negative bit"):
+            k(t, torch._neg_view(target))
+        assert not target.any()
+        with pytest.raises(ValueError, match="negative bit"):
+            s(n)
+    torch.testing.assert_close(k(n.resolve_neg()), -t * 2)

@@ -256,6 +256,29 @@ def cpu_target() -> tuple[list[str], list[str], str]:
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
+def _demangle(symbol: str) -> str:
+    """A C++ symbol as c++filt spells it (`_Z3fooi` -> `foo(int)`), or as it is."""
+    if not symbol.startswith("_Z") or not shutil.which("c++filt"):
+        return symbol
+    try:
+        out = subprocess.run(["c++filt", symbol], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return symbol
+    return out or symbol
+
+
+def _load_error(kernel: str, err: str, so: str, backend: str) -> str:
+    """The message of a CPU kernel that compiled but does not load: the undefined symbol named
+    (the loader's message names the private temporary file, which is gone)."""
+    m = re.search(r"undefined symbol: (\S+)", err)
+    if m:
+        sym = _demangle(m.group(1))
+        return (f"kernel {kernel!r} failed to link ({backend}): undefined symbol {sym!r}; the code calls a function "
+                "that is declared but defined nowhere (a CUDA-only intrinsic or function on the CPU, or a "
+                "preamble's declaration without a body)")
+    return f"kernel {kernel!r} failed to load ({backend}): {err.replace(so, '<kernel library>')}"
+
+
 def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
     """The ctypes function `entry` of source compiled for the CPU (memory, then disk cache)."""
     from .. import __version__
@@ -269,6 +292,7 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
         lib = _loaded.get(key)
         if lib is None:
             payload = disk_get(key, ".so")
+            fresh = payload is None
             if payload is None:
                 with tempfile.TemporaryDirectory(prefix="ewkern-rtc-") as td:
                     src, out = os.path.join(td, kernel + ".cpp"), os.path.join(td, kernel + ".so")
@@ -279,15 +303,20 @@ def build_cpu(kernel: str, source: str, entry: str, parts: dict[str, str]):
                         raise CompileError(explain(kernel, r.stderr + r.stdout, parts, "cpu, " + ver))
                     with open(out, "rb") as f:
                         payload = f.read()
-                disk_put(key, ".so", payload)
             # a private file per process: the cache entry may be replaced while it is mapped
             fd, so = tempfile.mkstemp(prefix="ewkern-rtc-", suffix=".so")
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
             try:
                 lib = ctypes.CDLL(so)
+            except OSError as e:
+                # it compiled but does not load: a function it calls that nothing defines (a CUDA
+                # intrinsic the CPU has no shim of, a preamble's declaration without a body)
+                raise CompileError(_load_error(kernel, str(e), so, "cpu, " + ver)) from None
             finally:
                 os.unlink(so)
+            if fresh:   # only a library that loads is kept (a broken one would fail every later run)
+                disk_put(key, ".so", payload)
             # its integer division: x / 0, x % 0 and MIN / -1 give NumPy's results (0; MIN) where the
             # div instruction's fault would end the process (_rtc_fpe_guard, csrc/rtc.c)
             from .. import _C

@@ -47,6 +47,205 @@ EWRTC_VEC(asin) EWRTC_VEC(acos) EWRTC_VEC(cbrt)
 #endif
 """
 
+# CUDA's math functions and intrinsics that the C++ library lacks, for the CPU build: the same
+# values where CUDA's are exact or correctly rounded, and the exact functions for CUDA's fast
+# approximations (__expf: expf). They live in namespace ewrtc::cm and are reached by macros:
+# glibc's <math.h> declares some of these names itself (__expf, __sinf ... as its internal
+# functions, without a definition to link; sinpi and cospi from glibc 2.41), which a definition of
+# the same name could not follow.
+CUDA_MATH_CPU = r"""
+namespace ewrtc { namespace cm {
+static inline float expf_(float x) { return std::exp(x); }
+static inline float exp10f_(float x) { return std::pow(10.0f, x); }
+static inline float logf_(float x) { return std::log(x); }
+static inline float log2f_(float x) { return std::log2(x); }
+static inline float log10f_(float x) { return std::log10(x); }
+static inline float sinf_(float x) { return std::sin(x); }
+static inline float cosf_(float x) { return std::cos(x); }
+static inline float tanf_(float x) { return std::tan(x); }
+static inline void sincosf_(float x, float *s, float *c) { *s = std::sin(x); *c = std::cos(x); }
+static inline float powf_(float x, float y) { return std::pow(x, y); }
+static inline float fdividef(float x, float y) { return x / y; }
+static inline float frcp(float x) { return 1.0f / x; }
+static inline float fsqrt(float x) { return std::sqrt(x); }
+static inline float frsqrt(float x) { return 1.0f / std::sqrt(x); }
+/* x clamped to [0, 1]; a NaN gives 0 */
+static inline float saturatef(float x) { return x >= 1.0f ? 1.0f : (x > 0.0f ? x : 0.0f); }
+static inline double rcbrt(double x) { return 1.0 / std::cbrt(x); }
+static inline float rcbrt(float x) { return 1.0f / std::cbrt(x); }
+static inline float rcbrtf(float x) { return 1.0f / std::cbrt(x); }
+static inline double exp10(double x) { return std::pow(10.0, x); }
+static inline float exp10(float x) { return std::pow(10.0f, x); }
+static inline float exp10f(float x) { return std::pow(10.0f, x); }
+/* sin(pi x) and cos(pi x) without pi x's rounding: x reduced modulo 2 (exact), then an octant */
+static inline double sinpi(double x)
+{
+    if (!std::isfinite(x)) return x - x;
+    const double r = std::fmod(x, 2.0), a = std::fabs(r), pi = 3.14159265358979323846;
+    double s;
+    if (a <= 0.25) s = std::sin(pi * a);
+    else if (a <= 0.75) s = std::cos(pi * (a - 0.5));
+    else if (a <= 1.25) s = std::sin(pi * (1.0 - a));
+    else if (a <= 1.75) s = -std::cos(pi * (a - 1.5));
+    else s = -std::sin(pi * (2.0 - a));
+    return std::copysign(1.0, r) * s;
+}
+static inline double cospi(double x)
+{
+    if (!std::isfinite(x)) return x - x;
+    const double a = std::fabs(std::fmod(x, 2.0)), pi = 3.14159265358979323846;
+    if (a <= 0.25) return std::cos(pi * a);
+    if (a <= 0.75) return -std::sin(pi * (a - 0.5)) + 0.0;
+    if (a <= 1.25) return -std::cos(pi * (a - 1.0));
+    if (a <= 1.75) return std::sin(pi * (a - 1.5)) + 0.0;
+    return std::cos(pi * (2.0 - a));
+}
+static inline float sinpi(float x) { return (float)sinpi((double)x); }
+static inline float cospi(float x) { return (float)cospi((double)x); }
+static inline float sinpif(float x) { return (float)sinpi((double)x); }
+static inline float cospif(float x) { return (float)cospi((double)x); }
+static inline void sincospi(double x, double *s, double *c) { *s = sinpi(x); *c = cospi(x); }
+static inline void sincospif(float x, float *s, float *c) { *s = sinpif(x); *c = cospif(x); }
+/* the inverse of erfc on (0, 2): Newton's method on log(erfc(x)) (well conditioned from the
+   tails to 0), from Giles' approximation ("Approximating the erfinv function", 2010) in the
+   middle or the tail's asymptote erfc(x) ~ exp(-x^2) / (x sqrt(pi)) for z < 2^-40 */
+static inline double erfcinv(double z)
+{
+    if (!(z >= 0.0 && z <= 2.0)) return NAN;
+    if (z == 0.0) return INFINITY;
+    if (z == 2.0) return -INFINITY;
+    if (z > 1.0) return -erfcinv(2.0 - z);   /* 2 - z exact */
+    double x;
+    if (z > 0x1p-40) {
+        double w = -std::log(z * (2.0 - z)), p;
+        if (w < 5.0) {
+            w -= 2.5;
+            p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w;
+            p = -4.39150654e-06 + p * w; p = 0.00021858087 + p * w; p = -0.00125372503 + p * w;
+            p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w;
+        } else {
+            w = std::sqrt(w) - 3.0;
+            p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w;
+            p = -0.00367342844 + p * w; p = 0.00573950773 + p * w; p = -0.0076224613 + p * w;
+            p = 0.00943887047 + p * w; p = 1.00167406 + p * w; p = 2.83297682 + p * w;
+        }
+        x = p * (1.0 - z);
+    } else {
+        const double t = -std::log(z);
+        x = std::sqrt(t);
+        for (int k = 0; k < 3; ++k) x = std::sqrt(t - std::log(x * 1.7724538509055160273));
+    }
+    const double lz = std::log(z);
+    for (int k = 0; k < 8; ++k) {
+        const double e = std::erfc(x), g = std::exp(-x * x);
+        /* erfc(x) / erfc'(x) = -e / (2 / sqrt(pi) g); past the underflow of g or e, the limits by
+           the asymptote (-1 / (2x); log e = -x^2 - log(x sqrt(pi))) */
+        const double ratio = g > 0.0 && e > 0.0 ? e / (1.1283791670955125739 * g) : 0.5 / x;
+        const double le = e > 0.0 ? std::log(e) : -x * x - std::log(x * 1.7724538509055160273);
+        const double dx = (le - lz) * ratio;
+        x += dx;
+        if (!(std::fabs(dx) > 1e-17 * std::fabs(x))) break;
+    }
+    return x;
+}
+/* the inverse of erf on (-1, 1): Newton on erf(x) - y for |y| <= 1/2, erfcinv(1 - |y|) past it
+   (1 - |y| exact there) */
+static inline double erfinv(double y)
+{
+    if (!(y >= -1.0 && y <= 1.0)) return NAN;
+    if (std::fabs(y) > 0.5) return std::copysign(erfcinv(1.0 - std::fabs(y)), y);
+    if (y == 0.0) return y;
+    double w = -std::log((1.0 - y) * (1.0 + y)) - 2.5, p;
+    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w;
+    p = -4.39150654e-06 + p * w; p = 0.00021858087 + p * w; p = -0.00125372503 + p * w;
+    p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w;
+    double x = p * y;
+    for (int k = 0; k < 4; ++k) {
+        const double dx = (std::erf(x) - y) / (1.1283791670955125739 * std::exp(-x * x));
+        x -= dx;
+        if (!(std::fabs(dx) > 1e-17 * std::fabs(x))) break;
+    }
+    return x;
+}
+static inline float erfinv(float y) { return (float)erfinv((double)y); }
+static inline float erfcinv(float z) { return (float)erfcinv((double)z); }
+static inline float erfinvf(float y) { return (float)erfinv((double)y); }
+static inline float erfcinvf(float z) { return (float)erfcinv((double)z); }
+/* the standard normal distribution function and its inverse */
+static inline double normcdf(double x) { return 0.5 * std::erfc(-x * 0.70710678118654752440); }
+static inline float normcdf(float x) { return (float)normcdf((double)x); }
+static inline float normcdff(float x) { return (float)normcdf((double)x); }
+static inline double normcdfinv(double p) { return -1.41421356237309504880 * erfcinv(2.0 * p); }
+static inline float normcdfinv(float p) { return (float)normcdfinv((double)p); }
+static inline float normcdfinvf(float p) { return (float)normcdfinv((double)p); }
+/* erfc(x) exp(x^2): the product below 26, the asymptotic series (continued to 4 terms) past it */
+static inline double erfcx(double x)
+{
+    if (x < 26.0) return std::exp(x * x) * std::erfc(x);
+    const double t = 1.0 / (2.0 * x * x);
+    return 0.56418958354775628695 / x * (1.0 - t * (1.0 - 3.0 * t * (1.0 - 5.0 * t)));
+}
+static inline float erfcx(float x) { return (float)erfcx((double)x); }
+static inline float erfcxf(float x) { return (float)erfcx((double)x); }
+/* Euclidean norms (std::hypot's scaling: no overflow or underflow between) and their reciprocals */
+static inline double norm3d(double a, double b, double c) { return std::hypot(a, b, c); }
+static inline float norm3d(float a, float b, float c) { return (float)std::hypot((double)a, (double)b, (double)c); }
+static inline float norm3df(float a, float b, float c) { return norm3d(a, b, c); }
+static inline double rnorm3d(double a, double b, double c) { return 1.0 / std::hypot(a, b, c); }
+static inline float rnorm3d(float a, float b, float c) { return (float)(1.0 / std::hypot((double)a, (double)b, (double)c)); }
+static inline float rnorm3df(float a, float b, float c) { return rnorm3d(a, b, c); }
+static inline double norm4d(double a, double b, double c, double d) { return std::hypot(std::hypot(a, b, c), d); }
+static inline float norm4d(float a, float b, float c, float d) { return (float)norm4d((double)a, (double)b, (double)c, (double)d); }
+static inline float norm4df(float a, float b, float c, float d) { return norm4d(a, b, c, d); }
+static inline double rhypot(double a, double b) { return 1.0 / std::hypot(a, b); }
+static inline float rhypot(float a, float b) { return (float)(1.0 / std::hypot((double)a, (double)b)); }
+static inline float rhypotf(float a, float b) { return rhypot(a, b); }
+} }
+#define __expf ewrtc::cm::expf_
+#define __exp10f ewrtc::cm::exp10f_
+#define __logf ewrtc::cm::logf_
+#define __log2f ewrtc::cm::log2f_
+#define __log10f ewrtc::cm::log10f_
+#define __sinf ewrtc::cm::sinf_
+#define __cosf ewrtc::cm::cosf_
+#define __tanf ewrtc::cm::tanf_
+#define __sincosf ewrtc::cm::sincosf_
+#define __powf ewrtc::cm::powf_
+#define __fdividef ewrtc::cm::fdividef
+#define __saturatef ewrtc::cm::saturatef
+#define __frcp_rn ewrtc::cm::frcp
+#define __fsqrt_rn ewrtc::cm::fsqrt
+#define __frsqrt_rn ewrtc::cm::frsqrt
+#define rcbrt ewrtc::cm::rcbrt
+#define rcbrtf ewrtc::cm::rcbrtf
+#define exp10 ewrtc::cm::exp10
+#define exp10f ewrtc::cm::exp10f
+#define sinpi ewrtc::cm::sinpi
+#define cospi ewrtc::cm::cospi
+#define sinpif ewrtc::cm::sinpif
+#define cospif ewrtc::cm::cospif
+#define sincospi ewrtc::cm::sincospi
+#define sincospif ewrtc::cm::sincospif
+#define erfinv ewrtc::cm::erfinv
+#define erfcinv ewrtc::cm::erfcinv
+#define erfinvf ewrtc::cm::erfinvf
+#define erfcinvf ewrtc::cm::erfcinvf
+#define normcdf ewrtc::cm::normcdf
+#define normcdff ewrtc::cm::normcdff
+#define normcdfinv ewrtc::cm::normcdfinv
+#define normcdfinvf ewrtc::cm::normcdfinvf
+#define erfcx ewrtc::cm::erfcx
+#define erfcxf ewrtc::cm::erfcxf
+#define norm3d ewrtc::cm::norm3d
+#define norm3df ewrtc::cm::norm3df
+#define rnorm3d ewrtc::cm::rnorm3d
+#define rnorm3df ewrtc::cm::rnorm3df
+#define norm4d ewrtc::cm::norm4d
+#define norm4df ewrtc::cm::norm4df
+#define rhypot ewrtc::cm::rhypot
+#define rhypotf ewrtc::cm::rhypotf
+"""
+
 PRELUDE = r"""
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define EWRTC_FN __device__ __forceinline__
@@ -80,16 +279,40 @@ using std::exp2; using std::log2; using std::log10; using std::log1p; using std:
 using std::isinf; using std::isfinite; using std::atan2; using std::sinh; using std::cosh; using std::asin;
 using std::acos; using std::atan; using std::cbrt; using std::trunc; using std::rint; using std::fmod;
 using std::hypot; using std::copysign;
+/* C's signbit and isnormal macros, which <cmath> replaces by std:: functions (CUDA has them
+   global). signbit by the sign bit's integer: std::signbit's builtin, vectorised in a float16
+   tile loop, is an internal compiler error of gcc 12 (AVX-512) */
+using std::isnormal;
+static inline bool signbit(float x) { unsigned u; std::memcpy(&u, &x, 4); return (u >> 31) != 0; }
+static inline bool signbit(double x) { unsigned long long u; std::memcpy(&u, &x, 8); return (u >> 63) != 0; }
+template <class I> static inline bool signbit(I x) { return x < 0; }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 static inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
-/* CUDA's max/min: fmax/fmin on floating point (a NaN operand gives the other), < on integers */
+/* CUDA's max/min: fmax/fmin on floating point (a NaN operand gives the other), < on integers;
+   mixed operands in their common type, so max(x, 0.0) of a float x is fmax as CUDA's
+   max(float, double) is */
 static inline float max(float a, float b) { return std::fmax(a, b); }
 static inline double max(double a, double b) { return std::fmax(a, b); }
 static inline float min(float a, float b) { return std::fmin(a, b); }
 static inline double min(double a, double b) { return std::fmin(a, b); }
-template <class A, class B> static inline auto max(A a, B b) -> decltype(a + b) { return a < b ? b : a; }
-template <class A, class B> static inline auto min(A a, B b) -> decltype(a + b) { return b < a ? b : a; }
+namespace ewrtc {
+template <class R> static inline R max_of(R a, R b) { return a < b ? b : a; }
+template <class R> static inline R min_of(R a, R b) { return b < a ? b : a; }
+static inline float max_of(float a, float b) { return std::fmax(a, b); }
+static inline double max_of(double a, double b) { return std::fmax(a, b); }
+static inline float min_of(float a, float b) { return std::fmin(a, b); }
+static inline double min_of(double a, double b) { return std::fmin(a, b); }
+}
+template <class A, class B> static inline auto max(A a, B b) -> decltype(a + b)
+{
+    return ewrtc::max_of((decltype(a + b))a, (decltype(a + b))b);
+}
+template <class A, class B> static inline auto min(A a, B b) -> decltype(a + b)
+{
+    return ewrtc::min_of((decltype(a + b))a, (decltype(a + b))b);
+}
+@CUDA_MATH@
 #endif
 typedef long long ptrdiff_t_ewrtc;
 namespace ewrtc {
@@ -256,7 +479,7 @@ struct Ind {
     EWRTC_M long long size() const { return n; }
 };
 } /* namespace ewrtc */
-""".replace("@MVEC@", MVEC_DECLS.strip())
+""".replace("@MVEC@", MVEC_DECLS.strip()).replace("@CUDA_MATH@", CUDA_MATH_CPU.strip())
 
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
@@ -369,18 +592,18 @@ class Source:
 
 
 def _offsets(src: Source, layout: Layout, index: str, arrays, suffix: str = "") -> None:
-    """Byte offsets off_<name> of element `index` of each array param (mode 'rows': of row _r,
+    """Byte offsets _ewrtc_off_<name> of element `index` of each array param (mode 'rows': of row _r,
     column _c, by each input's broadcast kind)."""
     if layout.mode == "rows":
         at = {"array": index, "bcol": "_c", "brow": "_r", "bone": "0"}
         for p, dt, kind, _ in arrays:
-            src.add(f"        const long long off_{p.name}{suffix} = ({at[kind]}) * {DTYPES[dt][2]}LL;")
+            src.add(f"        const long long _ewrtc_off_{p.name}{suffix} = ({at[kind]}) * {DTYPES[dt][2]}LL;")
         return
     if layout.mode == "contig":
         for p, dt, kind, _ in arrays:
-            src.add(f"        const long long off_{p.name}{suffix} = ({index}) * {DTYPES[dt][2]}LL;")
+            src.add(f"        const long long _ewrtc_off_{p.name}{suffix} = ({index}) * {DTYPES[dt][2]}LL;")
         return
-    _unravel(src, index, layout.ndim - 1, arrays, "off_", suffix)
+    _unravel(src, index, layout.ndim - 1, arrays, "_ewrtc_off_", suffix)
 
 
 def _unravel(src: Source, index: str, top: int, arrays, prefix: str, suffix: str = "") -> None:
@@ -392,12 +615,12 @@ def _unravel(src: Source, index: str, top: int, arrays, prefix: str, suffix: str
     # none at all for one dimension (a 64-bit division is a called routine of ~70 instructions)
     src.add(f"        {{ long long _r = {index};")
     src.add(f"          for (int _d = {top}; _d > 0; --_d) {{")
-    src.add("            const long long _n = P.shape[_d], _c = _r % _n; _r /= _n;")
+    src.add("            const long long _n = _ewrtc_P.shape[_d], _c = _r % _n; _r /= _n;")
     for p, dt, kind, _ in arrays:
-        src.add(f"            {prefix}{p.name}{suffix} += _c * P.st_{p.name}[_d];")
+        src.add(f"            {prefix}{p.name}{suffix} += _c * _ewrtc_P.st_{p.name}[_d];")
     src.add("          }")
     for p, dt, kind, _ in arrays:
-        src.add(f"          {prefix}{p.name}{suffix} += _r * P.st_{p.name}[0];")
+        src.add(f"          {prefix}{p.name}{suffix} += _r * _ewrtc_P.st_{p.name}[0];")
     src.add("        }")
 
 
@@ -408,15 +631,15 @@ def _loads(src: Source, layout: Layout, ld: str = "ld") -> list:
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         if kind == "scalar":
-            src.add(f"        const {C} {p.name} = P.s_{p.name};")
+            src.add(f"        const {C} {p.name} = _ewrtc_P.s_{p.name};")
         elif kind in ("array", "bcol", "brow", "bone"):
             q = "" if p.is_output else "const "
-            src.add(f"        {q}{C} {p.name} = ewrtc::{ld}(({S} *)(P.p_{p.name} + off_{p.name}));")
+            src.add(f"        {q}{C} {p.name} = ewrtc::{ld}(({S} *)(_ewrtc_P.p_{p.name} + _ewrtc_off_{p.name}));")
             if p.is_output:
                 stores.append((p, S))
         else:
-            src.add(f"        const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)P.p_{p.name}, P.n_{p.name}, {max(rnd, 1)}, "
-                    f"P.shp_{p.name}}};")
+            src.add(f"        const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)_ewrtc_P.p_{p.name}, _ewrtc_P.n_{p.name}, {max(rnd, 1)}, "
+                    f"_ewrtc_P.shp_{p.name}}};")
     return stores
 
 
@@ -437,7 +660,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
     if backend == "cpu" and dense and any(dt == "float16" and k in ("array", "bcol") for _, dt, k, _ in arrays):
         _cpu_half_tiles(src, entry, name, layout, operation, loop_prep, after_loop, arrays)
         return src.text(), entry
-    def body(offsets: bool = True) -> None:   # offsets False: the caller declared off_<name>
+    def body(offsets: bool = True) -> None:   # offsets False: the caller declared _ewrtc_off_<name>
         if offsets:
             _offsets(src, layout, "i", arrays)
         stores = _loads(src, layout)
@@ -445,7 +668,7 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         src.user(operation, name, "operation", ";")
         src.add("        }")
         for p, S in stores:
-            src.add(f"        ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+            src.add(f"        ewrtc::st(({S} *)(_ewrtc_P.p_{p.name} + _ewrtc_off_{p.name}), {p.name});")
         src.add("    }")
 
     if backend == "cpu" and layout.mode == "strided" and layout.ndim > 1:
@@ -461,12 +684,12 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         T = CPU_STRIDED_TILE
         src.add("    bool _tiled = false;")
         for p, dt, kind, _ in arrays:
-            a, b = f"P.st_{p.name}[{last}]", f"P.st_{p.name}[{last - 1}]"
+            a, b = f"_ewrtc_P.st_{p.name}[{last}]", f"_ewrtc_P.st_{p.name}[{last - 1}]"
             src.add(f"    _tiled = _tiled || (({a} > 64 || {a} < -64) && ({b} < 0 ? -{b} : {b}) < ({a} < 0 ? -{a} : {a}));")
-        src.add(f"    const long long _R = P.shape[{last - 1}], _C = P.shape[{last}];")
+        src.add(f"    const long long _R = _ewrtc_P.shape[{last - 1}], _C = _ewrtc_P.shape[{last}];")
         src.add(f"    const long long _TR = _tiled && _R > 1 ? {T} : 1, _TC = _tiled && _R > 1 ? {T} : _C;")
         src.add("    const long long _nr = (_R + _TR - 1) / _TR, _nc = _C ? (_C + _TC - 1) / _TC : 0;")
-        src.add("    const long long _tiles = _R * _C ? P.size / (_R * _C) * _nr * _nc : 0;")
+        src.add("    const long long _tiles = _R * _C ? _ewrtc_P.size / (_R * _C) * _nr * _nc : 0;")
 
         def strided_tiles(team: bool) -> None:
             src.add("    for (long long _t = 0; _t < _tiles; ++_t) {")
@@ -474,31 +697,31 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
             src.add("    const long long _r0 = _rc / _nc * _TR, _c0 = _rc % _nc * _TC;")
             src.add("    const long long _r1 = _r0 + _TR < _R ? _r0 + _TR : _R, _c1 = _c0 + _TC < _C ? _c0 + _TC : _C;")
             # the leading dimensions (none for 2-D: _o is 0, and dimension 0 adds nothing)
-            _unravel(src, "_o", max(last - 2, 0), arrays, "tile_")
+            _unravel(src, "_o", max(last - 2, 0), arrays, "_ewrtc_tile_")
             src.add("    for (long long _r = _r0; _r < _r1; ++_r) {")
             for p, dt, kind, _ in arrays:
-                src.add(f"        const long long row_{p.name} = tile_{p.name} + _r * P.st_{p.name}[{last - 1}];")
+                src.add(f"        const long long _ewrtc_row_{p.name} = _ewrtc_tile_{p.name} + _r * _ewrtc_P.st_{p.name}[{last - 1}];")
             src.add("    for (long long _c = _c0; _c < _c1; ++_c) {")
             src.add("        const long long i = (_o * _R + _r) * _C + _c;")
             for p, dt, kind, _ in arrays:
-                src.add(f"        const long long off_{p.name} = row_{p.name} + _c * P.st_{p.name}[{last}];")
+                src.add(f"        const long long _ewrtc_off_{p.name} = _ewrtc_row_{p.name} + _c * _ewrtc_P.st_{p.name}[{last}];")
             body(offsets=False)
             src.add("    }")
             src.add("    }")
         _cpu_team_loop(src, "parallel for schedule(static)", None, strided_tiles)
     elif backend == "cpu" and layout.mode == "rows":
-        # broadcast inputs over rows of P.shape[1] elements (kinds bcol, brow, bone; the outputs
+        # broadcast inputs over rows of _ewrtc_P.shape[1] elements (kinds bcol, brow, bone; the outputs
         # dense): rows split among the threads, a row's columns one simd loop, no index division
         _cpu_entry_head(src, entry, name, loop_prep)
 
         def rows_loop(team: bool) -> None:
-            src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
+            src.add("    for (long long _r = 0; _r < _ewrtc_P.shape[0]; ++_r) {")
             if dense:
                 src.add("#ifdef _OPENMP")
                 src.add("#pragma omp simd")
                 src.add("#endif")
-            src.add("    for (long long _c = 0; _c < P.shape[1]; ++_c) {")
-            src.add("        const long long i = _r * P.shape[1] + _c;")
+            src.add("    for (long long _c = 0; _c < _ewrtc_P.shape[1]; ++_c) {")
+            src.add("        const long long i = _r * _ewrtc_P.shape[1] + _c;")
             body()
             src.add("    }")
         _cpu_team_loop(src, "parallel for schedule(static)", None, rows_loop)
@@ -507,21 +730,21 @@ def elementwise_source(backend: str, name: str, layout: Layout, operation: str, 
         simd = " simd" if dense else ""
 
         def loop(team: bool) -> None:
-            src.add("    for (long long i = 0; i < P.size; ++i) {")
+            src.add("    for (long long i = 0; i < _ewrtc_P.size; ++i) {")
             body()
         _cpu_team_loop(src, f"parallel for{simd} schedule(static)", "simd" if dense else None, loop)
     else:
-        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params P)')
+        src.add(f'extern "C" __global__ void __launch_bounds__(1024) {entry}(const ewrtc_params _ewrtc_P)')
         src.add("{")
         src.add("#if __CUDA_ARCH__ >= 900")
         src.add('    asm volatile("griddepcontrol.wait;" ::: "memory");')
         src.add('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
         src.add("#endif")
-        src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+        src.add("    const ewrtc::Ind _ind = {_ewrtc_P.size}; (void)_ind;")
         if loop_prep:
             src.user(loop_prep, name, "loop_prep", ";")
         src.add("    const long long _stride = (long long)gridDim.x * blockDim.x;")
-        src.add("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < P.size; i += _stride) {")
+        src.add("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < _ewrtc_P.size; i += _stride) {")
         body()
     if after_loop:
         src.user(after_loop, name, "after_loop", ";")
@@ -561,10 +784,10 @@ def _cpu_entry_head(src: Source, entry: str, name: str, loop_prep: str) -> None:
     """The opening of a CPU elementwise entry: its signature, the argument struct copied (stores
     through the arrays' char pointers cannot alias the copy, so the loop keeps the pointers in
     registers and vectorises), _ind, the user's loop_prep."""
-    src.add(f'extern "C" void {entry}(const ewrtc_params *P_, int _threads)')
+    src.add(f'extern "C" void {entry}(const ewrtc_params *_ewrtc_P_, int _threads)')
     src.add("{")
-    src.add("    const ewrtc_params P = *P_;")
-    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+    src.add("    const ewrtc_params _ewrtc_P = *_ewrtc_P_;")
+    src.add("    const ewrtc::Ind _ind = {_ewrtc_P.size}; (void)_ind;")
     if loop_prep:
         src.user(loop_prep, name, "loop_prep", ";")
 
@@ -580,7 +803,7 @@ def _cpu_half_tiles(src: Source, entry: str, name: str, layout: Layout, operatio
     either way, rounded once where it is stored."""
     half = [a for a in arrays if a[1] == "float16"]
     read = {p.name for p, dt, kind, _ in half if p.is_output and not writes_only(operation, p.name)}
-    # (mode 'rows': the same by rows of P.shape[1] elements, see _cpu_half_tile_loop)
+    # (mode 'rows': the same by rows of _ewrtc_P.shape[1] elements, see _cpu_half_tile_loop)
     _cpu_entry_head(src, entry, name, loop_prep)
     _cpu_team_loop(src, "parallel for schedule(static)", None,
                    lambda team: _cpu_half_tile_loop(src, name, layout, operation, half, read))
@@ -600,9 +823,9 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
     y` float16 at 2^19 elements, 2 threads, ran at 0.6 of ewkern.add (CPU_NOTES.md)."""
     T = CPU_HALF_TILE
     rows = layout.mode == "rows"
-    n = "P.shape[1]" if rows else "P.size"
+    n = "_ewrtc_P.shape[1]" if rows else "_ewrtc_P.size"
     # where element _t0 + _j of the loop (of row _r) lies in each kind of array
-    base = {"array": "_r * P.shape[1] + _t0" if rows else "_t0", "bcol": "_t0", "brow": "_r", "bone": "0"}
+    base = {"array": "_r * _ewrtc_P.shape[1] + _t0" if rows else "_t0", "bcol": "_t0", "brow": "_r", "bone": "0"}
     at = {"array": "i", "bcol": "_t0 + _j", "brow": "_r", "bone": "0"}
     tiled = [a for a in half if a[2] in ("array", "bcol")]
 
@@ -617,22 +840,22 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
         src.add("#pragma omp simd")
         src.add(f"            for (long long {k} = 0; {k} < {count}; ++{k}) {{")
         src.add(f"            const long long _j = _j0 + {k}; (void)_j;")
-        src.add(f"            const long long i = {'_r * P.shape[1] + ' if rows else ''}_t0 + _j;")
+        src.add(f"            const long long i = {'_r * _ewrtc_P.shape[1] + ' if rows else ''}_t0 + _j;")
         stores = []
         for p, dt, kind, rnd in layout.args:
             S, C = DTYPES[dt][0], DTYPES[dt][1]
             q = "" if p.is_output else "const "
             if kind == "scalar":
-                src.add(f"            const {C} {p.name} = P.s_{p.name};")
+                src.add(f"            const {C} {p.name} = _ewrtc_P.s_{p.name};")
             elif dt == "float16" and kind in ("array", "bcol"):
                 src.add(f"            {q}float {p.name} = _f_{p.name}[{k}];" if not p.is_output or p.name in read
                         else f"            float {p.name} = 0.0f;")
                 if p.is_output:
                     stores.append(f"            _f_{p.name}[{k}] = {p.name};")
             else:
-                src.add(f"            {q}{C} {p.name} = ewrtc::ld(({S} *)P.p_{p.name} + {at[kind]});")
+                src.add(f"            {q}{C} {p.name} = ewrtc::ld(({S} *)_ewrtc_P.p_{p.name} + {at[kind]});")
                 if p.is_output:
-                    stores.append(f"            ewrtc::st(({S} *)P.p_{p.name} + i, {p.name});")
+                    stores.append(f"            ewrtc::st(({S} *)_ewrtc_P.p_{p.name} + i, {p.name});")
         src.add("            {")
         src.user(operation, name, "operation", ";")
         src.add("            }")
@@ -645,15 +868,15 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
                         else f"            ewrtc::f2h_n(_f_{p.name}, {at_h}, {count});")
 
     if rows:
-        src.add("    for (long long _r = 0; _r < P.shape[0]; ++_r) {")
+        src.add("    for (long long _r = 0; _r < _ewrtc_P.shape[0]; ++_r) {")
     src.add(f"    for (long long _t0 = 0; _t0 < {n}; _t0 += {T}) {{")
     src.add(f"        const long long _tn = {n} - _t0 < {T} ? {n} - _t0 : {T};")
     # the tile's start in each tiled array, in a local: P's address reaches the OpenMP region, so
-    # through P.p_<name> gcc reloaded each pointer from the stack after every 16-bit store (3 loads
+    # through _ewrtc_P.p_<name> gcc reloaded each pointer from the stack after every 16-bit store (3 loads
     # a chunk of 8 in `z = x + y`: 0.93 of ewkern.add float16 on the CI host)
     for p, dt, kind, _ in tiled:
         q = "" if p.is_output else "const "
-        src.add(f"        {q}ewrtc::half_bits *const _h_{p.name} = ({q}ewrtc::half_bits *)P.p_{p.name} + {base[kind]};")
+        src.add(f"        {q}ewrtc::half_bits *const _h_{p.name} = ({q}ewrtc::half_bits *)_ewrtc_P.p_{p.name} + {base[kind]};")
     src.add("        long long _j0 = 0;")
     src.add("#if EWRTC_HV")
     src.add("        for (; _j0 + EWRTC_HV <= _tn; _j0 += EWRTC_HV) {")
@@ -669,7 +892,7 @@ def _cpu_half_tile_loop(src: Source, name: str, layout: Layout, operation: str, 
 
 
 def _post_map(src: Source, indent: str, name: str, in_layout: Layout, out_layout: Layout, post_map_expr: str,
-              acc: str, index: str = "o") -> None:
+              acc: str, index: str = "_ewrtc_o") -> None:
     """A reduction's finish for the output at `index`: the scalar inputs (as CuPy's post_map_expr
     sees them: its kernel's parameters), the outputs' locals (out_layout), _in_ind and _out_ind,
     a = acc, the user's post_map_expr, the stores."""
@@ -677,18 +900,18 @@ def _post_map(src: Source, indent: str, name: str, in_layout: Layout, out_layout
     src.add(f"{indent}{{")
     for p, dt, kind, _ in in_layout.args:
         if kind == "scalar":
-            src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = PP.in.s_{p.name}; (void){p.name};")
-    src.add(f"{indent}    const ewrtc_out &P = PP.out;")
+            src.add(f"{indent}    const {DTYPES[dt][1]} {p.name} = _ewrtc_PP.in.s_{p.name}; (void){p.name};")
+    src.add(f"{indent}    const ewrtc_out &_ewrtc_P = _ewrtc_PP.out;")
     _offsets(src, out_layout, index, outs)
     stores = _loads(src, out_layout)
-    src.add(f"{indent}    const ewrtc::Ind _in_ind = {{PP.in.size}}, _out_ind = {{PP.out.size}};")
+    src.add(f"{indent}    const ewrtc::Ind _in_ind = {{_ewrtc_PP.in.size}}, _out_ind = {{_ewrtc_PP.out.size}};")
     src.add(f"{indent}    (void)_in_ind; (void)_out_ind;")
     src.add(f"{indent}    const type_reduce a = {acc};")
     src.add(f"{indent}    {{")
     src.user(post_map_expr, name, "post_map_expr", ";")
     src.add(f"{indent}    }}")
     for p, S in stores:
-        src.add(f"{indent}    ewrtc::st(({S} *)(P.p_{p.name} + off_{p.name}), {p.name});")
+        src.add(f"{indent}    ewrtc::st(({S} *)(_ewrtc_P.p_{p.name} + _ewrtc_off_{p.name}), {p.name});")
     src.add(f"{indent}}}")
 
 
@@ -715,8 +938,8 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
     arrays = [a for a in in_layout.args if a[2] == "array"]
 
     def map_step(src, acc, first_flag):
-        src.add("            const ewrtc_in &P = PP.in;")
-        _offsets(src, in_layout, "o * PP.red_size + r", arrays)
+        src.add("            const ewrtc_in &_ewrtc_P = _ewrtc_PP.in;")
+        _offsets(src, in_layout, "_ewrtc_o * _ewrtc_PP.red_size + _ewrtc_r", arrays)
         _loads(src, in_layout, "ld1" if backend == "cpu" else "ld")
         src.add("            type_reduce _m = (type_reduce)(")
         src.user(map_expr, name, "map_expr", close=");")
@@ -730,17 +953,17 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         _post_map(src, "        ", name, in_layout, out_layout, post_map_expr, acc)
 
     if backend == "cpu":
-        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
+        src.add(f'extern "C" void {entry}(const ewrtc_params *_ewrtc_PP_, int _threads)')
         src.add("{")
-        src.add("    const ewrtc_params &PP = *PP_;")
+        src.add("    const ewrtc_params &_ewrtc_PP = *_ewrtc_PP_;")
 
         def loop(team: bool) -> None:
-            src.add("    for (long long o = 0; o < PP.out.size; ++o) {")
+            src.add("    for (long long _ewrtc_o = 0; _ewrtc_o < _ewrtc_PP.out.size; ++_ewrtc_o) {")
             if identity is None:
                 src.add("        type_reduce _acc = type_reduce(); bool _first = true;")
             else:
                 src.init("        ", "_acc", identity, name)
-            src.add("        for (long long r = 0; r < PP.red_size; ++r) {")
+            src.add("        for (long long _ewrtc_r = 0; _ewrtc_r < _ewrtc_PP.red_size; ++_ewrtc_r) {")
             map_step(src, "_acc", "_first" if identity is None else None)
             src.add("        }")
             post(src, "_acc")
@@ -750,16 +973,16 @@ def reduction_source(backend: str, name: str, in_layout: Layout, out_layout: Lay
         return src.text(), entry
     if identity is None:
         raise NotImplementedError(f"{name}: a ReductionKernel without identity has no CUDA version yet")
-    src.add(f'extern "C" __global__ void __launch_bounds__({block}) {entry}(const ewrtc_params PP)')
+    src.add(f'extern "C" __global__ void __launch_bounds__({block}) {entry}(const ewrtc_params _ewrtc_PP)')
     src.add("{")
     src.add("#if __CUDA_ARCH__ >= 900")
     src.add('    asm volatile("griddepcontrol.wait;" ::: "memory");')
     src.add('    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
     src.add("#endif")
     src.add(f"    __shared__ type_reduce _sh[{block}];")
-    src.add("    for (long long o = blockIdx.x; o < PP.out.size; o += gridDim.x) {")
+    src.add("    for (long long _ewrtc_o = blockIdx.x; _ewrtc_o < _ewrtc_PP.out.size; _ewrtc_o += gridDim.x) {")
     src.init("        ", "_acc", identity, name)
-    src.add(f"        for (long long r = threadIdx.x; r < PP.red_size; r += {block}) {{")
+    src.add(f"        for (long long _ewrtc_r = threadIdx.x; _ewrtc_r < _ewrtc_PP.red_size; _ewrtc_r += {block}) {{")
     map_step(src, "_acc", None)
     src.add("        }")
     src.add("        _sh[threadIdx.x] = _acc;")
@@ -892,13 +1115,13 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         _post_map(src, "    ", name, in_layout, out_layout, post_map_expr, "_acc", "_o")
 
     def header(src, entry, g=None, blocks=0):
-        """g: the lanes per group fixed at compile time (None: PP.G at run time, a power of two:
+        """g: the lanes per group fixed at compile time (None: _ewrtc_PP.G at run time, a power of two:
         groups are counted by shifts, not divisions); blocks: __launch_bounds__'s minimum resident
         blocks (0: none)"""
         bounds = f"{ROWS_BLOCK}, {blocks}" if blocks else f"{ROWS_BLOCK}"
-        src.add(f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}(const ewrtc_params PP)')
+        src.add(f'extern "C" __global__ void __launch_bounds__({bounds}) {entry}(const ewrtc_params _ewrtc_PP)')
         src.add("{")
-        src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
+        src.add(f"    const int _G = {g if g else 'int(_ewrtc_PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
         src.add("    const int _gs = __ffs(_G) - 1;   /* log2 G */")
         src.add(f"    const long long _task = (long long)blockIdx.x * ({ROWS_BLOCK} >> _gs) + (threadIdx.x >> _gs);")
 
@@ -906,7 +1129,7 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         for p, dt, kind, _ in in_layout.args:
             S, C = DTYPES[dt][0], DTYPES[dt][1]
             if kind == "scalar":
-                src.add(f"    const {C} {p.name} = PP.in.s_{p.name};")
+                src.add(f"    const {C} {p.name} = _ewrtc_PP.in.s_{p.name};")
             else:
                 src.add(f"    typedef ewrtc::Pack<{S}, {E}> _U_{p.name};")
 
@@ -974,13 +1197,13 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
     header(src, rows, ROWS_BLOCK if full else None, min_blocks)
     if aligned:
         src.add("    const long long _o = _task;")
-        src.add("    const bool _live = _o < PP.nout;")
+        src.add("    const bool _live = _o < _ewrtc_PP.nout;")
         scalars_and_packs(src)
-        src.add(f"    const int _nv = int(PP.R / {E});")
+        src.add(f"    const int _nv = int(_ewrtc_PP.R / {E});")
         for p, dt, kind, _ in arrays:
             src.add(f"    const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
-                    f"PP.in.p_{p.name} + _o * PP.R);")
-        prefetch_then_wait(src, "(long long)blockIdx.x < PP.prefetch && _live && _lane < _nv", arrays, "_lane",
+                    f"_ewrtc_PP.in.p_{p.name} + _o * _ewrtc_PP.R);")
+        prefetch_then_wait(src, "(long long)blockIdx.x < _ewrtc_PP.prefetch && _live && _lane < _nv", arrays, "_lane",
                            "_lane == 0")
         src.init("    ", "_acc", identity, name)
         src.add("    if (_live) {")
@@ -989,16 +1212,16 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         finish(src, post)
         src.add("}")
     else:
-        src.add("    const long long _o = _task / PP.nchunks, _c = _task % PP.nchunks;")
-        src.add("    const bool _live = _o < PP.nout;")
+        src.add("    const long long _o = _task / _ewrtc_PP.nchunks, _c = _task % _ewrtc_PP.nchunks;")
+        src.add("    const bool _live = _o < _ewrtc_PP.nout;")
         scalars_and_packs(src)
         if arrays:
-            src.add("    if ((long long)blockIdx.x < PP.prefetch && _live) {")
-            src.add(f"        const long long _i0 = _o * PP.R, _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
-            src.add(f"        const long long _v = (_ia + (_c * PP.chunk_vecs + _lane) * {E});")
-            src.add("        if (_v + " + str(E) + " <= _i0 + PP.R) {")
+            src.add("    if ((long long)blockIdx.x < _ewrtc_PP.prefetch && _live) {")
+            src.add(f"        const long long _i0 = _o * _ewrtc_PP.R, _ia = _i0 + ((_ewrtc_PP.head0 - _i0) % {E} + {E}) % {E};")
+            src.add(f"        const long long _v = (_ia + (_c * _ewrtc_PP.chunk_vecs + _lane) * {E});")
+            src.add("        if (_v + " + str(E) + " <= _i0 + _ewrtc_PP.R) {")
             for p, dt, kind, _ in arrays:
-                src.add(f"            prefetch_l2_line((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _v, "
+                src.add(f"            prefetch_l2_line((const {DTYPES[dt][0]} *)_ewrtc_PP.in.p_{p.name} + _v, "
                         f"unsigned(sizeof(_U_{p.name})), _lane == 0);")
             src.add("        }")
             src.add("    }")
@@ -1006,27 +1229,27 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add("    pdl_launch_dependents();")
         src.init("    ", "_acc", identity, name)
         src.add("    if (_live) {")
-        src.add("        const long long _i0 = _o * PP.R, _end = _i0 + PP.R;")
-        src.add(f"        long long _ia = _i0 + ((PP.head0 - _i0) % {E} + {E}) % {E};")
+        src.add("        const long long _i0 = _o * _ewrtc_PP.R, _end = _i0 + _ewrtc_PP.R;")
+        src.add(f"        long long _ia = _i0 + ((_ewrtc_PP.head0 - _i0) % {E} + {E}) % {E};")
         src.add("        if (_ia > _end) _ia = _end;")
         src.add(f"        const long long _nv = (_end - _ia) / {E}, _ta = _ia + _nv * {E};")
-        src.add("        const long long _v0 = _c * PP.chunk_vecs, _v1 = _v0 + PP.chunk_vecs < _nv ? _v0 + PP.chunk_vecs : _nv;")
+        src.add("        const long long _v0 = _c * _ewrtc_PP.chunk_vecs, _v1 = _v0 + _ewrtc_PP.chunk_vecs < _nv ? _v0 + _ewrtc_PP.chunk_vecs : _nv;")
         for p, dt, kind, _ in arrays:
             src.add(f"        const _U_{p.name} *const _u_{p.name} = (const _U_{p.name} *)((const {DTYPES[dt][0]} *)"
-                    f"PP.in.p_{p.name} + _ia);")
+                    f"_ewrtc_PP.in.p_{p.name} + _ia);")
         vector_loops(src, "long long", "_v0", "_v1", full, tail_step=False)
         # head (chunk 0) and tail (last chunk): lane j takes element j
         src.add("        if (_c == 0)")
         src.add("            for (long long _e = _i0 + _lane; _e < _ia; _e += _G)")
-        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
-        src.add("        if (_c == PP.nchunks - 1)")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_PP.in.p_{p.name} + _e)")
+        src.add("        if (_c == _ewrtc_PP.nchunks - 1)")
         src.add("            for (long long _e = _ta + _lane; _e < _end; _e += _G)")
-        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)PP.in.p_{p.name} + _e)")
+        map_into(src, "            ", "_acc", lambda p, dt: f"ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_PP.in.p_{p.name} + _e)")
         src.add("    }")
 
         def rows_store(src):
-            src.add("    if (PP.nchunks > 1) {")
-            src.add("        ((type_reduce *)PP.partial)[_task] = _acc;")
+            src.add("    if (_ewrtc_PP.nchunks > 1) {")
+            src.add("        ((type_reduce *)_ewrtc_PP.partial)[_task] = _acc;")
             src.add("        return;")
             src.add("    }")
             post(src)
@@ -1034,13 +1257,13 @@ def reduction_rows_source(name: str, in_layout: Layout, out_layout: Layout, E: i
         src.add("}")
     header(src, comb)
     src.add("    const long long _o = _task;")
-    src.add("    const bool _live = _o < PP.nout;")
+    src.add("    const bool _live = _o < _ewrtc_PP.nout;")
     src.add("    pdl_wait();")
     src.add("    pdl_launch_dependents();")
     src.init("    ", "_acc", identity, name)
     src.add("    if (_live)")
-    src.add("        for (long long _c = _lane; _c < PP.nchunks; _c += _G)")
-    combine(src, "            ", "_acc", "_acc", "((const type_reduce *)PP.partial)[_o * PP.nchunks + _c]")
+    src.add("        for (long long _c = _lane; _c < _ewrtc_PP.nchunks; _c += _G)")
+    combine(src, "            ", "_acc", "_acc", "((const type_reduce *)_ewrtc_PP.partial)[_o * _ewrtc_PP.nchunks + _c]")
     finish(src, post)
     src.add("}")
     return src.text(), [rows, comb]
@@ -1224,6 +1447,33 @@ def writes_only(code: str, name: str) -> bool:
     return True
 
 
+_RAW_READS = re.compile(r"\s*\.\s*(?:size|shape|ndim)\s*\(")
+_ASSIGNS = re.compile(r"\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)|\s*(?:\+\+|--)")
+
+
+def may_write_raw(code: str, name: str) -> bool:
+    """Whether code may write raw parameter `name`. Conservative: False only where every use is
+    `name.size()`, `.shape()`, `.ndim()` or an element `name[...]` that is read (not followed by
+    an assignment, `++` or `--`, not preceded by `&`, `++` or `--`); any other use (passed to a
+    function, a reference taken, a mention in a comment or string) counts as a write."""
+    for m in re.finditer(r"\b%s\b" % re.escape(name), code):
+        after = code[m.end():]
+        if _RAW_READS.match(after):
+            continue
+        br = re.match(r"\s*\[", after)
+        if not br:
+            return True
+        depth, j = 0, br.end() - 1
+        while j < len(after):   # the element's closing bracket
+            depth += {"[": 1, "]": -1}.get(after[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        before = code[:m.start()].rstrip()
+        if j >= len(after) or _ASSIGNS.match(after[j + 1:]) or before.endswith(("&", "++", "--")):
+            return True
+    return False
+
 def vector_units(layout: Layout) -> int:
     """Elements per vector: 16 bytes of the widest non-raw array."""
     return 16 // max(DTYPES[dt][2] for p, dt, kind, _ in layout.args if kind in ("array", "bcol"))
@@ -1279,34 +1529,34 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     ones = [a for a in layout.args if a[2] == "bone"]
     loaded = ins + cols + [a for a in outs if a[0].name in read_outputs]
     src.add("template <class Idx, int VPT>")
-    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &P)")
+    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &_ewrtc_P)")
     src.add("{")
     src.add(f"    enum {{ E = {E} }};")
-    src.add("    const ewrtc::Ind _ind = {P.size}; (void)_ind;")
+    src.add("    const ewrtc::Ind _ind = {_ewrtc_P.size}; (void)_ind;")
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         if kind in ("array", "bcol"):
             q = "" if p.is_output else "const "
             src.add(f"    typedef ewrtc::Pack<{S}, E> _U_{p.name};")
-            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name};")
-    src.add("    const Idx _n = Idx(P.nfast), _head = Idx(P.head), _nvec = _n / Idx(E);")
+            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)_ewrtc_P.p_{p.name};")
+    src.add("    const Idx _n = Idx(_ewrtc_P.nfast), _head = Idx(_ewrtc_P.head), _nvec = _n / Idx(E);")
     if cols or rows:
-        src.add("    const Idx _cvec = Idx(P.ccols / E);   /* vectors per row (the host checks ccols % E == 0) */")
+        src.add("    const Idx _cvec = Idx(_ewrtc_P.ccols / E);   /* vectors per row (the host checks ccols % E == 0) */")
     src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
-    prefetch_then_wait(src, "(long long)blockIdx.x < P.prefetch && _base < _nvec", ins, "_base", "threadIdx.x == 0")
+    prefetch_then_wait(src, "(long long)blockIdx.x < _ewrtc_P.prefetch && _base < _nvec", ins, "_base", "threadIdx.x == 0")
     # after the wait: the previous kernel may be writing it (a ReductionKernel op's backward reads
     # the reduction's one-element result so; read before the wait, the C++ node's back-to-back
     # launches read it unwritten now and then: NaN gradients on the H200 under load)
     for p, dt, kind, _ in ones:
-        src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name});")
+        src.add(f"    const {DTYPES[dt][1]} _o_{p.name} = ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_P.p_{p.name});")
     for p, dt, kind, rnd in layout.args:
         C = DTYPES[dt][1]
         S = DTYPES[dt][0]
         if kind == "scalar":
-            src.add(f"    const {C} {p.name} = P.s_{p.name};")
+            src.add(f"    const {C} {p.name} = _ewrtc_P.s_{p.name};")
         elif kind == "raw":
-            src.add(f"    const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)P.p_{p.name}, P.n_{p.name}, {max(rnd, 1)}, "
-                    f"P.shp_{p.name}}};")
+            src.add(f"    const ewrtc::Raw<{S}, {C}> {p.name} = {{({S} *)_ewrtc_P.p_{p.name}, _ewrtc_P.n_{p.name}, {max(rnd, 1)}, "
+                    f"_ewrtc_P.shp_{p.name}}};")
     if loop_prep:
         src.add("    {")
         src.user(loop_prep, name, "loop_prep", ";")
@@ -1321,7 +1571,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     for p, dt, kind, _ in loaded:
         src.add(f"            _r_{p.name}[_q] = ewrtc::hold(_u_{p.name} + {'_v % _cvec' if kind == 'bcol' else '_v'});")
     for p, dt, kind, _ in rows:
-        src.add(f"            _s_{p.name}[_q] = ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + _v / _cvec);")
+        src.add(f"            _s_{p.name}[_q] = ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_P.p_{p.name} + _v / _cvec);")
     src.add("        }")
     src.add("    }")
     src.add("#pragma unroll")
@@ -1339,7 +1589,7 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
              lambda p, dt: f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})")
     src.add("            }")
     for p, dt, kind, _ in outs:
-        src.add(f"            ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, P.wb);")
+        src.add(f"            ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, _ewrtc_P.wb);")
     src.add("        }")
     src.add("    }")
     src.add("    if (blockIdx.x == gridDim.x - 1) {")
@@ -1348,10 +1598,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        if (_j < _nedge) {")
     src.add("            const Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
     src.add("            const long long i = (long long)_head + (long long)_e; (void)i;")
-    at = {"bcol": "i % P.ccols", "brow": "i / P.ccols", "bone": "0", "array": "_e"}
+    at = {"bcol": "i % _ewrtc_P.ccols", "brow": "i / _ewrtc_P.ccols", "bone": "0", "array": "_e"}
     _element(src, "            ", name, operation, cols + rows + ones + arrays, read_outputs,
-             lambda p, dt, kind: f"ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name} + ({at[kind]}))",
-             lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + _e, {p.name})")
+             lambda p, dt, kind: f"ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_P.p_{p.name} + ({at[kind]}))",
+             lambda p, dt: f"ewrtc::st(({DTYPES[dt][0]} *)_ewrtc_P.p_{p.name} + _e, {p.name})")
     src.add("        }")
     src.add("    }")
     if after_loop:
@@ -1364,8 +1614,8 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
         entry = f"ewrtc_{name}_v{vpt}{'l' if idx != 'int' else ''}"
         entries.append(entry)
         bound = "__maxnreg__(64)" if regs64 else "__launch_bounds__(1024)"
-        src.add(f'extern "C" __global__ void {bound} {entry}(const ewrtc_params P)')
-        src.add(f"{{ ewrtc_{name}_run<{idx}, {vpt}>(P); }}")
+        src.add(f'extern "C" __global__ void {bound} {entry}(const ewrtc_params _ewrtc_P)')
+        src.add(f"{{ ewrtc_{name}_run<{idx}, {vpt}>(_ewrtc_P); }}")
     return src.text(), entries
 
 
@@ -1425,7 +1675,7 @@ def _row_at(kind: str, name: str, dt: str, elem: str, col: str, row: str) -> str
     index of a dense array's element)."""
     S = DTYPES[dt][0]
     at = {"array": elem, "bcol": col, "brow": row, "bone": "0"}[kind]
-    return f"ewrtc::ld((const {S} *)P.p_{name} + ({at}))"
+    return f"ewrtc::ld((const {S} *)_ewrtc_P.p_{name} + ({at}))"
 
 
 def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, reduce_expr: str, operation: str,
@@ -1553,9 +1803,9 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     def scalars_and_sizes(indent):
         for p, dt, kind, _ in scalars:
-            src.add(f"{indent}const {DTYPES[dt][1]} {p.name} = P.s_{p.name};")
-        src.add(f"{indent}const long long _row_size = PP.cols; (void)_row_size;")
-        src.add(f"{indent}const ewrtc::Ind _ind = {{PP.rows * PP.cols}}; (void)_ind;")
+            src.add(f"{indent}const {DTYPES[dt][1]} {p.name} = _ewrtc_P.s_{p.name};")
+        src.add(f"{indent}const long long _row_size = _ewrtc_PP.cols; (void)_row_size;")
+        src.add(f"{indent}const ewrtc::Ind _ind = {{_ewrtc_PP.rows * _ewrtc_PP.cols}}; (void)_ind;")
 
     def row_consts(indent):
         if not consts:
@@ -1574,7 +1824,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     half_out = [a for a in outs if a[1] == "float16" and a[0].name not in csum_names]
 
     def half_base(p, kind):
-        return f"(ewrtc::half_bits *)P.p_{p.name} + {'_ew_r * PP.cols + ' if kind != 'bcol' else ''}_c0"
+        return f"(ewrtc::half_bits *)_ewrtc_P.p_{p.name} + {'_ew_r * _ewrtc_PP.cols + ' if kind != 'bcol' else ''}_c0"
 
     def rows_phase(phase, used) -> None:
         """one phase of a row (map, map2, apply) over its columns in order; with float16 arrays
@@ -1586,8 +1836,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             tiled |= {p.name for p, dt, kind, _ in half_out}
         ind = "                " if tiles else "            "
         if tiles:
-            src.add(f"        for (long long _c0 = 0; _c0 < PP.cols; _c0 += {T}) {{")
-            src.add(f"            const long long _cn = PP.cols - _c0 < {T} ? PP.cols - _c0 : {T};")
+            src.add(f"        for (long long _c0 = 0; _c0 < _ewrtc_PP.cols; _c0 += {T}) {{")
+            src.add(f"            const long long _cn = _ewrtc_PP.cols - _c0 < {T} ? _ewrtc_PP.cols - _c0 : {T};")
             for p, dt, kind, _ in half_in + (half_out if phase == "apply" else []):
                 if p.name in tiled:
                     src.add(f"            float _f_{p.name}[{T}];")
@@ -1595,8 +1845,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                         src.add(f"            ewrtc::h2f_n({half_base(p, kind)}, _f_{p.name}, _cn);")
             src.add("            for (long long _ew_c = _c0; _ew_c < _c0 + _cn; ++_ew_c) {")
         else:
-            src.add("        for (long long _ew_c = 0; _ew_c < PP.cols; ++_ew_c) {")
-        src.add(f"{ind}const long long i = _ew_r * PP.cols + _ew_c; (void)i;")
+            src.add("        for (long long _ew_c = 0; _ew_c < _ewrtc_PP.cols; ++_ew_c) {")
+        src.add(f"{ind}const long long i = _ew_r * _ewrtc_PP.cols + _ew_c; (void)i;")
 
         def val(p, dt, kind):
             return (f"_f_{p.name}[_ew_c - _c0]" if p.name in tiled else
@@ -1608,7 +1858,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         else:
             apply(ind, val, lambda p, dt: (f"_cs_{p.name}[_ew_c] += {p.name}" if p.name in csum_names else
                                            f"_f_{p.name}[_ew_c - _c0] = {p.name}" if p.name in tiled else
-                                           f"ewrtc::st(({DTYPES[dt][0]} *)P.p_{p.name} + i, {p.name})"))
+                                           f"ewrtc::st(({DTYPES[dt][0]} *)_ewrtc_P.p_{p.name} + i, {p.name})"))
         if tiles:
             src.add("            }")
             for p, dt, kind, _ in (half_out if phase == "apply" else []):
@@ -1616,7 +1866,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("        }")
 
     def rows_body() -> None:   # the CPU form's loop over the rows
-        src.add("    for (long long _ew_r = 0; _ew_r < PP.rows; ++_ew_r) {")
+        src.add("    for (long long _ew_r = 0; _ew_r < _ewrtc_PP.rows; ++_ew_r) {")
         src.init("        ", "_acc", identity, name)
         if stage2:
             src.init("        ", "_acc2", stage2[2], name, "identity2")
@@ -1629,10 +1879,10 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     if backend == "cpu":
         entry = f"ewrtc_{name}"
-        src.add(f'extern "C" void {entry}(const ewrtc_params *PP_, int _threads)')
+        src.add(f'extern "C" void {entry}(const ewrtc_params *_ewrtc_PP_, int _threads)')
         src.add("{")
-        src.add("    const ewrtc_params PP = *PP_;")
-        src.add("    const ewrtc_args &P = PP.a;")
+        src.add("    const ewrtc_params _ewrtc_PP = *_ewrtc_PP_;")
+        src.add("    const ewrtc_args &_ewrtc_P = _ewrtc_PP.a;")
         scalars_and_sizes("    ")
 
         def rows_loop(team: bool) -> None:
@@ -1640,8 +1890,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                 src.add("    {")
                 src.add(f"    const long long _tid = {'omp_get_thread_num()' if team else '0'};")
                 for p, dt, kind, _ in csum:
-                    src.add(f"    {DTYPES[dt][1]} *const _cs_{p.name} = ({DTYPES[dt][1]} *)P.p_{p.name} + "
-                            "_tid * PP.cols;")
+                    src.add(f"    {DTYPES[dt][1]} *const _cs_{p.name} = ({DTYPES[dt][1]} *)_ewrtc_P.p_{p.name} + "
+                            "_tid * _ewrtc_PP.cols;")
                 if team:
                     src.add("#pragma omp for schedule(static)")
             rows_body()
@@ -1654,19 +1904,19 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
     vec = [a for a in ins + outs if a[2] in ("array", "bcol")]
     src.add("template <int VPL>")
-    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &PP)")
+    src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &_ewrtc_PP)")
     src.add("{")
     src.add(f"    enum {{ E = {E} }};")
-    src.add("    const ewrtc_args &P = PP.a;")
-    src.add(f"    const int _G = {g if g else 'int(PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
-    src.add("    const int _nv = int(PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")
+    src.add("    const ewrtc_args &_ewrtc_P = _ewrtc_PP.a;")
+    src.add(f"    const int _G = {g if g else 'int(_ewrtc_PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
+    src.add("    const int _nv = int(_ewrtc_PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")
 
     def row_pointers():
-        src.add("    const bool _live = _ew_r < PP.rows;")
+        src.add("    const bool _live = _ew_r < _ewrtc_PP.rows;")
         for p, dt, kind, _ in vec:
             q = "" if p.is_output else "const "
             off = f" + _ew_r * _nv" if kind == "array" else ""
-            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)P.p_{p.name}{off};")
+            src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)_ewrtc_P.p_{p.name}{off};")
     for p, dt, kind, _ in vec:
         src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, E> _U_{p.name};")
         src.add(f"    typedef ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _H_{p.name};")
@@ -1674,7 +1924,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     bcols = [a for a in ins if a[2] == "bcol"]
     read_outs = [a for a in outs if a[0].name in read_outputs]
     if csum:
-        # column sums (a weight's gradient): each block takes PP.tiles tiles of blockDim.x / G rows
+        # column sums (a weight's gradient): each block takes _ewrtc_PP.tiles tiles of blockDim.x / G rows
         # in turn; each group adds its rows' values, in row order, into its own row of the partials
         # (lane-owned elements: no races, the order fixed); the host sums the partials' rows. The
         # register forms (VPL > 0) add in registers (_ca_: the lane's VPL x E columns) and write
@@ -1689,8 +1939,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add(f"    constexpr bool _CB = {' || '.join(f'VPL == {v}' for v in cb) or 'false'};")
         for p, dt, kind, _ in csum:
             C = DTYPES[dt][1]
-            src.add(f"    {C} *const _cs_{p.name} = ({C} *)P.p_{p.name} + (_CB ? (long long)blockIdx.x"
-                    " : (long long)blockIdx.x * _groups + _group) * PP.cols;")
+            src.add(f"    {C} *const _cs_{p.name} = ({C} *)_ewrtc_P.p_{p.name} + (_CB ? (long long)blockIdx.x"
+                    " : (long long)blockIdx.x * _groups + _group) * _ewrtc_PP.cols;")
             src.add(f"    {C} _ca_{p.name}[VPL > 0 ? VPL : 1][E];")
             src.add("#pragma unroll")
             src.add("    for (int _q = 0; _q < (VPL > 0 ? VPL : 1); ++_q)")
@@ -1700,21 +1950,21 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add("    if constexpr (VPL <= 0)")
             src.add("        for (int _v = _lane; _v < _nv; _v += _G)")
             src.add(f"            ewrtc::st_part(_cs_{p.name} + _v * E, _ca_{p.name}[0]);   /* zeros */")
-        src.add("    for (long long _t = 0; _t < PP.tiles; ++_t) {")
+        src.add("    for (long long _t = 0; _t < _ewrtc_PP.tiles; ++_t) {")
         src.add("    if (_t > 0)")
         src.add("        __syncthreads();   /* the combines' shared slots are used again */")
-        src.add("    const long long _ew_r = ((long long)blockIdx.x * PP.tiles + _t) * _groups + _group;")
+        src.add("    const long long _ew_r = ((long long)blockIdx.x * _ewrtc_PP.tiles + _t) * _groups + _group;")
         row_pointers()
     else:
         src.add("    const long long _ew_r = (long long)blockIdx.x * (blockDim.x / _G) + threadIdx.x / _G;")
         row_pointers()
-        prefetch_then_wait(src, "(long long)blockIdx.x < PP.prefetch && _live && _lane < _nv", dense_in, "_lane",
+        prefetch_then_wait(src, "(long long)blockIdx.x < _ewrtc_PP.prefetch && _live && _lane < _nv", dense_in, "_lane",
                            "_lane == 0")
         scalars_and_sizes("    ")
     for p, dt, kind, _ in ins + outs:
         if kind in ("brow", "bone"):
             at = "_ew_r" if kind == "brow" else "0"
-            src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)P.p_{p.name}"
+            src.add(f"    const {DTYPES[dt][1]} _s_{p.name} = _live ? ewrtc::ld((const {DTYPES[dt][0]} *)_ewrtc_P.p_{p.name}"
                     f" + ({at})) : ({DTYPES[dt][1]})0;")
     src.init("    ", "_acc", identity, name)
     if stage2 is not None:   # with _acc, as the CPU form declares it, folded or not
@@ -1792,7 +2042,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                 src.add(f"                const _H_{p.name} _c_{p.name} = ewrtc::hold(_u_{p.name} + _v);")
         src.add("#pragma unroll")
         src.add("                for (int _k = 0; _k < E; ++_k) {")
-        src.add("                    const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add("                    const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
         map_into("                    ", lambda p, dt, kind: (f"ewrtc::elem(_c_{p.name}, _k)" if kind == "bcol"
                                                              else reg_value(p, dt, kind)), stage)
         src.add("                }")
@@ -1811,7 +2061,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("                if (_v < _nv) {")
         src.add("#pragma unroll")
         src.add("                    for (int _k = 0; _k < E; ++_k) {")
-        src.add("                        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add("                        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
         map_into("                        ", mem_value, stage, fused)
         src.add("                    }")
         src.add("                }")
@@ -1847,13 +2097,13 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
                 src.add(f"{indent}    ewrtc::ld_part(_cs_{p.name} + _v * E, _pa_{p.name});")
         src.add("#pragma unroll")
         src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
-        src.add(f"{indent}        const long long i = _ew_r * PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add(f"{indent}        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
         cs_at = "_ca_{}[_q][_k]" if have_regs else "_pa_{}[_k]"
         apply(indent + "        ", value, lambda p, dt: (f"{cs_at.format(p.name)} += {p.name}" if p.name in csum_names
                                                          else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
         src.add(f"{indent}    }}")
         for p, dt, kind, _ in dense_outs:
-            src.add(f"{indent}    ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, PP.wb);")
+            src.add(f"{indent}    ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, _ewrtc_PP.wb);")
         if not have_regs:
             for p, dt, kind, _ in csum:
                 src.add(f"{indent}    ewrtc::st_part(_cs_{p.name} + _v * E, _pa_{p.name});")
@@ -1921,8 +2171,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         # lane at 64 registers, and the derived backwards spilled under it
         bound = max(ROW_MIN_BLOCK, g, COLSUM_BLOCK if cb else 0) if g else 1024
         src.add(f'extern "C" __global__ void __launch_bounds__({bound}) {entry}'
-                "(const ewrtc_params PP)")
-        src.add(f"{{ ewrtc_{name}_run<{vpl}>(PP); }}")
+                "(const ewrtc_params _ewrtc_PP)")
+        src.add(f"{{ ewrtc_{name}_run<{vpl}>(_ewrtc_PP); }}")
     if csum:
         # the partial rows' sum, one entry per column-sum output (after the forms): a block of
         # COLSUM_SLICES x 32 threads per 32 columns, lanes over the columns (coalesced), slice s

@@ -17,7 +17,11 @@ import numpy as np
 from . import _build, _codegen
 from ._params import DTYPES, EWKERN_DTYPES, Param, decide_types, parse_params
 
-_SCALARS = (bool, int, float, np.generic)
+# the scalars a kernel takes for a parameter: Python's numbers and NumPy's bool and number types,
+# each named (np.generic also holds np.str_, np.bytes_ and np.datetime64, and np.timedelta64 is an
+# np.signedinteger: not numbers, _Call refuses them); complex ones are refused by _scalar_value
+_SCALARS = (bool, int, float, np.bool_) + tuple(sorted(
+    {np.dtype(c).type for c in np.typecodes["AllFloat"] + np.typecodes["AllInteger"]}, key=lambda t: t.__name__))
 _STORAGE_NP = {"bool": np.bool_, "float16": np.uint16, "bfloat16": np.uint16}
 _CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_bool, "signed char": ctypes.c_byte,
            "short": ctypes.c_short, "int": ctypes.c_int, "long long": ctypes.c_longlong,
@@ -104,6 +108,13 @@ def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
     else:
         if getattr(obj, "requires_grad", False):   # torch exports no tensor that requires grad
             obj = obj.detach()
+        is_neg = getattr(obj, "is_neg", None)
+        if is_neg is not None and is_neg():
+            # torch's export drops the bit: -x held as x would be read, or written, with the wrong
+            # sign (ewkern's C import refuses it alike)
+            raise ValueError(f"{kernel}: {what} is a torch tensor with the negative bit (torch._neg_view, the "
+                             "imaginary part of a real tensor's conj()), which holds -x in memory and whose DLPack "
+                             f"export drops the bit; pass {what}.resolve_neg()")
         try:
             arr = np.from_dlpack(obj)
         except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
@@ -224,18 +235,40 @@ def _same_view(a: _Arr, b: _Arr) -> bool:
     return a.ptr == b.ptr and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
 
 
-def _copy_overlapping_inputs(call, in_params) -> None:
-    """Inputs that overlap an output (other than being the very same view) are read from a copy.
-    CUDA views are C-contiguous, so there overlap is a byte-range test and the copy ewkern.copy's."""
+def _copy_overlapping_inputs(call, in_params, out_params) -> None:
+    """Inputs that overlap an output are read from a copy, as NumPy's ufuncs read them. The very
+    same view of a non-raw input as a non-raw output is not copied (element i reads element i
+    before it is written: in place); a raw input, or a raw output, may be indexed anywhere, so
+    even the same view is copied. CUDA views are C-contiguous, so there overlap is a byte-range
+    test and the copy ewkern.copy's."""
+    overlap = _overlaps if call.device == "cpu" else _ranges_overlap
     for k, v in enumerate(call.ins):
         if not isinstance(v, _Arr):
             continue
+        raw = in_params[k].raw
+        if not any(overlap(v, o) and (raw or p.raw or not _same_view(v, o)) for o, p in zip(call.outs, out_params)):
+            continue
         if call.device == "cpu":
-            if any(_overlaps(v, o) and not _same_view(v, o) for o in call.outs):
-                call.ins[k] = _cpu_copy(v)
-        elif any(_ranges_overlap(v, o) and not _same_view(v, o) for o in call.outs):
+            call.ins[k] = _cpu_copy(v)
+        else:
             from .. import copy as _ewcopy
             (call.ins[k],), _ = _cuda_arrs([_ewcopy(v.obj)], [in_params[k].name])
+
+
+def _copy_back_raw(call, in_params, given_ins, operation: str) -> None:
+    """Raw inputs the call ran on a copy of (not C-contiguous on the CPU, or overlapping an
+    output) copied back into the caller's arrays, where the operation may write them: a raw
+    parameter is writable (CuPy's are), and its writes must not be lost with the copy."""
+    for k, (p, given) in enumerate(zip(in_params, given_ins)):
+        used = call.ins[k]
+        if not p.raw or used is given or not _codegen.may_write_raw(operation, p.name):
+            continue
+        if call.device == "cpu":
+            if given.np.flags.writeable:   # a read-only array is not written (its copy was)
+                np.copyto(given.np, used.np)
+        else:
+            from ._rowkernel import _broadcast_copy
+            _broadcast_copy()(used.obj, given.obj)
 
 
 def _broadcast_strides(a: _Arr, shape) -> tuple[int, ...]:
@@ -567,9 +600,18 @@ class _Call:
                 if p.is_output or p.raw:
                     raise TypeError(f"{kernel}: {p.name} is {'an output' if p.is_output else 'a raw parameter'} "
                                     f"and must be an array, got {type(o).__name__}")
+                if o is None:
+                    raise TypeError(f"{kernel}: {p.name} is None; expected an array or a number")
                 continue
-            if isinstance(o, (list, tuple, complex, str)):
-                raise TypeError(f"{kernel}: {p.name} must be an array or a scalar, got {type(o).__name__}")
+            if isinstance(o, (list, tuple, complex, str, bytes, np.generic)):
+                # np.generic here: a NumPy scalar that is not a number (np.str_, np.bytes_,
+                # np.datetime64, np.timedelta64), which no kernel parameter type holds
+                raise TypeError(f"{kernel}: {p.name} must be an array or a scalar (a number: bool, int, float or a "
+                                f"NumPy number), got {type(o).__name__}")
+            if type(o).__module__.split(".")[0] == "torch" and str(getattr(o, "layout", "torch.strided")) != \
+                    "torch.strided":
+                raise TypeError(f"{kernel}: {p.name} is a torch tensor of layout {o.layout}; run-time kernels take "
+                                "strided (dense) tensors (convert it with .to_dense())")
             dev = _device_of(o, kernel, p.name)
             if self.device is None:
                 self.device = dev
@@ -699,14 +741,17 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None, c_tried: bo
         ptrs = [next(it)[0] if a else 0 for a in is_arr]
     if len(args) > nin:   # given outputs: none read-only, none overlapping an input other than as itself
         nvin = sum(is_arr[:nin])
-        for o in views[nvin:]:
+        # raw parameters are indexed anywhere: for them even the same view is an overlap
+        # (_copy_overlapping_inputs)
+        raws = [p.raw for p, a in zip(kern.in_params + kern.out_params, is_arr) if a]
+        for j, o in enumerate(views[nvin:], nvin):
             if o[4]:
                 return _MISS
             ob = o[0]
             oe = ob + math.prod(o[3]) * DTYPES[o[1]][2]
-            for v in views[:nvin]:
-                if v[0] < oe and ob < v[0] + math.prod(v[3]) * DTYPES[v[1]][2] and not (
-                        v[0] == ob and v[1] == o[1] and v[3] == o[3]):
+            for q, v in enumerate(views[:nvin]):
+                if v[0] < oe and ob < v[0] + math.prod(v[3]) * DTYPES[v[1]][2] and (raws[q] or raws[j] or not (
+                        v[0] == ob and v[1] == o[1] and v[3] == o[3])):
                     return _MISS
     if plan.outs:
         like = objs[0]
@@ -806,6 +851,11 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
     read), where the plan's run finds them for the column-sum launches (_colsum_runner)."""
     C = _C_mod or _C()
     if not hasattr(C, "_rtc_fast") or any(dt not in EWKERN_DTYPES for dt, _ in outs):
+        return
+    if len(args) > len(kern.in_params) and any(p.raw for p in kern.in_params + kern.out_params):
+        # given outputs of a kernel with raw parameters: _rtc_fast runs an input that is the very
+        # same view as an output in place (rtc_fast_overlap, csrc/rtc.c), which is right only for
+        # non-raw parameters (element i reads element i); _fast_call checks which are raw
         return
     kinds = [_CPLAN_SCALARS.get((dt, fmt)) for _, fmt, _, dt, _ in scalars]
     if None in kinds:
@@ -1106,6 +1156,11 @@ class ElementwiseKernel:
             if r is not _MISS:
                 return r
         name = self.name
+        if block_size is not None:   # checked on the CPU too, which has no blocks: a call fails alike on both
+            if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+                raise TypeError(f"{name}: block_size must be an int or None, got {type(block_size).__name__}")
+            if not 1 <= block_size <= 1024:
+                raise ValueError(f"{name}: block_size must be 1 to 1024 (threads a CUDA block), got {block_size}")
         if len(args) not in (self.nin, self.nargs):
             raise TypeError(f"{name}: wrong number of arguments: expected {self.nin} inputs"
                             f"{f' or {self.nargs} with the outputs' if self.nout else ''}, got {len(args)}")
@@ -1146,7 +1201,7 @@ class ElementwiseKernel:
         if n == 0:
             return ret
         given_ins = list(call.ins)
-        _copy_overlapping_inputs(call, self.in_params)
+        _copy_overlapping_inputs(call, self.in_params, self.out_params)
         if call.device == "cpu":
             for k, v in enumerate(call.ins):
                 if isinstance(v, _Arr) and self.in_params[k].raw and not v.contiguous():
@@ -1225,6 +1280,7 @@ class ElementwiseKernel:
         buf = bytearray(bytes(params))
         run = _elementwise_runner(compiled, call.device, mode, layout, n, head, block_size, type(params))
         run(buf, call.stream)
+        _copy_back_raw(call, self.in_params, given_ins, self.operation + "\n" + self.loop_prep + "\n" + self.after_loop)
         if size is None and block_size is None and all(a is b for a, b in zip(given_ins, call.ins)):
             ret_form = "none" if self.no_return else ("one" if self.nout == 1 and not self.return_tuple else "tuple")
             pos = {p.name: k for k, p in enumerate(allp)}
@@ -1461,8 +1517,9 @@ class ReductionKernel:
         call = _Call(name, self.in_params, self.out_params, ins, outs)
 
         def plan(struct_obj, in_layout, out_layout, run) -> None:
-            """Record the plan of a call that ran in one launch with nothing allocated on the side."""
-            if extra is None:
+            """Record the plan of a call that ran in one launch with nothing allocated on the side
+            (and no input read from a copy: a plan's pointers are the arguments')."""
+            if extra is None or any(a is not b for a, b in zip(given_ins, call.ins)):
                 return
             pos = {p.name: k for k, p in enumerate(self.in_params + self.out_params)}
             cls = type(struct_obj)
@@ -1484,7 +1541,7 @@ class ReductionKernel:
             for a in seq:
                 if not isinstance(a, (int, np.integer)) or isinstance(a, bool):
                     raise TypeError(f"{name}: axis must be an int or a tuple of ints, got {a!r}")
-                if not -nd <= a < max(nd, 1) or (nd == 0 and a not in (0, -1)):
+                if not -nd <= a < nd:   # a 0-d input has no axis (NumPy's AxisError, a ValueError)
                     raise ValueError(f"{name}: axis {a} is out of bounds for the inputs' {nd} dimensions")
                 a = int(a) % nd if nd else 0
                 if a in picked:
@@ -1509,6 +1566,10 @@ class ReductionKernel:
             return ret
         if red_size == 0 and self.identity is None:
             raise ValueError(f"{name}: reduction over zero elements and the kernel has no identity")
+        # an input that overlaps a given output is read from a copy (NumPy's ufuncs copy such inputs):
+        # the outputs written first would otherwise be read as inputs by the later ones
+        given_ins = list(call.ins)
+        _copy_overlapping_inputs(call, self.in_params, self.out_params)
         # inputs: the broadcast shape with the reduced axes last
         perm = kept + list(axes)
         pshape = tuple(shape[d] for d in perm) or (1,)

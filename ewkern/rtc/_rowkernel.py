@@ -311,12 +311,16 @@ class RowKernel:
         if rows * cols == 0:
             return ret
         given_ins = list(call.ins)
-        _copy_overlapping_inputs(call, self.in_params)
-        # the outputs: dense over the shape (a strided CPU output is computed apart and copied in)
+        _copy_overlapping_inputs(call, self.in_params, self.out_params)
+        # the outputs: dense over the shape (a strided CPU output is computed apart and copied in;
+        # where the operation reads it, `y = y + ...`, it starts as the caller's values)
         back = []
+        reads = {p.name for p in self.out_params if not _codegen.writes_only(self.operation, p.name)}
         for k, (p, v) in enumerate(zip(self.out_params, call.outs)):
             if p.name not in colsum and not _dense(v.strides, shape, DTYPES[v.dtype][2]):
                 res, a = call.alloc(v.dtype, shape, p.name)
+                if p.name in reads:
+                    np.copyto(a.np, v.np)
                 back.append((v, a))
                 call.outs[k] = a
         largs, values = [], {}
@@ -341,7 +345,6 @@ class RowKernel:
         layout = _codegen.Layout("contig", 1, largs)
         P = _params_struct(layout)(_fill(layout, rows * cols, (rows * cols,), values), rows, cols, 1, 0, 1)
         rtype = self.reduce_type or DTYPES[call.out_types[0]][1]
-        reads = {p.name for p in self.out_params if not _codegen.writes_only(self.operation, p.name)}
         cs_outs = [(k, p) for k, p in enumerate(self.out_params) if p.name in colsum]
         if call.device == "cpu":
             run = self._cpu_run(call, layout, rtype, reads, P, rows * cols)
