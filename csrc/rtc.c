@@ -290,8 +290,9 @@ PyObject *ew_rtc_sig(PyObject *module, PyObject *args)
     return res;
 }
 
-/* Whether given output o (any index >= nin) overlaps an input other than as the very same view. */
-static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o)
+/* Whether given output o (any index >= nin) overlaps an input other than as the very same view
+ * (strict: at all, the same view included; a kernel with raw parameters, which index anywhere). */
+static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o, int strict)
 {
     const ew_view *w = &a->v[o];
     for (Py_ssize_t i = 0; i < nin && i < a->n; i++) {
@@ -302,7 +303,7 @@ static int rtc_fast_overlap(const rtc_fast_args *a, Py_ssize_t nin, Py_ssize_t o
             int same = v->data == w->data && v->dtype == w->dtype && v->ndim == w->ndim;
             for (int d = 0; same && d < v->ndim; d++)
                 same = v->shape[d] == w->shape[d];
-            if (!same)
+            if (!same || strict)
                 return 1;
         }
     }
@@ -348,7 +349,7 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
         goto done;
     /* held for the whole call: run() may let another thread clear the kernel's plans */
     plan = Py_XNewRef(PyDict_GetItemWithError(plans, key));
-    if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) < 6 || PyTuple_GET_SIZE(plan) > 7) {
+    if (plan == NULL || !PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) < 6 || PyTuple_GET_SIZE(plan) > 8) {
         PyErr_Clear();
         goto done;
     }
@@ -359,12 +360,15 @@ PyObject *ew_rtc_fast(PyObject *module, PyObject *const *fargs, Py_ssize_t nfarg
         PyErr_Clear();
         goto done;
     }
-    /* given outputs: none read-only, none overlapping an input other than as itself */
+    /* given outputs: none read-only, none overlapping an input other than as itself (a plan's
+     * eighth item true, a kernel with raw parameters: none overlapping at all; Python's path
+     * reads such an input from a copy) */
+    const int strict = PyTuple_GET_SIZE(plan) == 8 && PyTuple_GET_ITEM(plan, 7) == Py_True;
     for (Py_ssize_t o = nin; o < n; o++)
-        if (a.is_arr[o] && (a.v[o].readonly || rtc_fast_overlap(&a, nin, o)))
+        if (a.is_arr[o] && (a.v[o].readonly || rtc_fast_overlap(&a, nin, o, strict)))
             goto done;
     const Py_ssize_t nout = PyTuple_GET_SIZE(outs);
-    const Py_ssize_t hidden = PyTuple_GET_SIZE(plan) == 7 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 6)) : 0;
+    const Py_ssize_t hidden = PyTuple_GET_SIZE(plan) >= 7 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 6)) : 0;
     if (n + nout > RTC_FAST_MAX || hidden < 0 || hidden > nout) {
         PyErr_Clear();
         goto done;

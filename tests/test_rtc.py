@@ -1542,6 +1542,15 @@ def test_raw_input_same_view_as_output_is_not_run_in_place():
     rev(x, np.empty(8))   # plans for the signature
     rev(x, x)
     np.testing.assert_array_equal(x, np.arange(8.0)[::-1])
+    # the C plan of a kernel with raw parameters runs no given output that overlaps an input, the
+    # very same view included (rtc_fast_overlap's strict test), and the rest as any plan
+    from ewkern import _C
+    from ewkern.rtc._kernel import _SCALARS
+    assert rev._cplans
+    x, o = np.arange(8.0), np.empty(8)
+    assert _C._rtc_fast(rev._cplans, (x, x), 1, None, _SCALARS) is NotImplemented
+    assert _C._rtc_fast(rev._cplans, (x, o), 1, None, _SCALARS) is o
+    np.testing.assert_array_equal(o, x[::-1])
 
 
 @pytest.mark.parametrize("bad", [np.str_("2"), np.bytes_(b"2"), np.datetime64(2, "s"), np.timedelta64(2, "s"), "2",

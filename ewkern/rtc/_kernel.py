@@ -852,11 +852,6 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
     C = _C_mod or _C()
     if not hasattr(C, "_rtc_fast") or any(dt not in EWKERN_DTYPES for dt, _ in outs):
         return
-    if len(args) > len(kern.in_params) and any(p.raw for p in kern.in_params + kern.out_params):
-        # given outputs of a kernel with raw parameters: _rtc_fast runs an input that is the very
-        # same view as an output in place (rtc_fast_overlap, csrc/rtc.c), which is right only for
-        # non-raw parameters (element i reads element i); _fast_call checks which are raw
-        return
     kinds = [_CPLAN_SCALARS.get((dt, fmt)) for _, fmt, _, dt, _ in scalars]
     if None in kinds:
         return
@@ -885,7 +880,12 @@ def _record_cplan(kern, args: tuple, template: bytes, ptrs, scalars, outs, run, 
     pslots = struct.pack(f"<{3 * len(ptrs)}q", *[x for off, k, add in ptrs for x in (off, k, add)])
     sslots = struct.pack(f"<{3 * len(scalars)}q", *[x for (off, _, k, _, _), kind in zip(scalars, kinds)
                                                     for x in (off, kind, k)])
-    kern._cplans[(sig, extra)] = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2)) + hidden
+    plan = (template, pslots, sslots, outs, run, {"none": 0, "one": 1}.get(ret, 2)) + hidden
+    if any(p.raw for p in kern.in_params + kern.out_params):
+        # raw parameters index anywhere: _rtc_fast then runs no given output that overlaps an input,
+        # the very same view included (rtc_fast_overlap's strict test; Python's path copies it)
+        plan = plan + (0,) * (not hidden) + (True,)
+    kern._cplans[(sig, extra)] = plan
 
 
 def native_plan(kern, args: tuple, extra=None) -> tuple | None:
