@@ -77,8 +77,8 @@ def _ts_variants(original):
         pad = ""
         if m.group(3):   # c<P>: 48 KiB of static shared memory a block, the carveout set to P% (_carveout_on_load)
             pad = ("    __shared__ volatile char _ewpad[48 * 1024 - 1280];\n"
-                   "    if (PP.nout < 0) _ewpad[threadIdx.x] = 0;\n")
-        text = text[:body] + pad + (_INJECT_HEAD % (rec, _CAP)).replace("PTR", "PP.in.p_a") + text[body:]
+                   "    if (_ewrtc_PP.nout < 0) _ewpad[threadIdx.x] = 0;\n")
+        text = text[:body] + pad + (_INJECT_HEAD % (rec, _CAP)).replace("PTR", "_ewrtc_PP.in.p_a") + text[body:]
         w = text.index("pdl_wait();", body) + len("pdl_wait();")
         text = text[:w] + ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_ewrec.tw));' + text[w:]
         if m.group(2):   # L: no early trigger (the next kernel launches as this one's blocks exit)

@@ -336,7 +336,7 @@ def _rows_source_variants():
         elif variant == "bulk":
             arrays = [p.name for p, _, kind, _ in in_layout.args if kind == "array"]
             pf = "".join(f'        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(_u_{x}), '
-                         f'"r"(unsigned(PP.R * sizeof(_u_{x}->v[0]))) : "memory");\n' for x in arrays)
+                         f'"r"(unsigned(_ewrtc_PP.R * sizeof(_u_{x}->v[0]))) : "memory");\n' for x in arrays)
             anchor = "    pdl_wait();"
             i = text.index(anchor, text.index(f"ewrtc_{name}_rows"))
             text = text[:i] + _ROWS_BULK % pf + text[i + len(anchor):]
