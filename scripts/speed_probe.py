@@ -240,7 +240,7 @@ template <class P> __device__ __forceinline__ P ldh(const P *p)
     return r;
 }
 } /* %s */
-template <int VPL>"""
+template <int _ewrtc_VPL>"""
 
 
 def _row_source_variants():
@@ -269,10 +269,10 @@ def _row_source_variants():
             src = src.replace("sizeof(P) == 16 && __CUDA_ARCH__ >= 800", "false && sizeof(P) == 16")
         for p in parts:
             if re.fullmatch(r"tpc\d+", p):
-                src = re.sub(r"(enum \{ TPC = VPL < 0 \? -VPL : )\d+", r"\g<1>%s" % p[3:], src)
+                src = re.sub(r"(enum \{ _ewrtc_TPC = _ewrtc_VPL < 0 \? -_ewrtc_VPL : )\d+", r"\g<1>%s" % p[3:], src)
         for hint in ("cs", "nc", "lu"):
             if "ld" + hint in parts:
-                src = src.replace("template <int VPL>", _LOAD_HINT % (hint, hint), 1)
+                src = src.replace("template <int _ewrtc_VPL>", _LOAD_HINT % (hint, hint), 1)
                 src = re.sub(r"(_r_\w+\[_q\]) = (_u_\w+)\[_v\];", r"\1 = ewrtc::ldh(\2 + _v);", src)
         return src, entries
     _codegen.row_source = wrapped

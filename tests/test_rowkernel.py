@@ -258,7 +258,7 @@ def test_bfloat16_forms_take_no_more_registers_than_float16(tmp_path):
         src, entries = _codegen.row_source("cuda", "rowb", lay, 8, "x * x", "a + b",
                                            "y = x * rsqrt(a / _row_size + eps) * w", "0", "float", "", tdefs, set(),
                                            None, 256)
-        assert ("ewrtc::elem(_r_x[_q], _k)" in src) and ("_H_x _r_x[VPL" in src)
+        assert ("ewrtc::elem(_r_x[_q], _k)" in src) and ("_H_x _r_x[_ewrtc_VPL" in src)
         ptx, _, _ = _build.compile_cuda("rowb", src, (9, 0), ptx_only=True)
         regs[dtype] = ptxas_registers(ptx, tmp_path)
     assert all(regs["bfloat16"][e] <= regs["float16"][e] for e in regs["float16"]), regs
@@ -309,7 +309,7 @@ def test_cuda_source_holds_only_what_the_reduction_needs():
         return _codegen.row_source("cuda", "rowh", lay, 4, map_expr, "a + b",
                                    "y = x * rsqrt(a / _row_size + eps) * w + r", "0", "float", "", tdefs, set())[0]
     s1 = src("x * x")
-    assert "_r_x[VPL" in s1 and "_r_r[VPL" in s1 and "_r_w[" not in s1 and "_c_w = ewrtc::hold(_u_w + _v)" in s1
+    assert "_r_x[_ewrtc_VPL" in s1 and "_r_r[_ewrtc_VPL" in s1 and "_r_w[" not in s1 and "_c_w = ewrtc::hold(_u_w + _v)" in s1
     assert s1.count("_c_w = ewrtc::hold(_u_w + _v)") == 1    # the apply's alone
     s2 = src("x * w")   # read where the map uses it too: a vector there, its elements from it
     assert "_r_w[" not in s2 and "ewrtc::ld(&_u_w[_v].v[_k])" not in s2
@@ -559,9 +559,10 @@ def test_nvrtc_compiles_column_sums_in_every_form(dtype, g):
     assert "(_u_gw + _v" not in src and "stv(_u_y + _v, _w_y, _ewrtc_PP.wb)" in src
     # the two-pass forms (VPL 0 and the lean -2) add into the partial row in memory, a lane's vector
     # loaded, added to and stored again: both zero it first
-    assert "ewrtc::ld_part(_cs_gw + _v * E, _pa_gw);" in src and "ewrtc::st_part(_cs_gw + _v * E, _pa_gw);" in src
-    assert ("if constexpr (VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)\n"
-            "            ewrtc::st_part(_cs_gw + _v * E, _ca_gw[0]);") in src
+    assert ("ewrtc::ld_part(_cs_gw + _v * _ewrtc_E, _pa_gw);" in src
+            and "ewrtc::st_part(_cs_gw + _v * _ewrtc_E, _pa_gw);" in src)
+    assert ("if constexpr (_ewrtc_VPL <= 0)\n        for (int _v = _lane; _v < _nv; _v += _G)\n"
+            "            ewrtc::st_part(_cs_gw + _v * _ewrtc_E, _ca_gw[0]);") in src
     assert entries[-1] == "ewrtc_csk_sum_gw" and len(entries) == len(_codegen.ROW_FORMS) + 1
     ptx, _, _ = _build.compile_cuda("csk", src, (9, 0), ptx_only=True)
     text = ptx.decode(errors="replace")

@@ -1631,10 +1631,130 @@ def test_parameter_names_that_were_generated_locals(pname):
     np.testing.assert_array_equal(r2(x.T, x.T, axis=0), (x * x).sum(1))
 
 
-@pytest.mark.parametrize("pname", ["_c", "_r", "_o", "_acc", "_ewrtc_x"])
+@pytest.mark.parametrize("pname", ["_c", "_r", "_o", "_acc", "_ewrtc_x", "_c0", "_acc2", "_C", "_c_x", "_cb_x"])
 def test_parameter_names_reserved_for_generated_code_are_refused(pname):
     with pytest.raises(ValueError, match=f"bad_name: parameter name '{pname}' is reserved"):
         ewkern.ElementwiseKernel(f"T x, T {pname}", "T z", "z = x", "bad_name")
+
+
+# E, Idx, VPT, VPL and TPC: the CUDA forms' template parameters and kernel-scope constants, which
+# the generated code now spells _ewrtc_E, _ewrtc_Idx, ...: ordinary parameter names (E for an
+# energy, say), no longer refused
+_FREED = ("E", "Idx", "VPT", "VPL", "TPC")
+
+
+def _nonzero(rng, shape, dtype, low=0.25):
+    """random values of either sign, |v| in [low, 2): none zero"""
+    v = rng.uniform(low, 2.0, shape) * rng.choice([-1.0, 1.0], shape)
+    return v.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_parameters_named_like_the_cuda_forms_constants_work_on_the_cpu(dtype):
+    """An ElementwiseKernel, a ReductionKernel and a RowKernel whose parameters are named E, Idx,
+    VPT, VPL and TPC (inputs, broadcast rows, scalars and outputs) match float64 NumPy on odd
+    shapes of non-zero random data: contiguous, a broadcast row, a transposed view."""
+    rng = np.random.default_rng(2107)
+    f64 = lambda v: np.asarray(v, np.float64)   # noqa: E731
+    rows, cols = 7, 13
+    E, VPT, TPC = (_nonzero(rng, (rows, cols), dtype) for _ in range(3))
+    VPL = _nonzero(rng, (cols,), dtype)
+    s = np.dtype(dtype).type(0.75)
+
+    ek = ewkern.ElementwiseKernel("T E, T VPT, T VPL, T TPC", "T Idx", "Idx = E * VPT + VPL - TPC", "freed_ek")
+    for mode, args in (("contig", (E, VPT, np.broadcast_to(VPL, E.shape).copy(), TPC)),   # every array dense
+                       ("rows", (E, VPT, VPL, s)),                          # a broadcast row and a scalar
+                       ("strided", (E.T, VPT.T, TPC[:, 0], TPC.T))):        # transposed views
+        a64 = [f64(a) for a in args]
+        want = a64[0] * a64[1] + a64[2] - a64[3]
+        scale = np.abs(a64[0] * a64[1]) + np.abs(a64[2]) + np.abs(a64[3])
+        got = ek(*args)
+        assert got.dtype == np.dtype(dtype) and got.shape == args[0].shape and ek._last_path == mode
+        close(got, want, dtype, 2, scale)
+
+    rk = ewkern.ReductionKernel("T E, T Idx, T TPC", "T VPL", "E * Idx", "a + b", "VPL = a * TPC", "0", "freed_rk")
+    for x, y, axis in ((E, VPT, 1), (E.T, VPT.T, 0), (E, VPT, None)):
+        want = (f64(x) * f64(y)).sum(axis) * 0.75
+        scale = (np.abs(f64(x) * f64(y))).sum(axis) * 0.75
+        got = rk(x, y, s, axis=axis)
+        close(got, want, dtype, 2 * cols * rows, scale)
+
+    rowk = ewkern.RowKernel("T E, T VPL, T VPT, T TPC", "T Idx", "E * E", "a + b",
+                            "Idx = E * rsqrt(a / _row_size + TPC) * VPL + VPT", "0", name="freed_row")
+    VPT1 = _nonzero(rng, (rows, 1), dtype)
+    norm = f64(E) / np.sqrt((f64(E) ** 2).mean(1, keepdims=True) + 0.75)
+    want = norm * f64(VPL) + f64(VPT1)
+    scale = np.abs(norm * f64(VPL)) + np.abs(f64(VPT1))
+    for x in (E, np.ascontiguousarray(E.T).T):   # dense, column-major
+        got = rowk(x, VPL, VPT1, s)
+        assert got.shape == E.shape and rowk._last_path == "cpu"
+        close(got, want, dtype, 4 * cols, scale)
+
+
+def _freed_forms(dtype, roles, ew_op, red_map, red_post, row_map, row_op):
+    """(form, CUDA source, entries) of every generated form for parameters given as roles: (name,
+    kind, is_output), kinds as Layout's (broadcast kinds as dense arrays where a form has none)"""
+    rt = _codegen.DTYPES[dtype][1]   # the compute type: T, in0_type and the reduce type
+    td = f"typedef {rt} T; typedef {rt} in0_type;"
+    E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
+
+    def lay(mode, ndim, dense=False, colsum=False, which=None):
+        """which: None every parameter, False the inputs, True the outputs"""
+        out = []
+        for name, kind, is_out in roles:
+            if which is not None and is_out != which:
+                continue
+            (p,) = parse_params(f"T {name}", is_out, "freed")
+            k = "array" if dense and kind != "scalar" else kind
+            out.append((p, dtype, "colsum" if colsum and is_out else k, 0))
+        return _codegen.Layout(mode, ndim, out)
+
+    C = _codegen
+    yield "vector", *C.vector_source("fv", lay("vector", 1), ew_op, "", "", "", td, set())
+    src, entry = C.elementwise_source("cuda", "fe", lay("strided", 2, True), ew_op, "", "", "", td)
+    yield "elementwise strided", src, [entry]
+    src, entry = C.reduction_source("cuda", "fr", lay("strided", 2, True, which=False),
+                                    lay("strided", 1, True, which=True), True, red_map, "a + b", red_post, "0", rt,
+                                    "", td)
+    yield "reduction", src, [entry]
+    yield "reduction rows", *C.reduction_rows_source("fw", lay("contig", 1, True, which=False),
+                                                     lay("contig", 1, True, which=True), E, red_map, "a + b",
+                                                     red_post, "0", rt, "", td)
+    yield "row", *C.row_source("cuda", "fk", lay("contig", 1), E, row_map, "a + b", row_op, "0", rt, "", td, set())
+    yield "row colsum", *C.row_source("cuda", "fc", lay("contig", 1, colsum=True), E, row_map, "a + b", row_op, "0",
+                                      rt, "", td, set(), stage2=(row_map, "a + b", "0"), g=256)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", ["scalars", "arrays"])
+def test_nvrtc_compiles_parameters_named_like_the_cuda_forms_constants(dtype, case):
+    """The CUDA sources of kernels whose parameters are named E, Idx, VPT, VPL and TPC compile with
+    NVRTC to PTX in every form (the vector body, the fallback, both reductions, the row kernel with
+    and without column sums): each name once a scalar (declared where the forms' template
+    parameters and constants are in scope) and once an array or output, and the generated code
+    declares none of them itself."""
+    _nvrtc()
+    if case == "scalars":
+        roles = [("E", "array", False), ("Idx", "bcol", False), ("VPT", "scalar", False), ("VPL", "scalar", False),
+                 ("TPC", "scalar", False), ("y", "array", True)]
+        forms = _freed_forms(dtype, roles, "y = E * Idx + VPT * VPL - TPC", "E * Idx + VPT", "y = a * VPL - TPC",
+                             "E * E", "y = E * rsqrt(a / _row_size + VPT * VPT) * Idx + VPL - TPC")
+    else:
+        roles = [("VPT", "array", False), ("VPL", "bcol", False), ("E", "scalar", False), ("Idx", "brow", False),
+                 ("x", "bone", False), ("TPC", "array", True)]
+        forms = _freed_forms(dtype, roles, "TPC = VPT * VPL + E * Idx - x", "VPT * VPL + E", "TPC = a * E",
+                             "VPT * VPT", "TPC = VPT * rsqrt(a / _row_size + E * E) * VPL + Idx * x")
+    assert all(parse_params(f"T {n}", False, "k") for n in _FREED)
+    for form, src, entries in forms:
+        own = src   # the generated kernel, without the ewrtc namespace's helpers (their templates' E is theirs)
+        for prelude in (_codegen.PRELUDE, _codegen.VECTOR_PRELUDE, _codegen.SHFL_PRELUDE):
+            own = own.replace(prelude, "")
+        declared = {w.split()[-1] for t in re.findall(r"template <([^>]*)>", own) for w in t.split(",")}
+        declared |= set(re.findall(r"enum \{ (\w+)", own))
+        assert not declared & set(_FREED), (form, declared)
+        name = f"freed_{case}_{form.replace(' ', '_')}"
+        ptx, kind, _ = _build.compile_cuda(name, src, (9, 0), ptx_only=True)
+        assert kind == "ptx" and [e for e in entries if f".entry {e}".encode() not in ptx] == [], form
 
 
 @pytest.mark.parametrize("axis", [0, -1, (0,), 1])

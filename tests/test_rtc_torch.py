@@ -216,7 +216,7 @@ def test_row_kernel_derived_backward_compiles_for_cuda(dtype):
     E = 16 // {"float64": 8, "float32": 4}.get(dtype, 2)
     src, entries = _codegen.row_source("cuda", "rowkb", lay, E, "x * x", "a + b", body, "0", rt, "", tdefs, set(),
                                        stage2, None, consts)
-    assert "_r_x[VPL" in src and "_r__g[VPL" in src and "_r_w[" not in src   # w read where used (L1/L2)
+    assert "_r_x[_ewrtc_VPL" in src and "_r__g[_ewrtc_VPL" in src and "_r_w[" not in src   # w read where used (L1/L2)
     ptx, _, _ = _build.compile_cuda("rowkb", src, (9, 0), ptx_only=True)
     assert [e for e in entries if f".entry {e}" not in ptx.decode(errors="replace")] == []
 

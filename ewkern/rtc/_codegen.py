@@ -1528,21 +1528,23 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     rows = [a for a in layout.args if a[2] == "brow"]
     ones = [a for a in layout.args if a[2] == "bone"]
     loaded = ins + cols + [a for a in outs if a[0].name in read_outputs]
-    src.add("template <class Idx, int VPT>")
+    src.add("template <class _ewrtc_Idx, int _ewrtc_VPT>")
     src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &_ewrtc_P)")
     src.add("{")
-    src.add(f"    enum {{ E = {E} }};")
+    src.add(f"    enum {{ _ewrtc_E = {E} }};")
     src.add("    const ewrtc::Ind _ind = {_ewrtc_P.size}; (void)_ind;")
     for p, dt, kind, rnd in layout.args:
         S, C = DTYPES[dt][0], DTYPES[dt][1]
         if kind in ("array", "bcol"):
             q = "" if p.is_output else "const "
-            src.add(f"    typedef ewrtc::Pack<{S}, E> _U_{p.name};")
+            src.add(f"    typedef ewrtc::Pack<{S}, _ewrtc_E> _U_{p.name};")
             src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)_ewrtc_P.p_{p.name};")
-    src.add("    const Idx _n = Idx(_ewrtc_P.nfast), _head = Idx(_ewrtc_P.head), _nvec = _n / Idx(E);")
+    src.add("    const _ewrtc_Idx _n = _ewrtc_Idx(_ewrtc_P.nfast), _head = _ewrtc_Idx(_ewrtc_P.head),"
+            " _nvec = _n / _ewrtc_Idx(_ewrtc_E);")
     if cols or rows:
-        src.add("    const Idx _cvec = Idx(_ewrtc_P.ccols / E);   /* vectors per row (the host checks ccols % E == 0) */")
-    src.add("    const Idx _base = Idx(blockIdx.x) * Idx(blockDim.x) * VPT + Idx(threadIdx.x);")
+        src.add("    const _ewrtc_Idx _cvec = _ewrtc_Idx(_ewrtc_P.ccols / _ewrtc_E);   /* vectors per row (the host checks"
+                " ccols % _ewrtc_E == 0) */")
+    src.add("    const _ewrtc_Idx _base = _ewrtc_Idx(blockIdx.x) * _ewrtc_Idx(blockDim.x) * _ewrtc_VPT + _ewrtc_Idx(threadIdx.x);")
     prefetch_then_wait(src, "(long long)blockIdx.x < _ewrtc_P.prefetch && _base < _nvec", ins, "_base", "threadIdx.x == 0")
     # after the wait: the previous kernel may be writing it (a ReductionKernel op's backward reads
     # the reduction's one-element result so; read before the wait, the C++ node's back-to-back
@@ -1561,12 +1563,12 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
         src.add("    {")
         src.user(loop_prep, name, "loop_prep", ";")
     for p, dt, kind, _ in loaded:
-        src.add(f"    ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _r_{p.name}[VPT];")
+        src.add(f"    ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _r_{p.name}[_ewrtc_VPT];")
     for p, dt, kind, _ in rows:
-        src.add(f"    {DTYPES[dt][1]} _s_{p.name}[VPT];")
+        src.add(f"    {DTYPES[dt][1]} _s_{p.name}[_ewrtc_VPT];")
     src.add("#pragma unroll")
-    src.add("    for (int _q = 0; _q < VPT; ++_q) {")
-    src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
+    src.add("    for (int _q = 0; _q < _ewrtc_VPT; ++_q) {")
+    src.add("        const _ewrtc_Idx _v = _base + _ewrtc_Idx(_q) * _ewrtc_Idx(blockDim.x);")
     src.add("        if (_v < _nvec) {")
     for p, dt, kind, _ in loaded:
         src.add(f"            _r_{p.name}[_q] = ewrtc::hold(_u_{p.name} + {'_v % _cvec' if kind == 'bcol' else '_v'});")
@@ -1575,14 +1577,14 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        }")
     src.add("    }")
     src.add("#pragma unroll")
-    src.add("    for (int _q = 0; _q < VPT; ++_q) {")
-    src.add("        const Idx _v = _base + Idx(_q) * Idx(blockDim.x);")
+    src.add("    for (int _q = 0; _q < _ewrtc_VPT; ++_q) {")
+    src.add("        const _ewrtc_Idx _v = _base + _ewrtc_Idx(_q) * _ewrtc_Idx(blockDim.x);")
     src.add("        if (_v < _nvec) {")
     for p, dt, kind, _ in outs:
         src.add(f"            _U_{p.name} _w_{p.name};")
     src.add("#pragma unroll")
-    src.add("            for (int _k = 0; _k < E; ++_k) {")
-    src.add("                const long long i = (long long)_head + (long long)_v * E + _k; (void)i;")
+    src.add("            for (int _k = 0; _k < _ewrtc_E; ++_k) {")
+    src.add("                const long long i = (long long)_head + (long long)_v * _ewrtc_E + _k; (void)i;")
     _element(src, "                ", name, operation, cols + rows + ones + arrays, read_outputs,
              lambda p, dt, kind: {"brow": f"_s_{p.name}[_q]", "bone": f"_o_{p.name}"}.get(
                  kind, f"ewrtc::elem(_r_{p.name}[_q], _k)"),
@@ -1593,10 +1595,10 @@ def vector_source(name: str, layout: Layout, operation: str, preamble: str, loop
     src.add("        }")
     src.add("    }")
     src.add("    if (blockIdx.x == gridDim.x - 1) {")
-    src.add("        const Idx _tail0 = _nvec * Idx(E), _nedge = _head + (_n - _tail0);")
-    src.add("        const Idx _j = Idx(blockDim.x) - 1 - Idx(threadIdx.x);")
+    src.add("        const _ewrtc_Idx _tail0 = _nvec * _ewrtc_Idx(_ewrtc_E), _nedge = _head + (_n - _tail0);")
+    src.add("        const _ewrtc_Idx _j = _ewrtc_Idx(blockDim.x) - 1 - _ewrtc_Idx(threadIdx.x);")
     src.add("        if (_j < _nedge) {")
-    src.add("            const Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
+    src.add("            const _ewrtc_Idx _e = _j < _head ? _j - _head : _tail0 + (_j - _head);")
     src.add("            const long long i = (long long)_head + (long long)_e; (void)i;")
     at = {"bcol": "i % _ewrtc_P.ccols", "brow": "i / _ewrtc_P.ccols", "bone": "0", "array": "_e"}
     _element(src, "            ", name, operation, cols + rows + ones + arrays, read_outputs,
@@ -1903,13 +1905,13 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
 
 
     vec = [a for a in ins + outs if a[2] in ("array", "bcol")]
-    src.add("template <int VPL>")
+    src.add("template <int _ewrtc_VPL>")
     src.add(f"__device__ __forceinline__ void ewrtc_{name}_run(const ewrtc_params &_ewrtc_PP)")
     src.add("{")
-    src.add(f"    enum {{ E = {E} }};")
+    src.add(f"    enum {{ _ewrtc_E = {E} }};")
     src.add("    const ewrtc_args &_ewrtc_P = _ewrtc_PP.a;")
     src.add(f"    const int _G = {g if g else 'int(_ewrtc_PP.G)'}, _lane = int(threadIdx.x) & (_G - 1);")
-    src.add("    const int _nv = int(_ewrtc_PP.cols / E);   /* vectors per row (the host checks cols % E == 0) */")
+    src.add("    const int _nv = int(_ewrtc_PP.cols / _ewrtc_E);   /* vectors per row (the host checks cols % _ewrtc_E == 0) */")
 
     def row_pointers():
         src.add("    const bool _live = _ew_r < _ewrtc_PP.rows;")
@@ -1918,7 +1920,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             off = f" + _ew_r * _nv" if kind == "array" else ""
             src.add(f"    {q}_U_{p.name} *const _u_{p.name} = ({q}_U_{p.name} *)_ewrtc_P.p_{p.name}{off};")
     for p, dt, kind, _ in vec:
-        src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, E> _U_{p.name};")
+        src.add(f"    typedef ewrtc::Pack<{DTYPES[dt][0]}, _ewrtc_E> _U_{p.name};")
         src.add(f"    typedef ewrtc::Held<{DTYPES[dt][0]}, {E}>::type _H_{p.name};")
     dense_in = [a for a in ins if a[2] == "array"]
     bcols = [a for a in ins if a[2] == "bcol"]
@@ -1936,20 +1938,20 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("    const int _groups = int(blockDim.x) / _G, _group = int(threadIdx.x) / _G;")
         # the register forms at a compile-time G combine the block's groups (colsum_combines):
         # one partial row a block, which group 0 writes
-        src.add(f"    constexpr bool _CB = {' || '.join(f'VPL == {v}' for v in cb) or 'false'};")
+        src.add(f"    constexpr bool _CB = {' || '.join(f'_ewrtc_VPL == {v}' for v in cb) or 'false'};")
         for p, dt, kind, _ in csum:
             C = DTYPES[dt][1]
             src.add(f"    {C} *const _cs_{p.name} = ({C} *)_ewrtc_P.p_{p.name} + (_CB ? (long long)blockIdx.x"
                     " : (long long)blockIdx.x * _groups + _group) * _ewrtc_PP.cols;")
-            src.add(f"    {C} _ca_{p.name}[VPL > 0 ? VPL : 1][E];")
+            src.add(f"    {C} _ca_{p.name}[_ewrtc_VPL > 0 ? _ewrtc_VPL : 1][_ewrtc_E];")
             src.add("#pragma unroll")
-            src.add("    for (int _q = 0; _q < (VPL > 0 ? VPL : 1); ++_q)")
+            src.add("    for (int _q = 0; _q < (_ewrtc_VPL > 0 ? _ewrtc_VPL : 1); ++_q)")
             src.add("#pragma unroll")
-            src.add("        for (int _k = 0; _k < E; ++_k)")
+            src.add("        for (int _k = 0; _k < _ewrtc_E; ++_k)")
             src.add(f"            _ca_{p.name}[_q][_k] = {C}(0);")
-            src.add("    if constexpr (VPL <= 0)")
+            src.add("    if constexpr (_ewrtc_VPL <= 0)")
             src.add("        for (int _v = _lane; _v < _nv; _v += _G)")
-            src.add(f"            ewrtc::st_part(_cs_{p.name} + _v * E, _ca_{p.name}[0]);   /* zeros */")
+            src.add(f"            ewrtc::st_part(_cs_{p.name} + _v * _ewrtc_E, _ca_{p.name}[0]);   /* zeros */")
         src.add("    for (long long _t = 0; _t < _ewrtc_PP.tiles; ++_t) {")
         src.add("    if (_t > 0)")
         src.add("        __syncthreads();   /* the combines' shared slots are used again */")
@@ -1986,17 +1988,17 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     # loads are issued together before any use (an apply that stores between them would wait on
     # each load in turn: ptxas cannot move a load above a store that may alias it, as in place)
     two_pass_loads = len(dense_in + bcols + read_outs)
-    src.add(f"    enum {{ TPC = VPL < 0 ? -VPL : {max(1, ROW_TWO_PASS_VECTORS // max(1, two_pass_loads))} }};")
+    src.add(f"    enum {{ _ewrtc_TPC = _ewrtc_VPL < 0 ? -_ewrtc_VPL : {max(1, ROW_TWO_PASS_VECTORS // max(1, two_pass_loads))} }};")
 
     def chunk_loop(indent, arrays, how):
         """the two-pass form's loop over a lane's vectors, TPC a step, each array's step loaded
         into _c_<name>[TPC] by ewrtc::<how> for dense inputs (ldkeep: L2 evict_last, the row is read
         again; lddrop: evict_first, its last read), ldkeep for a repeated row (every group reads it)"""
-        src.add(f"{indent}for (int _v0 = _lane; _live && _v0 < _nv; _v0 += TPC * _G) {{")
+        src.add(f"{indent}for (int _v0 = _lane; _live && _v0 < _nv; _v0 += _ewrtc_TPC * _G) {{")
         for p, dt, kind, _ in arrays:
-            src.add(f"{indent}    _H_{p.name} _c_{p.name}[TPC];")
+            src.add(f"{indent}    _H_{p.name} _c_{p.name}[_ewrtc_TPC];")
         src.add("#pragma unroll")
-        src.add(f"{indent}    for (int _q = 0; _q < TPC; ++_q)")
+        src.add(f"{indent}    for (int _q = 0; _q < _ewrtc_TPC; ++_q)")
         src.add(f"{indent}        if (_v0 + _q * _G < _nv) {{")
         for p, dt, kind, _ in arrays:
             f = how if kind == "array" and not p.is_output else "ldkeep" if kind == "bcol" else None
@@ -2014,16 +2016,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     held = dense_in
     late = bcols
     for p, dt, kind, _ in held:
-        src.add(f"    _H_{p.name} _r_{p.name}[VPL > 0 ? VPL : 1];")
+        src.add(f"    _H_{p.name} _r_{p.name}[_ewrtc_VPL > 0 ? _ewrtc_VPL : 1];")
 
     def map_pass(stage, fused=False):
         """one reduction's map over the row: from the registers (VPL > 0; the first pass loads
         them) or read from memory (VPL = 0); fused (stage 1): the two-pass form maps stage 2 beside
         it; (stage 2) only the register forms' map, the two-pass form's done in the first pass"""
-        src.add("    if constexpr (VPL > 0) {")
+        src.add("    if constexpr (_ewrtc_VPL > 0) {")
         if stage == 1:
             src.add("#pragma unroll")
-            src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+            src.add("        for (int _q = 0; _q < _ewrtc_VPL; ++_q) {")
             src.add("            const int _v = _lane + _q * _G;")
             src.add("            if (_live && _v < _nv) {")
             for p, dt, kind, _ in held:
@@ -2031,7 +2033,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add("            }")
             src.add("        }")
         src.add("#pragma unroll")
-        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+        src.add("        for (int _q = 0; _q < _ewrtc_VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
         src.add("            if (_live && _v < _nv) {")
         # a repeated row the map reads: one vector load a lane's vector (unused: the compiler
@@ -2041,8 +2043,8 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             if p.name in in_map:
                 src.add(f"                const _H_{p.name} _c_{p.name} = ewrtc::hold(_u_{p.name} + _v);")
         src.add("#pragma unroll")
-        src.add("                for (int _k = 0; _k < E; ++_k) {")
-        src.add("                    const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add("                for (int _k = 0; _k < _ewrtc_E; ++_k) {")
+        src.add("                    const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * _ewrtc_E + _k; (void)i;")
         map_into("                    ", lambda p, dt, kind: (f"ewrtc::elem(_c_{p.name}, _k)" if kind == "bcol"
                                                              else reg_value(p, dt, kind)), stage)
         src.add("                }")
@@ -2056,12 +2058,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         # kept in L2 for the next pass (evict_last)
         chunk_loop("        ", [a for a in dense_in + bcols if a[0].name in in_map], "ldkeep")
         src.add("#pragma unroll")
-        src.add("            for (int _q = 0; _q < TPC; ++_q) {")
+        src.add("            for (int _q = 0; _q < _ewrtc_TPC; ++_q) {")
         src.add("                const int _v = _v0 + _q * _G;")
         src.add("                if (_v < _nv) {")
         src.add("#pragma unroll")
-        src.add("                    for (int _k = 0; _k < E; ++_k) {")
-        src.add("                        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add("                    for (int _k = 0; _k < _ewrtc_E; ++_k) {")
+        src.add("                        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * _ewrtc_E + _k; (void)i;")
         map_into("                        ", mem_value, stage, fused)
         src.add("                    }")
         src.add("                }")
@@ -2093,11 +2095,11 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"{indent}    _U_{p.name} _w_{p.name};")
         if not have_regs:   # the two-pass form adds into the partial row in memory, a vector at a time
             for p, dt, kind, _ in csum:
-                src.add(f"{indent}    {DTYPES[dt][1]} _pa_{p.name}[E];")
-                src.add(f"{indent}    ewrtc::ld_part(_cs_{p.name} + _v * E, _pa_{p.name});")
+                src.add(f"{indent}    {DTYPES[dt][1]} _pa_{p.name}[_ewrtc_E];")
+                src.add(f"{indent}    ewrtc::ld_part(_cs_{p.name} + _v * _ewrtc_E, _pa_{p.name});")
         src.add("#pragma unroll")
-        src.add(f"{indent}    for (int _k = 0; _k < E; ++_k) {{")
-        src.add(f"{indent}        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * E + _k; (void)i;")
+        src.add(f"{indent}    for (int _k = 0; _k < _ewrtc_E; ++_k) {{")
+        src.add(f"{indent}        const long long i = _ew_r * _ewrtc_PP.cols + (long long)_v * _ewrtc_E + _k; (void)i;")
         cs_at = "_ca_{}[_q][_k]" if have_regs else "_pa_{}[_k]"
         apply(indent + "        ", value, lambda p, dt: (f"{cs_at.format(p.name)} += {p.name}" if p.name in csum_names
                                                          else f"ewrtc::st(&_w_{p.name}.v[_k], {p.name})"))
@@ -2106,12 +2108,12 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
             src.add(f"{indent}    ewrtc::stv(_u_{p.name} + _v, _w_{p.name}, _ewrtc_PP.wb);")
         if not have_regs:
             for p, dt, kind, _ in csum:
-                src.add(f"{indent}    ewrtc::st_part(_cs_{p.name} + _v * E, _pa_{p.name});")
+                src.add(f"{indent}    ewrtc::st_part(_cs_{p.name} + _v * _ewrtc_E, _pa_{p.name});")
         src.add(f"{indent}}}")
 
-    src.add("    if constexpr (VPL > 0) {")
+    src.add("    if constexpr (_ewrtc_VPL > 0) {")
     src.add("#pragma unroll")
-    src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+    src.add("        for (int _q = 0; _q < _ewrtc_VPL; ++_q) {")
     late_names = {a[0].name for a in late}
     emit_apply("            ", lambda p, dt, kind: (f"ewrtc::elem(_c_{p.name}, _k)" if p.is_output or p.name in late_names
                                                     else reg_value(p, dt, kind)), True)
@@ -2120,7 +2122,7 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
     # the row's last read: not kept in L2 (evict_first)
     chunk_loop("        ", dense_in + bcols + read_outs, "lddrop")
     src.add("#pragma unroll")
-    src.add("            for (int _q = 0; _q < TPC; ++_q) {")
+    src.add("            for (int _q = 0; _q < _ewrtc_TPC; ++_q) {")
     emit_apply("                ", mem_value, False)
     src.add("            }")
     src.add("        }")
@@ -2132,13 +2134,13 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         # groups _groups - 1 .. 1 in turn add into shared memory, then group 0 adds the sum: a
         # fixed order (g0 + (g1 + (g2 + ...))), each lane its own columns
         for p, dt, kind, _ in csum:
-            src.add(f"        __shared__ {DTYPES[dt][1]} _cb_{p.name}[VPL > 0 ? VPL : 1][E][{g or 1}];")
+            src.add(f"        __shared__ {DTYPES[dt][1]} _cb_{p.name}[_ewrtc_VPL > 0 ? _ewrtc_VPL : 1][_ewrtc_E][{g or 1}];")
         src.add("        for (int _s = _groups - 1; _s >= 0; --_s) {")
         src.add("            if (_group == _s && _groups > 1)")
         src.add("#pragma unroll")
-        src.add("                for (int _q = 0; _q < VPL; ++_q)")
+        src.add("                for (int _q = 0; _q < _ewrtc_VPL; ++_q)")
         src.add("#pragma unroll")
-        src.add("                    for (int _k = 0; _k < E; ++_k) {")
+        src.add("                    for (int _k = 0; _k < _ewrtc_E; ++_k) {")
         for p, dt, kind, _ in csum:
             ca, sh = f"_ca_{p.name}[_q][_k]", f"_cb_{p.name}[_q][_k][_lane]"
             src.add(f"                        if (_s < _groups - 1) {ca} += {sh};")
@@ -2149,16 +2151,16 @@ def row_source(backend: str, name: str, layout: Layout, E: int, map_expr: str, r
         src.add("        }")
         src.add("    }")
     if csum:
-        src.add("    if constexpr (VPL > 0) {")
+        src.add("    if constexpr (_ewrtc_VPL > 0) {")
         if cb:
             src.add("        if (_CB && _group != 0)")
             src.add("            return;")
         src.add("#pragma unroll")
-        src.add("        for (int _q = 0; _q < VPL; ++_q) {")
+        src.add("        for (int _q = 0; _q < _ewrtc_VPL; ++_q) {")
         src.add("            const int _v = _lane + _q * _G;")
         src.add("            if (_v < _nv) {")
         for p, dt, kind, _ in csum:
-            src.add(f"                ewrtc::st_part(_cs_{p.name} + _v * E, _ca_{p.name}[_q]);")
+            src.add(f"                ewrtc::st_part(_cs_{p.name} + _v * _ewrtc_E, _ca_{p.name}[_q]);")
         src.add("            }")
         src.add("        }")
         src.add("    }")

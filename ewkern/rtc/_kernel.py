@@ -101,6 +101,18 @@ def _c_strides(shape, item):
     return tuple(reversed(st))
 
 
+def _refuse_neg_bit(obj, kernel: str, what: str) -> None:
+    """A torch tensor with the negative bit holds -x in memory and torch's DLPack export drops the
+    bit: it would be read, or written, with the wrong sign. Refused by the kernel's and the
+    parameter's name on either device (ewkern's C import refuses it alike, naming the parameter
+    alone, so the CUDA path asks here first)."""
+    is_neg = getattr(obj, "is_neg", None)
+    if is_neg is not None and callable(is_neg) and is_neg():
+        raise ValueError(f"{kernel}: {what} is a torch tensor with the negative bit (torch._neg_view, the "
+                         "imaginary part of a real tensor's conj()), which holds -x in memory and whose DLPack "
+                         f"export drops the bit; pass {what}.resolve_neg()")
+
+
 def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
     arr = None
     if isinstance(obj, np.ndarray):
@@ -108,13 +120,7 @@ def _cpu_arr(obj, kernel: str, what: str) -> _Arr:
     else:
         if getattr(obj, "requires_grad", False):   # torch exports no tensor that requires grad
             obj = obj.detach()
-        is_neg = getattr(obj, "is_neg", None)
-        if is_neg is not None and is_neg():
-            # torch's export drops the bit: -x held as x would be read, or written, with the wrong
-            # sign (ewkern's C import refuses it alike)
-            raise ValueError(f"{kernel}: {what} is a torch tensor with the negative bit (torch._neg_view, the "
-                             "imaginary part of a real tensor's conj()), which holds -x in memory and whose DLPack "
-                             f"export drops the bit; pass {what}.resolve_neg()")
+        _refuse_neg_bit(obj, kernel, what)
         try:
             arr = np.from_dlpack(obj)
         except (BufferError, TypeError, ValueError, RuntimeError, AttributeError):
@@ -626,6 +632,8 @@ class _Call:
                 vals.append(o if isinstance(o, _SCALARS) else _cpu_arr(o, kernel, p.name))
         else:
             idx = [k for k, o in enumerate(objs) if not isinstance(o, _SCALARS)]
+            for k in idx:
+                _refuse_neg_bit(objs[k], kernel, params[k].name)
             ro: list[bool] = []
             arrs, self.stream = _cuda_arrs([objs[k] for k in idx], [params[k].name for k in idx], ro)
             vals = list(objs)

@@ -38,20 +38,21 @@ DTYPES = {
 EWKERN_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Names the generated code (ewkern/rtc/_codegen.py) gives its own locals, loop indices and template
-# parameters in the scope where a kernel's parameters are declared: a parameter of the same name
-# would hide one the code reads after it (a compile error, or for a reduction's scalar in
-# post_map an index read as the scalar). The struct, its offsets and a reduction's indices are
-# _ewrtc_-prefixed (P, off_x, o and r are ordinary names); these keep their short names.
+# Names the generated code (ewkern/rtc/_codegen.py) gives its own locals and loop indices in the
+# scope where a kernel's parameters are declared: a parameter of the same name would hide one the
+# code reads after it (a compile error, or for a reduction's scalar in post_map an index read as
+# the scalar). The struct, its offsets, a reduction's indices and the CUDA forms' template
+# parameters and constants (_ewrtc_Idx, _ewrtc_VPT, _ewrtc_VPL, _ewrtc_E, _ewrtc_TPC) are
+# _ewrtc_-prefixed (P, off_x, o, r, E, Idx, VPT, VPL and TPC are ordinary names); these
+# underscore-led locals keep their short names.
 _RESERVED = frozenset({
-    "E", "Idx", "VPT", "VPL",
     "_CB", "_G", "_R", "_TR", "_TC", "_acc", "_base", "_c", "_cn", "_cvec", "_d", "_e", "_ew_c", "_ew_r",
     "_fin", "_first", "_groups", "_group", "_gs", "_i0", "_ia", "_j", "_j0", "_k", "_live", "_m", "_m2", "_n",
     "_nr", "_nc", "_nv", "_o", "_plan", "_q", "_r", "_r0", "_s", "_sh", "_stride", "_t", "_tail0", "_task",
     "_threads", "_tid", "_tiled", "_tiles", "_tn", "_v", "_v0", "_v1", "_w", "_w0", "_head", "_nvec", "_nedge",
-    "_end", "_ta", "_rc", "_lane", "_cs", "_ca", "_pa"})
+    "_end", "_ta", "_rc", "_lane", "_cs", "_ca", "_pa", "_C", "_c0", "_c1", "_r1", "_t0", "_acc2", "_sh2"})
 # per-array locals of the generated code: _u_<name>, _r_<name>, ...
-_RESERVED_PREFIX = re.compile(r"(?:_ewrtc_|ewrtc_|_(?:U|u|r|h|f|s|w|o|H|cs|ca|pa)_)")
+_RESERVED_PREFIX = re.compile(r"(?:_ewrtc_|ewrtc_|_(?:U|u|r|h|f|s|w|o|H|c|cb|cs|ca|pa)_)")
 
 
 @dataclass(frozen=True)
