@@ -123,9 +123,8 @@ int ewcuda_kernel_occupancy(void *kernel, int block);
  * elements, wave1 the threads of one wave of the 1-vector form, wave4 the vectors of one wave of
  * the 4-vector form, heavy: libm-class math, elems: elements per vector (8: 16-bit, 2: float64),
  * wide: the rule's `wide` (given only under PDL), max_vpt: the most vectors a thread of the kernel's
- * forms that do not spill (1, 2 or 4); under PDL on a device whose memory moves >= 30 GB/s an SM
- * (wide_sm) the prefetch rule's wide case applies whatever `wide`. Gives the vectors per thread, the
- * grid and the PDL prefetch. */
+ * forms that do not spill (1, 2 or 4). Gives the vectors per thread, the grid and the PDL prefetch
+ * (the prefetch rule is every device's and takes no `wide`). */
 void ewcuda_auto_plan(int device, long long nvec, long long nedge, int block, long long wave1, long long wave4,
                       int i32, int pdl, int heavy, int elems, int wide, int max_vpt, int *vpt, long long *grid,
                       int *prefetch);
@@ -134,12 +133,10 @@ void ewcuda_auto_plan(int device, long long nvec, long long nedge, int block, lo
  * float64 class, H64_*; heavy16_from: heavy16_waves's threshold; wide: a programmatic launch on a
  * device whose memory moves >= 30 GB/s an SM, wide_sm; max_vpt as ewcuda_auto_plan's, 4 for the
  * built-in ops; heavy_math: libm-class math neither heavy16 nor heavy64 names, for the prefetch
- * rule, as the backward ops' float64 gradients give it; wide_prefetch: `wide` for the prefetch rule
- * alone, as the run-time kernels give it): the tests' view of the rule. */
+ * rule, as the backward ops' float64 gradients give it): the tests' view of the rule. */
 void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4, int i32,
                            int pdl, int fill, int heavy16, int heavy64, long long heavy16_from, int wide,
-                           int max_vpt, int heavy_math, int wide_prefetch, int *vpt, long long *grid,
-                           int *prefetch);
+                           int max_vpt, int heavy_math, int *vpt, long long *grid, int *prefetch);
 /* The default path's store policy for a launch on device that moves `bytes` (inputs read + outputs
  * written) and writes `out_bytes` of them: 1 write-back stores, 0 streaming stores
  * (elementwise_launch.cuh, store_wb). */

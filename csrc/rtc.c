@@ -30,7 +30,7 @@
  *                                     kernel (cudaFuncGetAttributes): local bytes are spills (the
  *                                     generated kernels keep no local arrays).
  *   _auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from[, wide[,
- *              heavy_math[, wide_prefetch]]])
+ *              heavy_math]])
  *                                     the same rule with every input given (ewcuda_auto_plan_rule):
  *                                     what the tests check the built-in ops' launches against.
  *   _rtc_plan(device, nvec, nedge, block, wave1, wave4, i32, heavy, elems, pdl[, wide[, max_vpt]])
@@ -38,7 +38,7 @@
  *                                     launch rule (ewcuda_auto_plan), for the vector kernels of
  *                                     ewkern/rtc/_codegen.py; wide as the rule's (a programmatic
  *                                     launch on a device of >= 30 GB/s an SM; the caller decides:
- *                                     the vector rule's; the prefetch rule's is the device's);
+ *                                     the vector rule's; the prefetch rule takes none);
  *                                     max_vpt: the most vectors a thread of the forms that do
  *                                     not spill (1, 2 or 4, default 4).
  *   _rtc_store_wb(device, bytes[, out_bytes])
@@ -774,9 +774,9 @@ PyObject *ew_rtc_store_wb(PyObject *module, PyObject *args)
 PyObject *ew_auto_plan(PyObject *module, PyObject *args)
 {
     long long nvec, nedge, wave1, wave4, heavy16_from;
-    int block, i32, pdl, fill, heavy16, heavy64, wide = 0, heavy_math = 0, wide_prefetch = 0;
-    if (!PyArg_ParseTuple(args, "LLiLLpppiiL|ppp:_auto_plan", &nvec, &nedge, &block, &wave1, &wave4, &i32, &pdl,
-                          &fill, &heavy16, &heavy64, &heavy16_from, &wide, &heavy_math, &wide_prefetch))
+    int block, i32, pdl, fill, heavy16, heavy64, wide = 0, heavy_math = 0;
+    if (!PyArg_ParseTuple(args, "LLiLLpppiiL|pp:_auto_plan", &nvec, &nedge, &block, &wave1, &wave4, &i32, &pdl,
+                          &fill, &heavy16, &heavy64, &heavy16_from, &wide, &heavy_math))
         return NULL;
     if (nvec < 0 || nedge < 0 || block < 1 || block > 1024 || nedge >= block || wave1 < 1 || wave4 < 1 ||
         heavy16 < 0 || heavy16 > 2 || heavy64 < 0 || heavy64 > 4 || heavy16_from < 1) {
@@ -789,7 +789,7 @@ PyObject *ew_auto_plan(PyObject *module, PyObject *args)
     int vpt, prefetch;
     long long grid;
     ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide, 4,
-                          heavy_math, wide_prefetch, &vpt, &grid, &prefetch);
+                          heavy_math, &vpt, &grid, &prefetch);
     return Py_BuildValue("(iLi)", vpt, grid, prefetch);
 }
 #else

@@ -91,10 +91,10 @@ int ew_rtc_run(const int64_t *prog, int64_t nwords, char *params, int64_t plen, 
      "instead of ending the process. True where the guard works (Linux x86_64), else False."}, \
     {"_auto_plan", (PyCFunction)ew_auto_plan, METH_VARARGS, \
      "_auto_plan(nvec, nedge, block, wave1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from, wide=False, " \
-     "heavy_math=False, wide_prefetch=False, /)" \
+     "heavy_math=False, /)" \
      "\n--\n\n(vectors per thread, grid, prefetch) by the default path's launch rule with every input given " \
      "(the built-in ops' launchers ask it with the device's waves; wide: a programmatic launch on a GPU " \
-     "whose memory moves >= 30 GB/s an SM; wide_prefetch: the same for the prefetch rule alone, as the " \
-     "run-time kernels ask it): for tests."},
+     "whose memory moves >= 30 GB/s an SM, for the vectors a thread; the prefetch rule is every " \
+     "device's): for tests."},
 
 #endif /* EWKERN_RTC_H */

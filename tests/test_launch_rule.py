@@ -20,9 +20,9 @@ H64_NONE, H64_EXP, H64_POLY, H64_GELU, H64_SILU = range(5)
 
 
 def plan(nvec, *, fill=False, heavy16=0, heavy64=H64_NONE, heavy16_from=32, pdl=False, i32=True, nedge=0,
-         wave4=WAVE4, wide=False, heavy_math=False, wide_prefetch=False):
+         wave4=WAVE4, wide=False, heavy_math=False):
     return ewkern._C._auto_plan(nvec, nedge, BLOCK, WAVE1, wave4, i32, pdl, fill, heavy16, heavy64, heavy16_from,
-                                wide, heavy_math, wide_prefetch)
+                                wide, heavy_math)
 
 
 @pytest.fixture(autouse=True)
@@ -41,14 +41,14 @@ def test_plain_ops_by_waves():
     assert vpt(2 * WAVE1) == 2
     n = 7 * WAVE1 // 2                           # 3.5 waves: the 4-vector grid fills 87.5% of a wave
     assert vpt(n) == 4
-    assert vpt(n, pdl=True) == 1                 # ... but not under PDL (each thread prefetches one)
-    assert plan(n, pdl=True)[2] > 0
+    assert vpt(n, pdl=True) == 1                 # ... but not under PDL (1 a thread, as the heavy ops'
+    assert plan(n, pdl=True, heavy16=1)[2] > 0   # first wave prefetches; a light op's grid past half a
+    assert plan(n, pdl=True)[2] == 0             # wave does not)
     assert vpt(n, wide=True) == 4
     # ... unless the memory moves >= 30 GB/s an SM (wide): 4 there too, and no prefetch
     assert (vpt(n, pdl=True, wide=True), plan(n, pdl=True, wide=True)[2]) == (4, 0)
     assert vpt(3 * WAVE1, pdl=True, wide=True) == 1
     assert plan(3 * WAVE1, pdl=True, wide=True)[2] == 0   # 1 a thread past half a wave: no prefetch there
-    assert plan(3 * WAVE1, pdl=True)[2] > 0               # ... but elsewhere the first wave prefetches
     # where the 4-vector kernel holds half the blocks (a binary op's 54 registers), 3.9 waves of the
     # 1-vector kernel are 1.95 of its waves: 4 on a wide programmatic launch only
     n2 = int(3.9 * WAVE1)
@@ -112,35 +112,32 @@ def test_grid_covers_every_vector_and_leaves_the_edge_threads_free(nvec, nedge):
 
 
 def test_pdl_prefetch_is_the_first_wave():
-    assert plan(10 * WAVE1, pdl=True)[2] == WAVE1 // BLOCK
+    assert plan(10 * WAVE1, pdl=True, heavy16=1)[2] == WAVE1 // BLOCK
+    assert plan(WAVE1 // 4, pdl=True)[2] == WAVE1 // BLOCK
 
 
 @pytest.mark.parametrize("nvec", [1, WAVE1 // 4, WAVE1 // 2, WAVE1 // 2 + BLOCK, WAVE1, 10 * WAVE1])
-def test_wide_device_prefetches_only_grids_of_half_a_wave(nvec):
-    """A light op's programmatic launch on a device whose memory moves >= 30 GB/s an SM (wide: the
-    H200) prefetches its first vectors only where the whole grid is at most half a wave (a cold
-    launch of about a wave or more paid for it there); heavy ops (16-bit libm-class, float64 math, the
-    backward ops' float64 gradients of libm-class math) and other devices prefetch the first wave at
-    any size; a launch without PDL never."""
-    v, grid, prefetch = plan(nvec, pdl=True, wide=True)
+@pytest.mark.parametrize("wide", [False, True])
+def test_light_ops_prefetch_only_grids_of_half_a_wave(nvec, wide):
+    """A light op's programmatic launch, on any device (wide or not: the H200 and the H100 both
+    measured it), prefetches its first vectors only where the whole grid is at most half a wave (a
+    cold launch of about a wave or more paid for it there); heavy ops (16-bit libm-class, float64
+    math, the backward ops' float64 gradients of libm-class math) prefetch the first wave at any
+    size; a launch without PDL never."""
+    v, grid, prefetch = plan(nvec, pdl=True, wide=wide)
     assert v == 1
-    assert prefetch == (WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0), (nvec, grid, prefetch)
-    assert plan(nvec, pdl=True)[2] == WAVE1 // BLOCK
-    assert plan(nvec, pdl=True, wide=True, heavy16=1)[2] == WAVE1 // BLOCK
-    assert plan(nvec, pdl=True, wide=True, heavy64=H64_POLY)[2] == WAVE1 // BLOCK
+    half = WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0
+    assert prefetch == half, (nvec, grid, prefetch)
+    assert plan(nvec, pdl=True, wide=wide, heavy16=1)[2] == WAVE1 // BLOCK
+    assert plan(nvec, pdl=True, wide=wide, heavy64=H64_POLY)[2] == WAVE1 // BLOCK
     # the backward ops' float64 gradients of gelu, silu and erf: heavy for this rule alone (their
     # vectors a thread by the plain rule)
-    assert plan(nvec, pdl=True, wide=True, heavy_math=True) == (v, grid, WAVE1 // BLOCK)
-    assert plan(nvec, wide=True)[2] == 0
-    # the run-time kernels: the prefetch rule's wide case alone (wide_prefetch), their 16-bit math
-    # (heavy16 2) light, their float64 math (heavy64) heavy; the vectors a thread as without it
-    expect = WAVE1 // BLOCK if 2 * grid <= WAVE1 // BLOCK else 0
-    for h16 in (0, 2):
-        base = plan(nvec, pdl=True, heavy16=h16)
-        assert base[2] == WAVE1 // BLOCK
-        assert plan(nvec, pdl=True, heavy16=h16, wide_prefetch=True) == (base[0], base[1], expect), h16
-    assert plan(nvec, pdl=True, heavy64=H64_EXP, wide_prefetch=True)[2] == WAVE1 // BLOCK
-    assert plan(nvec, wide_prefetch=True)[2] == 0
+    assert plan(nvec, pdl=True, wide=wide, heavy_math=True) == (v, grid, WAVE1 // BLOCK)
+    assert plan(nvec, wide=wide)[2] == 0
+    # the run-time kernels' 16-bit math (heavy16 2) counts as light, their float64 math (heavy64)
+    # as heavy
+    assert plan(nvec, pdl=True, wide=wide, heavy16=2)[2] == half
+    assert plan(nvec, pdl=True, wide=wide, heavy64=H64_EXP)[2] == WAVE1 // BLOCK
 
 
 def _knob_output(var, value, code):

@@ -134,12 +134,12 @@ static const ew_kernel kTable[] = {
  * cuda_api.h) */
 extern "C" void ewcuda_auto_plan_rule(long long nvec, long long nedge, int block, long long wave1, long long wave4,
                                       int i32, int pdl, int fill, int heavy16, int heavy64, long long heavy16_from,
-                                      int wide, int max_vpt, int heavy_math, int wide_prefetch, int *vpt,
-                                      long long *grid, int *prefetch)
+                                      int wide, int max_vpt, int heavy_math, int *vpt, long long *grid,
+                                      int *prefetch)
 {
     const ewk::AutoPlan plan = ewk::auto_plan(nvec, nedge, block, wave1, i32 != 0, pdl != 0, fill != 0, heavy16,
                                               [&] { return int64_t(wave4); }, heavy64, heavy16_from, wide != 0,
-                                              max_vpt, heavy_math != 0, wide_prefetch != 0);
+                                              max_vpt, heavy_math != 0);
     *vpt = plan.vpt;
     *grid = plan.grid;
     *prefetch = plan.prefetch;
@@ -150,8 +150,8 @@ extern "C" void ewcuda_auto_plan(int device, long long nvec, long long nedge, in
                                  int *vpt, long long *grid, int *prefetch)
 {
     ewcuda_auto_plan_rule(nvec, nedge, block, wave1, wave4, i32, pdl, 0, heavy && elems == 8 ? 2 : 0,
-                          heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, wide && pdl, max_vpt, 0,
-                          pdl && ewk::wide_sm(device), vpt, grid, prefetch);
+                          heavy && elems == 2 ? int(ewk::H64_EXP) : 0, 32, wide && pdl, max_vpt, 0, vpt, grid,
+                          prefetch);
 }
 
 extern "C" int ewcuda_store_wb(int device, long long bytes, long long out_bytes)

@@ -209,9 +209,7 @@ static int64_t heavy16_waves(int dev)
  * under PDL too; given by ewkern's own ops and the backward ops, not yet by the run-time kernels,
  * which were not measured with it); heavy_math: libm-class math that neither heavy16 nor heavy64
  * names (the backward ops' float64 gradients of gelu, silu and erf), for the prefetch rule only
- * (heavy math keeps the first wave's prefetch); wide_prefetch: `wide` for the prefetch rule alone (a
- * programmatic launch on a wide_sm device: the run-time kernels, which keep the narrow vector rule);
- * max_vpt: the most vectors a thread the caller's kernel takes
+ * (heavy math keeps the first wave's prefetch); max_vpt: the most vectors a thread the caller's kernel takes
  * without spilling (1, 2 or 4; a run-time kernel's forms by their resource report: a bfloat16
  * `o = a * b + c` at 4 vectors a thread spilled 788 bytes under __launch_bounds__(1024) and 404
  * under __maxnreg__(64) while its vectors were held as 16-bit values, and ran 2.3-2.4x slower than
@@ -219,7 +217,7 @@ static int64_t heavy16_waves(int dev)
 template <class Wave4>
 static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1, bool i32, bool pdl, bool fill,
                           int heavy16, Wave4 wave4, int heavy64 = 0, int64_t heavy16_from = 32, bool wide = false,
-                          int max_vpt = 4, bool heavy_math = false, bool wide_prefetch = false)
+                          int max_vpt = 4, bool heavy_math = false)
 {
     int vpt = 1;
     bool lean = false; /* under PDL, no prefetch */
@@ -329,18 +327,25 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
     int prefetch = 0;
     if (pdl && !lean) {
         /* only blocks that can be resident before the previous kernel ends have a wait to hide a
-         * prefetch behind: the first wave (later blocks would issue it and load at once). On a wide
-         * device (wide_sm) a light op (neither heavy16 nor heavy64 math) prefetches only where its
-         * grid is at most half a wave: there a cold launch of about a wave or more paid for the
-         * prefetch. H200, `peers` single launch and back-to-back against torch, d256524 (the first
+         * prefetch behind: the first wave (later blocks would issue it and load at once). A light op
+         * (neither heavy16 nor heavy64 nor heavy_math) prefetches only where its grid is at most half
+         * a wave, on every device: there a cold launch of about a wave or more paid for the
+         * prefetch (until 2026-12-07 the H200's rule alone, `wide`; the H100 then measured it too,
+         * below). H200, `peers` single launch and back-to-back against torch, d256524 (the first
          * wave at any size) and 23f4206 (none past half a wave), the light ops' 77 cells a size:
          * single 4 MiB 33 -> 14 below 0.99, 16 MiB 17 -> 6, 64 MiB 8 -> 4 (the PDL-off series, the
          * same kernels in both runs, within 0.2%); back-to-back medians 1.29 -> 1.20, 1.08 -> 1.05,
          * 1.04 -> 1.02, none below. The heavy ops gained nothing single (16-bit erf, sigmoid, gelu,
          * silu at 4 / 16 MiB: medians 1.056 / 1.004 -> 1.053 / 1.002; float64 math 1.093 / 1.028
          * -> 1.066 / 1.020) and lost back-to-back (16-bit silu at 16 MiB 1.03 -> 0.98): they keep
-         * the first wave. The H100 was not measured: it keeps the first wave. The run-time kernels
-         * (wide_prefetch; their 16-bit math, heavy16 == 2, counts as light): H200, `fused` 4 and 16
+         * the first wave. H100, the same 16 light ops x 4 dtypes, `peers` single launch and
+         * back-to-back, beff5a9 as built (the first wave at every size there) against
+         * EWKERN_PDL_PREFETCH=none, two runs each (ELEMENTWISE_NOTES.md, fifty-fifth session): single
+         * 4 MiB cells below 0.99 16 / 22 -> 11 / 10 (below in both runs 14 -> 4), 16 MiB 5 / 7 -> 2 /
+         * 0, 64 MiB 9 / 6 -> 1 / 5 (both 2 -> 0); back-to-back medians 1.285 -> 1.160 (4 MiB), 1.106
+         * -> 1.049 (16 MiB), 1.030 -> 1.015 (64 MiB), none below 0.99 (lowest cell 0.993). Div, whose
+         * vector rule stays narrow (NarrowRule), takes this prefetch rule too (H100 4 MiB single
+         * 0.991 -> 1.003). The run-time kernels (their 16-bit math, heavy16 == 2, counts as light): H200, `fused` 4 and 16
          * MiB, ewkern / the better of CuPy and torch.compile, first wave -> none (one run each):
          * single launch 0.92-0.98 -> 0.97-1.03 for fma, add, swish_gate, mixed, float32 gelu_mul
          * (each of those 24 cells' time 2-9% lower), 16-bit gelu_mul 1.06-1.11 either way; back-to-back
@@ -350,7 +355,7 @@ static AutoPlan auto_plan(int64_t nvec, int64_t nedge, int block, int64_t wave1,
         const int64_t wave_blocks = wave1 / block;
         const bool light = heavy16 != 1 && !heavy64 && !heavy_math;
         const bool none = r == PREFETCH_NONE ||
-                          (r == PREFETCH_RULE && (wide || wide_prefetch) && light && 2 * grid > wave_blocks);
+                          (r == PREFETCH_RULE && light && 2 * grid > wave_blocks);
         prefetch = none ? 0 : r == PREFETCH_ALL ? INT_MAX : int(wave_blocks < INT_MAX ? wave_blocks : INT_MAX);
     }
     return AutoPlan{vpt, grid, prefetch};
