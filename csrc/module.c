@@ -150,7 +150,8 @@ static int module_exec(PyObject *m)
         return -1;
     st->current_stream = Py_None;
     Py_INCREF(Py_None);
-    if ((st->api_cache = PyDict_New()) == NULL || (st->neg_cache = PyDict_New()) == NULL)
+    if ((st->api_cache = PyDict_New()) == NULL || (st->neg_cache = PyDict_New()) == NULL ||
+        (st->scalar_cache = PyDict_New()) == NULL)
         return -1;
     if ((st->str_dlpack = PyUnicode_InternFromString("__dlpack__")) == NULL ||
         (st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) == NULL ||
@@ -193,6 +194,8 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
     Py_VISIT(st->Plan_Type);
     Py_VISIT(st->api_cache);
     Py_VISIT(st->neg_cache);
+    Py_VISIT(st->scalar_cache);
+    Py_VISIT(st->scalar_types);
     Py_VISIT(st->bf16_descr);
     Py_VISIT(st->current_stream);
     Py_VISIT(st->str_dlpack);
@@ -214,6 +217,8 @@ static int module_clear(PyObject *m)
     Py_CLEAR(st->Plan_Type);
     Py_CLEAR(st->api_cache);
     Py_CLEAR(st->neg_cache);
+    Py_CLEAR(st->scalar_cache);
+    Py_CLEAR(st->scalar_types);
     Py_CLEAR(st->bf16_descr);
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->str_dlpack);

@@ -41,6 +41,8 @@ typedef struct ew_state {
     PyTypeObject *Plan_Type;
     PyObject *api_cache;        /* dict: type -> capsule with a DLPackExchangeAPI, or None */
     PyObject *neg_cache;        /* dict: type -> whether it has is_neg (torch's negative bit) */
+    PyObject *scalar_cache;     /* dict: type -> whether it is a subclass of scalar_types (rtc.c) */
+    PyObject *scalar_types;     /* the tuple scalar_cache answers for, or NULL */
     PyObject *bf16_descr;       /* numpy dtype of ml_dtypes.bfloat16, or NULL (not looked up yet) */
     PyObject *current_stream;   /* ewkern.Stream set by `with ewkern.stream(s)`, or None */
     PyObject *str_dlpack, *str_dlpack_device, *str_api, *str_is_neg; /* interned attribute names */

@@ -1568,6 +1568,28 @@ def test_non_numeric_scalars_are_refused(bad):
     np.testing.assert_array_equal(k(a, np.float32(2)), a + 2)
 
 
+def test_scalars_are_decided_by_type_for_the_tuple_asked():
+    """The warm path (csrc/rtc.c) and Python's decide once a type whether an argument is a
+    scalar: a float subclass is one, cold and warm; the C module's answer follows the tuple it is
+    given (a NumPy int8 is a scalar for _SCALARS, an array argument it cannot view for a tuple
+    without it, and a scalar again after)."""
+    from ewkern import _C
+    from ewkern.rtc._kernel import _SCALARS, _is_scalar
+
+    class F(float):
+        pass
+
+    k = ewkern.ElementwiseKernel("T x, T y", "T z", "z = x + y", "add_float_subclass")
+    a = np.arange(4.0) + 0.5
+    for _ in range(3):
+        np.testing.assert_array_equal(k(a, F(2.25)), a + 2.25)
+    assert _is_scalar(F(1.0)) and _is_scalar(np.int8(1)) and not _is_scalar(a) and not _is_scalar(np.timedelta64(1))
+    s = np.int8(2)
+    assert isinstance(_C._rtc_sig((a, s), _SCALARS), bytes)
+    assert _C._rtc_sig((a, s), (bool, int, float)) is None
+    assert isinstance(_C._rtc_sig((a, s), _SCALARS), bytes)
+
+
 def test_block_size_is_checked_on_the_cpu_too():
     k = ewkern.ElementwiseKernel("T x", "T z", "z = x", "bs_check")
     a = np.arange(4.0)

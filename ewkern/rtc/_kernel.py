@@ -22,6 +22,20 @@ from ._params import DTYPES, EWKERN_DTYPES, Param, decide_types, parse_params
 # np.signedinteger: not numbers, _Call refuses them); complex ones are refused by _scalar_value
 _SCALARS = (bool, int, float, np.bool_) + tuple(sorted(
     {np.dtype(c).type for c in np.typecodes["AllFloat"] + np.typecodes["AllInteger"]}, key=lambda t: t.__name__))
+_SCALAR_TYPE: dict = {}   # type -> whether its instances are _SCALARS (asked once a type)
+
+
+def _is_scalar(o) -> bool:
+    """isinstance(o, _SCALARS), decided once a type: against those 21 types isinstance cost about
+    1 us a torch tensor (each type's check asks the tensor's __class__); csrc/rtc.c's warm path
+    decides alike (rtc_is_scalar)."""
+    t = type(o)
+    r = _SCALAR_TYPE.get(t)
+    if r is None:
+        r = _SCALAR_TYPE[t] = issubclass(t, _SCALARS)
+    return r
+
+
 _STORAGE_NP = {"bool": np.bool_, "float16": np.uint16, "bfloat16": np.uint16}
 _CTYPES = {"float": ctypes.c_float, "double": ctypes.c_double, "bool": ctypes.c_bool, "signed char": ctypes.c_byte,
            "short": ctypes.c_short, "int": ctypes.c_int, "long long": ctypes.c_longlong,
@@ -602,7 +616,7 @@ class _Call:
         params = list(in_params) + list(out_params)[:len(outs)]
         self.device = None
         for p, o in zip(params, objs):
-            if isinstance(o, _SCALARS) or o is None:
+            if _is_scalar(o) or o is None:
                 if p.is_output or p.raw:
                     raise TypeError(f"{kernel}: {p.name} is {'an output' if p.is_output else 'a raw parameter'} "
                                     f"and must be an array, got {type(o).__name__}")
@@ -629,9 +643,9 @@ class _Call:
         vals: list = []
         if self.device == "cpu":
             for p, o in zip(params, objs):
-                vals.append(o if isinstance(o, _SCALARS) else _cpu_arr(o, kernel, p.name))
+                vals.append(o if _is_scalar(o) else _cpu_arr(o, kernel, p.name))
         else:
-            idx = [k for k, o in enumerate(objs) if not isinstance(o, _SCALARS)]
+            idx = [k for k, o in enumerate(objs) if not _is_scalar(o)]
             for k in idx:
                 _refuse_neg_bit(objs[k], kernel, params[k].name)
             ro: list[bool] = []
@@ -731,7 +745,7 @@ def _fast_call(kern, plans: dict, args: tuple, nin: int, extra=None, c_tried: bo
         r = C._rtc_fast(kern._cplans, args, nin, extra, _SCALARS)
         if r is not NotImplemented:
             return r
-    is_arr = tuple([not isinstance(o, _SCALARS) for o in args])
+    is_arr = tuple([not _is_scalar(o) for o in args])
     objs = tuple([o for o, a in zip(args, is_arr) if a]) if False in is_arr else args
     if not objs:
         return _MISS
@@ -824,9 +838,9 @@ def _record_plan(kern, args: tuple, call, struct_obj, slots, run, ret: str, out_
     given = call.ins + call.outs[:ngiven]
     if not all(v.contiguous() for v in call.ins + call.outs if isinstance(v, _Arr)):
         return
-    if len(kern.out_params) > ngiven and call.like is not next((a for a in args[:nin] if not isinstance(a, _SCALARS)), None):
+    if len(kern.out_params) > ngiven and call.like is not next((a for a in args[:nin] if not _is_scalar(a)), None):
         return   # results made like a later input (the first holds integers): the plans' allocation takes the first
-    is_arr = tuple(not isinstance(o, _SCALARS) for o in args)
+    is_arr = tuple(not _is_scalar(o) for o in args)
     sig = tuple((v.dtype, tuple(v.shape), call.device, v.ptr & 15) for v, a in zip(given, is_arr) if a)
     outs = tuple((dt, tuple(shape)) for dt, shape in zip(call.out_types[ngiven:], out_shapes))
     plans = kern._plans
