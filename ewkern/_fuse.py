@@ -128,7 +128,7 @@ class _Trace:
         """A constant of the body: a scalar parameter of the kernel in its compute type (its value
         passed at each call: no literal to spell, and NumPy's rule for a Python scalar, the value
         converted to the operation's type, is the parameter's own conversion)."""
-        name = f"_c{len(self.consts)}"
+        name = f"_ewf_c{len(self.consts)}"   # not a name the generated code keeps (_params._RESERVED)
         self.consts.append(value)
         self.params.append(f"{dt} {name}")
         return _Var(self, dt, name=name)
@@ -481,7 +481,7 @@ def _source(outs: list[_Var]) -> str:
             return v.name
         if id(v) not in names:
             code = _format(v, emit)
-            names[id(v)] = f"_t{len(names)}"
+            names[id(v)] = f"_ewf_t{len(names)}"
             lines.append(f"const {_ctype(v.dtype)} {names[id(v)]} = {code};")
         return names[id(v)]
     for k, v in enumerate(outs):

@@ -188,7 +188,7 @@ def test_a_value_used_twice_is_computed_once():
         want = want * want * 0.5 + want * 0.25
     r = chain(a)
     body = chain.kernel(a).operation
-    assert body.count("const double _t") == 24 * 4 and body.endswith(f"out0 = _t{24 * 4 - 1};"), body[-200:]
+    assert body.count("const double _ewf_t") == 24 * 4 and body.endswith(f"out0 = _ewf_t{24 * 4 - 1};"), body[-200:]
     assert_close(r, want, "float64", 64)
     assert fma.kernel(a, a, a).operation == "out0 = ((in0 * in1) + in2);"
 
