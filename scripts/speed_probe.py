@@ -239,6 +239,11 @@ template <class P> __device__ __forceinline__ P ldh(const P *p)
     *reinterpret_cast<uint4 *>(&r) = u;
     return r;
 }
+/* hold()'s form (a vector as it sits in registers: Held) loaded with the hint */
+template <class S, int E> __device__ __forceinline__ typename Held<S, E>::type holdh(const Pack<S, E> *p)
+{
+    return ldh(held(p));
+}
 } /* %s */
 template <int _ewrtc_VPL>"""
 
@@ -273,7 +278,10 @@ def _row_source_variants():
         for hint in ("cs", "nc", "lu"):
             if "ld" + hint in parts:
                 src = src.replace("template <int _ewrtc_VPL>", _LOAD_HINT % (hint, hint), 1)
-                src = re.sub(r"(_r_\w+\[_q\]) = (_u_\w+)\[_v\];", r"\1 = ewrtc::ldh(\2 + _v);", src)
+                # the register forms' loads (ewrtc::hold, or a plain read where the vector is held
+                # as loaded)
+                src = re.sub(r"(_r_\w+\[_q\]) = ewrtc::hold\(", r"\1 = ewrtc::holdh(", src)
+                src = re.sub(r"(_r_\w+\[_q\]) = (_u_\w+)\[([^\]]+)\];", r"\1 = ewrtc::ldh(\2 + (\3));", src)
         return src, entries
     _codegen.row_source = wrapped
 

@@ -248,3 +248,37 @@ def test_rows_graph_probe_timeline_reads_back_to_back_kernels(capsys):
                  "last exit after previous last exit 3000", "block from release median 2035 max 2070",
                  "busiest SM 4 blocks on 2 SMs", "last release after first 70"):
         assert part in out, (part, out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_row_variants_hint_every_register_load_and_compile(monkeypatch, dtype):
+    """speed_probe's rownorm variants ldcs / ldnc / ldlu rewrite every load of the row's register
+    forms (ewrtc::hold, a plain read where the vector is held as loaded) to the hinted load, and
+    tpc4 / nocs still change the source; each compiles to PTX with its hint."""
+    _nvrtc()
+    import speed_probe
+    from ewkern.rtc import _build
+    from ewkern.rtc._params import parse_params
+    monkeypatch.setattr(_codegen, "row_source", _codegen.row_source)
+    speed_probe._row_source_variants()
+    ps = parse_params("T x, float32 eps", False, "k") + parse_params("T y", True, "k")
+    lay = _codegen.Layout("contig", 1, [(ps[0], dtype, "array", 0), (ps[1], "float32", "scalar", 0),
+                                        (ps[2], dtype, "array", 0)])
+    tdefs = _codegen.typedefs((("T", dtype),), ps[:2], [dtype, "float32"], ps[2:], [dtype])
+
+    def gen(variant):
+        return _codegen.row_source("cuda", f"probe_rmsnorm_{variant}", lay, 16 // (4 if dtype == "float32" else 2),
+                                   "(float)x * (float)x", "a + b", "y = x * rsqrt(a * 0.001f + eps)", "0", "float", "",
+                                   tdefs, set())
+    base, _ = gen("base")
+    loads = base.count("ewrtc::hold(_u_")
+    assert loads > 0
+    for v in ("tpc4", "nocs"):
+        assert gen(v)[0].replace(f"probe_rmsnorm_{v}", "probe_rmsnorm_base") != base, v
+    for hint in ("cs", "nc", "lu"):
+        src, entries = gen("ld" + hint)
+        assert "ewrtc::hold(_u_" not in src and src.count("ewrtc::holdh(_u_") == loads, hint
+        ptx, _, _ = _build.compile_cuda("probe_rmsnorm_ld" + hint, src, (9, 0), ptx_only=True)
+        text = ptx.decode(errors="replace")
+        assert all(f".entry {e}" in text for e in entries)
+        assert f"ld.global.{hint}.v4.u32" in text, hint
