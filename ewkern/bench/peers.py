@@ -88,7 +88,9 @@ def _rmse_shapes_arg(text):
     return out
 
 
-ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES", help="buffer sizes (default 4MiB,64MiB,1GiB)")),
+ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES",
+                               help="buffer sizes (default GPU 1MiB-2GiB by powers of 4 and 2GiB, quick "
+                                    "4MiB,64MiB,1GiB; CPU 4MiB,64MiB, quick 4MiB)")),
         ("--peers-ops", dict(type=list_arg, metavar="OPS", help="ops (default: every elementwise op)")),
         ("--peers-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16,float64)")),
         ("--peers-methods", dict(type=list_arg, metavar="METHODS",
