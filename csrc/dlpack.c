@@ -534,6 +534,65 @@ PyObject *ew_new_result(ew_state *st, const ew_view *like, ew_dtype dt, int ndim
 
 /* ---- asarray ------------------------------------------------------------------------------------- */
 
+/* asarray(x, dtype=...) of a DLPack producer's integer or bool array (a torch or CuPy tensor), which
+ * ewkern's arrays cannot hold: NumPy imports it on the host (from a CUDA device as a copy, asked with
+ * dl_device CPU and copy=True, which torch and CuPy honour) and asarray converts that as it converts
+ * NumPy's own integer arrays, onto the producer's device unless device= names another. Called with
+ * the view import's error set; where obj is not such an array (NumPy cannot import it, or it holds
+ * another dtype) that error is restored and NULL returned. */
+static PyObject *asarray_foreign_ints(PyObject *module, PyObject *obj, PyObject *dtype_obj, PyObject *dev_obj)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *src = NULL, *np = NULL, *arr = NULL, *res = NULL, *devstr = NULL;
+    long type = -1, id = 0;
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d != NULL && PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 2) {
+        type = PyLong_AsLong(PyTuple_GET_ITEM(d, 0));
+        id = PyLong_AsLong(PyTuple_GET_ITEM(d, 1));
+    }
+    Py_XDECREF(d);
+    const int cuda = type == kDLCUDA || type == kDLCUDAManaged;
+    if (PyErr_Occurred() || !(cuda || type == kDLCPU || type == kDLCUDAHost))
+        goto restore;
+    /* (a torch tensor with the negative bit never comes here: the view import refused it first) */
+    src = obj;
+    Py_INCREF(src);
+    np = PyImport_ImportModule("numpy");
+    if (np == NULL)
+        goto restore;
+    {
+        PyObject *fn = PyObject_GetAttrString(np, "from_dlpack");
+        PyObject *a = fn ? PyTuple_Pack(1, src) : NULL;
+        PyObject *kw = a ? Py_BuildValue("{s:s,s:O}", "device", "cpu", "copy", cuda ? Py_True : Py_None) : NULL;
+        arr = kw ? PyObject_Call(fn, a, kw) : NULL;
+        Py_XDECREF(kw);
+        Py_XDECREF(a);
+        Py_XDECREF(fn);
+    }
+    if (arr == NULL || !PyArray_Check(arr) ||
+        !(PyArray_ISBOOL((PyArrayObject *)arr) || PyArray_ISINTEGER((PyArrayObject *)arr)))
+        goto restore;
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    devstr = dev_obj != Py_None ? (Py_INCREF(dev_obj), dev_obj)
+             : cuda ? PyUnicode_FromFormat("cuda:%ld", id) : PyUnicode_FromString("cpu");
+    res = devstr ? PyObject_CallMethod(module, "asarray", "OOO", arr, dtype_obj, devstr) : NULL;
+    Py_XDECREF(devstr);
+    Py_DECREF(arr);
+    Py_DECREF(np);
+    Py_DECREF(src);
+    return res;
+restore:
+    Py_XDECREF(arr);
+    Py_XDECREF(np);
+    Py_XDECREF(src);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+    return NULL;
+}
+
 /* asarray(obj, dtype=None, device=None): zero-copy when dtype and device already match. */
 PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
 {
@@ -588,8 +647,13 @@ PyObject *ew_asarray(PyObject *module, PyObject *args, PyObject *kwds)
     memset(&v, 0, sizeof v);
     PyObject *res = NULL;
     ew_device_guard g = EW_DEVICE_GUARD_INIT;
-    if (ew_view_from_object(st, src, &v, "asarray", NULL, 0) < 0)
+    if (ew_view_from_object(st, src, &v, "asarray", NULL, 0) < 0) {
+        /* is_array_like and neither NumPy's nor ewkern's: a DLPack producer, taken as it is */
+        if (dtype_obj != Py_None && is_array_like && src == obj && !PyArray_Check(obj) &&
+            !Py_IS_TYPE(obj, st->Array_Type) && PyErr_ExceptionMatches(PyExc_TypeError))
+            res = asarray_foreign_ints(module, obj, dtype_obj, dev_obj);
         goto done;
+    }
     ew_dtype dt = dtype_obj == Py_None ? v.dtype : want_dt;
     ew_device dev = dev_obj == Py_None ? v.device : want_dev;
     if (dt == v.dtype && dev.type == v.device.type && dev.id == v.device.id) {

@@ -96,7 +96,8 @@ static PyMethodDef module_methods[] = {
      "asarray(obj, dtype=None, device=None)\n--\n\nAn Array from a NumPy array, a Python sequence or any "
      "DLPack producer: zero-copy when dtype and device already match, else a copy (dtype conversion goes "
      "through NumPy on the host). A sequence of ints or bools becomes float64 unless dtype is given; an "
-     "integer or bool array (NumPy's, a framework's) is a TypeError without dtype, converted with it (NumPy's)."},
+     "integer or bool array (NumPy's, a framework's) is a TypeError without dtype, converted with it (through "
+     "NumPy on the host, onto the array's own device unless device is given)."},
     {"from_dlpack", (PyCFunction)m_from_dlpack, METH_O,
      "from_dlpack(obj)\n--\n\nA zero-copy Array viewing any DLPack producer (or a DLPack capsule)."},
     {"cuda_available", (PyCFunction)m_cuda_available, METH_NOARGS,

@@ -83,6 +83,44 @@ def test_asarray_with_dtype_converts_what_it_takes_without(dtype):
         ewkern.asarray(np.arange(3))   # without dtype=: ewkern holds floating types only, said so
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_asarray_with_dtype_converts_a_frameworks_integer_tensors(device):
+    """A torch (or CuPy) integer or bool tensor with dtype= is converted as NumPy's integer arrays
+    are, onto the tensor's own device unless device= names another (it was refused as an int32
+    array, where a NumPy int32 array was taken); without dtype= it is still refused, naming its
+    dtype, and a complex tensor still is with dtype= (NumPy's cast would drop its imaginary part)."""
+    torch = pytest.importorskip("torch")
+    vals = [-3, 0, 7, 40000, -123456]
+    for tdt in (torch.int32, torch.int64, torch.int16, torch.uint8, torch.bool):
+        src = np.array(vals).astype(str(tdt).split(".")[1])
+        t = torch.from_numpy(src).to(device)
+        for dtype in DTYPES:
+            a = ewkern.asarray(t, dtype=dtype)
+            assert (a.dtype, a.device) == (dtype, device), (tdt, dtype)
+            want = src.astype(np.float64).astype(np_dtype(dtype)).astype(np.float64)
+            np.testing.assert_array_equal(a.numpy().astype(np.float64), want, err_msg=f"{tdt} -> {dtype}")
+    # a strided view, and device= taking it across
+    t = torch.arange(12, dtype=torch.int64, device=device).reshape(3, 4)[:, 1::2]
+    a = ewkern.asarray(t, dtype="float32", device="cpu")
+    assert a.device == "cpu" and a.numpy().tolist() == [[1, 3], [5, 7], [9, 11]]
+    with pytest.raises(TypeError, match="unsupported dtype int32"):
+        ewkern.asarray(torch.arange(3, dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="unsupported dtype complex64"):
+        ewkern.asarray(torch.ones(3, dtype=torch.complex64, device=device), dtype="float32")
+    with pytest.raises(ValueError, match="negative bit"):
+        ewkern.asarray(torch._neg_view(torch.arange(3, device=device)), dtype="float32")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ewkern.cuda_available(), reason="no CUDA GPU")
+def test_asarray_with_dtype_converts_a_cupy_integer_array():
+    cp = pytest.importorskip("cupy")
+    x = cp.arange(-5, 5, dtype=cp.int32)
+    a = ewkern.asarray(x, dtype="float16")
+    assert (a.dtype, a.device) == ("float16", "cuda:0")
+    assert a.numpy().astype(np.float64).tolist() == list(range(-5, 5))
+
+
 def test_array_protocol_copy_false_refuses_another_dtype():
     """NumPy 2's __array__(dtype, copy=False) promises a view: another dtype is a ValueError, the
     same dtype a view of the array's memory (asked by np.asarray(x, dtype, copy=False))."""
