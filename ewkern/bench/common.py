@@ -8,7 +8,8 @@ from .plots import (bandwidth_title, draw_bandwidth_lines, mark_cache, new_figur
 from .summary import fmt_gbs, fmt_pct, md_table
 from .units import fmt_bytes, parse_bytes, parse_count, parse_list, parse_shape
 
-__all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_bytes", "pow2_sizes",
+__all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_names", "elementwise_ops", "check_bytes",
+           "pow2_sizes",
            "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table",
            "median_ratio_interval", "below_beyond_spread", "spread_note"]
 
@@ -45,6 +46,21 @@ def counts_arg(text):
 
 def list_arg(text):
     return parse_list(text)
+
+
+def elementwise_ops() -> list[str]:
+    """ewkern's elementwise ops (its registry's elementwise family), the names --*-ops take."""
+    from .timing import ew
+    return [r["name"] for r in ew().ops() if r.get("family", "elementwise") == "elementwise"]
+
+
+def check_names(flag: str, named, known):
+    """BenchError naming the values of flag that are not among known, and what it takes: before
+    anything runs (an unknown op left every cell out and the run passed)."""
+    bad = [x for x in named if x not in known]
+    if bad:
+        from .timing import BenchError
+        raise BenchError(f"{flag}: {', '.join(bad)} not known; it takes {', '.join(known)}")
 
 
 def pow2_sizes(lo: int, hi: int) -> list[int]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from .common import bars_figure, list_arg, md_table, shapes_arg, check_bytes, fmt_gbs, fmt_pct
+from .common import (bars_figure, check_names, elementwise_ops, list_arg, md_table, shapes_arg, check_bytes, fmt_gbs,
+                     fmt_pct)
 from .timing import BufferPool, plan_elementwise
 from .units import ITEMSIZE, fmt_shape
 
@@ -39,6 +40,8 @@ def check(ctx):
         if d not in ITEMSIZE:
             from .timing import BenchError
             raise BenchError(f"--e3-dtypes: unknown dtype {d!r} (float32, float16, bfloat16, float64)")
+    # an unknown op was skipped cell by cell: the run passed with nothing measured for it
+    check_names("--e3-ops", ops, elementwise_ops())
     biggest = max(math.prod(s) for s in shapes) * max(ITEMSIZE[d] for d in dtypes)
     check_bytes(ctx, 3 * biggest, "e3's largest shape (2 inputs + output)")
 

@@ -55,8 +55,8 @@ import math
 import statistics
 from functools import partial
 
-from .common import (below_beyond_spread, bars_figure, check_bytes, how_timed, list_arg, md_table,
-                     median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
+from .common import (below_beyond_spread, bars_figure, check_bytes, check_names, elementwise_ops, how_timed,
+                     list_arg, md_table, median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call, torch_sets, TURNS_WORDS,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
@@ -131,9 +131,7 @@ CPU_RMSE_FULL = [((16, 1 << 18), False), ((1024, 4096), False), ((8, 1 << 20), F
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
-def _all_ops():
-    from .timing import ew
-    return [r["name"] for r in ew().ops() if r.get("family", "elementwise") == "elementwise"]
+_all_ops = elementwise_ops
 
 
 def _params(ctx):
@@ -143,11 +141,8 @@ def _params(ctx):
     dtypes = ctx.opt("peers_dtypes") or list(DTYPES)
     # named ones checked before anything runs: a name not known failed after the reference copy
     # and the baselines (a dtype) or left every cell out and passed (an op)
-    for flag, named, known in (("--peers-ops", ops, _all_ops()), ("--peers-dtypes", dtypes, DTYPES)):
-        bad = [x for x in named if x not in known]
-        if bad:
-            from .timing import BenchError
-            raise BenchError(f"{flag}: {', '.join(bad)} not known; it takes {', '.join(known)}")
+    check_names("--peers-ops", ops, _all_ops())
+    check_names("--peers-dtypes", dtypes, DTYPES)
     shapes = ctx.pick("peers_rmse_shapes", gpu_full=GPU_RMSE, gpu_quick=GPU_RMSE, cpu_full=CPU_RMSE_FULL,
                       cpu_quick=CPU_RMSE_QUICK)
     ref = ctx.opt("peers_ref_size") or ((1 << 30) if ctx.is_gpu else (64 << 20 if not ctx.quick else 16 << 20))
