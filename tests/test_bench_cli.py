@@ -3,10 +3,20 @@ before anything runs, with a message that says what the option takes."""
 
 import pytest
 
+import ewkern
 from ewkern import bench
+from ewkern.bench import cli, rmse_grid, runner
 
 FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
         "--no-progress"]
+
+
+def _code(argv) -> int:
+    """bench.main's exit code, whether it returns it or argparse exits."""
+    try:
+        return bench.main(argv)
+    except SystemExit as exc:
+        return exc.code
 
 
 def _run(out, *argv) -> int:
@@ -21,3 +31,77 @@ def test_e3_unknown_op_is_refused_before_anything_runs(ops, tmp_path, capsys):
     assert f"--e3-ops: {ops.split(',')[0]} not known" in err
     assert "copy, fill, add" in err and "gelu" in err          # what it takes
     assert not out.exists()
+
+
+# each option's bad text: the message says what it expected, not argparse's "invalid <function> value"
+@pytest.mark.parametrize("name, option, text, expected", [
+    ("r1", "--r1-shape", "abc", "expected e.g. 1024x3072"),
+    ("a1", "--a1-configs", "256", "expected block:grid pairs"),
+    ("a1", "--a1-n", "lots", "expected e.g. 1048576"),
+    ("a1", "--a1-naive-n", "many", "expected e.g. 1048576"),
+    ("peers", "--peers-ref-size", "1XB", "expected e.g. 4MiB"),
+    ("c1", "--c1-shapes", "4xq", "expected e.g. 1024x3072"),
+    ("e4", "--e4-size", "big", "expected e.g. 4MiB"),
+    ("e4", "--e4-pool", "big", "expected e.g. 4MiB"),
+    ("e7", "--e7-size", "big", "expected e.g. 4MiB"),
+    ("overhead", "--overhead-calls", "lots", "expected e.g. 1048576"),
+    ("e2", "--min-sample-ms", "soon", "expected e.g. 0.5"),
+])
+def test_bad_values_say_what_was_expected(name, option, text, expected, tmp_path, capsys):
+    assert _code([name, option, text, *FAST, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and expected in err, err
+    assert "invalid" not in err, err
+
+
+def test_grid_byte_sizes_take_units(tmp_path):
+    """--grid-max-bytes / --grid-min-bytes take sizes as the other size options do (and plain bytes);
+    --grid-min-bytes 0 keeps its meaning, every cell up to the largest, instead of becoming the default."""
+    p = cli.build_parser()
+    a = p.parse_args(["rmse_grid", "--grid-max-bytes", "4MiB", "--grid-min-bytes", "2^10"])
+    assert (a.grid_max_bytes, a.grid_min_bytes) == (4 << 20, 1 << 10)
+    assert p.parse_args(["rmse_grid", "--grid-max-bytes", "4194304"]).grid_max_bytes == 4 << 20
+    args = p.parse_args(["rmse_grid", "--quick", "--grid-min-bytes", "0", "--grid-max-bytes", "1KiB"])
+    ctx = runner.make_context(args, "cpu", dict(ewkern.device_info("cpu")), tmp_path, True, "rotate")
+    cells = rmse_grid._cells(ctx, "float32")
+    assert cells and all(2 * n * b * 4 <= 1024 for n, b in cells) and (1, 16) in cells
+
+
+@pytest.mark.parametrize("argv", [
+    ["overhead", "--overhead-calls", "-5"],
+    ["overhead", "--overhead-calls", "0", "--overhead-repeats", "1"],
+    ["overhead", "--overhead-repeats", "0", "--overhead-calls", "10"],
+    ["overhead", "--overhead-repeats", "-1", "--overhead-calls", "10"],
+    ["overhead", "--overhead-n", "0", "--overhead-calls", "10", "--overhead-repeats", "1"],
+    ["peers", "--peers-ref-size", "0", "--peers-sizes", "64KiB", "--peers-ops", "copy", "--peers-dtypes", "float32",
+     "--peers-rmse-shapes", ""],
+    ["peers", "--peers-rmse-shapes", "16x0", "--peers-sizes", "64KiB", "--peers-ops", "copy",
+     "--peers-dtypes", "float32"],
+    ["e2", "--min-sample-ms", "-1", "--e2-sizes", "64KiB"],
+    ["r1", "--r1-shape", "16x0x4"],
+    ["r1", "--r1-shape", "1024"],
+    ["c1", "--c1-shapes", "4x0", "--c1-backend", "aot_eager"],
+    ["c1", "--c1-shapes", "4", "--c1-backend", "aot_eager"],
+    ["e3", "--e3-shapes", "16x0", "--e3-ops", "copy", "--e3-dtypes", "float32"],
+    ["a1", "--a1-runs", "0", "--a1-n", "2^10", "--a1-naive-n", "2^8", "--a1-configs", "32:4"],
+    ["a1", "--a1-configs", "256:0", "--a1-n", "2^10", "--a1-naive-n", "2^8"],
+    ["e4", "--e4-iterations", "0"],
+    ["e7", "--e7-block", "0"],
+    ["rmse_grid", "--grid-max-bytes", "0"],
+])
+def test_meaningless_numbers_are_refused_at_argument_time(argv, tmp_path, capsys):
+    """Zero or negative counts, sizes, shapes and times: exit 2 with the option named, nothing run
+    (they printed negative times, became the defaults, or failed inside the run or its summary)."""
+    out = tmp_path / "o"
+    assert _code([*argv, *FAST, "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[1]}: " in err, err
+    assert not out.exists()
+
+
+def test_min_sample_ms_zero_means_the_fewest_launches(tmp_path):
+    """--min-sample-ms 0 is a target (the fewest launches a sample can take), not the default."""
+    args = cli.build_parser().parse_args(["e2", "--min-sample-ms", "0"])
+    ctx = runner.make_context(args, "cpu", dict(ewkern.device_info("cpu")), tmp_path, False, "rotate")
+    assert ctx.cfg.min_sample_s == 0.0
+    assert "0: the fewest launches" in " ".join(cli.build_parser().format_help().split())

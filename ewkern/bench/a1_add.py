@@ -14,9 +14,9 @@ from __future__ import annotations
 
 
 from .catalog import a1_parse
-from .common import bars_figure, check_bytes
+from .common import bars_figure, check_bytes, count_arg
 from .timing import Skip, core, ew, new_filled, variants
-from .units import fmt_count, parse_count
+from .units import fmt_count
 
 NAME = "a1"
 TITLE = "Add kernel experiments: the coding-choice matrix"
@@ -25,17 +25,28 @@ PAPER = "add-kernel-experiments.md"
 
 
 def _configs(text):
+    """argparse type: block:grid-stride-blocks pairs, each number at least 1."""
+    import argparse
     out = []
     for part in str(text).split(","):
         if part.strip():
-            b, g = part.split(":")
-            out.append((int(b), int(g)))
+            try:
+                b, g = (int(x) for x in part.split(":"))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected block:grid pairs such as 256:2048,384:768, got "
+                                                 f"{text!r}") from None
+            if b < 1 or g < 1:
+                raise argparse.ArgumentTypeError(f"block and grid must be at least 1: {part.strip()!r}")
+            out.append((b, g))
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected block:grid pairs such as 256:2048,384:768, got {text!r}")
     return out
 
 
-ARGS = [("--a1-n", dict(type=parse_count, metavar="N", help="elements (default 2^27; CPU 2^22, quick 2^20)")),
-        ("--a1-naive-n", dict(type=parse_count, metavar="N", help="elements for the naive kernels (default 2^20, quick 2^16)")),
-        ("--a1-runs", dict(type=int, metavar="R", help="runs per kernel (default 4)")),
+ARGS = [("--a1-n", dict(type=count_arg(), metavar="N", help="elements (default 2^27; CPU 2^22, quick 2^20)")),
+        ("--a1-naive-n", dict(type=count_arg(), metavar="N",
+                              help="elements for the naive kernels (default 2^20, quick 2^16)")),
+        ("--a1-runs", dict(type=count_arg(), metavar="R", help="runs per kernel (default 4)")),
         ("--a1-configs", dict(type=_configs, metavar="B:G,...",
                               help="block:grid-stride-blocks configurations (default 256:2048,256:768,384:768; quick 256:2048)"))]
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 
-from .common import bars_figure, md_table
+from .common import bars_figure, md_table, shapes_of
 from .timing import Skip
-from .units import fmt_shape, parse_list, parse_shape
+from .units import fmt_shape
 
 NAME = "c1"
 TITLE = "torch.compile with ewkern's rmse in the graph"
@@ -32,12 +32,9 @@ PAPER = "(issue 12)"
 NEEDS_REFERENCE = False
 
 
-def _shapes_arg(text):
-    return [parse_shape(s) for s in parse_list(text)]
-
-
-ARGS = [("--c1-shapes", dict(type=_shapes_arg, metavar="SHAPES", help="BATCHESxN shapes (default "
-                                                                      "16x2^20,1024x4096; CPU 8x2^14, quick 4x4096)")),
+# the functions reduce axis 1 of two-axis inputs: another shape failed inside the run or its summary
+ARGS = [("--c1-shapes", dict(type=shapes_of("BATCHESxN shapes (two axes)", ndim=(2, 2)), metavar="SHAPES",
+                             help="BATCHESxN shapes (default 16x2^20,1024x4096; CPU 8x2^14, quick 4x4096)")),
         ("--c1-backend", dict(metavar="NAME", help="torch.compile backend (default inductor; aot_eager traces "
                                                    "the same graph without generating code)"))]
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from . import registry
+from .common import bytes_arg
 from .timing import CACHE_MODES, BenchError
 
 __all__ = ["main", "build_parser"]
@@ -30,14 +31,14 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _bytes_arg(text):
-    from .units import parse_bytes
+def _ms_arg(text):
+    """argparse type: milliseconds, 0 or more (a negative or non-finite target has no meaning)."""
     try:
-        v = parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r} (expected e.g. 0.5)") from None
+    if not (0 <= v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be 0 or more milliseconds: {text!r}")
     return v
 
 
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder (default: ./bench-out/<timestamp>)")
     p.add_argument("--cache", default="rotate", choices=CACHE_MODES,
                    help="cache mode for every timing (default rotate; E2 and E3 also measure hot, E4 compares offsets)")
-    p.add_argument("--cache-bytes", type=_bytes_arg, default=None, metavar="BYTES",
+    p.add_argument("--cache-bytes", type=bytes_arg(), default=None, metavar="BYTES",
                    help="the cache size that rotate/flush defeat (default: the GPU's L2, the CPU's last-level cache)")
     p.add_argument("--samples", type=int, default=None, help="samples per measurement")
     p.add_argument("--flush-rounds", action="store_true",
@@ -81,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the speed probe a torch.mul after each sample removed the pattern of four on both "
                         "GPUs: BENCHMARKS.md, 2026-11-27, twenty-ninth session); CuPy's path and ewkern's own "
                         "time_plans (rmse's 'ewkern' rows) are unchanged")
-    p.add_argument("--min-sample-ms", type=float, default=None,
-                   help="launches per sample are chosen so a sample lasts this long (default 0.5)")
+    p.add_argument("--min-sample-ms", type=_ms_arg, default=None, metavar="MS",
+                   help="launches per sample are chosen so a sample lasts this long (default 0.5; 0: the "
+                        "fewest launches a sample can take)")
     p.add_argument("--no-pdl", action="store_true",
                    help="turn off programmatic dependent launch of the auto kernels for the whole run "
                         "(ewkern.set_pdl(False); recorded in the results)")

@@ -2,46 +2,93 @@
 
 from __future__ import annotations
 
+import argparse
 
 from .plots import (bandwidth_title, draw_bandwidth_lines, mark_cache, new_figure, series_colors,
                     size_axis)
 from .summary import fmt_gbs, fmt_pct, md_table
 from .units import fmt_bytes, parse_bytes, parse_count, parse_list, parse_shape
 
-__all__ = ["sizes_arg", "shapes_arg", "list_arg", "counts_arg", "check_names", "elementwise_ops", "check_bytes",
-           "pow2_sizes",
+__all__ = ["sizes_arg", "shapes_arg", "shapes_of", "list_arg", "counts_arg", "bytes_arg", "count_arg",
+           "shape_arg", "check_names", "elementwise_ops", "check_bytes", "pow2_sizes",
            "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table",
            "median_ratio_interval", "below_beyond_spread", "spread_note"]
+
+def _parsed(parse, text):
+    """parse(text), its ValueError an ArgumentTypeError with the same message: argparse words a
+    ValueError from a type as "invalid parse_shape value: 'abc'", naming an internal function and not
+    what the option takes (the parse_* messages say that)."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def sizes_arg(text):
     """argparse type: a comma-separated list of byte sizes."""
-    try:
-        sizes = parse_list(text, parse_bytes)
-    except ValueError as exc:
-        import argparse
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    sizes = _parsed(lambda t: parse_list(t, parse_bytes), text)
     if not sizes or any(s <= 0 for s in sizes):
-        import argparse
         raise argparse.ArgumentTypeError(f"sizes must be positive: {text!r}")
     return sizes
 
 
-def shapes_arg(text):
-    """argparse type: a comma-separated list of shapes (1024x3072,2048x3072)."""
-    try:
-        return parse_list(text, parse_shape)
-    except ValueError as exc:
-        import argparse
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def bytes_arg(least: int = 1):
+    """argparse type: one byte size of at least `least` bytes (4MiB, 1GiB, 2^20, or plain bytes)."""
+    def size(text):
+        n = -1 if str(text).strip().startswith("-") else _parsed(parse_bytes, text)   # "-5": not "not a size"
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least} byte{'s' if least != 1 else ''}: {text!r}")
+        return n
+    return size
+
+
+def count_arg(least: int = 1):
+    """argparse type: one whole count of at least `least` (20000, 2^20, 16M): elements, calls, runs."""
+    def count(text):
+        n = -1 if str(text).strip().startswith("-") else _parsed(parse_count, text)   # "-5": not "not a count"
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}: {text!r}")
+        return n
+    return count
+
+
+def _shape_checked(shape, text, ndim, what):
+    """shape when every axis is at least 1 and its axes number ndim (min, max; max None: no limit)."""
+    low, high = ndim
+    if len(shape) < low or (high is not None and len(shape) > high):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    if any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(f"every axis must be at least 1, got {text!r}")
+    return shape
+
+
+def shape_arg(what: str = "a shape", ndim=(1, None)):
+    """argparse type: one shape (16x1024x1024) with every axis at least 1 and ndim = (min, max) axes
+    (max None: any number); `what` words the expected form for the message."""
+    def shape(text):
+        return _shape_checked(_parsed(parse_shape, text), text, ndim, what)
+    return shape
+
+
+def shapes_of(what: str = "shapes", ndim=(1, None)):
+    """argparse type: a comma-separated list of shapes (1024x3072,2048x3072), each as shape_arg's."""
+    def shapes(text):
+        out = _parsed(lambda t: parse_list(t, parse_shape), text)
+        if not out:
+            raise argparse.ArgumentTypeError(f"no shape given: {text!r} (expected e.g. 1024x3072,2048x3072)")
+        return [_shape_checked(s, text, ndim, what) for s in out]
+    return shapes
+
+
+shapes_arg = shapes_of()
 
 
 def counts_arg(text):
-    try:
-        return parse_list(text, parse_count)
-    except ValueError as exc:
-        import argparse
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    """argparse type: a comma-separated list of counts, each at least 1."""
+    counts = _parsed(lambda t: parse_list(t, parse_count), text)
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"counts must be at least 1: {text!r}")
+    return counts
 
 
 def list_arg(text):

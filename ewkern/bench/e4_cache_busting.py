@@ -9,10 +9,10 @@ before the first iteration of each series.
 
 from __future__ import annotations
 
-from .common import check_bytes, md_table, fmt_gbs
+from .common import bytes_arg, check_bytes, count_arg, md_table, fmt_gbs
 from .plots import bandwidth_title, draw_bandwidth_lines, new_figure
 from .timing import core, ew, new_filled, time_sequence
-from .units import fmt_bytes, parse_bytes
+from .units import fmt_bytes
 
 NAME = "e4"
 TITLE = "Cache-busting copy: offset 0 against a rotating offset"
@@ -20,9 +20,9 @@ DESCRIPTION = "16 MiB copies x 10 iterations: same buffer (L2-hot) vs rotating o
 PAPER = "elementwise-ops-on-gpus.md"
 CPU = False
 CPU_SKIP = "the paper's GPU L2 experiment; on a CPU, E2 and E3 compare hot with cache-busted timings"
-ARGS = [("--e4-size", dict(type=parse_bytes, metavar="BYTES", help="copy size (default 16MiB)")),
-        ("--e4-pool", dict(type=parse_bytes, metavar="BYTES", help="rotation pool (default 2GiB)")),
-        ("--e4-iterations", dict(type=int, metavar="N", help="iterations (default 10)"))]
+ARGS = [("--e4-size", dict(type=bytes_arg(), metavar="BYTES", help="copy size (default 16MiB)")),
+        ("--e4-pool", dict(type=bytes_arg(), metavar="BYTES", help="rotation pool (default 2GiB)")),
+        ("--e4-iterations", dict(type=count_arg(), metavar="N", help="iterations (default 10)"))]
 
 
 def _params(ctx):

@@ -10,9 +10,8 @@ from __future__ import annotations
 import subprocess
 
 from .catalog import pick_variants
-from .common import bars_figure, check_bytes, md_table, fmt_gbs
+from .common import bars_figure, bytes_arg, check_bytes, count_arg, md_table, fmt_gbs
 from .timing import Skip, plan_elementwise, variants
-from .units import parse_bytes
 
 NAME = "e7"
 TITLE = "Bandwidth of one SM: vec1 / vec2 / vec4"
@@ -20,8 +19,9 @@ DESCRIPTION = "copy on one block (one SM) for vec1/vec2/vec4 vs the per-SM LD/ST
 PAPER = "elementwise-ops-on-gpus.md"
 CPU = False
 CPU_SKIP = "one SM is a CUDA launch shape (grid = 1)"
-ARGS = [("--e7-size", dict(type=parse_bytes, metavar="BYTES", help="copy size (default 64MiB, quick 16MiB)")),
-        ("--e7-block", dict(type=int, metavar="N", help="threads in the one block (default: the device maximum)"))]
+ARGS = [("--e7-size", dict(type=bytes_arg(), metavar="BYTES", help="copy size (default 64MiB, quick 16MiB)")),
+        ("--e7-block", dict(type=count_arg(), metavar="N",
+                            help="threads in the one block (default: the device maximum)"))]
 
 # LD/ST units per SM by compute capability: the paper's A100 (8.0) 32, A10 (8.6) 32, L4 (8.9) 16;
 # Hopper and later taken as 32 like the A100.

@@ -18,7 +18,7 @@ import importlib.util
 import statistics
 import time
 
-from .common import bars_figure, md_table
+from .common import bars_figure, count_arg, md_table
 from .frameworks import available
 from .timing import ew, summarize
 
@@ -28,9 +28,9 @@ DESCRIPTION = ("microseconds per Python call: ewkern add/copy/rmse on ewkern/tor
                "cupy.add and torch's rmse expression")
 PAPER = "(foundation issue)"
 NEEDS_REFERENCE = False
-ARGS = [("--overhead-calls", dict(type=int, metavar="N", help="calls per repeat (default 20000, quick 2000)")),
-        ("--overhead-repeats", dict(type=int, metavar="N", help="repeats (default 7)")),
-        ("--overhead-n", dict(type=int, metavar="N", help="elements of the tiny inputs (default 16)"))]
+ARGS = [("--overhead-calls", dict(type=count_arg(), metavar="N", help="calls per repeat (default 20000, quick 2000)")),
+        ("--overhead-repeats", dict(type=count_arg(), metavar="N", help="repeats (default 7)")),
+        ("--overhead-n", dict(type=count_arg(), metavar="N", help="elements of the tiny inputs (default 16)"))]
 
 
 def timer_resolution() -> dict:
@@ -159,9 +159,9 @@ def _training_step_cases(dev, rows):
 
 
 def run(ctx, xr):
-    calls = ctx.opt("overhead_calls") or (2000 if ctx.quick else 20000)
-    repeats = ctx.opt("overhead_repeats") or 7
-    n = ctx.opt("overhead_n") or 16
+    calls = ctx.opt("overhead_calls", 2000 if ctx.quick else 20000)
+    repeats = ctx.opt("overhead_repeats", 7)
+    n = ctx.opt("overhead_n", 16)
     res = timer_resolution()
     xr.param(calls=calls, repeats=repeats, n=n, timer=res)
     xr.note(f"timer: {res['clock']} ({res['implementation']}), declared resolution "

@@ -55,13 +55,13 @@ import math
 import statistics
 from functools import partial
 
-from .common import (below_beyond_spread, bars_figure, check_bytes, check_names, elementwise_ops, how_timed,
-                     list_arg, md_table, median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
+from .common import (below_beyond_spread, bars_figure, bytes_arg, check_bytes, check_names, elementwise_ops,
+                     how_timed, list_arg, md_table, median_ratio_interval, sizes_arg, spread_note, fmt_gbs)
 from .frameworks import (EWKERN_GRAPH, EWKERN_NOPDL, FOREIGN, PEER_STANDINS, RMSE_PEERS, available,
                          elementwise_call, ewkern_in_torch_call, foreign_call, torch_sets, TURNS_WORDS,
                          pdl_active, pdl_off, release_peer_memory, rmse_call)
 from .timing import BufferPool, Skip, plan_elementwise, plan_rmse, variants
-from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_bytes, parse_shape
+from .units import ITEMSIZE, fmt_bytes, fmt_count, parse_shape
 
 NAME = "peers"
 TITLE = "ewkern against torch and CuPy"
@@ -84,6 +84,8 @@ def _rmse_shapes_arg(text):
             raise argparse.ArgumentTypeError(str(exc)) from None
         if len(shape) != 2:
             raise argparse.ArgumentTypeError(f"rmse shapes are BATCHESxN (or NxBATCHES:last): {part!r}")
+        if min(shape) < 1:
+            raise argparse.ArgumentTypeError(f"every axis must be at least 1: {part!r}")
         out.append((shape, last))
     return out
 
@@ -102,7 +104,8 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES",
         ("--peers-no-pdl-off", dict(action="store_true", help="leave out the PDL-off series")),
         ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
                                      help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
-        ("--peers-ref-size", dict(type=parse_bytes, metavar="BYTES", help="D2D copy / dot size per buffer (default 1GiB)")),
+        ("--peers-ref-size", dict(type=bytes_arg(), metavar="BYTES",
+                                  help="D2D copy / dot size per buffer (default 1GiB)")),
         ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile")),
         ("--peers-in-turns", dict(action="store_true",
                                   help="time ewkern, ewkern with PDL off and torch in turns (back-to-back and "

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import math
 
-from .common import bars_figure, md_table
+from .common import bars_figure, md_table, shape_arg
 from .frameworks import available, rmse_call
 from .timing import BufferPool, ew, kernel_info, plan_rmse, variants
-from .units import fmt_shape, parse_shape
+from .units import fmt_shape
 
 NAME = "r1"
 TITLE = "Batched RMSE optimisation ladder"
 DESCRIPTION = "rmse versions (atomic -> block -> multiblock -> occupancy -> int32 -> auto) on 16x1024x1024: times, registers"
 PAPER = "batched-rmse-kernel-analysis.txt"
-ARGS = [("--r1-shape", dict(type=parse_shape, metavar="BxHxW", help="shape, batch first (default 16x1024x1024; "
-                                                                       "CPU 16x256x256, quick 16x128x128)"))]
+# a 1-D shape is one batch (ewkern.rmse), which the per-batch reference does not read so
+ARGS = [("--r1-shape", dict(type=shape_arg("BxHxW or BxN (batch first, then the reduced axes)", ndim=(2, None)),
+                            metavar="BxHxW", help="shape, batch first (default 16x1024x1024; CPU 16x256x256, "
+                                                  "quick 16x128x128)"))]
 
 LADDER = ["atomic", "block", "multiblock", "occupancy", "int32", "auto"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .common import check_bytes, list_arg, md_table
+from .common import bytes_arg, check_bytes, list_arg, md_table
 from .frameworks import available, ewkern_in_torch_call, release_peer_memory, rmse_call
 from .timing import Skip
 from .units import ITEMSIZE, fmt_bytes, fmt_count
@@ -37,21 +37,22 @@ JUDGED_BYTES = 32 << 20      # cells with at least this much input are held to t
 
 ARGS = [("--grid-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16)")),
         ("--grid-layouts", dict(type=list_arg, metavar="LAYOUTS", help="first,last (default both)")),
-        ("--grid-max-bytes", dict(type=int, metavar="BYTES", help="largest input (both arrays; default 2 GiB)")),
-        ("--grid-min-bytes", dict(type=int, metavar="BYTES", help="smallest input (both arrays; default 1 MiB)")),
+        ("--grid-max-bytes", dict(type=bytes_arg(), metavar="BYTES", help="largest input (both arrays; default 2GiB)")),
+        ("--grid-min-bytes", dict(type=bytes_arg(least=0), metavar="BYTES",
+                                  help="smallest input (both arrays; default 1MiB; 0: every cell up to the largest)")),
         ("--grid-no-peers", dict(action="store_true", help="time ewkern and torch.dot only"))]
 
 
 def _cells(ctx, dtype):
-    lo = ctx.opt("grid_min_bytes") or (1 << 20)
-    hi = ctx.opt("grid_max_bytes") or (2 << 30)
+    lo = ctx.opt("grid_min_bytes", 1 << 20)
+    hi = ctx.opt("grid_max_bytes", 2 << 30)
     ns, bs = (QUICK_NS, QUICK_BATCHES) if ctx.quick else (NS, BATCHES)
     s = ITEMSIZE[dtype]
     return [(n, b) for n in ns for b in bs if lo <= 2 * n * b * s <= hi]
 
 
 def check(ctx):
-    hi = ctx.opt("grid_max_bytes") or (2 << 30)
+    hi = ctx.opt("grid_max_bytes", 2 << 30)
     check_bytes(ctx, hi, "rmse_grid's largest cell")
 
 

@@ -535,7 +535,7 @@ def make_context(args, device: str, info: dict, out: Path, quick: bool, cache: s
     if getattr(args, "samples", None):
         cfg.samples = cfg.flush_samples = int(args.samples)
         cfg.flush_target = 0.0
-    if getattr(args, "min_sample_ms", None):
+    if getattr(args, "min_sample_ms", None) is not None:   # 0 is a target too (the fewest launches)
         cfg.min_sample_s = float(args.min_sample_ms) * 1e-3
     avail = available_memory(device, info)
     cfg.memory_budget = int(avail * 0.8) if avail else None
