@@ -1,11 +1,14 @@
 """The bench's command line on the CPU, at tiny sizes: names and values that mean nothing are refused
-before anything runs, with a message that says what the option takes."""
+before anything runs, with a message that says what the option takes; merge names the path or the
+names it cannot use."""
+
+import json
 
 import pytest
 
 import ewkern
 from ewkern import bench
-from ewkern.bench import cli, rmse_grid, runner
+from ewkern.bench import cli, merge, rmse_grid, runner
 
 FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
         "--no-progress"]
@@ -105,3 +108,38 @@ def test_min_sample_ms_zero_means_the_fewest_launches(tmp_path):
     ctx = runner.make_context(args, "cpu", dict(ewkern.device_info("cpu")), tmp_path, False, "rotate")
     assert ctx.cfg.min_sample_s == 0.0
     assert "0: the fewest launches" in " ".join(cli.build_parser().format_help().split())
+
+
+def _fake_run(folder, experiments=None):
+    """A run folder holding a results.json of one device and the given experiments."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps({"device_name": "cpu", "experiments": experiments or {}}))
+    return folder
+
+
+def test_merge_into_a_file_names_it(tmp_path, capsys):
+    run = _fake_run(tmp_path / "run")
+    blocker = tmp_path / "hostname"
+    blocker.write_text("not a folder")
+    assert merge.main([str(blocker), str(run), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert str(blocker) in err and "not a folder" in err and "Traceback" not in err
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("name", ["run.log", "summary.md", "results.json"])
+def test_merge_of_a_file_that_is_no_results_file_names_it(name, tmp_path, capsys):
+    bad = tmp_path / name
+    bad.write_text("# ewkern.bench: not JSON\n" if name != "results.json" else "[1, 2]")
+    assert merge.main([str(tmp_path / "m"), str(bad), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "not a results file" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_merge_combine_names_an_unknown_experiment(tmp_path, capsys):
+    run = _fake_run(tmp_path / "run")
+    assert merge.main([str(tmp_path / "m"), str(run), "--combine", "e3,nosuch", "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "--combine: nosuch not an experiment" in err and "e1, e2, e3" in err and "rmse_grid" in err
+    assert not (tmp_path / "m").exists()

@@ -245,10 +245,21 @@ def main(argv=None) -> int:
                     help="write results.json.gz (the committed folders' form); also the default when "
                          "any run given is in that form")
     args = ap.parse_args(argv)
+    combine = [n for n in args.combine.split(",") if n]
+    out = Path(args.out)
     try:
+        # checked before anything is read or written: an unknown name was taken silently (and combined
+        # nothing), and an out that could not be made ended in a traceback after the merge
+        from .registry import names
+        unknown = [n for n in combine if n not in names()]
+        if unknown:
+            raise ValueError(f"--combine: {', '.join(unknown)} not an experiment; the experiments are "
+                             f"{', '.join(names())}")
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{out}: not a folder (the merged results are written into a folder)")
         parts = [load(r) for r in args.runs]
-        res = merge(parts, combine=[n for n in args.combine.split(",") if n],
-                    pool=[n for n in args.pool.split(",") if n])
+        res = merge(parts, combine=combine, pool=[n for n in args.pool.split(",") if n])
+        out.mkdir(parents=True, exist_ok=True)
     except (OSError, ValueError) as exc:
         print(f"ewkern.bench.merge: {exc}", file=sys.stderr)
         return 2
@@ -256,8 +267,6 @@ def main(argv=None) -> int:
         print(f"note: {note}", file=sys.stderr)
     if args.gzip or any(p.get("_gzip") for p in parts):
         res["_gzip"] = True
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     from .runner import finish_outputs
     finish_outputs(res, out, plots=not args.no_plots)
     return 0

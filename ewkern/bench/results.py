@@ -42,8 +42,16 @@ def load(results_dir) -> dict:
     if not p.exists():
         raise FileNotFoundError(f"no results.json at {results_dir}")
     gz = p.name.endswith(".gz")
-    with (gzip.open(p, "rt") if gz else open(p)) as f:
-        res = json.load(f)
+    try:
+        with (gzip.open(p, "rt") if gz else open(p)) as f:
+            res = json.load(f)
+    except (ValueError, EOFError, gzip.BadGzipFile) as exc:
+        # a log or summary.md given for a run: the bare JSON error ("Expecting value: line 1 column 1")
+        # did not say which file
+        raise ValueError(f"{p}: not a results file (results.json or results.json.gz of a run): "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(res, dict):
+        raise ValueError(f"{p}: not a results file (its JSON is a {type(res).__name__}, not a run's object)")
     res.setdefault("experiments", {})
     res["_path"] = str(p.parent)
     if gz:
