@@ -1,6 +1,6 @@
 """The bench's command line on the CPU, at tiny sizes: names and values that mean nothing are refused
 before anything runs, with a message that says what the option takes; merge names the path or the
-names it cannot use."""
+names it cannot use and keeps cells that differ only in shape."""
 
 import json
 
@@ -9,6 +9,7 @@ import pytest
 import ewkern
 from ewkern import bench
 from ewkern.bench import cli, merge, rmse_grid, runner
+from ewkern.bench import results as bench_results
 
 FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
         "--no-progress"]
@@ -143,3 +144,20 @@ def test_merge_combine_names_an_unknown_experiment(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--combine: nosuch not an experiment" in err and "e1, e2, e3" in err and "rmse_grid" in err
     assert not (tmp_path / "m").exists()
+
+
+def test_merge_combine_keeps_cells_that_differ_only_in_shape(tmp_path):
+    """e3 at 256x1024 in one run and 1024x256 in another (the same n) stay two cells; the same shape
+    measured again is still one cell, whatever lists of floats (samples, r1's first results) it holds."""
+    p1, p2 = tmp_path / "p1", tmp_path / "p2"
+    args = ["--no-plots", "--e3-ops", "copy", "--e3-dtypes", "float32"]
+    assert _run(p1, "e3", *args, "--e3-shapes", "32x64") == 0
+    assert _run(p2, "e3", *args, "--e3-shapes", "64x32") == 0
+    assert merge.main([str(tmp_path / "m"), str(p1), str(p2), "--combine", "e3", "--no-plots"]) == 0
+    ms = bench_results.load(tmp_path / "m")["experiments"]["e3"]["measurements"]
+    assert sorted(m["shape"] for m in ms) == [[32, 64]] * 2 + [[64, 32]] * 2   # hot and rotate of each
+    a, b = bench_results.load(p1), bench_results.load(p1)
+    for m in b["experiments"]["e3"]["measurements"]:
+        m["first"] = [0.25, 0.5]
+    got = merge.merge([a, b], combine=["e3"])["experiments"]["e3"]["measurements"]
+    assert got == b["experiments"]["e3"]["measurements"]

@@ -50,9 +50,10 @@ def _union(a, b):
 
 
 # what a measurement measured or derived, not what it names: a cell is named by its other fields
-# that are strings, integers or None (ratios to other ways "vs_*", the reference check's "check_*",
-# summary statistics "t_*"; no experiment names a cell by a float, and floats such as after_torch's
-# pair_time_s, a1's total_error or overhead's us_per_call are measured)
+# that are strings, integers or None, or lists of them such as a shape (ratios to other ways "vs_*",
+# the reference check's "check_*", summary statistics "t_*"; no experiment names a cell by a float,
+# and floats such as after_torch's pair_time_s, a1's total_error or overhead's us_per_call, and lists
+# of floats such as the samples or r1's first results, are measured)
 _MEASURED = frozenset(("samples_s", "stats_s", "time_s", "gbs", "pct_peak", "notes", "launches", "sets",
                        "working_set_bytes", "bytes", "bytes_read", "bytes_written", "best_way"))
 _DERIVED = ("vs_", "check_", "t_")
@@ -87,11 +88,27 @@ def _pool_key(m: dict) -> tuple:
     return tuple(kv for kv in _cell(m) if kv[0] != "method")
 
 
+_UNNAMED = object()   # _name_value of what names no cell
+
+
+def _name_value(v):
+    """v as part of a cell's name: a string, integer, bool or None as itself, a list of them (a shape)
+    as a tuple (hashable); _UNNAMED for what names nothing (a float, a dict, a list holding either)."""
+    if isinstance(v, (str, int, bool, type(None))):
+        return v
+    if isinstance(v, (list, tuple)):
+        items = tuple(_name_value(x) for x in v)
+        if all(x is not _UNNAMED for x in items):
+            return items
+    return _UNNAMED
+
+
 def _cell(m: dict) -> tuple:
-    """The cell a measurement belongs to (experiment, series, impl, op, dtype, size, method...)."""
-    return tuple(sorted((k, v) for k, v in m.items()
-                        if k not in _MEASURED and not k.startswith(_DERIVED)
-                        and isinstance(v, (str, int, bool, type(None)))))
+    """The cell a measurement belongs to (experiment, series, impl, op, dtype, shape, size, method...):
+    a shape names a cell too, or e3's 256x1024 and 1024x256 (the same n) would be one cell."""
+    named = ((k, _name_value(v)) for k, v in m.items()
+             if k not in _MEASURED and not k.startswith(_DERIVED) and not k.endswith("samples_s"))
+    return tuple(sorted(kv for kv in named if kv[1] is not _UNNAMED))
 
 
 _RUNS = "pooled_runs_samples_s"   # a pooled cell's own samples, run by run: {samples key: [list, ...]}
