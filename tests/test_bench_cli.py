@@ -1,6 +1,7 @@
 """The bench's command line on the CPU, at tiny sizes: names and values that mean nothing are refused
 before anything runs, with a message that says what the option takes; merge names the path or the
-names it cannot use and keeps cells that differ only in shape."""
+names it cannot use and keeps cells that differ only in shape; a reused output folder holds only its
+results' CSVs and figures."""
 
 import json
 
@@ -161,3 +162,40 @@ def test_merge_combine_keeps_cells_that_differ_only_in_shape(tmp_path):
         m["first"] = [0.25, 0.5]
     got = merge.merge([a, b], combine=["e3"])["experiments"]["e3"]["measurements"]
     assert got == b["experiments"]["e3"]["measurements"]
+
+
+def test_reused_folder_holds_only_its_results_outputs(tmp_path, capsys, monkeypatch):
+    """A run into a folder that holds an earlier run: the earlier run's CSVs and figures that the new
+    results do not hold are removed (a failed re-run's too); files the harness did not write stay."""
+    out = tmp_path / "o"
+    e3 = ["--e3-shapes", "16x16", "--e3-ops", "copy", "--e3-dtypes", "float32"]
+    assert _run(out, "e3", *e3) == 0
+    first = json.loads((out / "results.json").read_text())["figures"]
+    assert first and all((out / f).exists() for f in first) and (out / "e3.csv").exists()
+    (out / "notes.txt").write_text("mine")
+    (out / "e3_mine.csv").write_text("mine")        # named like an output, written by no run
+    assert _run(out, "e2", "--no-plots", "--e2-sizes", "64KiB") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["experiments"]) == ["e2"]
+    assert sorted(p.name for p in out.iterdir() if p.suffix in (".csv", ".png")) == ["e2.csv", "e3_mine.csv"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert "removed" in capsys.readouterr().err
+    # a re-run that measures nothing leaves no CSV of the run before
+    from ewkern.bench import e2_copy_size
+
+    def broken(ctx, xr):
+        raise RuntimeError("no measurement")
+    monkeypatch.setattr(e2_copy_size, "run", broken)
+    assert _run(out, "e2", "--no-plots", "--e2-sizes", "64KiB") == 1
+    assert not (out / "e2.csv").exists()
+    assert json.loads((out / "results.json").read_text())["experiments"]["e2"]["status"] == "error"
+
+
+def test_merge_into_a_used_folder_removes_its_earlier_outputs(tmp_path):
+    p1, p2, m = tmp_path / "p1", tmp_path / "p2", tmp_path / "m"
+    assert _run(p1, "e2", "--no-plots", "--e2-sizes", "64KiB") == 0
+    assert _run(p2, "e3", "--no-plots", "--e3-shapes", "16x16", "--e3-ops", "copy", "--e3-dtypes", "float32") == 0
+    assert merge.main([str(m), str(p1), "--no-plots"]) == 0
+    assert (m / "e2.csv").exists()
+    assert merge.main([str(m), str(p2), "--no-plots"]) == 0
+    assert not (m / "e2.csv").exists() and (m / "e3.csv").exists()

@@ -14,7 +14,8 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["load", "results_file", "write_json", "write_csvs", "measurements", "CSV_FIRST", "JSON_NAMES"]
+__all__ = ["load", "results_file", "write_json", "write_csvs", "outputs_of", "remove_outputs", "measurements",
+           "CSV_FIRST", "JSON_NAMES"]
 
 JSON_NAMES = ("results.json", "results.json.gz")
 
@@ -116,23 +117,36 @@ def _cell(v):
     return "" if v is None else v
 
 
+def _csv_tables(results: dict):
+    """(file name, rows, table name or None for the measurements) of every CSV write_csvs writes."""
+    for name, exp in results.get("experiments", {}).items():
+        if exp.get("measurements"):
+            yield f"{name}.csv", exp["measurements"], None
+        for tname, trows in (exp.get("tables") or {}).items():
+            if trows:
+                yield f"{name}_{tname}.csv", trows, tname
+
+
 def write_csvs(results: dict, out: Path) -> list[str]:
     """One CSV per experiment with measurements (raw samples, every *samples_s, stay in the JSON),
     one per table."""
     written = []
-    for name, exp in results.get("experiments", {}).items():
-        rows = exp.get("measurements", [])
-        if rows:
-            keys = []
-            for r in rows:
-                for k in r:
-                    if k not in keys and not k.endswith("samples_s") and k not in ("stats_s", "experiment_data"):
-                        keys.append(k)
-            cols = [k for k in CSV_FIRST if k in keys] + _STAT_COLS + \
-                   [k for k in keys if k not in CSV_FIRST]
-            path = Path(out) / f"{name}.csv"
-            with open(path, "w", newline="") as f:
-                w = csv.writer(f)
+    for fname, rows, table in _csv_tables(results):
+        keys = []
+        for r in rows:
+            for k in r:
+                if k not in keys and (table is not None or (not k.endswith("samples_s")
+                                                            and k not in ("stats_s", "experiment_data"))):
+                    keys.append(k)
+        path = Path(out) / fname
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            if table is not None:
+                w.writerow(keys)
+                for r in rows:
+                    w.writerow([_cell(r.get(k)) for k in keys])
+            else:
+                cols = [k for k in CSV_FIRST if k in keys] + _STAT_COLS + [k for k in keys if k not in CSV_FIRST]
                 w.writerow(cols)
                 for r in rows:
                     st = r.get("stats_s") or {}
@@ -140,20 +154,37 @@ def write_csvs(results: dict, out: Path) -> list[str]:
                             "t_mean_s": st.get("mean"), "t_std_s": st.get("std"),
                             "t_max_s": st.get("max"), "count": st.get("count")}
                     w.writerow([_cell(stat[c] if c in stat else r.get(c)) for c in cols])
-            written.append(path.name)
-        for tname, trows in (exp.get("tables") or {}).items():
-            if not trows:
-                continue
-            keys = []
-            for r in trows:
-                for k in r:
-                    if k not in keys:
-                        keys.append(k)
-            path = Path(out) / f"{name}_{tname}.csv"
-            with open(path, "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(keys)
-                for r in trows:
-                    w.writerow([_cell(r.get(k)) for k in keys])
-            written.append(path.name)
+        written.append(fname)
     return written
+
+
+def _output_name(name) -> bool:
+    """Whether name can be one of the harness's CSV or PNG outputs: a file name in the folder itself
+    (a results file's record is data, never a path to follow elsewhere)."""
+    return isinstance(name, str) and Path(name).name == name and name.endswith((".csv", ".png"))
+
+
+def outputs_of(folder) -> set:
+    """The CSVs and figures the harness wrote into folder, by the folder's results file: the CSVs its
+    experiments give (write_csvs) and the figures it lists. Empty where no results file can be read."""
+    try:
+        res = load(folder) if results_file(folder) is not None else None
+        names = [] if res is None else [fname for fname, _, _ in _csv_tables(res)] + list(res.get("figures") or [])
+    except (OSError, ValueError, AttributeError, TypeError):   # a damaged file names nothing to remove
+        return set()
+    return {n for n in names if _output_name(n)}
+
+
+def remove_outputs(folder, names) -> list[str]:
+    """Remove from folder the files among names that are CSV or PNG files of the folder itself (plain
+    files only); the names removed, sorted."""
+    removed = []
+    for name in sorted(n for n in names if _output_name(n)):
+        path = Path(folder) / name
+        if path.is_file() or path.is_symlink():
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed.append(name)
+    return removed

@@ -410,6 +410,9 @@ def run(ctx: Context, names: list[str], argv) -> int:
     res["cache_bytes"] = ctx.cfg.cache_bytes
     res["cache_level"] = "L2" if ctx.is_gpu else "last-level cache"
     specs = [registry.get(n) for n in names]
+    # what the folder's results file says an earlier run wrote there, read before this run's first
+    # results.json replaces it (finish_outputs removes what this run does not write again)
+    before = _results.outputs_of(ctx.out)
     code = 0
     t_start = time.perf_counter()
     if ctx.quick and not ctx.is_gpu:
@@ -479,28 +482,35 @@ def run(ctx: Context, names: list[str], argv) -> int:
                                         for n in ran):
             res["partial"] = True
     try:
-        _finish_outputs(ctx)
+        _finish_outputs(ctx, before)
     except KeyboardInterrupt:   # a second interrupt while writing: results.json already holds the runs
         res["interrupted"] = True
     return 130 if res.get("interrupted") else code
 
 
-def _finish_outputs(ctx: Context):
-    finish_outputs(ctx.results, ctx.out, plots=not getattr(ctx.args, "no_plots", False))
+def _finish_outputs(ctx: Context, before=None):
+    finish_outputs(ctx.results, ctx.out, plots=not getattr(ctx.args, "no_plots", False), before=before)
 
 
-def finish_outputs(res: dict, out: Path, *, plots: bool = True):
-    """Claims, results.json, the CSVs, the figures and summary.md of a results dict, into out."""
+def finish_outputs(res: dict, out: Path, *, plots: bool = True, before=None):
+    """Claims, results.json, the CSVs, the figures and summary.md of a results dict, into out.
+
+    The CSVs and figures of an earlier run or merge in out that these results do not write again are
+    removed, so that the folder's files are its results.json's: those its results file names (before,
+    when given: what it named before this run replaced it; else read from out now) and every
+    experiment's own CSV (<name>.csv). No other file is touched."""
     from . import claims, summary
     from . import plots as _plots
     out = Path(out)
+    if before is None:
+        before = _results.outputs_of(out)
     try:
         res["claims"] = claims.evaluate(res)
     except Exception as exc:   # never lose the measurements over the claims table
         res["claims"] = [{"claim": "claims evaluation failed", "status": "not measured",
                           "evidence": f"{type(exc).__name__}: {exc}"}]
     _results.write_json(res, out)
-    _results.write_csvs(res, out)
+    csvs = _results.write_csvs(res, out)
     figures = []
     if plots:
         try:
@@ -514,6 +524,11 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True):
             print(f"plotting failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     res["figures"] = figures
     _results.write_json(res, out)
+    stale = (set(before) | {f"{name}.csv" for name in registry.names()}) - set(csvs) - set(figures)
+    removed = _results.remove_outputs(out, stale)
+    if removed:
+        print(f"removed {len(removed)} output{'s' if len(removed) > 1 else ''} of an earlier run in {out} that "
+              f"these results do not hold: {', '.join(removed)}", file=sys.stderr)
     text = summary.markdown(res)
     (out / "summary.md").write_text(text)
     print(text)
