@@ -1,7 +1,7 @@
 """The bench's command line on the CPU, at tiny sizes: names and values that mean nothing are refused
 before anything runs, with a message that says what the option takes; merge names the path or the
 names it cannot use and keeps cells that differ only in shape; a reused output folder holds only its
-results' CSVs and figures."""
+results' CSVs and figures; the labels say what applies on the CPU."""
 
 import json
 
@@ -9,7 +9,7 @@ import pytest
 
 import ewkern
 from ewkern import bench
-from ewkern.bench import cli, merge, rmse_grid, runner
+from ewkern.bench import cli, merge, peers, rmse_grid, runner
 from ewkern.bench import results as bench_results
 
 FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
@@ -199,3 +199,33 @@ def test_merge_into_a_used_folder_removes_its_earlier_outputs(tmp_path):
     assert (m / "e2.csv").exists()
     assert merge.main([str(m), str(p2), "--no-plots"]) == 0
     assert not (m / "e2.csv").exists() and (m / "e3.csv").exists()
+
+
+def test_cpu_results_record_pdl_as_not_applying(tmp_path):
+    """PDL is a CUDA launch attribute: a CPU run records it as not in use (it said true)."""
+    out = tmp_path / "o"
+    assert _run(out, "e2", "--no-plots", "--e2-sizes", "64KiB") == 0
+    assert json.loads((out / "results.json").read_text())["pdl"] is False
+
+
+def test_cpu_peers_summary_names_numpy_and_no_pdl_off_series(tmp_path):
+    out = tmp_path / "o"
+    assert _run(out, "peers", "--no-plots", "--peers-sizes", "64KiB", "--peers-ops", "copy",
+                "--peers-dtypes", "float32", "--peers-rmse-shapes", "", "--peers-ref-size", "1MiB") == 0
+    text = (out / "summary.md").read_text()
+    assert "ewkern and numpy were timed one after another" in text
+    assert "PDL-off" not in text and "back-to-back and single launch" not in text
+
+
+def test_cpu_defaults_in_help_and_quick_banner():
+    """--peers-ref-size's help names the CPU's default; the quick CPU banner says what runs, for the
+    experiments named only."""
+    text = " ".join(cli.build_parser().format_help().split())
+    assert "D2D copy / dot size per buffer (default GPU 1GiB; CPU 64MiB, quick 16MiB)" in text
+    note = runner.quick_cpu_note(["train"])
+    assert "leaves out" not in note and "train: gelu, mul and rmse" in note
+    assert "e2" not in note and "overhead" not in note
+    note = runner.quick_cpu_note(["e3", "overhead"])
+    assert "e3: ops" in note and "overhead: fewer" in note and "r1" not in note and "c1" not in note
+    assert "python -m ewkern.bench --all --device cpu" in note
+    assert peers.CPU_QUICK in runner.quick_cpu_note(["peers"])

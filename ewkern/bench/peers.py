@@ -105,7 +105,7 @@ ARGS = [("--peers-sizes", dict(type=sizes_arg, metavar="SIZES",
         ("--peers-rmse-shapes", dict(type=_rmse_shapes_arg, metavar="SHAPES",
                                      help="BxN shapes; NxB:last for batch-last, e.g. 16x2^20,2^20x16:last")),
         ("--peers-ref-size", dict(type=bytes_arg(), metavar="BYTES",
-                                  help="D2D copy / dot size per buffer (default 1GiB)")),
+                                  help="D2D copy / dot size per buffer (default GPU 1GiB; CPU 64MiB, quick 16MiB)")),
         ("--peers-no-compile", dict(action="store_true", help="leave out torch.compile")),
         ("--peers-in-turns", dict(action="store_true",
                                   help="time ewkern, ewkern with PDL off and torch in turns (back-to-back and "
@@ -152,9 +152,9 @@ def _params(ctx):
     return sizes, ops, dtypes, shapes, ref
 
 
-# what --quick leaves out of peers on a CPU, said at the start of a quick CPU run (runner.run)
-CPU_QUICK_LEAVES_OUT = ("peers: 4 MiB only (the full CPU set adds 64 MiB), 3 rmse shapes (full: 5) without the "
-                        "rmse ladder versions, copy/dot reference at 16 MiB (full: 64 MiB)")
+# what --quick runs of peers on a CPU against the full CPU set, said at the start of a quick CPU run (runner.run)
+CPU_QUICK = ("peers: 4 MiB only (the full CPU set adds 64 MiB), 3 rmse shapes (full: 5) without the "
+             "rmse ladder versions, copy/dot reference at 16 MiB (full: 64 MiB)")
 
 
 def plan(ctx) -> dict:
@@ -270,12 +270,14 @@ def run(ctx, xr):
         xr.note(f"'{EWKERN_NOPDL}': ewkern's auto kernels timed the same way with programmatic dependent "
                 "launch switched off (ewkern.set_pdl(False)); 'ewkern' rows use the default")
     if in_turns:
-        xr.note("elementwise, back-to-back and single launch: ewkern, its PDL-off series and torch are timed in "
-                f"turns ({TURNS_WORDS}) on the same buffers; CuPy and after_torch's series one after another")
+        together = "ewkern, its PDL-off series and torch" if nopdl else "ewkern and torch"
+        xr.note(f"elementwise, back-to-back and single launch: {together} are timed in turns ({TURNS_WORDS}) on "
+                "the same buffers; CuPy and after_torch's series one after another")
     else:
-        xr.note("elementwise: the series of a cell (ewkern, its PDL-off series, each peer) are timed one after "
-                "another in an order that rotates by one from cell to cell, so whatever the cells before leave "
-                "behind does not always fall on the same one")
+        series = "ewkern, its PDL-off series, each peer" if nopdl else "ewkern, each peer"
+        xr.note(f"elementwise: the series of a cell ({series}) are timed one after another in an order that "
+                "rotates by one from cell to cell, so whatever the cells before leave behind does not always fall "
+                "on the same one")
     xr.note("elementwise: after each release of the memory (each size and dtype) the first cell's ewkern series "
             "is timed once more before the cell and that timing thrown away: the first series after a release "
             "ran 15% slow at 2 GiB on both GPUs (fill), whichever implementation it was")
@@ -650,6 +652,20 @@ def elementwise_summary(exp) -> str:
     return "\n".join(out)
 
 
+def _timed_together(exp, ms) -> str:
+    """The elementwise series that --peers-in-turns times together, as the summary names them: ewkern,
+    its PDL-off series where the run timed one (a GPU of compute capability 9.0 or later) and the peer
+    (torch on a GPU, CuPy being timed one after another either way; NumPy on a CPU, which has no
+    PDL-off series nor timing methods)."""
+    impls = {m.get("impl") for m in ms if m.get("op") != "rmse"}
+    ways = ["ewkern"] + (["its PDL-off series"] if EWKERN_NOPDL in impls else []) + \
+        [p for p in ("torch", "numpy") if p in impls]
+    words = ", ".join(ways[:-1]) + " and " + ways[-1] if len(ways) > 1 else ways[0]
+    if (exp.get("params") or {}).get("methods"):
+        words += " (back-to-back and single launch)"
+    return words
+
+
 def summary(results, exp):
     ms = [m for m in exp["measurements"] if not m.get("reference")]
     refs = reference_rates(exp)
@@ -660,7 +676,7 @@ def summary(results, exp):
         out.append("")
     ew = elementwise_summary(exp)
     if ew:
-        out.append(how_timed(exp, ms, "ewkern, its PDL-off series and torch (back-to-back and single launch)"))
+        out.append(how_timed(exp, ms, _timed_together(exp, ms)))
         out.append("")
         out.append(ew)
     rm = [m for m in ms if m["op"] == "rmse"]

@@ -337,8 +337,8 @@ def _meta(ctx_device: str, info: dict, cache: str, quick: bool, argv) -> dict:
     except Exception:
         vers["ewkern"] = None
     vers["python"] = platform.python_version()
-    try:
-        pdl = bool(ew().pdl_enabled())
+    try:   # what applies on the device (pdl_enabled alone said true on a CPU): the auto kernels' PDL, on from 9.0
+        pdl = frameworks.pdl_active(info)
     except Exception:
         pdl = None
     vers["driver"] = info.get("driver_version")
@@ -377,11 +377,13 @@ def _reference_copy(ctx: Context):
 
 
 def quick_cpu_note(names) -> str:
-    """What --quick leaves out on a CPU and how to run the full CPU set (said at the start)."""
+    """What --quick runs of the named experiments on a CPU, against the full set, and how to run the
+    full CPU set (said at the start). Each line says what runs: a heading "leaves out:" over them read
+    as the opposite."""
     from . import e3_elementwise, peers
-    out = ["quick mode on the CPU (a subset, minutes on 2 cores) leaves out:"]
+    out = ["quick mode on the CPU runs a subset (minutes on 2 cores):"]
     if "peers" in names:
-        out.append("  " + peers.CPU_QUICK_LEAVES_OUT)
+        out.append("  " + peers.CPU_QUICK)
     if "e3" in names:
         out.append(f"  e3: ops {', '.join(e3_elementwise.QUICK_OPS)} only (full: {len(e3_elementwise.FULL_OPS)} ops)")
     if "train" in names:
@@ -389,7 +391,9 @@ def quick_cpu_note(names) -> str:
                    "op in float32, float16, bfloat16)")
     if "fused" in names:
         out.append("  fused: float32 at 1 MiB (full: float32, float16, bfloat16 at 1 and 16 MiB)")
-    out.append("  e2, r1, c1, overhead: fewer sizes, shapes and calls")
+    smaller = [n for n in ("e2", "e6", "r1", "a1", "c1", "overhead") if n in names]
+    if smaller:
+        out.append(f"  {', '.join(smaller)}: fewer or smaller sizes, shapes and calls than the full set")
     out.append("  the full CPU set (tens of minutes on 2 cores): python -m ewkern.bench --all --device cpu "
                "(make bench BENCH_ARGS='--all --device cpu')")
     return "\n".join(out)
