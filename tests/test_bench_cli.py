@@ -9,7 +9,7 @@ import pytest
 
 import ewkern
 from ewkern import bench
-from ewkern.bench import cli, merge, peers, rmse_grid, runner
+from ewkern.bench import cli, merge, peers, registry, rmse_grid, runner
 from ewkern.bench import results as bench_results
 
 FAST = ["--device", "cpu", "--quick", "--samples", "3", "--min-sample-ms", "0.05", "--cache-bytes", "1MiB",
@@ -70,6 +70,22 @@ def test_grid_byte_sizes_take_units(tmp_path):
     ctx = runner.make_context(args, "cpu", dict(ewkern.device_info("cpu")), tmp_path, True, "rotate")
     cells = rmse_grid._cells(ctx, "float32")
     assert cells and all(2 * n * b * 4 <= 1024 for n, b in cells) and (1, 16) in cells
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["e5", "--e5-ops", "add,addd"], "--e5-ops: addd not known"),
+    (["e9", "--e9-ops", "foo"], "--e9-ops: foo not known"),
+    (["rmse_grid", "--grid-min-bytes", "8MiB", "--grid-max-bytes", "4MiB"], "larger than --grid-max-bytes"),
+])
+def test_gpu_experiments_checks_refuse_what_names_no_cell(argv, expected, tmp_path):
+    """e5's and e9's checks refuse an unknown op, rmse_grid's a smallest size above the largest, before
+    the device is asked anything (they run on a GPU; their checks are called here with the CPU's
+    context): each had skipped every cell, or measured none, and passed."""
+    from ewkern.bench.timing import BenchError
+    args = cli.build_parser().parse_args(argv)
+    ctx = runner.make_context(args, "cpu", dict(ewkern.device_info("cpu")), tmp_path, False, "rotate")
+    with pytest.raises(BenchError, match=expected):
+        registry.get(argv[0]).check(ctx)
 
 
 @pytest.mark.parametrize("argv", [

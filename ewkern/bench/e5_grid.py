@@ -8,7 +8,7 @@ the run's cache mode.
 from __future__ import annotations
 
 from .catalog import pick_variants
-from .common import check_bytes, line_figure, list_arg, pow2_sizes, size_table, sizes_arg
+from .common import check_bytes, check_names, elementwise_ops, line_figure, list_arg, pow2_sizes, size_table, sizes_arg
 from .timing import BufferPool, plan_elementwise
 from .units import fmt_bytes
 
@@ -31,6 +31,8 @@ def _sizes(ctx):
 
 
 def check(ctx):
+    # an unknown op was skipped cell by cell (e3's and peers' check say the same)
+    check_names("--e5-ops", ctx.opt("e5_ops") or [], elementwise_ops())
     check_bytes(ctx, 3 * max(_sizes(ctx)), "e5's largest size")
 
 

@@ -7,7 +7,8 @@ Each op in float32 and bfloat16, buffer sizes from 8 MiB to 2 GiB, timed cold (t
 
 from __future__ import annotations
 
-from .common import check_bytes, line_figure, list_arg, md_table, pow2_sizes, sizes_arg, fmt_gbs, fmt_pct
+from .common import (check_bytes, check_names, elementwise_ops, line_figure, list_arg, md_table, pow2_sizes, sizes_arg,
+                     fmt_gbs, fmt_pct)
 from .timing import BufferPool, plan_elementwise
 from .units import ITEMSIZE, fmt_bytes
 
@@ -29,7 +30,8 @@ def _params(ctx):
 
 
 def check(ctx):
-    sizes, _ = _params(ctx)
+    sizes, ops = _params(ctx)
+    check_names("--e9-ops", ops, elementwise_ops())
     check_bytes(ctx, 3 * max(sizes), "e9's largest size")
 
 

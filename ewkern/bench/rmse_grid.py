@@ -52,7 +52,10 @@ def _cells(ctx, dtype):
 
 
 def check(ctx):
-    hi = ctx.opt("grid_max_bytes", 2 << 30)
+    lo, hi = ctx.opt("grid_min_bytes", 1 << 20), ctx.opt("grid_max_bytes", 2 << 30)
+    if lo > hi:   # no cell between them: the run passed with nothing measured
+        from .timing import BenchError
+        raise BenchError(f"--grid-min-bytes ({lo}) is larger than --grid-max-bytes ({hi}): no cell lies between")
     check_bytes(ctx, hi, "rmse_grid's largest cell")
 
 
