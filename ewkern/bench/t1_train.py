@@ -48,10 +48,10 @@ import math
 import statistics
 from functools import partial
 
-from .common import below_beyond_spread, how_timed, md_table, spread_note
+from .common import below_beyond_spread, check_bytes, how_timed, md_table, sizes_arg, spread_note
 from .frameworks import SharedSets, set_maker
-from .timing import Skip
-from .units import fmt_bytes
+from .timing import BenchError, Skip
+from .units import ITEMSIZE, fmt_bytes
 
 NAME = "train"
 TITLE = "Training steps: forward + backward, ewkern.torch vs torch eager and torch.compile"
@@ -66,14 +66,16 @@ def _ops_arg(text):
 
 
 ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default every differentiable op)")),
-        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes (default float32,float16,bfloat16; "
-                                                                      "quick: float32)")),
-        ("--train-sizes", dict(type=_ops_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
-                                                                    "1MiB-1GiB, quick 64MiB; CPU 1MiB)")),
+        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes: float32, float16, bfloat16, float64 "
+                                                                      "(default float32,float16,bfloat16; quick: "
+                                                                      "float32)")),
+        ("--train-sizes", dict(type=sizes_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
+                                                                     "1MiB-1GiB, quick 64MiB; CPU 1MiB)")),
         ("--train-ways", dict(type=_ops_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
-                                                                  "(default all three)")),
-        ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host "
-                                                                        "(default all three; CPU: host clock)")),
+                                                                  "(default all three; torch.compile on a GPU only)")),
+        ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host (default GPU: "
+                                                                        "all three; CPU: back-to-back; host on a GPU "
+                                                                        "only)")),
         ("--train-in-turns", dict(action=argparse.BooleanOptionalAction, default=None,
                                   help="time a cell's ways in turns, each sample taking every way once "
                                        "(back-to-back and single step; the default), or with --no-train-in-turns "
@@ -89,11 +91,6 @@ SCALARS = {"add_const": (0.25,), "mul_const": (1.5,), "axpby": (0.75, -1.25), "r
 ROW = 4096   # rmsnorm's row length
 # what the forward saves for the backward and what the backward writes, in arrays of the op's size
 SAVED = {"copy": 0, "add": 0, "sub": 0, "add_const": 0, "mul_const": 0, "axpby": 0, "neg": 0}
-
-
-def _parse_size(text):
-    from .units import parse_bytes
-    return parse_bytes(text)
 
 
 def _torch_fn(torch, op):
@@ -182,9 +179,8 @@ def _step_set(torch, op, shape, dtype, device, scalars):
     return ins, torch.randn_like(y)
 
 
-def _ways(ctx, torch, op):
+def _ways(ctx, torch, op, want):
     import ewkern.torch as ewt
-    want = ctx.opt("train_ways") or list(WAYS)
     tfn = _torch_fn(torch, op)
     out = {}
     if "ewkern.torch" in want:
@@ -192,7 +188,7 @@ def _ways(ctx, torch, op):
         out["ewkern.torch"] = user[op]() if op in user else getattr(ewt, op)
     if "torch eager" in want:
         out["torch eager"] = tfn
-    if "torch.compile" in want and ctx.is_gpu:
+    if "torch.compile" in want:
         # torch's ops compile through one wrapper code object, whose cache would hit the recompile
         # limit after eight ops: a fresh cache for each op
         torch._dynamo.reset()
@@ -224,19 +220,61 @@ def _host_visible(torch, calls, samples=25):
     return out
 
 
+def _differentiable():
+    """ewkern.torch's differentiable ops, or None where it cannot be imported (no torch: the run
+    is skipped and says why, _torch_ready)."""
+    try:
+        from ewkern.torch import DIFFERENTIABLE
+    except Exception:
+        return None
+    return list(DIFFERENTIABLE)
+
+
 def _params(ctx):
-    from ewkern.torch import DIFFERENTIABLE
+    """(ops, dtypes, sizes, ways, methods), the options checked: BenchError naming the valid choices
+    for a name it does not know or one the device cannot time."""
     small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
-    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else
-                                   list(DIFFERENTIABLE) + ["rmsnorm", "rmse_kernel"])
+    every = _differentiable()
+    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else (every or []) + ["rmsnorm", "rmse_kernel"])
     # quick runs (make bench): float32 only (the GPU's quick run: every op at 64 MiB, about 30 s)
     dtypes = ctx.opt("train_dtypes") or (["float32"] if ctx.quick else ["float32", "float16", "bfloat16"])
-    sizes = ctx.opt("train_sizes")
-    sizes = [_parse_size(s) for s in sizes] if sizes else ctx.pick(
+    sizes = ctx.opt("train_sizes") or ctx.pick(
         "train_sizes_default", gpu_full=[1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
         gpu_quick=[64 << 20], cpu_full=[1 << 20], cpu_quick=[1 << 20])
-    methods = ctx.opt("train_methods") or (["back-to-back", "single", "host"] if ctx.is_gpu else ["back-to-back"])
-    return ops, dtypes, sizes, methods
+    # torch.compile and the host-visible step (CUDA events) run on a GPU only
+    can_ways = list(WAYS) if ctx.is_gpu else [w for w in WAYS if w != "torch.compile"]
+    can_methods = list(METHOD_LABEL) if ctx.is_gpu else [m for m in METHOD_LABEL if m != "host"]
+    ways = ctx.opt("train_ways") or can_ways
+    methods = ctx.opt("train_methods") or (can_methods if ctx.is_gpu else ["back-to-back"])
+    checks = [("--train-dtypes", dtypes, list(ITEMSIZE)), ("--train-ways", ways, list(WAYS)),
+              ("--train-methods", methods, list(METHOD_LABEL))]
+    if every is not None:
+        checks.insert(0, ("--train-ops", ops, every + ["rmsnorm", "rmse_kernel"]))
+    for what, got, valid in checks:
+        bad = [g for g in got if g not in valid]
+        if bad:
+            raise BenchError(f"{what}: unknown {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
+    for what, got, can in (("--train-ways", ways, can_ways), ("--train-methods", methods, can_methods)):
+        bad = [g for g in got if g not in can]
+        if bad:
+            raise BenchError(f"{what}: {', '.join(map(repr, bad))} on a GPU only; on {ctx.device}: {', '.join(can)}")
+    if set(methods) == {"host"} and set(ways) == {"torch.compile"}:
+        raise BenchError("--train-methods host times ewkern.torch and torch eager, not torch.compile: "
+                         "--train-ways names neither")
+    return ops, dtypes, sizes, ways, methods
+
+
+def _nin(op):
+    """The op's tensor inputs."""
+    return 2 if op in BINARY or op in ("rmse", "rmse_kernel", "rmsnorm") else 1
+
+
+def check(ctx):
+    """Unknown option values, a way or method the device cannot time, and a cell that cannot fit,
+    before anything runs."""
+    ops, _, sizes, _, _ = _params(ctx)
+    # one buffer set: the inputs, their gradients, the output and its incoming gradient
+    check_bytes(ctx, max((_nin(op) * 3 + 2) * max(sizes) for op in ops), "train's largest step")
 
 
 def _torch_ready(ctx):
@@ -280,7 +318,7 @@ def _measure(ctx, xr, torch, what, build, method, fields):
 
 def run(ctx, xr):
     torch = _torch_ready(ctx)
-    ops, dtypes, sizes, methods = _params(ctx)
+    ops, dtypes, sizes, ways, methods = _params(ctx)
     dev = ctx.device
     in_turns = bool(ctx.opt("train_in_turns", True))
     xr.param(ops=ops, dtypes=dtypes, sizes=sizes, methods=methods, torch=torch.__version__,
@@ -288,19 +326,19 @@ def run(ctx, xr):
     cells = [(op, dt, sz) for op in ops for dt in dtypes for sz in sizes]
     bar = xr.progress(len(cells) + 1)
     for op, dtype, size in cells:
-        itemsize = 2 if dtype in ("float16", "bfloat16") else (8 if dtype == "float64" else 4)
+        itemsize = ITEMSIZE[dtype]
         n = size // itemsize
         shape = (n // 1024, 1024) if op in ("rmse", "rmse_kernel") else \
             ((n // ROW, ROW) if op == "rmsnorm" else (n,))
         sc = SCALARS.get(op, ())
         nbytes = step_bytes(op, n, itemsize)
-        nin = 2 if op in BINARY or op in ("rmse", "rmse_kernel", "rmsnorm") else 1
+        nin = _nin(op)
         turns = []    # (method, what, build, fields) timed in turns after the ways' own loop
         # timed in turns, every way's k-th step takes the same inputs and incoming gradient
         # (frameworks.SharedSets): where a set's buffers lie moved one short kernel by up to 10%
         make_set = partial(_step_set, torch, op, shape, dtype, dev, sc)
         sets = SharedSets(make_set) if in_turns else None
-        for way, fn in _ways(ctx, torch, op).items():
+        for way, fn in _ways(ctx, torch, op, ways).items():
             def build(fn=fn):
                 def bind(ins_g):
                     ins, g = ins_g
@@ -310,7 +348,7 @@ def run(ctx, xr):
                 make_call = set_maker(sets, make_set, bind)
                 return make_call, (nin * 3 + 2) * size, nbytes, 0
             for method in methods:
-                if method == "host" and (way == "torch.compile" or not ctx.is_gpu):
+                if method == "host" and way == "torch.compile":
                     continue
                 what = f"{op} {dtype} {fmt_bytes(size)} {way} {method}"
                 fields = dict(op=op, dtype=dtype, size_bytes=size, n=n, series=way, bytes=nbytes)
@@ -358,8 +396,6 @@ def _mlp(ctx, xr, torch, methods):
                     return lambda: torch.autograd.grad(lf(x, t, w1, w2), (w1, w2))
                 return make_call, (2 * batch * d + 8 * d * d) * (2 if dtype == "bfloat16" else 4), 0, 0
             for method in methods:
-                if method == "host" and not ctx.is_gpu:
-                    continue
                 _measure(ctx, xr, torch, f"mlp {dtype} {way} {method}", build, method,
                          dict(op="mlp", dtype=dtype, size_bytes=batch * d * 4, n=batch * d, series=way, bytes=0))
 
