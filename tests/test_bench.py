@@ -33,7 +33,7 @@ TINY = {
               "--peers-rmse-shapes", "16x1024,1024x16:last", "--peers-ref-size", "1MiB"],
     "overhead": ["--overhead-calls", "200", "--overhead-repeats", "3"],
     "c1": ["--c1-shapes", "4x256", "--c1-backend", "aot_eager"],
-    "train": ["--train-ops", "gelu,mul,rmse", "--train-dtypes", "float32", "--train-sizes", "64KiB"],
+    "train": ["--train-ops", "gelu,mul,rmse,mlp", "--train-dtypes", "float32", "--train-sizes", "64KiB"],
 }
 CPU_EXPERIMENTS = ["e2", "e3", "e6", "r1", "a1", "v1", "peers", "overhead", "c1"]
 

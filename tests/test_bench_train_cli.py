@@ -71,3 +71,39 @@ def test_methods_help_says_the_cpu_default():
     text = " ".join(text[text.index("--train-methods"):].split())
     assert "CPU: back-to-back" in text and "host on a GPU only" in text
     assert "CPU: host clock" not in text
+
+
+def _measured(out):
+    exp = bench.load(out)["experiments"]["train"]
+    assert exp["status"] == "ok", exp.get("reason")
+    return exp, exp["measurements"]
+
+
+def test_mlp_follows_the_ops_dtypes_and_ways(tmp_path):
+    """The MLP step is "mlp" among --train-ops, in the run's dtypes of float32 and bfloat16, by the
+    run's ways: no bfloat16 step or torch eager way beside a run asked for float32 and ewkern.torch."""
+    code, out = run(tmp_path, "--train-ops", "add,mlp", "--train-dtypes", "float32", "--train-ways", "ewkern.torch")
+    assert code == 0
+    exp, ms = _measured(out)
+    assert {(m["op"], m["dtype"], m["series"]) for m in ms} == {("add", "float32", "ewkern.torch"),
+                                                                ("mlp", "float32", "ewkern.torch")}
+    assert exp["params"]["dtypes"] == ["float32"] and exp["params"]["mlp_dtypes"] == ["float32"]
+
+
+def test_ops_without_mlp_run_no_mlp_step(tmp_path):
+    code, out = run(tmp_path, "--train-ops", "add", "--train-ways", "ewkern.torch")
+    assert code == 0
+    assert {m["op"] for m in _measured(out)[1]} == {"add"}
+
+
+def test_mlp_without_its_dtypes_is_refused(tmp_path, capsys):
+    code = _main(["train"] + FAST + ["--no-progress", "--out", str(tmp_path / "o"), "--train-ops", "mlp",
+                                     "--train-dtypes", "float16"])
+    assert code == 2
+    assert "--train-ops mlp: the MLP step runs in float32 or bfloat16" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ops_help_names_mlp():
+    text = cli.build_parser().format_help()
+    assert "and mlp for the MLP step" in " ".join(text[text.index("--train-ops OPS"):].split())

@@ -34,9 +34,10 @@ kernel for both gradients), against torch's sqrt(((a - b) ** 2).mean(1)) as the 
 its backward derived (a row-sum reduction, then one RowKernel for both gradients), against
 torch.nn.functional.rms_norm eagerly and compiled.
 
-Plus one step of a small MLP, Linear(d, 4d) -> gelu -> Linear(4d, d) -> rmse loss against a
-target (mean over the batch), forward + backward of every parameter, with ewkern.torch's gelu and
-rmse and with torch's. Bytes per step (for GB/s) are the traffic of one forward and one backward
+Plus one step of a small MLP ("mlp" among the ops), Linear(d, 4d) -> gelu -> Linear(4d, d) -> rmse
+loss against a target (mean over the batch), forward + backward of every parameter, with
+ewkern.torch's gelu and rmse and with torch's (its two ways), in the run's float32 and bfloat16
+(its dtypes), at its own size (4096 x 1024 on a GPU, 256 x 128 on a CPU). Bytes per step (for GB/s) are the traffic of one forward and one backward
 kernel at one read or write per array: forward inputs + output, backward grad + saved + gradients.
 """
 
@@ -65,14 +66,18 @@ def _ops_arg(text):
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default every differentiable op)")),
+ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS",
+                             help="ops: ewkern.torch's differentiable ops, rmsnorm, rmse_kernel, and mlp for the MLP "
+                                  "step (default all of them; CPU quick: gelu,mul,rmse,mlp)")),
         ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes: float32, float16, bfloat16, float64 "
                                                                       "(default float32,float16,bfloat16; quick: "
-                                                                      "float32)")),
+                                                                      "float32); the MLP step takes those of "
+                                                                      "float32 and bfloat16")),
         ("--train-sizes", dict(type=sizes_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
                                                                      "1MiB-1GiB, quick 64MiB; CPU 1MiB)")),
         ("--train-ways", dict(type=_ops_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
-                                                                  "(default all three; torch.compile on a GPU only)")),
+                                                                  "(default all three; torch.compile on a GPU only, "
+                                                                  "not for the MLP step)")),
         ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host (default GPU: "
                                                                         "all three; CPU: back-to-back; host on a GPU "
                                                                         "only)")),
@@ -82,6 +87,8 @@ ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS", help="ops (default ev
                                        "one way's samples after another's"))]
 
 WAYS = ("ewkern.torch", "torch eager", "torch.compile")
+MLP_DTYPES = ("float32", "bfloat16")
+MLP_WAYS = ("ewkern.torch", "torch eager")
 METHODS = {"back-to-back": "rotate", "single": "flush"}
 METHOD_LABEL = {"back-to-back": "back-to-back (graph of K steps, inputs rotated)",
                 "single": "single step (L2 flushed, queued behind a sleep kernel)",
@@ -232,10 +239,11 @@ def _differentiable():
 
 def _params(ctx):
     """(ops, dtypes, sizes, ways, methods), the options checked: BenchError naming the valid choices
-    for a name it does not know or one the device cannot time."""
+    for a name it does not know or one the device cannot time. ops may hold "mlp", the MLP step."""
     small = not ctx.is_gpu and ctx.quick      # the CPU's quick run: three ops, one dtype
     every = _differentiable()
-    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse"] if small else (every or []) + ["rmsnorm", "rmse_kernel"])
+    ops = ctx.opt("train_ops") or (["gelu", "mul", "rmse", "mlp"] if small else
+                                   (every or []) + ["rmsnorm", "rmse_kernel", "mlp"])
     # quick runs (make bench): float32 only (the GPU's quick run: every op at 64 MiB, about 30 s)
     dtypes = ctx.opt("train_dtypes") or (["float32"] if ctx.quick else ["float32", "float16", "bfloat16"])
     sizes = ctx.opt("train_sizes") or ctx.pick(
@@ -249,7 +257,7 @@ def _params(ctx):
     checks = [("--train-dtypes", dtypes, list(ITEMSIZE)), ("--train-ways", ways, list(WAYS)),
               ("--train-methods", methods, list(METHOD_LABEL))]
     if every is not None:
-        checks.insert(0, ("--train-ops", ops, every + ["rmsnorm", "rmse_kernel"]))
+        checks.insert(0, ("--train-ops", ops, every + ["rmsnorm", "rmse_kernel", "mlp"]))
     for what, got, valid in checks:
         bad = [g for g in got if g not in valid]
         if bad:
@@ -261,7 +269,18 @@ def _params(ctx):
     if set(methods) == {"host"} and set(ways) == {"torch.compile"}:
         raise BenchError("--train-methods host times ewkern.torch and torch eager, not torch.compile: "
                          "--train-ways names neither")
+    if "mlp" in (ctx.opt("train_ops") or ()) and not (_mlp_dtypes(dtypes) and _mlp_ways(ways)):
+        raise BenchError(f"--train-ops mlp: the MLP step runs in {' or '.join(MLP_DTYPES)} (--train-dtypes gives "
+                         f"{', '.join(dtypes)}) with {' or '.join(MLP_WAYS)} (--train-ways gives {', '.join(ways)})")
     return ops, dtypes, sizes, ways, methods
+
+
+def _mlp_dtypes(dtypes):
+    return [d for d in dtypes if d in MLP_DTYPES]
+
+
+def _mlp_ways(ways):
+    return [w for w in ways if w in MLP_WAYS]
 
 
 def _nin(op):
@@ -273,8 +292,10 @@ def check(ctx):
     """Unknown option values, a way or method the device cannot time, and a cell that cannot fit,
     before anything runs."""
     ops, _, sizes, _, _ = _params(ctx)
-    # one buffer set: the inputs, their gradients, the output and its incoming gradient
-    check_bytes(ctx, max((_nin(op) * 3 + 2) * max(sizes) for op in ops), "train's largest step")
+    # one buffer set: the inputs, their gradients, the output and its incoming gradient (the MLP
+    # step's size is its own, a few MiB)
+    check_bytes(ctx, max(((_nin(op) * 3 + 2) * max(sizes) for op in ops if op != "mlp"), default=0),
+                "train's largest step")
 
 
 def _torch_ready(ctx):
@@ -321,9 +342,13 @@ def run(ctx, xr):
     ops, dtypes, sizes, ways, methods = _params(ctx)
     dev = ctx.device
     in_turns = bool(ctx.opt("train_in_turns", True))
-    xr.param(ops=ops, dtypes=dtypes, sizes=sizes, methods=methods, torch=torch.__version__,
-             method_labels={m: METHOD_LABEL[m] for m in methods}, in_turns=in_turns)
-    cells = [(op, dt, sz) for op in ops for dt in dtypes for sz in sizes]
+    mlp_dtypes, mlp_ways = (_mlp_dtypes(dtypes), _mlp_ways(ways)) if "mlp" in ops else ([], [])
+    xr.param(ops=ops, dtypes=dtypes, sizes=sizes, ways=ways, methods=methods, mlp_dtypes=mlp_dtypes,
+             torch=torch.__version__, method_labels={m: METHOD_LABEL[m] for m in methods}, in_turns=in_turns)
+    if "mlp" in ops and not (mlp_dtypes and mlp_ways):
+        xr.note(f"the MLP step runs in {' or '.join(MLP_DTYPES)} with {' or '.join(MLP_WAYS)}: not run with "
+                f"dtypes {', '.join(dtypes)} and ways {', '.join(ways)}")
+    cells = [(op, dt, sz) for op in ops if op != "mlp" for dt in dtypes for sz in sizes]
     bar = xr.progress(len(cells) + 1)
     for op, dtype, size in cells:
         itemsize = ITEMSIZE[dtype]
@@ -365,13 +390,13 @@ def run(ctx, xr):
                                       shared=True)
         bar.step(f"{op} {dtype} {fmt_bytes(size)}")
         sets = turns = None   # the cell's shared inputs go with it
-    _mlp(ctx, xr, torch, methods)
+    _mlp(ctx, xr, torch, mlp_dtypes, mlp_ways, methods)
     bar.close()
 
 
-def _mlp(ctx, xr, torch, methods):
+def _mlp(ctx, xr, torch, dtypes, ways, methods):
     """One training step of Linear -> gelu -> Linear -> rmse loss, ewkern.torch's gelu and rmse
-    against torch's, float32 and bfloat16."""
+    against torch's (ways of MLP_WAYS), in dtypes of MLP_DTYPES."""
     import ewkern.torch as ewt
     F = torch.nn.functional
     dev = ctx.device
@@ -383,9 +408,10 @@ def _mlp(ctx, xr, torch, methods):
     def loss_torch(x, t, w1, w2):
         y = F.gelu(x @ w1) @ w2
         return torch.sqrt(((y.float() - t.float()) ** 2).mean(1)).mean()
-    for dtype in ("float32", "bfloat16"):
+    losses = {"ewkern.torch": loss_ewkern, "torch eager": loss_torch}
+    for dtype in dtypes:
         tdt = getattr(torch, dtype)
-        for way, lf in (("ewkern.torch", loss_ewkern), ("torch eager", loss_torch)):
+        for way, lf in ((w, losses[w]) for w in ways):
             def build(lf=lf):
                 def make_call():
                     gen = torch.Generator(device=dev).manual_seed(5)
