@@ -107,3 +107,13 @@ def test_mlp_without_its_dtypes_is_refused(tmp_path, capsys):
 def test_ops_help_names_mlp():
     text = cli.build_parser().format_help()
     assert "and mlp for the MLP step" in " ".join(text[text.index("--train-ops OPS"):].split())
+
+
+def test_progress_counts_the_measurements(tmp_path, capsys):
+    """One progress step a measurement, the count sized to them: no [train 3/2] past the end."""
+    code, out = run(tmp_path, "--train-ops", "add,mlp", "--train-dtypes", "float32", progress=True)
+    assert code == 0
+    steps = [line.split("]")[0].split()[-1] for line in capsys.readouterr().err.splitlines()
+             if line.lstrip().startswith("[train ")]
+    # add and the MLP step, by ewkern.torch and torch eager
+    assert steps == [f"{i}/4" for i in range(1, 5)]

@@ -319,19 +319,21 @@ def _torch_ready(ctx):
 STEP_SPIN_US = 3000.0
 
 
-def _measure_host(xr, torch, entries):
-    """The host-visible method for entries [(what, build, fields)], the ways sampled in turns."""
+def _measure_host(xr, bar, torch, entries):
+    """The host-visible method for entries [(what, build, fields)], the ways sampled in turns; a
+    step of the progress bar each, as the runner's measure_peer takes one."""
     calls = [build()[0]() for _, build, _ in entries]
     for (what, _, fields), secs in zip(entries, _host_visible(torch, calls)):
         med = statistics.median(secs)
         xr.add({"what": what, "impl": "torch", "step_method": "host", "method": METHOD_LABEL["host"],
                 "time_s": med, "samples_s": secs, "gbs": fields["bytes"] / med / 1e9,
                 "cache": "warm (host-visible)", **fields})
+        bar.step(f"{what}: {med * 1e6:.1f} us")
 
 
-def _measure(ctx, xr, torch, what, build, method, fields):
+def _measure(ctx, xr, bar, torch, what, build, method, fields):
     if method == "host":
-        _measure_host(xr, torch, [(what, build, fields)])
+        _measure_host(xr, bar, torch, [(what, build, fields)])
         return
     xr.measure_peer(what=what, impl="torch", cache=METHODS[method], build=build, step_method=method,
                     spin_us=STEP_SPIN_US, **fields)
@@ -349,7 +351,9 @@ def run(ctx, xr):
         xr.note(f"the MLP step runs in {' or '.join(MLP_DTYPES)} with {' or '.join(MLP_WAYS)}: not run with "
                 f"dtypes {', '.join(dtypes)} and ways {', '.join(ways)}")
     cells = [(op, dt, sz) for op in ops if op != "mlp" for dt in dtypes for sz in sizes]
-    bar = xr.progress(len(cells) + 1)
+    # one step a measurement (each (way, method) of a cell, the host method's ways but torch.compile)
+    per_cell = sum(1 for w in ways for m in methods if not (m == "host" and w == "torch.compile"))
+    bar = xr.progress(len(cells) * per_cell + len(mlp_dtypes) * len(mlp_ways) * len(methods))
     for op, dtype, size in cells:
         itemsize = ITEMSIZE[dtype]
         n = size // itemsize
@@ -380,21 +384,20 @@ def run(ctx, xr):
                 if in_turns:
                     turns.append((method, what, build, fields))
                 else:
-                    _measure(ctx, xr, torch, what, build, method, fields)
+                    _measure(ctx, xr, bar, torch, what, build, method, fields)
         for method in dict.fromkeys(m for m, *_ in turns):   # each timed method once, in order
             if method == "host":
-                _measure_host(xr, torch, [(w, b, f) for m, w, b, f in turns if m == method])
+                _measure_host(xr, bar, torch, [(w, b, f) for m, w, b, f in turns if m == method])
                 continue
             xr.measure_peers_in_turns(entries=[(w, b, f) for m, w, b, f in turns if m == method],
                                       cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US,
                                       shared=True)
-        bar.step(f"{op} {dtype} {fmt_bytes(size)}")
         sets = turns = None   # the cell's shared inputs go with it
-    _mlp(ctx, xr, torch, mlp_dtypes, mlp_ways, methods)
+    _mlp(ctx, xr, bar, torch, mlp_dtypes, mlp_ways, methods)
     bar.close()
 
 
-def _mlp(ctx, xr, torch, dtypes, ways, methods):
+def _mlp(ctx, xr, bar, torch, dtypes, ways, methods):
     """One training step of Linear -> gelu -> Linear -> rmse loss, ewkern.torch's gelu and rmse
     against torch's (ways of MLP_WAYS), in dtypes of MLP_DTYPES."""
     import ewkern.torch as ewt
@@ -422,7 +425,7 @@ def _mlp(ctx, xr, torch, dtypes, ways, methods):
                     return lambda: torch.autograd.grad(lf(x, t, w1, w2), (w1, w2))
                 return make_call, (2 * batch * d + 8 * d * d) * (2 if dtype == "bfloat16" else 4), 0, 0
             for method in methods:
-                _measure(ctx, xr, torch, f"mlp {dtype} {way} {method}", build, method,
+                _measure(ctx, xr, bar, torch, f"mlp {dtype} {way} {method}", build, method,
                          dict(op="mlp", dtype=dtype, size_bytes=batch * d * 4, n=batch * d, series=way, bytes=0))
 
 
