@@ -117,3 +117,48 @@ def test_progress_counts_the_measurements(tmp_path, capsys):
              if line.lstrip().startswith("[train ")]
     # add and the MLP step, by ewkern.torch and torch eager
     assert steps == [f"{i}/4" for i in range(1, 5)]
+
+
+@pytest.mark.parametrize("in_turns", [[], ["--no-train-in-turns"]])
+def test_records_say_their_way_bytes_and_size(tmp_path, in_turns):
+    """train.csv's impl is the record's way (ewkern.torch's rows said torch); a step's bytes are
+    split into read and written (all of them were in bytes_read); the bfloat16 MLP step's size is
+    its x's bytes at 2 bytes an element (it was counted at 4)."""
+    code, out = run(tmp_path, "--train-ops", "mul,mlp", "--train-dtypes", "float32,bfloat16", *in_turns)
+    assert code == 0
+    with open(out / "train.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["op"], r["dtype"], r["series"], r["impl"]) for r in rows} == {
+        (op, dt, way, way) for op in ("mul", "mlp") for dt in ("float32", "bfloat16")
+        for way in ("ewkern.torch", "torch eager")}
+    for r in rows:
+        if r["op"] == "mul":
+            n, s = int(r["n"]), {"float32": 4, "bfloat16": 2}[r["dtype"]]
+            # forward reads a, b and writes y; backward reads g, a, b and writes both gradients
+            assert (int(r["bytes_read"]), int(r["bytes_written"])) == (5 * n * s, 3 * n * s)
+            assert int(r["bytes"]) == 8 * n * s
+        else:
+            assert int(r["n"]) == 256 * 128
+            assert int(r["size_bytes"]) == 256 * 128 * {"float32": 4, "bfloat16": 2}[r["dtype"]]
+
+
+def test_host_records_say_their_way_and_bytes(monkeypatch):
+    """The host-visible method (GPU only: its timing faked here) records the way as impl, the bytes
+    read and written, and steps the progress bar once a record."""
+    from types import SimpleNamespace
+
+    from ewkern.bench import t1_train
+    monkeypatch.setattr(t1_train, "_host_visible", lambda torch, calls: [[1e-3, 2e-3, 3e-3] for _ in calls])
+    recs, steps = [], []
+    xr, bar = SimpleNamespace(add=recs.append), SimpleNamespace(step=steps.append)
+
+    def build():
+        return (lambda: (lambda: None)), 100, 30, 20
+    entries = [(f"mul {way} host", build, dict(op="mul", series=way, impl_label=way))
+               for way in ("ewkern.torch", "torch eager")]
+    t1_train._measure_host(xr, bar, None, entries)
+    assert [(r["impl"], r["series"]) for r in recs] == [("ewkern.torch", "ewkern.torch"), ("torch eager", "torch eager")]
+    for r in recs:
+        assert (r["bytes_read"], r["bytes_written"], r["bytes"]) == (30, 20, 50) and "impl_label" not in r
+        assert r["time_s"] == 2e-3 and r["gbs"] == pytest.approx(50 / 2e-3 / 1e9)
+    assert len(steps) == 2

@@ -37,8 +37,11 @@ torch.nn.functional.rms_norm eagerly and compiled.
 Plus one step of a small MLP ("mlp" among the ops), Linear(d, 4d) -> gelu -> Linear(4d, d) -> rmse
 loss against a target (mean over the batch), forward + backward of every parameter, with
 ewkern.torch's gelu and rmse and with torch's (its two ways), in the run's float32 and bfloat16
-(its dtypes), at its own size (4096 x 1024 on a GPU, 256 x 128 on a CPU). Bytes per step (for GB/s) are the traffic of one forward and one backward
-kernel at one read or write per array: forward inputs + output, backward grad + saved + gradients.
+(its dtypes), at its own size (4096 x 1024 on a GPU, 256 x 128 on a CPU; size_bytes: x's bytes).
+Bytes per step (for GB/s) are the traffic of one forward and one backward kernel at one read or
+write per array: read, the forward's inputs and the backward's grad + saved arrays; written, the
+forward's output and the backward's gradients. The MLP step declares none (its time is the
+matmuls'; its GB/s reads 0). Each record's impl is its way.
 """
 
 from __future__ import annotations
@@ -144,20 +147,23 @@ def rmse_kernel_op():
     return _rmse_kernel_ops[0]
 
 
-def step_bytes(op, n, itemsize):
-    """Declared bytes of one forward + backward: forward reads its inputs and writes y; backward
-    reads g and what was saved and writes one gradient per input."""
-    nin = 2 if op in BINARY or op in ("rmse", "rmse_kernel") else 1
+def step_traffic(op, n, itemsize):
+    """Declared (bytes read, bytes written) of one forward + backward: forward reads its inputs and
+    writes y; backward reads g and what was saved and writes one gradient per input."""
     if op == "rmsnorm":
-        return 5 * n * itemsize                        # x in, y out; g and x in, the gradient of x out
+        return 3 * n * itemsize, 2 * n * itemsize     # x in, y out; g and x in, the gradient of x out
     if op in ("rmse", "rmse_kernel"):
-        return 2 * n * itemsize + 4 * n * itemsize    # forward reads a, b; backward reads a, b, writes 2
-    saved = SAVED.get(op, 2 if op in ("mul", "div", "maximum", "minimum") else 1)
-    fwd = (nin + 1) * n * itemsize
-    bwd = (1 + saved + nin) * n * itemsize
+        return 4 * n * itemsize, 2 * n * itemsize     # forward reads a, b; backward reads a, b, writes 2
+    nin = _nin(op)
     if op in ("copy", "add", "add_const"):
-        bwd = 0                                        # the gradient is g itself
-    return fwd + bwd
+        return nin * n * itemsize, n * itemsize       # no backward kernel: the gradient is g itself
+    saved = SAVED.get(op, 2 if op in ("mul", "div", "maximum", "minimum") else 1)
+    return (nin + 1 + saved) * n * itemsize, (1 + nin) * n * itemsize
+
+
+def step_bytes(op, n, itemsize):
+    """Declared bytes of one forward + backward: step_traffic's read + written."""
+    return sum(step_traffic(op, n, itemsize))
 
 
 def _step(torch, fn, ins, scalars, g):
@@ -322,12 +328,14 @@ STEP_SPIN_US = 3000.0
 def _measure_host(xr, bar, torch, entries):
     """The host-visible method for entries [(what, build, fields)], the ways sampled in turns; a
     step of the progress bar each, as the runner's measure_peer takes one."""
-    calls = [build()[0]() for _, build, _ in entries]
-    for (what, _, fields), secs in zip(entries, _host_visible(torch, calls)):
+    built = [build() for _, build, _ in entries]     # (make_call, set_bytes, bytes read, bytes written)
+    calls = [b[0]() for b in built]
+    for (what, _, fields), (_, _, br, bw), secs in zip(entries, built, _host_visible(torch, calls)):
         med = statistics.median(secs)
-        xr.add({"what": what, "impl": "torch", "step_method": "host", "method": METHOD_LABEL["host"],
-                "time_s": med, "samples_s": secs, "gbs": fields["bytes"] / med / 1e9,
-                "cache": "warm (host-visible)", **fields})
+        own = dict(fields)
+        xr.add({"what": what, "impl": own.pop("impl_label"), "step_method": "host", "method": METHOD_LABEL["host"],
+                "time_s": med, "samples_s": secs, "bytes_read": br, "bytes_written": bw, "bytes": br + bw,
+                "gbs": (br + bw) / med / 1e9, "cache": "warm (host-visible)", **own})
         bar.step(f"{what}: {med * 1e6:.1f} us")
 
 
@@ -360,7 +368,7 @@ def run(ctx, xr):
         shape = (n // 1024, 1024) if op in ("rmse", "rmse_kernel") else \
             ((n // ROW, ROW) if op == "rmsnorm" else (n,))
         sc = SCALARS.get(op, ())
-        nbytes = step_bytes(op, n, itemsize)
+        nread, nwritten = step_traffic(op, n, itemsize)
         nin = _nin(op)
         turns = []    # (method, what, build, fields) timed in turns after the ways' own loop
         # timed in turns, every way's k-th step takes the same inputs and incoming gradient
@@ -375,12 +383,12 @@ def run(ctx, xr):
                     return _step(torch, fn, ins, sc, g if (g.shape, g.dtype) == (y.shape, y.dtype)
                                  else g.to(y.dtype).reshape(y.shape))
                 make_call = set_maker(sets, make_set, bind)
-                return make_call, (nin * 3 + 2) * size, nbytes, 0
+                return make_call, (nin * 3 + 2) * size, nread, nwritten
             for method in methods:
                 if method == "host" and way == "torch.compile":
                     continue
                 what = f"{op} {dtype} {fmt_bytes(size)} {way} {method}"
-                fields = dict(op=op, dtype=dtype, size_bytes=size, n=n, series=way, bytes=nbytes)
+                fields = dict(op=op, dtype=dtype, size_bytes=size, n=n, series=way, impl_label=way)
                 if in_turns:
                     turns.append((method, what, build, fields))
                 else:
@@ -423,10 +431,11 @@ def _mlp(ctx, xr, bar, torch, dtypes, ways, methods):
                     w1 = (torch.randn(d, 4 * d, device=dev, generator=gen) / math.sqrt(d)).to(tdt).requires_grad_()
                     w2 = (torch.randn(4 * d, d, device=dev, generator=gen) / math.sqrt(4 * d)).to(tdt).requires_grad_()
                     return lambda: torch.autograd.grad(lf(x, t, w1, w2), (w1, w2))
-                return make_call, (2 * batch * d + 8 * d * d) * (2 if dtype == "bfloat16" else 4), 0, 0
+                return make_call, (2 * batch * d + 8 * d * d) * ITEMSIZE[dtype], 0, 0
             for method in methods:
                 _measure(ctx, xr, bar, torch, f"mlp {dtype} {way} {method}", build, method,
-                         dict(op="mlp", dtype=dtype, size_bytes=batch * d * 4, n=batch * d, series=way, bytes=0))
+                         dict(op="mlp", dtype=dtype, size_bytes=batch * d * ITEMSIZE[dtype], n=batch * d, series=way,
+                              impl_label=way))
 
 
 # --- reading the results --------------------------------------------------------------------------
