@@ -232,3 +232,19 @@ def test_ways_in_turns_share_their_buffers(monkeypatch):
     assert all(x is y for x, y in zip(again()[0] + again()[0], e0 + e1)) and len(shared._sets) == 2
     _, _, own = f1_fused._way(ctx, "torch eager", cell, kernels)
     assert not any(x is y for x, y in zip(own()[0], e0))
+
+
+def test_cache_hot_is_honoured_and_flush_said(tmp_path):
+    """--cache hot times back-to-back calls on the same inputs, labelled hot; --cache flush leaves
+    them rotating (the single method is the flushed call) and says so."""
+    code, out = run(tmp_path, "--fused-exprs", "add", "--fused-ways", "ewkern,numpy", "--cache", "hot")
+    assert code == 0
+    exp = bench.load(out)["experiments"]["fused"]
+    assert [(m["cache"], m["sets"]) for m in exp["measurements"]] == [("hot", 1)] * 2
+    assert exp["params"]["caches"] == {"back-to-back": "hot"}
+    assert "the same inputs every call: hot" in (out / "summary.md").read_text()
+    code, out = run(tmp_path / "flush", "--fused-exprs", "add", "--fused-ways", "ewkern", "--cache", "flush")
+    assert code == 0
+    exp = bench.load(out)["experiments"]["fused"]
+    assert [m["cache"] for m in exp["measurements"]] == ["rotate"]
+    assert any(n.startswith("--cache flush: back-to-back calls rotate their inputs") for n in exp["notes"])

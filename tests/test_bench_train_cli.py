@@ -162,3 +162,21 @@ def test_host_records_say_their_way_and_bytes(monkeypatch):
         assert (r["bytes_read"], r["bytes_written"], r["bytes"]) == (30, 20, 50) and "impl_label" not in r
         assert r["time_s"] == 2e-3 and r["gbs"] == pytest.approx(50 / 2e-3 / 1e9)
     assert len(steps) == 2
+
+
+def test_cache_hot_is_honoured_and_flush_said(tmp_path):
+    """--cache hot times back-to-back steps on the same inputs, labelled hot; --cache flush leaves
+    them rotating (the single method is the flushed step) and says so. Both were ignored while the
+    results' top level recorded the mode asked for."""
+    code, out = run(tmp_path, "--train-ops", "add", "--cache", "hot")
+    assert code == 0
+    exp, ms = _measured(out)
+    assert bench.load(out)["cache"] == "hot"
+    assert [(m["cache"], m["sets"]) for m in ms] == [("hot", 1)] * 2
+    assert exp["params"]["caches"] == {"back-to-back": "hot"}
+    assert "the same inputs every step: hot" in (out / "summary.md").read_text()
+    code, out = run(tmp_path / "flush", "--train-ops", "add", "--train-ways", "ewkern.torch", "--cache", "flush")
+    assert code == 0
+    exp, ms = _measured(out)
+    assert [m["cache"] for m in ms] == ["rotate"]
+    assert any(n.startswith("--cache flush: back-to-back steps rotate their inputs") for n in exp["notes"])

@@ -40,6 +40,8 @@ e4628a5, as Triton's kernels divide); CuPy compiles the same source with IEEE di
 timed as the peers are (frameworks.time_calls) in two methods:
   back-to-back    K calls captured into one CUDA graph, inputs rotated through >= 4x the L2
   single          one eager call, L2 flushed, queued behind a sleep kernel
+(--cache hot: back-to-back takes the same inputs every call, labelled hot; --cache flush leaves it
+rotating, since no flush fits between K calls run back to back: single is the flushed call)
 --fused-in-turns times the ways on torch's stream (all but CuPy) in turns, each sample taking every
 way once, on the same buffers (frameworks.time_calls_in_turns, SharedSets), not one way's samples
 after another's.
@@ -116,6 +118,7 @@ BEST_OF = ("cupy", "torch.compile")     # the issue's target: >= 0.99 of the bet
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 HALF = ("float16", "bfloat16")
 METHODS = {"back-to-back": "rotate", "single": "flush"}
+HOT_LABEL = "back-to-back (graph of K calls, the same inputs every call: hot)"
 METHOD_LABEL = {"back-to-back": "back-to-back (graph of K calls, inputs rotated)",
                 "single": "single call (L2 flushed, queued behind a sleep kernel)"}
 # The single-call method holds the stream with a sleep kernel while the host queues the call: the
@@ -637,14 +640,30 @@ def _ready(ctx):
     return torch
 
 
+def _caches(ctx):
+    """Each method's cache mode: back-to-back rotates its inputs, or takes the same inputs every
+    call where the run asks for --cache hot; single calls are flushed whatever --cache says (the
+    method is the mode), and --cache flush leaves back-to-back rotating, as no flush fits between K
+    calls run back to back."""
+    return {**METHODS, "back-to-back": "hot" if ctx.cache == "hot" else "rotate"}
+
+
+def _labels(ctx, methods):
+    hot = {m: ctx.cache == "hot" and m == "back-to-back" for m in methods}
+    if ctx.is_gpu:
+        return {m: HOT_LABEL if hot[m] else METHOD_LABEL[m] for m in methods}
+    return {m: "host clock, " + m + (", the same inputs every call: hot" if hot[m] else "") for m in methods}
+
+
 def run(ctx, xr):
     from . import frameworks
     torch = _ready(ctx)
     exprs, dtypes, sizes, ways, methods = _params(ctx)
     cells = _cells(exprs, dtypes, sizes)
-    labels = {m: (METHOD_LABEL[m] if ctx.is_gpu else "host clock, " + m) for m in methods}
+    labels = _labels(ctx, methods)
+    caches = _caches(ctx)
     xr.param(exprs=exprs, dtypes=dtypes, sizes=sizes, ways=ways, methods=methods, cols=COLS, rms_eps=RMS_EPS,
-             torch=getattr(torch, "__version__", None), method_labels=labels,
+             torch=getattr(torch, "__version__", None), method_labels=labels, caches={m: caches[m] for m in methods},
              formulas={n: EXPRS[n].formula for n in exprs},
              kernels={n: [[cls, list(args), kw] for cls, args, kw in EXPRS[n].kernels] for n in exprs},
              ewkern_kernels={n: [[cls, list(args), kw] for cls, args, kw in EXPRS[n].own] for n in exprs
@@ -654,6 +673,9 @@ def run(ctx, xr):
                 "NumPy expressions, host clock; CuPy and torch are GPU ways here")
     xr.note("bytes = every input read once + every output written once (rmsnorm's per-row mean is not "
             "counted); ratios are ewkern's speed / the other way's")
+    if ctx.cache == "flush" and "back-to-back" in methods:
+        xr.note("--cache flush: back-to-back calls rotate their inputs (no flush fits between K calls run back "
+                "to back); the single method is the flushed call")
     in_turns = ctx.is_gpu and bool(ctx.opt("fused_in_turns", False))
     xr.param(in_turns=in_turns)
     kernels = _Kernels()
@@ -683,13 +705,13 @@ def run(ctx, xr):
             for method in methods:
                 recs[(way, method)] = xr.measure_peer(
                     what=f"{cell.label()} {way} {method}", impl=impl, impl_label=way, build=build,
-                    cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, **common, **fields)
+                    cache=caches[method], spin_us=CALL_SPIN_US, launch=method, **common, **fields)
                 frameworks.release_peer_memory()
         for method in methods if together else ():
             got = xr.measure_peers_in_turns(
                 entries=[(f"{cell.label()} {way} {method}", build, dict(fields, impl_label=way))
                          for way, build, fields in together],
-                cache=METHODS[method], spin_us=CALL_SPIN_US, launch=method, shared=True, **common)
+                cache=caches[method], spin_us=CALL_SPIN_US, launch=method, shared=True, **common)
             for rec in got:
                 if rec is not None:
                     recs[(rec["series"], method)] = rec

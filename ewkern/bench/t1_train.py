@@ -13,6 +13,8 @@ timed as the peers are (frameworks.time_calls_in_turns; frameworks.time_calls wi
 --no-train-in-turns) in two methods:
   back-to-back     K steps captured into one CUDA graph, inputs rotated through >= 4x the L2
   single           one eager step, L2 flushed, queued behind a sleep kernel
+(--cache hot: back-to-back takes the same inputs every step, labelled hot; --cache flush leaves it
+rotating, since no flush fits between K steps run back to back: single is the flushed step)
 and, for ewkern.torch and torch eager, the host-visible time of one step (events around one eager
 step right after a synchronize, no sleep kernel in front: what `t0; step(); t1` sees when the GPU
 waits for the host). A cell's ways are timed in turns (frameworks.time_calls_in_turns: graphs each
@@ -93,6 +95,7 @@ WAYS = ("ewkern.torch", "torch eager", "torch.compile")
 MLP_DTYPES = ("float32", "bfloat16")
 MLP_WAYS = ("ewkern.torch", "torch eager")
 METHODS = {"back-to-back": "rotate", "single": "flush"}
+HOT_LABEL = "back-to-back (graph of K steps, the same inputs every step: hot)"
 METHOD_LABEL = {"back-to-back": "back-to-back (graph of K steps, inputs rotated)",
                 "single": "single step (L2 flushed, queued behind a sleep kernel)",
                 "host": "host-visible step (events around one eager step after a synchronize)"}
@@ -339,11 +342,19 @@ def _measure_host(xr, bar, torch, entries):
         bar.step(f"{what}: {med * 1e6:.1f} us")
 
 
+def _caches(ctx):
+    """Each timed method's cache mode: back-to-back rotates its inputs, or takes the same inputs
+    every step where the run asks for --cache hot; single steps are flushed whatever --cache says
+    (the method is the mode), and --cache flush leaves back-to-back rotating, as no flush fits
+    between K steps run back to back."""
+    return {**METHODS, "back-to-back": "hot" if ctx.cache == "hot" else "rotate"}
+
+
 def _measure(ctx, xr, bar, torch, what, build, method, fields):
     if method == "host":
         _measure_host(xr, bar, torch, [(what, build, fields)])
         return
-    xr.measure_peer(what=what, impl="torch", cache=METHODS[method], build=build, step_method=method,
+    xr.measure_peer(what=what, impl="torch", cache=_caches(ctx)[method], build=build, step_method=method,
                     spin_us=STEP_SPIN_US, **fields)
 
 
@@ -354,7 +365,12 @@ def run(ctx, xr):
     in_turns = bool(ctx.opt("train_in_turns", True))
     mlp_dtypes, mlp_ways = (_mlp_dtypes(dtypes), _mlp_ways(ways)) if "mlp" in ops else ([], [])
     xr.param(ops=ops, dtypes=dtypes, sizes=sizes, ways=ways, methods=methods, mlp_dtypes=mlp_dtypes,
-             torch=torch.__version__, method_labels={m: METHOD_LABEL[m] for m in methods}, in_turns=in_turns)
+             torch=torch.__version__, in_turns=in_turns, caches={m: _caches(ctx)[m] for m in methods if m != "host"},
+             method_labels={m: HOT_LABEL if m == "back-to-back" and ctx.cache == "hot" else METHOD_LABEL[m]
+                            for m in methods})
+    if ctx.cache == "flush" and "back-to-back" in methods:
+        xr.note("--cache flush: back-to-back steps rotate their inputs (no flush fits between K steps run back "
+                "to back); the single method is the flushed step")
     if "mlp" in ops and not (mlp_dtypes and mlp_ways):
         xr.note(f"the MLP step runs in {' or '.join(MLP_DTYPES)} with {' or '.join(MLP_WAYS)}: not run with "
                 f"dtypes {', '.join(dtypes)} and ways {', '.join(ways)}")
@@ -398,7 +414,7 @@ def run(ctx, xr):
                 _measure_host(xr, bar, torch, [(w, b, f) for m, w, b, f in turns if m == method])
                 continue
             xr.measure_peers_in_turns(entries=[(w, b, f) for m, w, b, f in turns if m == method],
-                                      cache=METHODS[method], step_method=method, spin_us=STEP_SPIN_US,
+                                      cache=_caches(ctx)[method], step_method=method, spin_us=STEP_SPIN_US,
                                       shared=True)
         sets = turns = None   # the cell's shared inputs go with it
     _mlp(ctx, xr, bar, torch, mlp_dtypes, mlp_ways, methods)
@@ -455,6 +471,7 @@ def figures(results, exp):
     import matplotlib.pyplot as plt
     ms = exp["measurements"]
     figs = []
+    labels = {**METHOD_LABEL, **((exp.get("params") or {}).get("method_labels") or {})}
     methods = list(dict.fromkeys(m.get("step_method") for m in ms))
     for method in methods:
         r = ratios(ms, method)
@@ -471,7 +488,7 @@ def figures(results, exp):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(ops))], ops, rotation=60, ha="right")
         ax.set_ylabel("ewkern.torch / torch eager speed\n(worst size)")
         ax.set_title(f"{results.get('device_name') or results.get('device')}: forward + backward, "
-                     f"{METHOD_LABEL.get(method, method)}", fontsize=9)
+                     f"{labels.get(method, method)}", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         figs.append((f"train_{method.replace('-', '_')}", fig))
@@ -480,6 +497,7 @@ def figures(results, exp):
 
 def summary(results, exp):
     ms = exp["measurements"]
+    labels = {**METHOD_LABEL, **((exp.get("params") or {}).get("method_labels") or {})}
     text = [how_timed(exp, ms, "A cell's ways")]
     for method in dict.fromkeys(m.get("step_method") for m in ms):
         r = ratios(ms, method)
@@ -498,7 +516,7 @@ def summary(results, exp):
                    if m.get("step_method") == method}
         below, sure = below_beyond_spread({k: (v, samples.get(k + ("torch eager",)), samples.get(k + ("ewkern.torch",)))
                                            for k, v in r.items()})
-        text.append(f"### {METHOD_LABEL.get(method, method)}\n\n{len(below)} of {len(r)} cells below 0.99 of torch "
+        text.append(f"### {labels.get(method, method)}\n\n{len(below)} of {len(r)} cells below 0.99 of torch "
                     f"eager{spread_note(below, sure)}\n\n" +
                     md_table(["op", "dtype", "worst vs eager", "median vs eager", "worst vs compile", "by size"], rows))
     return "\n\n".join(text) if len(text) > 1 else ""
