@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, type=Path,
                    help="output folder (default: ./bench-out/<timestamp>)")
     p.add_argument("--cache", default="rotate", choices=CACHE_MODES,
-                   help="cache mode for every timing (default rotate; E2 and E3 also measure hot, E4 compares offsets)")
+                   help="cache mode of the timings (default rotate; E2 and E3 also measure hot, E4 compares offsets); "
+                        "where an experiment's methods fix their own (peers' methods on a GPU; train's and "
+                        "fused's single launches, flushed, and their back-to-back, which takes hot and else "
+                        "rotates) its records and notes say which ran")
     p.add_argument("--cache-bytes", type=bytes_arg(), default=None, metavar="BYTES",
                    help="the cache size that rotate/flush defeat (default: the GPU's L2, the CPU's last-level cache)")
     p.add_argument("--samples", type=int, default=None, help="samples per measurement")
