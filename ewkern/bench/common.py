@@ -32,24 +32,24 @@ def sizes_arg(text):
     return sizes
 
 
+def _at_least(parse, least: int, unit: str = ""):
+    """argparse type: one value parse() reads, of at least `least` (unit words it in the message)."""
+    def value(text):
+        n = -1 if str(text).strip().startswith("-") else _parsed(parse, text)   # "-5": not "not a size"
+        if n < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}{unit}: {text!r}")
+        return n
+    return value
+
+
 def bytes_arg(least: int = 1):
     """argparse type: one byte size of at least `least` bytes (4MiB, 1GiB, 2^20, or plain bytes)."""
-    def size(text):
-        n = -1 if str(text).strip().startswith("-") else _parsed(parse_bytes, text)   # "-5": not "not a size"
-        if n < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least} byte{'s' if least != 1 else ''}: {text!r}")
-        return n
-    return size
+    return _at_least(parse_bytes, least, f" byte{'s' if least != 1 else ''}")
 
 
 def count_arg(least: int = 1):
     """argparse type: one whole count of at least `least` (20000, 2^20, 16M): elements, calls, runs."""
-    def count(text):
-        n = -1 if str(text).strip().startswith("-") else _parsed(parse_count, text)   # "-5": not "not a count"
-        if n < least:
-            raise argparse.ArgumentTypeError(f"must be at least {least}: {text!r}")
-        return n
-    return count
+    return _at_least(parse_count, least)
 
 
 def _shape_checked(shape, text, ndim, what):
