@@ -157,7 +157,8 @@ def test_host_records_say_their_way_and_bytes(monkeypatch):
     entries = [(f"mul {way} host", build, dict(op="mul", series=way, impl_label=way))
                for way in ("ewkern.torch", "torch eager")]
     t1_train._measure_host(xr, bar, None, entries)
-    assert [(r["impl"], r["series"]) for r in recs] == [("ewkern.torch", "ewkern.torch"), ("torch eager", "torch eager")]
+    assert [(r["impl"], r["series"]) for r in recs] == [("ewkern.torch", "ewkern.torch"),
+                                                         ("torch eager", "torch eager")]
     for r in recs:
         assert (r["bytes_read"], r["bytes_written"], r["bytes"]) == (30, 20, 50) and "impl_label" not in r
         assert r["time_s"] == 2e-3 and r["gbs"] == pytest.approx(50 / 2e-3 / 1e9)

@@ -10,7 +10,7 @@ from .summary import fmt_gbs, fmt_pct, md_table
 from .units import fmt_bytes, parse_bytes, parse_count, parse_list, parse_shape
 
 __all__ = ["sizes_arg", "shapes_arg", "shapes_of", "list_arg", "counts_arg", "bytes_arg", "count_arg",
-           "shape_arg", "check_names", "elementwise_ops", "check_bytes", "pow2_sizes",
+           "shape_arg", "check_names", "elementwise_ops", "check_bytes", "method_caches", "pow2_sizes",
            "line_figure", "bars_figure", "size_table", "fmt_bytes", "fmt_gbs", "fmt_pct", "md_table",
            "median_ratio_interval", "below_beyond_spread", "spread_note"]
 
@@ -108,6 +108,14 @@ def check_names(flag: str, named, known):
     if bad:
         from .timing import BenchError
         raise BenchError(f"{flag}: {', '.join(bad)} not known; it takes {', '.join(known)}")
+
+
+def method_caches(cache: str, methods: dict) -> dict:
+    """Each timed method's cache mode (train's and fused's methods -> their fixed modes): back-to-back
+    rotates its inputs, or takes the same inputs every call where the run asks for --cache hot;
+    single calls are flushed whatever --cache says (the method is the mode), and --cache flush leaves
+    back-to-back rotating, as no flush fits between K calls run back to back."""
+    return {**methods, "back-to-back": "hot" if cache == "hot" else "rotate"}
 
 
 def pow2_sizes(lo: int, hi: int) -> list[int]:

@@ -71,7 +71,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .common import below_beyond_spread, how_timed, md_table, sizes_arg, spread_note
+from .common import below_beyond_spread, how_timed, md_table, method_caches, sizes_arg, spread_note
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
 
@@ -641,11 +641,7 @@ def _ready(ctx):
 
 
 def _caches(ctx):
-    """Each method's cache mode: back-to-back rotates its inputs, or takes the same inputs every
-    call where the run asks for --cache hot; single calls are flushed whatever --cache says (the
-    method is the mode), and --cache flush leaves back-to-back rotating, as no flush fits between K
-    calls run back to back."""
-    return {**METHODS, "back-to-back": "hot" if ctx.cache == "hot" else "rotate"}
+    return method_caches(ctx.cache, METHODS)
 
 
 def _labels(ctx, methods):

@@ -54,7 +54,7 @@ import math
 import statistics
 from functools import partial
 
-from .common import below_beyond_spread, check_bytes, how_timed, md_table, sizes_arg, spread_note
+from .common import below_beyond_spread, check_bytes, how_timed, md_table, method_caches, sizes_arg, spread_note
 from .frameworks import SharedSets, set_maker
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
@@ -343,11 +343,7 @@ def _measure_host(xr, bar, torch, entries):
 
 
 def _caches(ctx):
-    """Each timed method's cache mode: back-to-back rotates its inputs, or takes the same inputs
-    every step where the run asks for --cache hot; single steps are flushed whatever --cache says
-    (the method is the mode), and --cache flush leaves back-to-back rotating, as no flush fits
-    between K steps run back to back."""
-    return {**METHODS, "back-to-back": "hot" if ctx.cache == "hot" else "rotate"}
+    return method_caches(ctx.cache, METHODS)
 
 
 def _measure(ctx, xr, bar, torch, what, build, method, fields):
