@@ -190,12 +190,18 @@ def test_reused_folder_holds_only_its_results_outputs(tmp_path, capsys, monkeypa
     assert first and all((out / f).exists() for f in first) and (out / "e3.csv").exists()
     (out / "notes.txt").write_text("mine")
     (out / "e3_mine.csv").write_text("mine")        # named like an output, written by no run
-    assert _run(out, "e2", "--no-plots", "--e2-sizes", "64KiB") == 0
+    assert _run(out, "e2", "--e2-sizes", "64KiB") == 0
     res = json.loads((out / "results.json").read_text())
-    assert list(res["experiments"]) == ["e2"]
-    assert sorted(p.name for p in out.iterdir() if p.suffix in (".csv", ".png")) == ["e2.csv", "e3_mine.csv"]
+    assert list(res["experiments"]) == ["e2"] and res["figures"]
+    assert sorted(p.name for p in out.iterdir() if p.suffix in (".csv", ".png")) == \
+        sorted(["e2.csv", "e3_mine.csv", *res["figures"]])
     assert (out / "notes.txt").read_text() == "mine"
     assert "removed" in capsys.readouterr().err
+    # a run that makes no figures (--no-plots) leaves the earlier ones (a merge --no-plots into a
+    # committed folder had removed every figure), its CSVs still the folder's
+    kept = res["figures"]
+    assert _run(out, "e3", "--no-plots", *e3) == 0
+    assert all((out / f).exists() for f in kept) and not (out / "e2.csv").exists() and (out / "e3.csv").exists()
     # a re-run that measures nothing leaves no CSV of the run before
     from ewkern.bench import e2_copy_size
 

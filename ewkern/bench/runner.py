@@ -502,7 +502,8 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True, before=None):
     The CSVs and figures of an earlier run or merge in out that these results do not write again are
     removed, so that the folder's files are its results.json's: those its results file names (before,
     when given: what it named before this run replaced it; else read from out now) and every
-    experiment's own CSV (<name>.csv). No other file is touched."""
+    experiment's own CSV (<name>.csv); but where these results make no figures (plots off, or
+    plotting failed) the earlier figures stay. No other file is touched."""
     from . import claims, summary
     from . import plots as _plots
     out = Path(out)
@@ -529,6 +530,10 @@ def finish_outputs(res: dict, out: Path, *, plots: bool = True, before=None):
     res["figures"] = figures
     _results.write_json(res, out)
     stale = (set(before) | {f"{name}.csv" for name in registry.names()}) - set(csvs) - set(figures)
+    if not figures:
+        # no figures made (--no-plots, or plotting failed): an earlier run's stay as they were rather
+        # than leave the folder with none (a merge --no-plots into a committed folder removed them all)
+        stale = {n for n in stale if not n.endswith(".png")}
     removed = _results.remove_outputs(out, stale)
     if removed:
         print(f"removed {len(removed)} output{'s' if len(removed) > 1 else ''} of an earlier run in {out} that "
