@@ -544,7 +544,7 @@ static PyObject *asarray_foreign_ints(PyObject *module, PyObject *obj, PyObject 
 {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    PyObject *src = NULL, *np = NULL, *arr = NULL, *res = NULL, *devstr = NULL;
+    PyObject *np = NULL, *arr = NULL, *res = NULL, *devstr = NULL;
     long type = -1, id = 0;
     PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
     if (d != NULL && PyTuple_Check(d) && PyTuple_GET_SIZE(d) == 2) {
@@ -556,14 +556,12 @@ static PyObject *asarray_foreign_ints(PyObject *module, PyObject *obj, PyObject 
     if (PyErr_Occurred() || !(cuda || type == kDLCPU || type == kDLCUDAHost))
         goto restore;
     /* (a torch tensor with the negative bit never comes here: the view import refused it first) */
-    src = obj;
-    Py_INCREF(src);
     np = PyImport_ImportModule("numpy");
     if (np == NULL)
         goto restore;
     {
         PyObject *fn = PyObject_GetAttrString(np, "from_dlpack");
-        PyObject *a = fn ? PyTuple_Pack(1, src) : NULL;
+        PyObject *a = fn ? PyTuple_Pack(1, obj) : NULL;
         PyObject *kw = a ? Py_BuildValue("{s:s,s:O}", "device", "cpu", "copy", cuda ? Py_True : Py_None) : NULL;
         arr = kw ? PyObject_Call(fn, a, kw) : NULL;
         Py_XDECREF(kw);
@@ -582,12 +580,10 @@ static PyObject *asarray_foreign_ints(PyObject *module, PyObject *obj, PyObject 
     Py_XDECREF(devstr);
     Py_DECREF(arr);
     Py_DECREF(np);
-    Py_DECREF(src);
     return res;
 restore:
     Py_XDECREF(arr);
     Py_XDECREF(np);
-    Py_XDECREF(src);
     PyErr_Clear();
     PyErr_Restore(et, ev, tb);
     return NULL;

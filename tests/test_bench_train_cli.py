@@ -30,6 +30,15 @@ def run(tmp_path, *extra, progress=False):
     return _main(args), out
 
 
+def _refused(tmp_path, capsys, args, message):
+    """A tiny train run with args exits 2 with message, before its output folder is made."""
+    code = _main(["train"] + FAST + ["--no-progress", "--out", str(tmp_path / "o"), "--train-ops", "add",
+                                     "--train-sizes", "64KiB"] + args)
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--train-ops", "add,foo"], "--train-ops: unknown 'foo'; valid: copy, add, "),
     (["--train-methods", "foo"], "--train-methods: unknown 'foo'; valid: back-to-back, single, host"),
@@ -38,11 +47,7 @@ def run(tmp_path, *extra, progress=False):
     (["--train-sizes", "1XB"], "argument --train-sizes: not a byte size: '1XB'"),
 ])
 def test_unknown_names_are_refused_before_running(tmp_path, capsys, args, message):
-    code = _main(["train"] + FAST + ["--no-progress", "--out", str(tmp_path / "o"), "--train-ops", "add",
-                                     "--train-sizes", "64KiB"] + args)
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    _refused(tmp_path, capsys, args, message)
 
 
 def test_sizes_are_parsed_with_the_arguments():
@@ -59,11 +64,7 @@ def test_sizes_are_parsed_with_the_arguments():
 def test_what_the_cpu_cannot_time_is_refused(tmp_path, capsys, args, message):
     """host (CUDA events) and torch.compile are GPU-only: refused, naming what the CPU can time,
     rather than a run that measures nothing and says ok."""
-    code = _main(["train"] + FAST + ["--no-progress", "--out", str(tmp_path / "o"), "--train-ops", "add",
-                                     "--train-sizes", "64KiB"] + args)
-    assert code == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    _refused(tmp_path, capsys, args, message)
 
 
 def test_methods_help_says_the_cpu_default():
