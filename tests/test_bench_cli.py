@@ -120,6 +120,22 @@ def test_meaningless_numbers_are_refused_at_argument_time(argv, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ["peers", "--peers-ops", ""], ["peers", "--peers-dtypes", " , "], ["peers", "--peers-methods", ""],
+    ["peers", "--peers-after-torch-ops", ""], ["e3", "--e3-ops", ","], ["e5", "--e5-ops", ""],
+    ["rmse_grid", "--grid-layouts", ""], ["fused", "--fused-exprs", ""], ["train", "--train-ops", ","],
+    ["train", "--train-methods", ""],
+])
+def test_an_empty_list_option_is_refused_not_taken_as_its_default(argv, tmp_path, capsys):
+    """An option given no names exits 2 naming it: `--peers-ops ""` had timed every op (the
+    default), as if the option were left out."""
+    out = tmp_path / "o"
+    assert _code([*argv, *FAST, "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[1]}: no name given" in err, err
+    assert not out.exists()
+
+
 def test_min_sample_ms_zero_means_the_fewest_launches(tmp_path):
     """--min-sample-ms 0 is a target (the fewest launches a sample can take), not the default."""
     args = cli.build_parser().parse_args(["e2", "--min-sample-ms", "0"])

@@ -92,7 +92,13 @@ def counts_arg(text):
 
 
 def list_arg(text):
-    return parse_list(text)
+    """argparse type: a comma-separated list of names (ops, dtypes, methods ...). An empty one is
+    refused: it had meant the option's default, so `--peers-ops ""` timed every op."""
+    names = parse_list(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"no name given: {text!r} (expected a comma-separated list; "
+                                         "leave the option out for its default)")
+    return names
 
 
 def elementwise_ops() -> list[str]:

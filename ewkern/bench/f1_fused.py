@@ -71,7 +71,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .common import below_beyond_spread, how_timed, md_table, method_caches, sizes_arg, spread_note
+from .common import below_beyond_spread, how_timed, list_arg, md_table, method_caches, sizes_arg, spread_note
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
 
@@ -83,24 +83,20 @@ DESCRIPTION = ("user-written fused expressions (a*b+c, gelu(a)*b, a*sigmoid(b), 
 PAPER = "(issue 21)"
 
 
-def _list_arg(text):
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-ARGS = [("--fused-exprs", dict(type=_list_arg, metavar="EXPRS",
+ARGS = [("--fused-exprs", dict(type=list_arg, metavar="EXPRS",
                                help="expressions: fma, gelu_mul, swish_gate, rmsnorm, mse_rows, mixed, add "
                                     "(default all)")),
-        ("--fused-dtypes", dict(type=_list_arg, metavar="DTYPES",
+        ("--fused-dtypes", dict(type=list_arg, metavar="DTYPES",
                                 help="dtypes (default float32,float16,bfloat16; quick: float32); mixed takes the "
                                      "16-bit ones as b's dtype (float16 when none is given)")),
         ("--fused-sizes", dict(type=sizes_arg, metavar="SIZES",
                                help="bytes per input array, e.g. 1MiB,64MiB (default GPU 1MiB,16MiB,256MiB,1GiB, "
                                     "quick 64MiB; CPU 1MiB,16MiB, quick 1MiB)")),
-        ("--fused-ways", dict(type=_list_arg, metavar="WAYS",
+        ("--fused-ways", dict(type=list_arg, metavar="WAYS",
                               help="ewkern, ewkern 2k, cupy, torch eager, torch.compile, ewkern.add, numpy, "
                                    "ewkern.fuse (default GPU: all but numpy; CPU: ewkern, ewkern 2k, numpy, "
                                    "ewkern.add, ewkern.fuse)")),
-        ("--fused-methods", dict(type=_list_arg, metavar="METHODS",
+        ("--fused-methods", dict(type=list_arg, metavar="METHODS",
                                  help="back-to-back, single (default both; CPU: back-to-back)")),
         ("--fused-in-turns", dict(action="store_true",
                                   help="time the ways on torch's stream (ewkern, ewkern 2k, torch eager, "

@@ -54,7 +54,7 @@ import math
 import statistics
 from functools import partial
 
-from .common import below_beyond_spread, check_bytes, how_timed, md_table, method_caches, sizes_arg, spread_note
+from .common import below_beyond_spread, check_bytes, how_timed, list_arg, md_table, method_caches, sizes_arg, spread_note
 from .frameworks import SharedSets, set_maker
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
@@ -67,23 +67,19 @@ PAPER = "(issue 20)"
 NEEDS_REFERENCE = False
 
 
-def _ops_arg(text):
-    return [s.strip() for s in text.split(",") if s.strip()]
-
-
-ARGS = [("--train-ops", dict(type=_ops_arg, metavar="OPS",
+ARGS = [("--train-ops", dict(type=list_arg, metavar="OPS",
                              help="ops: ewkern.torch's differentiable ops, rmsnorm, rmse_kernel, and mlp for the MLP "
                                   "step (default all of them; CPU quick: gelu,mul,rmse,mlp)")),
-        ("--train-dtypes", dict(type=_ops_arg, metavar="DTYPES", help="dtypes: float32, float16, bfloat16, float64 "
+        ("--train-dtypes", dict(type=list_arg, metavar="DTYPES", help="dtypes: float32, float16, bfloat16, float64 "
                                                                       "(default float32,float16,bfloat16; quick: "
                                                                       "float32); the MLP step takes those of "
                                                                       "float32 and bfloat16")),
         ("--train-sizes", dict(type=sizes_arg, metavar="SIZES", help="bytes per tensor, e.g. 1MiB,64MiB (default GPU "
                                                                      "1MiB-1GiB, quick 64MiB; CPU 1MiB)")),
-        ("--train-ways", dict(type=_ops_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
+        ("--train-ways", dict(type=list_arg, metavar="WAYS", help="ewkern.torch, torch eager, torch.compile "
                                                                   "(default all three; torch.compile on a GPU only, "
                                                                   "not for the MLP step)")),
-        ("--train-methods", dict(type=_ops_arg, metavar="METHODS", help="back-to-back, single, host (default GPU: "
+        ("--train-methods", dict(type=list_arg, metavar="METHODS", help="back-to-back, single, host (default GPU: "
                                                                         "all three; CPU: back-to-back; host on a GPU "
                                                                         "only)")),
         ("--train-in-turns", dict(action=argparse.BooleanOptionalAction, default=None,
