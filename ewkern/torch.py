@@ -173,6 +173,19 @@ def _wide(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+_legacy_batched = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
+
+
+def _readable(g):
+    """Whether the C functions can read an incoming gradient g as its values: a plain tensor
+    without the negative bit, not batched (autograd.grad's is_grads_batched, and so
+    torch.autograd.functional.jacobian(vectorize=True), run the backward under torch's legacy vmap;
+    torch.func.vmap over autograd.grad gives functorch's batched tensors). Other gradients go to
+    the backward kernels as custom ops (_Ops), which the dispatcher resolves or batches (as the
+    C++ nodes do: readable() in ewkern/_torch_native/autograd.cpp)."""
+    return type(g) is torch.Tensor and not g.is_neg() and not _legacy_batched(g) and not _functorch_active()
+
+
 class _Eager:
     """The plain C functions: what an eager backward calls."""
     @staticmethod
@@ -368,6 +381,8 @@ def _function(name, nin, saves, fast, composed):
             (s,) = ctx.saved_tensors
             if grad_enabled():          # a graph of the backward is wanted: the composed formula
                 return composed(grad, (s,), (), (True,))[0]
+            if not _readable(grad):
+                return fast(_Ops, grad, (s,), (), (True,))[0]
             return _as_tensor(getattr(_C, bw_name)(grad.contiguous(), s.contiguous()))
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward1), "backward": staticmethod(backward1)})
@@ -383,7 +398,8 @@ def _function(name, nin, saves, fast, composed):
             c = ctx.scalars
             if grad_enabled():          # a graph of the backward is wanted: the composed formula
                 return tuple(composed(grad, (), c, (True,))) + (None,) * len(c)
-            return tuple(fast(_Eager, grad.contiguous(), (), c, (True,))) + (None,) * len(c)
+            ns = _Eager if _readable(grad) else _Ops
+            return tuple(fast(ns, grad.contiguous(), (), c, (True,))) + (None,) * len(c)
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward0), "backward": staticmethod(backward0)})
 
@@ -400,7 +416,8 @@ def _function(name, nin, saves, fast, composed):
             saved, need = ctx.saved_tensors, ctx.needs_input_grad
             if grad_enabled():          # a graph of the backward is wanted: the composed formula
                 return composed(grad, saved, (), need)
-            return tuple(fast(_Eager, grad.contiguous(), [t.contiguous() for t in saved], (), need))
+            ns = _Eager if _readable(grad) else _Ops
+            return tuple(fast(ns, grad.contiguous(), [t.contiguous() for t in saved], (), need))
         return type(f"{name}_function", (torch.autograd.Function,),
                     {"forward": staticmethod(forward2), "backward": staticmethod(backward2)})
 
@@ -415,7 +432,8 @@ def _function(name, nin, saves, fast, composed):
         # eager only (torch.compile takes the custom op): composed when a graph of the backward is wanted
         saved, need = ctx.saved_tensors, ctx.needs_input_grad[:nin]
         g = (composed(grad, saved, ctx.scalars, need) if grad_enabled() else
-             fast(_Eager, grad.contiguous(), [t.contiguous() for t in saved], ctx.scalars, need))
+             fast(_Eager if _readable(grad) else _Ops, grad.contiguous(), [t.contiguous() for t in saved],
+                  ctx.scalars, need))
         return tuple(g) + (None,) * len(ctx.scalars)
     return type(f"{name}_function", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -434,6 +452,8 @@ def _rmse_grads(ns, ctx, grad):
     need = ctx.needs_input_grad[:2]
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         return _composed_rmse(grad, (a, b, r), ctx.axis, need) + (None,)
+    if not _readable(grad):
+        ns = _Ops
     ga, gb = ns.b("rmse_backward", grad.contiguous(), a.contiguous(), b.contiguous(), r, ctx.axis, need=need)
     return ga, gb, None
 
@@ -722,8 +742,20 @@ _native_lock = threading.RLock()
 
 def _composed_grads(name, grad, saved, scalars, need):
     """For the C++ nodes' backward when its graph is wanted (create_graph=True): GRADS' composed
-    formula, as the Python Functions' backward calls it."""
+    formula, as the Python Functions' backward calls it; or when the kernels cannot read the
+    incoming gradient (_readable): the backward kernels as custom ops."""
+    if not torch.is_grad_enabled():
+        return tuple(FAST[name](_Ops, grad, tuple(saved), tuple(scalars), tuple(need)))
     return tuple(GRADS[name][1](grad, tuple(saved), tuple(scalars), tuple(need)))
+
+
+def _node_rmse(grad, saved, axis, need):
+    """The C++ rmse node's backward in Python: _composed_rmse where its graph is wanted, else (a
+    gradient the kernels cannot read) rmse_backward as the custom op."""
+    if torch.is_grad_enabled():
+        return _composed_rmse(grad, saved, axis, need)
+    a, b, r = saved
+    return _Ops.b("rmse_backward", grad, a, b, r, list(axis), need=need)
 
 
 def _install_native():
@@ -741,7 +773,7 @@ def _install_native():
             try:
                 from ._torch_native import load
                 mod = load(torch)
-                mod.init(_C._native_api, _composed_grads, _composed_rmse)
+                mod.init(_C._native_api, _composed_grads, _node_rmse)
             except Exception as e:
                 if mode == "1":
                     raise
@@ -792,12 +824,14 @@ def _eager(tensors):
     torch.ops.ewkern.<op> (under a transform or in a dual_level: _FUNCTORCH's Function around it).
     A tensor with the negative bit (torch._neg_view, the imaginary part of a real tensor's conj())
     goes to the custom op too: torch's DLPack export hands over its memory without the bit, and
-    the dispatcher resolves it before a custom op runs."""
+    the dispatcher resolves it before a custom op runs; so does a tensor of torch's legacy vmap (a
+    backward with create_graph under autograd.grad's is_grads_batched), which has no memory."""
     if (torch.compiler.is_compiling() or _dispatch_depth() or _functorch_active()
             or _forward_ad._current_level >= 0):
         return False
     for t in tensors:
-        if type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu) or t.is_neg() or t.layout is not _strided:
+        if (type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu) or t.is_neg() or t.layout is not _strided
+                or _legacy_batched(t)):
             return False
     return True
 
@@ -860,6 +894,7 @@ def _run(name, tensors, scalars, out):
     return out
 
 
+
 def _doc(name, sig):
     info = _INFO[name]
     grad = "differentiable (GRADS in ewkern/torch.py has the formula)" if name in GRADS else "not differentiable"
@@ -891,7 +926,7 @@ def _unary(name):
     def eager(a):
         if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
                 and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu) and not a.is_neg()
-                and a.layout is _strided):
+                and a.layout is _strided and not _legacy_batched(a)):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a)
             return _as_tensor(fn(a.contiguous()))
@@ -912,7 +947,7 @@ def _binary(name):
         if (type(a) is _Tensor and type(b) is _Tensor and not _dispatch_depth() and not _functorch_active()
                 and _forward_ad._current_level < 0
                 and (a.is_cuda or a.is_cpu) and (b.is_cuda or b.is_cpu) and not (a.is_neg() or b.is_neg())
-                and a.layout is _strided and b.layout is _strided):
+                and a.layout is _strided and b.layout is _strided and not (_legacy_batched(a) or _legacy_batched(b))):
             if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
                 return _APPLY[name](a, b)
             return _as_tensor(fn(a.contiguous(), b.contiguous()))
@@ -932,7 +967,7 @@ def _with_const(name):
     def eager(a, c):
         if (type(a) is _Tensor and not _dispatch_depth() and not _functorch_active()
                 and _forward_ad._current_level < 0 and (a.is_cuda or a.is_cpu) and not a.is_neg()
-                and a.layout is _strided
+                and a.layout is _strided and not _legacy_batched(a)
                 and not isinstance(c, _Tensor)):
             if a.requires_grad and torch.is_grad_enabled():
                 return _APPLY[name](a, c)
@@ -1260,7 +1295,7 @@ def _user_function(name, kernel, bk, ins, scalars, why):
         if grads is None:
             raise RuntimeError(f"torch.ops.ewkern_user.{name} has no backward: {why}")
         _refuse_double_backward(name)
-        return grads(ctx, g[0])
+        return grads(ctx, g[0].resolve_neg())     # the kernels read memory: a gradient's negative bit resolved
     return type(f"{name}_function", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 

@@ -687,3 +687,68 @@ def test_jvp_takes_a_tangent_of_another_dtype():
         torch.testing.assert_close(got, want)
     _, got = torch.func.jvp(ewt.mul, (x, x), (t, t.double()))
     torch.testing.assert_close(got, 2 * x * t.double())
+
+
+def _grad_args(op, device="cpu", shape=(5,)):
+    """Inputs in op's domain that require grad, and its scalars."""
+    _, ts, scalars = inputs("sub" if op == "rmse" else op, "float64", device, shape, seed=5, requires_grad=True)
+    return ts, scalars
+
+
+def _ours_and_torch(op):
+    if op == "rmse":
+        return (lambda a, b: ewt.rmse(a.view(1, -1), b.view(1, -1)),
+                lambda a, b: torch.sqrt(((a.view(1, -1) - b.view(1, -1)) ** 2).mean(1)))
+    return getattr(ewt, op), TORCH_OP[op]
+
+
+@pytest.mark.parametrize("path", ["default", "python"])
+@pytest.mark.parametrize("op", ELEMENTWISE + ["rmse"])
+def test_batched_gradients_as_torch_computes_them(monkeypatch, op, path):
+    """autograd.grad(is_grads_batched=True), and so torch.autograd.functional.jacobian and hessian
+    with vectorize=True, run the backward under torch's legacy vmap, whose gradients have no memory:
+    the one-kernel backwards read their data pointer ("Cannot access data pointer of Tensor that
+    doesn't have storage") on both eager paths, for every op but those whose gradient is the
+    incoming one. Such a gradient goes to the backward kernels as custom ops (and the composed
+    formula's ops, with create_graph, to the custom ops), which torch batches."""
+    if path == "python":
+        _python_functions(monkeypatch)
+    ts, scalars = _grad_args(op)
+    ours, theirs = _ours_and_torch(op)
+    y, yt = ours(*ts, *scalars), theirs(*ts, *scalars)
+    eye = torch.eye(y.numel(), dtype=y.dtype).view(-1, *y.shape)
+    for create_graph in (False, True):
+        got = torch.autograd.grad(y, ts, eye, is_grads_batched=True, retain_graph=True, create_graph=create_graph)
+        want = torch.autograd.grad(yt, ts, eye, is_grads_batched=True, retain_graph=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=lambda m: f"{op} {create_graph}: {m}")
+    x, rest = ts[0].detach(), [t.detach() for t in ts[1:]]
+    jac = torch.autograd.functional.jacobian(lambda a: ours(a, *rest, *scalars), x, vectorize=True)
+    torch.testing.assert_close(jac, torch.autograd.functional.jacobian(lambda a: theirs(a, *rest, *scalars), x),
+                               rtol=1e-12, atol=1e-12)
+    for create_graph in (False, True):
+        hess = torch.autograd.functional.hessian(lambda a: ours(a, *rest, *scalars).sum(), x, vectorize=True,
+                                                 create_graph=create_graph)
+        want = torch.autograd.functional.hessian(lambda a: theirs(a, *rest, *scalars).sum(), x)
+        torch.testing.assert_close(hess, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["default", "python"])
+@pytest.mark.parametrize("op", ELEMENTWISE + ["rmse"])
+def test_an_incoming_gradient_with_the_negative_bit(monkeypatch, op, path):
+    """A gradient with the negative bit (grad_outputs=torch._neg_view(t)) holds -g in memory: the
+    C++ nodes' one-kernel backwards read it as it lay (a gradient of the wrong sign, silently), the
+    Python Functions' refused it (ValueError from ewkern's C functions). It goes to the backward
+    kernels as custom ops, which the dispatcher resolves; the same gradients as with g resolved."""
+    if path == "python":
+        _python_functions(monkeypatch)
+    ts, scalars = _grad_args(op, shape=(4, 6))
+    ours = ewt.rmse if op == "rmse" else getattr(ewt, op)
+    y = ours(*ts, *scalars)
+    g = torch.linspace(-1.5, 2.5, y.numel(), dtype=y.dtype).reshape(y.shape)
+    for create_graph in (False, True):
+        want = torch.autograd.grad(y, ts, g, retain_graph=True)
+        got = torch.autograd.grad(y, ts, torch._neg_view(-g), retain_graph=True, create_graph=create_graph)
+        for k, (x, w) in enumerate(zip(got, want)):
+            torch.testing.assert_close(x, w, rtol=1e-12, atol=1e-12, msg=lambda m: f"{op} grad {k}: {m}")
+

@@ -794,3 +794,23 @@ def test_user_backward_plans_follow_the_signature(device):
     assert runs == 0
     with pytest.raises(RuntimeError, match="double backward is not supported"):
         torch.autograd.grad(op(x, w, 0.5).sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("kind", ["elementwise", "rows"])
+def test_user_backward_reads_an_incoming_gradient_with_the_negative_bit(kind):
+    """A gradient with the negative bit (grad_outputs=torch._neg_view(t)) holds -g in memory: a user
+    op's C++ node refused it on the first backward of a signature (the Python kernels' ValueError)
+    and, once the signature had a plan, read it as it lay (a gradient of the wrong sign, silently).
+    The node resolves the bit first: the gradients of g, by the Python path and by the plan."""
+    native()
+    op = user_fma() if kind == "elementwise" else user_rmsnorm()
+    scalar = 0.75 if kind == "elementwise" else 1e-5
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.rand(7, 40, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+    w = (torch.rand(40, generator=gen, dtype=torch.float64) - 0.25).requires_grad_()
+    g = torch.rand(7, 40, generator=gen, dtype=torch.float64) - 0.5
+    want = torch.autograd.grad(getattr(torch.ops.ewkern_user, op._name)(x, w, scalar), (x, w), g)
+    for k in range(3):      # the first call by the Python kernels, the later ones by the plan
+        got = torch.autograd.grad(op(x, w, scalar), (x, w), torch._neg_view(-g))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m: f"call {k}: {m}")

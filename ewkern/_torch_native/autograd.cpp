@@ -91,7 +91,7 @@ const Spec SPECS[NOPS] = {
 
 const ew_native_api *api = nullptr;
 PyObject *composed = nullptr;          // ewkern.torch._composed_grads
-PyObject *composed_rmse = nullptr;     // ewkern.torch._composed_rmse(grad, saved, axis, need)
+PyObject *composed_rmse = nullptr;     // ewkern.torch._node_rmse(grad, saved, axis, need)
 const void *FWD[NOPS][4][2];           // [op][dtype][cuda]: the op's auto kernel
 const void *BWD[NOPS][4][2];           // its backward kernel (grads.def), where it has one
 bool READY[NOPS][4][2];                // every kernel the op's forward and backward may launch
@@ -190,9 +190,10 @@ std::string fetch_error(bool with_type)
     return msg;
 }
 
-// A backward whose graph is wanted (create_graph=True): ewkern.torch._composed_grads(name, grad,
-// saved, scalars, need) in Python, the composed formula of differentiable ops.
-// rmse (op nullptr): ewkern.torch._composed_rmse(grad, saved, axis, need), axis the tuple lo..hi.
+// A backward whose graph is wanted (create_graph=True), or whose gradient the kernels cannot read
+// (readable): ewkern.torch._composed_grads(name, grad, saved, scalars, need) in Python, the
+// composed formula of differentiable ops (or, without grad mode, the backward kernels as custom ops).
+// rmse (op nullptr): ewkern.torch._node_rmse(grad, saved, axis, need), axis the tuple lo..hi.
 variable_list composed_grads(const Op *op, const Tensor &grad, const variable_list &saved, const double *c,
                              const bool *need, int64_t lo = 0, int64_t hi = -1)
 {
@@ -236,6 +237,22 @@ variable_list composed_grads(const Op *op, const Tensor &grad, const variable_li
     PyGILState_Release(gil);
     TORCH_CHECK(err.empty(), "ewkern.torch.", s.name, " (the composed backward): ", err);
     return res;
+}
+
+// Whether the kernels can read t's memory as its values: strided, on the cpu or (with CUDA
+// kernels) a GPU, not batched (autograd.grad's is_grads_batched runs the backward under torch's
+// legacy vmap) nor one of functorch's wrappers or a Python subclass, and without the negative bit
+// (torch._neg_view, x.conj().imag of a real view: its memory holds -t). An incoming gradient that
+// is not goes to Python (composed_grads), which runs the backward kernels as custom ops.
+bool readable(const Tensor &t)
+{
+    if (!t.defined() || t.layout() != at::kStrided || t.is_neg())
+        return false;
+    if (!(t.is_cpu() || (t.is_cuda() && HAVE_CUDA)))
+        return false;
+    auto keys = t.key_set();
+    return !(keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
+             keys.has(c10::DispatchKey::Batched) || keys.has(c10::DispatchKey::Python));
 }
 
 // The one-kernel gradients (ewkern.torch's FAST table): grad contiguous, saved as the forward saved.
@@ -323,8 +340,9 @@ struct EwNode : public torch::autograd::Node {
         for (int k = 0; k < nsaved; k++)
             s.push_back(saved[k].unpack(shared_from_this()));   // raises where freed or modified in place
         const bool need[2] = {task_should_compute_output(0), nin > 1 && task_should_compute_output(1)};
-        variable_list g = at::GradMode::is_enabled() ? composed_grads(&op, grads[0], s, c, need)
-                                                     : fast_grads(op, grads[0].contiguous(), s, c, need);
+        variable_list g = at::GradMode::is_enabled() || !readable(grads[0])
+                              ? composed_grads(&op, grads[0], s, c, need)
+                              : fast_grads(op, grads[0].contiguous(), s, c, need);
         for (int k = 0; k < nin; k++)
             if (need[k])
                 res[k] = g[k];
@@ -437,7 +455,7 @@ struct RmseNode : public torch::autograd::Node {
         auto self = shared_from_this();
         const variable_list saved = {a_.unpack(self), b_.unpack(self), r_.unpack(self)};
         const bool need[2] = {task_should_compute_output(0), task_should_compute_output(1)};
-        if (at::GradMode::is_enabled()) {
+        if (at::GradMode::is_enabled() || !readable(grads[0])) {
             variable_list g = composed_grads(nullptr, grads[0], saved, nullptr, need, lo, hi);
             for (int k = 0; k < 2; k++)
                 if (need[k])
@@ -486,22 +504,15 @@ Tensor rmse_record(const Tensor &a, const Tensor &b, int64_t lo, int64_t hi)
 
 // ---- the Python side ----------------------------------------------------------------------------
 
-// Whether t is a tensor the native path takes: torch.Tensor itself, strided, on the cpu or (with
-// CUDA kernels) a GPU, not one of functorch's wrappers, without a forward-mode gradient, and
-// without the negative bit (torch._neg_view, x.conj().imag of a real view: its memory holds -t,
-// and the kernels read memory; the fallback resolves the bit).
+// Whether t is a tensor the native path takes: torch.Tensor itself, readable by the kernels (the
+// fallback resolves the negative bit and runs functorch's wrappers), without a forward-mode
+// gradient.
 bool plain(PyObject *obj)
 {
     if (!THPVariable_CheckExact(obj))
         return false;
     const Tensor &t = THPVariable_Unpack(obj);
-    if (!t.defined() || t.layout() != at::kStrided || t.is_neg())
-        return false;
-    if (!(t.is_cpu() || (t.is_cuda() && HAVE_CUDA)))
-        return false;
-    auto keys = t.key_set();
-    if (keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
-        keys.has(c10::DispatchKey::Python))
+    if (!readable(t))
         return false;
     return !t._fw_grad(0).defined();    // a dual tensor (forward-mode AD): the Python path has the jvp
 }
@@ -919,6 +930,8 @@ struct UserNode : public torch::autograd::Node {
         variable_list res(nt);
         if (!grads[0].defined())
             return res;
+        if (grads[0].is_neg())          // the kernels read memory, which holds -grad
+            grads[0] = grads[0].resolve_neg();
         std::vector<Tensor> ins;
         ins.reserve(nt);
         for (auto &s : saved)
