@@ -890,9 +890,21 @@ def _run(name, tensors, scalars, out):
             if t.requires_grad:
                 raise RuntimeError(_OUT_GRAD.format(name))
     _refuse_forward_ad_out(name, (*tensors, out))
-    _MUTATING[name](*tensors, *scalars, out)
+    _mutate(_MUTATING[name], out, *tensors, *scalars)
     return out
 
+
+def _mutate(op, out, *args):
+    """op(*args, out): a mutating custom op. torch's fallback for the negative bit cannot run an op
+    that returns nothing (RuntimeError "Expected Tensor but got None"), so an out with the bit
+    (torch._neg_view) gets a plain temporary, copied in (copy_ writes through the bit). Not
+    asked under torch.compile, whose tracer does not take is_neg()."""
+    if _is_compiling() or not out.is_neg():
+        op(*args, out)
+        return
+    tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+    op(*args, tmp)
+    out.copy_(tmp)
 
 
 def _doc(name, sig):
@@ -993,7 +1005,7 @@ def fill(out, value):
         raise RuntimeError(_OUT_GRAD.format("fill"))
     _scalars("fill", (value,))
     _refuse_forward_ad_out("fill", (out,))
-    _MUTATING["fill"](out, value)
+    _mutate(lambda o: _MUTATING["fill"](o, value), out)
     return out
 
 

@@ -752,3 +752,26 @@ def test_an_incoming_gradient_with_the_negative_bit(monkeypatch, op, path):
         for k, (x, w) in enumerate(zip(got, want)):
             torch.testing.assert_close(x, w, rtol=1e-12, atol=1e-12, msg=lambda m: f"{op} grad {k}: {m}")
 
+
+def test_out_with_the_negative_bit_is_written_with_its_sign():
+    """An out= with the negative bit (torch._neg_view) gets the values, as torch.exp(x, out=) does:
+    torch's fallback for the bit cannot run a mutating op that returns nothing, so every out= (and
+    fill) raised RuntimeError("Expected Tensor but got None")."""
+    x = torch.linspace(-2.0, 1.5, 12, dtype=torch.float64).reshape(3, 4)
+    y = torch.linspace(0.5, 3.0, 12, dtype=torch.float64).reshape(3, 4)
+    mem = torch.zeros(3, 4, dtype=torch.float64)
+    out = torch._neg_view(mem)
+    assert ewt.exp(x, out=out) is out
+    torch.testing.assert_close(out, torch.exp(x))
+    torch.testing.assert_close(mem, -torch.exp(x))
+    assert ewt.axpby(x, y, 2.0, -0.5, out=out) is out
+    torch.testing.assert_close(out, 2.0 * x - 0.5 * y)
+    assert ewt.mul(torch._neg_view(x), y, out=out) is out
+    torch.testing.assert_close(out, -x * y)
+    assert ewt.fill(out, 2.5) is out
+    torch.testing.assert_close(mem, torch.full_like(mem, -2.5))
+    r = torch.zeros(3, dtype=torch.float64)
+    out_r = torch._neg_view(r)
+    assert ewt.rmse(x, y, out=out_r) is out_r
+    torch.testing.assert_close(r, -torch.sqrt(((x - y) ** 2).mean(1)))
+
