@@ -280,7 +280,18 @@ static int refuse_grad(ew_state *st, const char *fname, const ew_view *v, const 
             return -1;
         int enabled = PyObject_IsTrue(on);
         Py_DECREF(on);
-        if (enabled > 0)
+        /* a backward op has no function in ewkern.torch: its forward op's autograd runs it */
+        size_t len = strlen(fname), bw = len > 9 && strcmp(fname + len - 9, "_backward") == 0 ? 9 : 0;
+        char forward[64];   /* PyErr_Format takes no %.*s */
+        snprintf(forward, sizeof forward, "%.*s", (int)(len - bw), fname);
+        if (enabled > 0 && bw)
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): %s requires grad and torch's grad mode is on, but ewkern.%s records no "
+                         "autograd graph, so the gradient would be lost. It is the backward of "
+                         "ewkern.torch.%s, whose autograd runs it (and differentiates the gradient "
+                         "again for double backward); or call ewkern.%s under torch.no_grad() or on "
+                         "detached tensors", fname, names[i], fname, forward, fname);
+        else if (enabled > 0)
             PyErr_Format(PyExc_RuntimeError,
                          "%s(): %s requires grad and torch's grad mode is on, but ewkern.%s records no "
                          "autograd graph, so the gradient would be lost. Use ewkern.torch.%s (import "

@@ -775,3 +775,16 @@ def test_out_with_the_negative_bit_is_written_with_its_sign():
     assert ewt.rmse(x, y, out=out_r) is out_r
     torch.testing.assert_close(r, -torch.sqrt(((x - y) ** 2).mean(1)))
 
+
+@pytest.mark.parametrize("fn", ["gelu_backward", "mul_backward", "rmse_backward"])
+def test_plain_backward_refusal_names_a_function_that_exists(fn):
+    """A backward op given a tensor that requires grad pointed to ewkern.torch.<op>_backward, which
+    does not exist: it names the forward op of ewkern.torch whose autograd runs the kernel."""
+    a, b = torch.rand(3, 4, dtype=torch.float64) + 0.5, torch.rand(3, 4, dtype=torch.float64)
+    g = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    args = {"gelu_backward": (g, a), "mul_backward": (g, a, b),
+            "rmse_backward": (torch.rand(3, dtype=torch.float64, requires_grad=True), a, b, ewkern.rmse(a, b))}[fn]
+    forward = fn[: -len("_backward")]
+    with pytest.raises(RuntimeError, match=rf"requires grad.*the backward of ewkern\.torch\.{forward},") as e:
+        getattr(ewkern, fn)(*args)
+    assert f"ewkern.torch.{fn}" not in str(e.value) and hasattr(ewt, forward)
