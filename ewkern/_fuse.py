@@ -96,6 +96,10 @@ class _Trace:
         self.params: list[str] = []      # "dtype name" of each input parameter
         self.consts: list[Any] = []      # values of the constant parameters, in order
         self.arrays: set[str] = set()    # the names of the array arguments
+        # (argument index, integer dtype): a Python scalar argument cast in C to a narrower integer
+        # type it meets, whose value each call checks against that type's range (NumPy's
+        # OverflowError, NEP 50) rather than let the cast wrap it
+        self.narrowed: set[tuple[int, str]] = set()
         # the one reduction: (its kind, its input, axis, keepdims, its result's stand-in), or None
         self.reduction: tuple[str, Any, Any, bool, "_Var"] | None = None
 
@@ -382,10 +386,18 @@ def _apply(trace: _Trace, name: str, *xs: Any, ufunc: Any = None) -> _Var:
         raise TypeError(f"{trace.name}: {name} takes {ufunc.nin} arguments")
     res = _result_dtype(trace, name, ufunc, ops)
     if name in _COMPARE or name in _PREDICATE or name in _LOGICAL:
-        compute = _result_dtype(trace, "add", None, ops) if name in _COMPARE or name in _LOGICAL \
+        # the operands' common type, a weak constant typed by its Python type alone (NumPy's add of
+        # int8 and 300 raises; its comparison does not)
+        typing = [_Var(trace, "", sample_value=type(v.sample_value)(1)) if v.dtype == "" else v for v in ops]
+        compute = _result_dtype(trace, "add", None, typing) if name in _COMPARE or name in _LOGICAL \
             else ops[0].dtype or _dtype_name(np.result_type(ops[0].sample()))
         if name in _LOGICAL:
             compute = "bool"
+        if name in _COMPARE and DTYPES[compute][3] in "iu" and DTYPES[compute][2] < 8 and any(
+                v.sample_value is not None for v in ops):
+            # NumPy 2 compares a Python int with integers of any width exactly (int8 < 300 is True,
+            # not an OverflowError nor 300 wrapped to 44): in int64, which holds both
+            compute = "int64"
         fmt: _Fmt = (lambda a, b, o=_COMPARE[name]: f"({a} {o} {b})") if name in _COMPARE \
             else _PREDICATE.get(name) or _LOGICAL[name]
         if name in _PREDICATE and not _is_float(compute):
@@ -422,6 +434,8 @@ def _node(trace: _Trace, dtype: str, fmt: _Fmt, ops: list[_Var], computes: list[
     for v, c in zip(ops, computes):
         if v.dtype == "":                       # a weak constant: a parameter in the type it meets
             v = trace.const(v.args[0], c)
+        elif v.sample_value is not None and c != v.dtype and DTYPES[c][3] in "iu":
+            trace.narrowed.add((int(v.name[2:]), c))   # a weak scalar argument (in<k>) met in an integer type
         args.append((v, _ctype(c)))
     return _Var(trace, dtype, fmt=fmt, args=tuple(args))
 
@@ -524,9 +538,10 @@ def _cast(code: str, v: _Var, ctype: str) -> str:
 
 # ---- the decorator ----------------------------------------------------------------------------
 
-# a signature's kernel, the body's constants, the kernel's keywords (axis, keepdims) and, for max and
-# min, the reduction's name (NumPy's ValueError over an empty axis is checked before the call)
-_Entry = tuple[Any, tuple[Any, ...], dict[str, Any], str]
+# a signature's kernel, the body's constants, the kernel's keywords (axis, keepdims), for max and
+# min the reduction's name (NumPy's ValueError over an empty axis is checked before the call), and
+# the scalar arguments each call checks against the integer types they meet (_Trace.narrowed)
+_Entry = tuple[Any, tuple[Any, ...], dict[str, Any], str, tuple[tuple[int, str], ...]]
 
 
 class Fusion:
@@ -592,7 +607,7 @@ class Fusion:
         out_params = ", ".join(f"{v.dtype} out{k}" for k, v in enumerate(outs))
         if trace.reduction is None:
             return (ElementwiseKernel(", ".join(trace.params), out_params, _source(outs), f"fuse_{self.name}"),
-                    tuple(trace.consts), {}, "")
+                    tuple(trace.consts), {}, "", tuple(sorted(trace.narrowed)))
         from .rtc import ReductionKernel
         kind, x, axis, keepdims, red = trace.reduction
         if len(outs) != 1:
@@ -610,7 +625,8 @@ class Fusion:
         return (ReductionKernel(", ".join(trace.params), out_params, _inline(x), reduce_expr,
                                 f"out0 = {_inline(outs[0])}", identity, f"fuse_{self.name}",
                                 reduce_type=_ctype(red.dtype)),
-                tuple(trace.consts), {"axis": axis, "keepdims": keepdims}, kind if kind in ("max", "min") else "")
+                tuple(trace.consts), {"axis": axis, "keepdims": keepdims}, kind if kind in ("max", "min") else "",
+                tuple(sorted(trace.narrowed)))
 
     def kernel(self, *args: Any) -> Any:
         """The ewkern.ElementwiseKernel (ReductionKernel, for a function with a reduction) that
@@ -636,7 +652,14 @@ class Fusion:
         return got
 
     def __call__(self, *args: Any) -> Any:
-        kernel, consts, kw, no_identity = self._entry(args)
+        kernel, consts, kw, no_identity, narrowed = self._entry(args)
+        for k, dt in narrowed:
+            # a Python int out of the integer type it meets: NumPy's OverflowError (NEP 50), where
+            # the kernel's cast would wrap it (int8 array + 300 gave 45)
+            try:
+                np.empty((), dt)[()] = args[k]
+            except OverflowError as e:
+                raise OverflowError(f"{self.name}: argument {k}: {e}") from None
         if no_identity and any(0 in getattr(a, "shape", ()) for a in args):
             # max or min over an empty axis: NumPy's ValueError (the kernel would give its identity,
             # -inf or the lowest integer for max: it cannot raise), decided by NumPy on a zero-size array

@@ -136,6 +136,30 @@ def test_numpy_type_rules():
     assert np.array_equal(cmp[2], i == 3)
 
 
+def test_python_int_out_of_an_integer_type_raises_and_compares_exactly():
+    """NEP 50: a Python int that an integer array's type cannot hold is NumPy's OverflowError in
+    arithmetic (an int8 array + 300 gave 45: the argument, an int64 parameter, was cast in C and
+    wrapped), on every call of the signature; a comparison takes it exactly (int8 < 300 is True;
+    as a constant of the body it had raised, as an argument wrapped to 44)."""
+    x = np.array([1, 50, -7, 100], np.int8)
+    add = ewkern.fuse(lambda a, s: a + s, kernel_name="int_range_add")
+    np.testing.assert_array_equal(add(x, 3), x + 3)
+    for s in (300, -129):
+        with pytest.raises(OverflowError, match=f"int_range_add: argument 1: Python integer {s} out of bounds for int8"):
+            add(x, s)
+    with pytest.raises(OverflowError, match="out of bounds for uint8"):
+        add(x.astype(np.uint8), -1)
+    np.testing.assert_array_equal(add(x.astype(np.int16), 300), x.astype(np.int16) + 300)
+    lt = ewkern.fuse(lambda a, s: a < s, kernel_name="int_range_lt")
+    consts = ewkern.fuse(lambda a: (a < 300, a > -300, a < 44), kernel_name="int_range_c")
+    for dt in ("int8", "uint8", "uint32"):
+        y = np.array([1, 50, 0, 100], dt)
+        for s in (300, -300, 44, 5):
+            np.testing.assert_array_equal(lt(y, s), y < s, err_msg=f"{dt} < {s} (argument)")
+        for got, want in zip(consts(y), (y < 300, y > -300, y < 44)):
+            np.testing.assert_array_equal(got, want, err_msg=f"{dt} (constants)")
+
+
 def test_where_and_several_outputs():
     a, b = rand(257, "float32", 14), rand(257, "float32", 15)
 
