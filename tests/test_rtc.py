@@ -330,6 +330,14 @@ def test_size_with_raw_only_and_loop_prep():
         k(x, y)
     with pytest.raises(ValueError, match="size= can be given only"):
         axpy(x, x, 1.0, size=3)
+    # CuPy's size is a Py_ssize_t: a float or a str is a TypeError, not truncated (2.5 ran 2 elements)
+    for bad in (2.5, "6", True):
+        y[:] = -1
+        with pytest.raises(TypeError, match="rawonly: size must be an int or None"):
+            k(x, y, size=bad)
+        np.testing.assert_array_equal(y, -1)
+    k(x, y, size=np.int64(3))
+    np.testing.assert_array_equal(y, np.r_[x[:3] * 2 + 6, [-1] * 3])
 
 
 # ---- frameworks -------------------------------------------------------------------------------

@@ -105,6 +105,19 @@ def test_scalar_in_range_unchanged():
             assert r.dtype == np.dtype(dt) and int(r[0]) == want, (dt, value, r)
 
 
+def test_bfloat16_scalar_past_float32_range_is_infinity():
+    """A float past float32's range for a bfloat16 parameter is its infinity, as a float16 or
+    float32 parameter takes it (and torch's bfloat16): it was an OverflowError (struct's float32
+    packing), cold and warm."""
+    x = np.array([1.0, -2.0, 0.5], np.float32)
+    for dt in ("bfloat16", "float16", "float32"):
+        k = ewkern.ElementwiseKernel(f"T x, {dt} s", "T z", "z = x + s", f"rv_inf_{dt}")
+        for _ in range(2):
+            np.testing.assert_array_equal(k(x, 1e39), [np.inf] * 3)
+            np.testing.assert_array_equal(k(x, -1e300), [-np.inf] * 3)
+        np.testing.assert_array_equal(k(x, 2.0), x + 2)
+
+
 def test_scalar_out_of_range_in_reduction_and_row_kernels():
     red = ewkern.ReductionKernel("T x, uint8 s", "T y", "x * s", "a + b", "y = a", "0", "rv_red_s")
     row = ewkern.RowKernel("T x, int8 s", "T y", "x", "a + b", "y = x * s - a", "0", "rv_row_s")

@@ -183,7 +183,10 @@ def _cuda_arrs(objs, names, readonly: list | None = None) -> tuple[list[_Arr], i
 
 
 def _round_bf16(x: float) -> float:
-    (u,) = struct.unpack("<I", struct.pack("<f", x))
+    try:
+        (u,) = struct.unpack("<I", struct.pack("<f", x))
+    except OverflowError:   # past float32's range, so past bfloat16's: its infinity, as float16's and
+        return math.copysign(math.inf, x)   # float32's parameters take it (not an OverflowError)
     if (u & 0x7FFFFFFF) > 0x7F800000:
         return x
     u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
@@ -1192,6 +1195,8 @@ class ElementwiseKernel:
         shapes = [v.shape for v, p in zip(call.ins + call.outs, self.in_params + self.out_params)
                   if isinstance(v, _Arr) and not p.raw]
         if size is not None:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)):   # as CuPy's Py_ssize_t size
+                raise TypeError(f"{name}: size must be an int or None, got {type(size).__name__}")
             if shapes:
                 raise ValueError(f"{name}: size= can be given only when every array argument is raw")
             if int(size) < 0:
