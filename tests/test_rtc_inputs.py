@@ -118,6 +118,16 @@ def test_bfloat16_scalar_past_float32_range_is_infinity():
         np.testing.assert_array_equal(k(x, 2.0), x + 2)
 
 
+def test_a_result_past_sixteen_dimensions_names_the_kernel():
+    """A result of more axes than ewkern's arrays hold is refused naming the kernel and output (the
+    message named ewkern's internal allocation, _rtc_result); 16 axes run."""
+    k = ewkern.ElementwiseKernel("T x", "T y", "y = x + 1", "rv_ndim")
+    for dt in (np.float32, np.int32):
+        with pytest.raises(ValueError, match=r"rv_ndim: output y would have 17 dimensions \(ewkern supports up to 16\)"):
+            k(np.full((1,) * 17, 3, dt))
+    np.testing.assert_array_equal(k(np.full((1,) * 15 + (2,), 2.5, np.float32)), np.full((1,) * 15 + (2,), 3.5))
+
+
 def test_scalar_out_of_range_in_reduction_and_row_kernels():
     red = ewkern.ReductionKernel("T x, uint8 s", "T y", "x * s", "a + b", "y = a", "0", "rv_red_s")
     row = ewkern.RowKernel("T x, int8 s", "T y", "x", "a + b", "y = x * s - a", "0", "rv_row_s")

@@ -676,6 +676,9 @@ class _Call:
             (arrays[0] if arrays else (None, None))
 
     def alloc(self, dt: str, shape, name: str) -> tuple[Any, _Arr]:
+        if len(shape) > _MAX_NDIM:   # named here: ewkern's allocation would name only itself
+            raise ValueError(f"{self.kernel}: output {name} would have {len(shape)} dimensions (ewkern supports up "
+                             f"to {_MAX_NDIM})")
         if self.device == "cpu":
             res = _alloc_cpu(self.like, dt, shape)
             return res, _cpu_arr(res, self.kernel, name)
@@ -690,6 +693,8 @@ class _Call:
         (a,), _ = _cuda_arrs([res], [name])
         return res, a
 
+
+_MAX_NDIM = 16   # ewkern's arrays (EW_MAXDIM in csrc/state.h)
 
 _types_cache: dict[Any, tuple] = {}
 
@@ -1115,8 +1120,9 @@ class ElementwiseKernel:
             bits); ``options=("--prec-div=true",)`` keeps IEEE division.
 
     Calling it: ``kernel(*inputs, *outputs, size=None, block_size=None)``. Inputs are arrays or
-    scalars; outputs are optional (allocated otherwise, in the first array input's framework and
-    device: NumPy in, NumPy out; torch in, torch out). Non-raw arrays broadcast as NumPy
+    scalars; outputs are optional (allocated otherwise, in the framework and on the device of the
+    first array input of a float dtype, else of the first array input: NumPy in, NumPy out; torch
+    in, torch out). Non-raw arrays broadcast as NumPy
     broadcasts; a placeholder is bound by the arrays passed for it (scalars are converted to it,
     as NumPy 2 assigns them: an integer out of the type's range, or a NaN or infinity for an
     integer type, raises OverflowError or ValueError);

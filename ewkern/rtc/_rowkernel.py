@@ -171,7 +171,8 @@ class RowKernel:
             as for ElementwiseKernel.
 
     Calling it: ``kernel(*inputs, *outputs)``; outputs are optional (allocated otherwise, in the
-    first array input's framework and device). Returns the output, or a tuple of them.
+    framework and on the device of the first array input of a float dtype, else of the first
+    array input). Returns the output, or a tuple of them.
 
     Where it runs: on CUDA, one group of lanes per row takes the row's 16-byte vectors and
     keeps them in registers (up to 4096 vectors a row: 64 KiB of the widest array), combines in
