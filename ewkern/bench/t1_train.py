@@ -54,7 +54,8 @@ import math
 import statistics
 from functools import partial
 
-from .common import below_beyond_spread, check_bytes, how_timed, list_arg, md_table, method_caches, sizes_arg, spread_note
+from .common import (below_beyond_spread, check_bytes, how_timed, list_arg, md_table, method_caches, sizes_arg,
+                     spread_note)
 from .frameworks import SharedSets, set_maker
 from .timing import BenchError, Skip
 from .units import ITEMSIZE, fmt_bytes
