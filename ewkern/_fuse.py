@@ -434,7 +434,7 @@ def _node(trace: _Trace, dtype: str, fmt: _Fmt, ops: list[_Var], computes: list[
     for v, c in zip(ops, computes):
         if v.dtype == "":                       # a weak constant: a parameter in the type it meets
             v = trace.const(v.args[0], c)
-        elif v.sample_value is not None and c != v.dtype and DTYPES[c][3] in "iu":
+        elif v.sample_value is not None and v.name and c != v.dtype and DTYPES[c][3] in "iu":
             trace.narrowed.add((int(v.name[2:]), c))   # a weak scalar argument (in<k>) met in an integer type
         args.append((v, _ctype(c)))
     return _Var(trace, dtype, fmt=fmt, args=tuple(args))
